@@ -1,0 +1,184 @@
+// flashgen._C: the only native entry point. It takes raw pointers, element strides and the CUDA stream as plain
+// integers (no torch link), releases the GIL around every launch, and turns a failed Status into a Python exception.
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+
+#include "build_info_gen.h"
+#include "common/params.h"
+#include "common/status.h"
+#include "cpu/cpu_api.h"
+#if defined(FLASHGEN_HAS_V1)
+#include "v1_tiling/v1_api.h"
+#endif
+#if defined(FLASHGEN_HAS_V2)
+#include "v2_partitioning/v2_api.h"
+#endif
+#if defined(FLASHGEN_HAS_V3)
+#include "v3_hopper/v3_api.h"
+#endif
+
+namespace py = pybind11;
+using flashgen::AttnBwdParams;
+using flashgen::AttnParams;
+using flashgen::Status;
+using flashgen::StatusCode;
+
+namespace {
+
+// Registered below as Python's NotImplementedError.
+struct NotImplemented : std::logic_error {
+  using std::logic_error::logic_error;
+};
+
+void raise_if_failed(const Status& s) {
+  switch (s.code) {
+    case StatusCode::kOk: return;
+    case StatusCode::kInvalidArgument: throw py::value_error(s.message);
+    case StatusCode::kNotImplemented: throw NotImplemented(s.message);
+    default: throw std::runtime_error(s.message);
+  }
+}
+
+Status run_fwd(const std::string& generation, const AttnParams& p, std::uintptr_t stream) {
+  void* st = reinterpret_cast<void*>(stream);
+  (void)st;
+  if (generation == "cpu") return flashgen::cpu::fwd(p);
+#if defined(FLASHGEN_HAS_V1)
+  if (generation == "v1") return flashgen::v1::fwd(p, st);
+#endif
+#if defined(FLASHGEN_HAS_V2)
+  if (generation == "v2") return flashgen::v2::fwd(p, st);
+#endif
+#if defined(FLASHGEN_HAS_V3)
+  if (generation == "v3") return flashgen::v3::fwd(p, st);
+#endif
+  return Status::not_implemented("generation '" + generation + "' forward was not compiled into this build");
+}
+
+Status run_bwd(const std::string& generation, const AttnBwdParams& p, std::uintptr_t stream) {
+  void* st = reinterpret_cast<void*>(stream);
+  (void)st;
+  if (generation == "cpu") return flashgen::cpu::bwd(p);
+#if defined(FLASHGEN_HAS_V1)
+  if (generation == "v1") return flashgen::v1::bwd(p, st);
+#endif
+#if defined(FLASHGEN_HAS_V2)
+  if (generation == "v2") return flashgen::v2::bwd(p, st);
+#endif
+#if defined(FLASHGEN_HAS_V3)
+  if (generation == "v3") return flashgen::v3::bwd(p, st);
+#endif
+  return Status::not_implemented("generation '" + generation + "' backward was not compiled into this build");
+}
+
+py::dict build_info() {
+  py::dict info;
+  py::list instances;
+  for (const FlashgenInstance* it = kFlashgenInstances; it->generation; ++it) {
+    instances.append(py::make_tuple(it->generation, it->kind, it->dtype, it->head_dim));
+  }
+  // The CPU backend is not templated: any head dim up to kMaxHeadDim, fp32/fp16/bf16, forward and backward.
+  for (const char* kind : {"fwd", "bwd"}) {
+    for (const char* dtype : {"fp32", "fp16", "bf16"}) {
+      instances.append(py::make_tuple("cpu", kind, dtype, flashgen::kMaxHeadDim));
+    }
+  }
+  info["instances"] = instances;
+  py::list archs;
+  std::string csv = kFlashgenCudaArchs;
+  size_t start = 0;
+  while (start < csv.size()) {
+    size_t end = csv.find(',', start);
+    if (end == std::string::npos) end = csv.size();
+    if (end > start) archs.append(csv.substr(start, end - start));
+    start = end + 1;
+  }
+  info["cuda_archs"] = archs;
+  info["cuda_version"] = std::string(kFlashgenCudaVersion);
+  info["max_head_dim"] = flashgen::kMaxHeadDim;
+  return info;
+}
+
+}  // namespace
+
+// Pointer fields travel as integers; the macro keeps the table in one place.
+#define FG_PTR(cls, name, type)                                                                           \
+  .def_property(                                                                                           \
+      #name, [](const cls& s) { return reinterpret_cast<std::uintptr_t>(s.name); },                        \
+      [](cls& s, std::uintptr_t v) { s.name = reinterpret_cast<type>(v); })
+#define FG_RW(cls, name) .def_readwrite(#name, &cls::name)
+
+PYBIND11_MODULE(_C, m) {
+  m.doc() = "flashgen native module: attention kernels behind raw pointers (no torch link)";
+  py::register_exception<NotImplemented>(m, "NotImplementedErrorNative", PyExc_NotImplementedError);
+
+  py::enum_<flashgen::DType>(m, "DType")
+      .value("float32", flashgen::DType::kFloat32)
+      .value("float16", flashgen::DType::kFloat16)
+      .value("bfloat16", flashgen::DType::kBFloat16);
+
+  py::class_<AttnParams>(m, "AttnParams")
+      .def(py::init<>())
+      FG_PTR(AttnParams, q, const void*) FG_PTR(AttnParams, k, const void*) FG_PTR(AttnParams, v, const void*)
+      FG_PTR(AttnParams, o, void*) FG_PTR(AttnParams, lse, float*)
+      FG_RW(AttnParams, q_batch_stride) FG_RW(AttnParams, q_row_stride) FG_RW(AttnParams, q_head_stride)
+      FG_RW(AttnParams, k_batch_stride) FG_RW(AttnParams, k_row_stride) FG_RW(AttnParams, k_head_stride)
+      FG_RW(AttnParams, v_batch_stride) FG_RW(AttnParams, v_row_stride) FG_RW(AttnParams, v_head_stride)
+      FG_RW(AttnParams, o_batch_stride) FG_RW(AttnParams, o_row_stride) FG_RW(AttnParams, o_head_stride)
+      FG_RW(AttnParams, lse_batch_stride) FG_RW(AttnParams, lse_head_stride)
+      FG_RW(AttnParams, batch) FG_RW(AttnParams, seqlen_q) FG_RW(AttnParams, seqlen_k)
+      FG_RW(AttnParams, num_heads) FG_RW(AttnParams, num_heads_k) FG_RW(AttnParams, head_dim)
+      FG_RW(AttnParams, dtype)
+      FG_RW(AttnParams, softmax_scale) FG_RW(AttnParams, scale_log2) FG_RW(AttnParams, softcap)
+      FG_RW(AttnParams, window_left) FG_RW(AttnParams, window_right) FG_RW(AttnParams, is_causal)
+      FG_PTR(AttnParams, cu_seqlens_q, const int*) FG_PTR(AttnParams, cu_seqlens_k, const int*)
+      FG_PTR(AttnParams, seqused_k, const int*) FG_PTR(AttnParams, kv_batch_idx, const int*)
+      FG_PTR(AttnParams, alibi_slopes, const float*) FG_RW(AttnParams, alibi_batch_stride)
+      FG_RW(AttnParams, p_dropout) FG_RW(AttnParams, seed) FG_RW(AttnParams, offset)
+      FG_PTR(AttnParams, p_out, void*)
+      FG_RW(AttnParams, p_batch_stride) FG_RW(AttnParams, p_head_stride) FG_RW(AttnParams, p_row_stride)
+      FG_PTR(AttnParams, block_mask, const uint8_t*)
+      FG_RW(AttnParams, block_mask_head_stride) FG_RW(AttnParams, block_mask_row_stride)
+      FG_RW(AttnParams, sparse_block_m) FG_RW(AttnParams, sparse_block_n)
+      FG_RW(AttnParams, num_threads) FG_RW(AttnParams, num_sms);
+
+  py::class_<AttnBwdParams, AttnParams>(m, "AttnBwdParams")
+      .def(py::init<>())
+      FG_PTR(AttnBwdParams, dout, const void*) FG_PTR(AttnBwdParams, dq, void*)
+      FG_PTR(AttnBwdParams, dk, void*) FG_PTR(AttnBwdParams, dv, void*)
+      FG_RW(AttnBwdParams, do_batch_stride) FG_RW(AttnBwdParams, do_row_stride) FG_RW(AttnBwdParams, do_head_stride)
+      FG_RW(AttnBwdParams, dq_batch_stride) FG_RW(AttnBwdParams, dq_row_stride) FG_RW(AttnBwdParams, dq_head_stride)
+      FG_RW(AttnBwdParams, dk_batch_stride) FG_RW(AttnBwdParams, dk_row_stride) FG_RW(AttnBwdParams, dk_head_stride)
+      FG_RW(AttnBwdParams, dv_batch_stride) FG_RW(AttnBwdParams, dv_row_stride) FG_RW(AttnBwdParams, dv_head_stride)
+      FG_PTR(AttnBwdParams, dsoftmax_sum, float*) FG_PTR(AttnBwdParams, dq_accum, float*)
+      FG_RW(AttnBwdParams, deterministic);
+
+  m.def(
+      "fwd",
+      [](const std::string& generation, const AttnParams& p, std::uintptr_t stream) {
+        Status s;
+        {
+          py::gil_scoped_release release;
+          s = run_fwd(generation, p, stream);
+        }
+        raise_if_failed(s);
+      },
+      py::arg("generation"), py::arg("params"), py::arg("stream") = 0,
+      "Run a generation's forward on the pointers in params, on the given CUDA stream (0 for the CPU backend).");
+  m.def(
+      "bwd",
+      [](const std::string& generation, const AttnBwdParams& p, std::uintptr_t stream) {
+        Status s;
+        {
+          py::gil_scoped_release release;
+          s = run_bwd(generation, p, stream);
+        }
+        raise_if_failed(s);
+      },
+      py::arg("generation"), py::arg("params"), py::arg("stream") = 0, "Run a generation's backward.");
+  m.def("build_info", &build_info, "What this build compiled: instances (generation, kind, dtype, head dim), archs, CUDA.");
+}

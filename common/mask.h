@@ -1,0 +1,137 @@
+// Masks as per-row column limits (FlashAttention-3 style), the same on host and device.
+// Semantics are flash_attn 2.x's: the diagonal is aligned bottom-right, so query row i of a sequence with
+// seqlen_q rows sees key j of seqlen_k keys iff
+//   j <  seqlen_k,
+//   j >= i + seqlen_k - seqlen_q - window_left    (when window_left  >= 0),
+//   j <= i + seqlen_k - seqlen_q + window_right   (when window_right >= 0).
+// Causal is window (-1, 0). A row may see nothing (e.g. causal with seqlen_q > seqlen_k): see softmax.h.
+#pragma once
+
+#include "config.h"
+#include "params.h"
+
+namespace flashgen {
+
+FH_HD int imin(int a, int b) { return a < b ? a : b; }
+FH_HD int imax(int a, int b) { return a > b ? a : b; }
+FH_HD int ceil_div(int a, int b) { return (a + b - 1) / b; }
+
+// The mask of one (batch, head) problem: sizes after varlen/KV-cache resolution, and the window.
+struct MaskSpec {
+  int seqlen_q;
+  int seqlen_k;
+  int window_left;   // -1 = unbounded
+  int window_right;  // -1 = unbounded
+
+  // First visible key of query row `row` (may exceed seqlen_k for an empty row).
+  FH_HD int col_begin(int row) const {
+    return window_left < 0 ? 0 : imax(0, row + seqlen_k - seqlen_q - window_left);
+  }
+  // One past the last visible key of query row `row` (may be <= col_begin for an empty row).
+  FH_HD int col_end(int row) const {
+    return window_right < 0 ? seqlen_k : imax(0, imin(seqlen_k, row + seqlen_k - seqlen_q + window_right + 1));
+  }
+  FH_HD bool visible(int row, int col) const {
+    return row >= 0 && row < seqlen_q && col >= col_begin(row) && col < col_end(row);
+  }
+  // First query row that sees key `col` (rows below it do not). Used by the backward (loop over query blocks).
+  FH_HD int row_begin(int col) const {
+    return window_right < 0 ? 0 : imax(0, col - (seqlen_k - seqlen_q) - window_right);
+  }
+  // One past the last query row that sees key `col`.
+  FH_HD int row_end(int col) const {
+    return window_left < 0 ? seqlen_q : imax(0, imin(seqlen_q, col - (seqlen_k - seqlen_q) + window_left + 1));
+  }
+};
+
+// Range [begin, end) of key blocks of width block_n that query rows [m_begin, m_end) must visit.
+// Empty when end <= begin. Limits are monotone in the row, so the first and last row bound the union.
+struct BlockRange {
+  int begin;
+  int end;
+};
+
+FH_HD BlockRange n_block_range(const MaskSpec& mask, int m_begin, int m_end, int block_n) {
+  m_end = imin(m_end, mask.seqlen_q);
+  if (m_begin >= m_end) return {0, 0};
+  const int col_lo = mask.col_begin(m_begin);
+  const int col_hi = mask.col_end(m_end - 1);
+  if (col_hi <= col_lo) return {0, 0};
+  return {col_lo / block_n, ceil_div(col_hi, block_n)};
+}
+
+// Range [begin, end) of query blocks of height block_m that keys [n_begin, n_end) are seen by (backward).
+FH_HD BlockRange m_block_range(const MaskSpec& mask, int n_begin, int n_end, int block_m) {
+  n_end = imin(n_end, mask.seqlen_k);
+  if (n_begin >= n_end) return {0, 0};
+  const int row_lo = mask.row_begin(n_begin);
+  const int row_hi = mask.row_end(n_end - 1);
+  if (row_hi <= row_lo) return {0, 0};
+  return {row_lo / block_m, ceil_div(row_hi, block_m)};
+}
+
+// True when every (row, col) of the tile rows [m_begin, m_end) x cols [n_begin, n_end) is visible, so the
+// kernel may skip per-element masking (the fast path). Tiles reaching past seqlen_q/seqlen_k are never full.
+FH_HD bool tile_fully_visible(const MaskSpec& mask, int m_begin, int m_end, int n_begin, int n_end) {
+  if (m_end > mask.seqlen_q || n_end > mask.seqlen_k || m_begin >= m_end || n_begin >= n_end) return false;
+  // The tightest limits are the last row's begin and the first row's end.
+  return n_begin >= mask.col_begin(m_end - 1) && n_end <= mask.col_end(m_begin);
+}
+
+// ---- varlen / KV cache: where one batch entry's rows live and how long it is ----
+struct SeqInfo {
+  int64_t q_offset;   // element offset of row 0, head 0 of this sequence in q (o uses o strides: see o_offset)
+  int64_t k_offset;
+  int64_t v_offset;
+  int64_t o_offset;
+  int64_t q_row0;     // index of this sequence's first row among stacked rows (varlen), else 0
+  int seqlen_q;
+  int seqlen_k;
+
+  FH_HD MaskSpec mask(const AttnParams& p) const { return {seqlen_q, seqlen_k, p.window_left, p.window_right}; }
+};
+
+FH_HD SeqInfo seq_info(const AttnParams& p, int b) {
+  SeqInfo s;
+  int64_t q_row0 = 0, k_row0 = 0;
+  if (p.cu_seqlens_q) {
+    q_row0 = p.cu_seqlens_q[b];
+    s.seqlen_q = p.cu_seqlens_q[b + 1] - p.cu_seqlens_q[b];
+  } else {
+    s.seqlen_q = p.seqlen_q;
+  }
+  const int kb = p.kv_batch_idx ? p.kv_batch_idx[b] : b;
+  if (p.cu_seqlens_k) {
+    k_row0 = p.cu_seqlens_k[b];
+    s.seqlen_k = p.cu_seqlens_k[b + 1] - p.cu_seqlens_k[b];
+  } else {
+    s.seqlen_k = p.seqlen_k;
+  }
+  if (p.seqused_k) s.seqlen_k = p.seqused_k[b];
+  const int64_t qb = p.cu_seqlens_q ? 0 : b, kbb = p.cu_seqlens_k ? 0 : kb;
+  s.q_offset = qb * p.q_batch_stride + q_row0 * p.q_row_stride;
+  s.o_offset = qb * p.o_batch_stride + q_row0 * p.o_row_stride;
+  s.k_offset = kbb * p.k_batch_stride + k_row0 * p.k_row_stride;
+  s.v_offset = kbb * p.v_batch_stride + k_row0 * p.v_row_stride;
+  s.q_row0 = q_row0;
+  return s;
+}
+
+// Offset of lse[b, h, row 0]: (batch, num_heads, seqlen_q) normally, (num_heads, total_q) with varlen.
+FH_HD int64_t lse_offset(const AttnParams& p, const SeqInfo& s, int b, int h) {
+  return p.cu_seqlens_q ? h * p.lse_head_stride + s.q_row0 : b * p.lse_batch_stride + h * p.lse_head_stride;
+}
+
+// ---- block-sparse layout ----
+// block_mask (heads or 1, ceil(seqlen_q / sparse_block_m), ceil(seqlen_k / sparse_block_n)), nonzero = on.
+FH_HD bool sparse_block_on(const AttnParams& p, int head, int sparse_m_block, int sparse_n_block) {
+  if (!p.block_mask) return true;
+  return p.block_mask[head * p.block_mask_head_stride + sparse_m_block * p.block_mask_row_stride + sparse_n_block] != 0;
+}
+
+// Element-level lookup: is key `col` of query `row` inside an active sparse block?
+FH_HD bool sparse_visible(const AttnParams& p, int head, int row, int col) {
+  return sparse_block_on(p, head, row / p.sparse_block_m, col / p.sparse_block_n);
+}
+
+}  // namespace flashgen

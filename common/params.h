@@ -1,0 +1,92 @@
+// The one plain-old-data description of an attention call, shared by every generation and the CPU backend.
+// Raw pointers and element strides only (no framework types), so the Python binding fills it from integers.
+// Layout is flash_attn's: q (batch, seqlen_q, num_heads, head_dim), k/v (batch, seqlen_k, num_heads_k, head_dim);
+// with varlen the batch dimension is gone and rows of all sequences are stacked (total, heads, head_dim).
+#pragma once
+
+#include "config.h"
+
+namespace flashgen {
+
+struct AttnParams {
+  // ---- tensors (element strides; the last dim is contiguous) ----
+  const void* q = nullptr;
+  const void* k = nullptr;
+  const void* v = nullptr;
+  void* o = nullptr;
+  float* lse = nullptr;  // (batch, num_heads, seqlen_q) fp32; varlen: (num_heads, total_q)
+
+  int64_t q_batch_stride = 0, q_row_stride = 0, q_head_stride = 0;
+  int64_t k_batch_stride = 0, k_row_stride = 0, k_head_stride = 0;
+  int64_t v_batch_stride = 0, v_row_stride = 0, v_head_stride = 0;
+  int64_t o_batch_stride = 0, o_row_stride = 0, o_head_stride = 0;
+  int64_t lse_batch_stride = 0, lse_head_stride = 0;  // lse row stride is 1
+
+  // ---- sizes ----
+  int batch = 0;
+  int seqlen_q = 0;      // padded max for varlen
+  int seqlen_k = 0;      // padded max for varlen; cache capacity for the KV cache
+  int num_heads = 0;
+  int num_heads_k = 0;   // num_heads % num_heads_k == 0 (GQA/MQA)
+  int head_dim = 0;      // the real head dim
+  DType dtype = DType::kBFloat16;
+
+  // ---- score ----
+  float softmax_scale = 0.f;
+  float scale_log2 = 0.f;  // softmax_scale * log2(e); with softcap: softcap_log2 factor below
+  float softcap = 0.f;     // 0 = off; else s <- softcap * tanh(s / softcap)
+
+  // ---- mask: window (left, right) inclusive, -1 = unbounded; causal is (left, 0) ----
+  int window_left = -1;
+  int window_right = -1;
+  bool is_causal = false;  // informational; the window already encodes it
+
+  // ---- varlen / KV cache ----
+  const int* cu_seqlens_q = nullptr;  // (batch + 1) int32 offsets into the stacked rows, or null
+  const int* cu_seqlens_k = nullptr;  // (batch + 1) int32, or null
+  const int* seqused_k = nullptr;     // (batch) int32 number of keys used per sequence (KV cache), or null
+  const int* kv_batch_idx = nullptr;  // (batch) int32 cache row per sequence (cache_batch_idx), or null
+
+  // ---- ALiBi: bias -slope * |i + seqlen_k - seqlen_q - j| ----
+  const float* alibi_slopes = nullptr;  // (num_heads) or (batch, num_heads) fp32, or null
+  int64_t alibi_batch_stride = 0;
+
+  // ---- dropout (Philox keyed by seed, offset, batch, head, row, col) ----
+  float p_dropout = 0.f;  // probability of dropping
+  uint64_t seed = 0;
+  uint64_t offset = 0;
+  void* p_out = nullptr;  // optional (batch, num_heads, seqlen_q_rounded, seqlen_k_rounded) probs, dropped < 0
+  int64_t p_batch_stride = 0, p_head_stride = 0, p_row_stride = 0;
+
+  // ---- block-sparse: which (m_block, n_block) tiles are on ----
+  const uint8_t* block_mask = nullptr;  // (heads or 1, ceil(seqlen_q / sparse_block_m), ceil(seqlen_k / sparse_block_n))
+  int64_t block_mask_head_stride = 0;   // 0 broadcasts one layout over all heads
+  int64_t block_mask_row_stride = 0;
+  int sparse_block_m = 128;
+  int sparse_block_n = 128;
+
+  // ---- execution ----
+  int num_threads = 0;  // CPU backend: worker threads, 0 = hardware concurrency
+  int num_sms = 0;      // GPU: multiprocessor count (split-KV / persistent heuristics)
+};
+
+struct AttnBwdParams : AttnParams {
+  const void* dout = nullptr;  // same layout as o
+  void* dq = nullptr;          // same layout as q
+  void* dk = nullptr;          // same layout as k
+  void* dv = nullptr;          // same layout as v
+  int64_t do_batch_stride = 0, do_row_stride = 0, do_head_stride = 0;
+  int64_t dq_batch_stride = 0, dq_row_stride = 0, dq_head_stride = 0;
+  int64_t dk_batch_stride = 0, dk_row_stride = 0, dk_head_stride = 0;
+  int64_t dv_batch_stride = 0, dv_row_stride = 0, dv_head_stride = 0;
+
+  // Workspaces the caller allocates (sizes from the generation's workspace query).
+  float* dsoftmax_sum = nullptr;  // D = rowsum(dO * O), (batch, num_heads, seqlen_q_rounded)
+  float* dq_accum = nullptr;      // fp32 dQ accumulator
+  bool deterministic = false;
+};
+
+// Dropout keep probability and the scale applied to kept entries.
+FH_HD float dropout_keep_scale(float p_dropout) { return p_dropout > 0.f ? 1.f / (1.f - p_dropout) : 1.f; }
+
+}  // namespace flashgen

@@ -1,0 +1,16 @@
+// The CPU backend: the tiled FlashAttention algorithm in C++ over common/, so machines without a GPU (and CI)
+// run the same math the kernels run. Multithreaded across (batch, head, query block), fp32 accumulation.
+#pragma once
+
+#include "common/params.h"
+#include "common/status.h"
+
+namespace flashgen::cpu {
+
+// Forward: o and lse (and p_out when set). q/k/v/o in params.dtype (fp32, fp16 or bf16).
+Status fwd(const AttnParams& params);
+
+// Backward: dq, dk, dv from dout, o, lse (recomputing P); dsoftmax_sum is a caller-provided fp32 workspace.
+Status bwd(const AttnBwdParams& params);
+
+}  // namespace flashgen::cpu

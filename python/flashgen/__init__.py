@@ -1,0 +1,1 @@
+"""flashgen: exact attention in three generations."""
