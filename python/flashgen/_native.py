@@ -1,0 +1,46 @@
+"""Loads the compiled module `flashgen._C` and reads what it was built with. Python never retypes that table."""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import FrozenSet, Tuple
+
+try:
+    from . import _C as C  # noqa: N812
+except ImportError as exc:  # pragma: no cover - only without a build
+    raise ImportError(
+        "flashgen._C is missing: install flashgen with `pip install .` (it builds the native module)"
+    ) from exc
+
+
+@dataclasses.dataclass(frozen=True)
+class BuildInfo:
+    """What this build compiled. instances: (generation, kind, dtype, head_dim) with kind 'fwd' or 'bwd'."""
+
+    instances: FrozenSet[Tuple[str, str, str, int]]
+    cuda_archs: Tuple[str, ...]
+    cuda_version: str
+    max_head_dim: int
+
+    @property
+    def generations(self) -> FrozenSet[str]:
+        return frozenset(i[0] for i in self.instances)
+
+    def head_dims(self, generation: str, kind: str, dtype: str) -> Tuple[int, ...]:
+        """Compiled head-dim buckets, ascending; a problem runs in the smallest bucket >= its head dim."""
+        return tuple(sorted(i[3] for i in self.instances if i[:3] == (generation, kind, dtype)))
+
+    def has(self, generation: str, kind: str, dtype: str, head_dim: int) -> bool:
+        return any(d >= head_dim for d in self.head_dims(generation, kind, dtype))
+
+
+@functools.lru_cache(maxsize=1)
+def build_info() -> BuildInfo:
+    raw = C.build_info()
+    return BuildInfo(
+        instances=frozenset(tuple(i) for i in raw["instances"]),
+        cuda_archs=tuple(raw["cuda_archs"]),
+        cuda_version=raw["cuda_version"],
+        max_head_dim=int(raw["max_head_dim"]),
+    )

@@ -1,0 +1,159 @@
+"""The one module that turns torch tensors into the raw pointers and strides of `_C.AttnParams`.
+
+Everything here assumes validated inputs (see validate.py): layout (b, s, h, d) or varlen (total, h, d), last dim
+contiguous, head_dim as the kernel expects it. It allocates outputs, fills the params struct and launches on the
+current CUDA stream (or the CPU backend). No host synchronization happens here.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from typing import Optional, Tuple
+
+import torch
+
+from . import _native
+
+_DTYPES = {
+    torch.float32: "float32",
+    torch.float16: "float16",
+    torch.bfloat16: "bfloat16",
+}
+
+
+@functools.lru_cache(maxsize=None)
+def _num_sms(device_index: int) -> int:
+    return torch.cuda.get_device_properties(device_index).multi_processor_count
+
+
+def _stream_of(t: torch.Tensor) -> int:
+    return torch.cuda.current_stream(t.device).cuda_stream if t.is_cuda else 0
+
+
+def _strides(t: torch.Tensor, varlen: bool) -> Tuple[int, int, int]:
+    """(batch, row, head) element strides; varlen tensors have no batch dim."""
+    if varlen:
+        return 0, t.stride(0), t.stride(1)
+    return t.stride(0), t.stride(1), t.stride(2)
+
+
+def _set_qkvo(p, q, k, v, o, varlen_q: bool, varlen_k: bool) -> None:
+    p.q, p.k, p.v, p.o = q.data_ptr(), k.data_ptr(), v.data_ptr(), o.data_ptr()
+    p.q_batch_stride, p.q_row_stride, p.q_head_stride = _strides(q, varlen_q)
+    p.k_batch_stride, p.k_row_stride, p.k_head_stride = _strides(k, varlen_k)
+    p.v_batch_stride, p.v_row_stride, p.v_head_stride = _strides(v, varlen_k)
+    p.o_batch_stride, p.o_row_stride, p.o_head_stride = _strides(o, varlen_q)
+
+
+def _fill(p, q, k, v, o, lse, *, softmax_scale, window_size, softcap, alibi_slopes, dropout_p, seed, offset,
+          cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_k, kv_batch_idx, block_mask,
+          block_size, probs, batch):
+    _C = _native.C
+    varlen_q = cu_seqlens_q is not None
+    varlen_k = cu_seqlens_k is not None
+    _set_qkvo(p, q, k, v, o, varlen_q, varlen_k)
+    p.lse = lse.data_ptr()
+    if varlen_q:
+        p.lse_batch_stride, p.lse_head_stride = 0, lse.stride(0)
+    else:
+        p.lse_batch_stride, p.lse_head_stride = lse.stride(0), lse.stride(1)
+    p.batch = batch
+    p.seqlen_q = max_seqlen_q if varlen_q else q.shape[1]
+    p.seqlen_k = max_seqlen_k if varlen_k else k.shape[1]
+    p.num_heads = q.shape[-2]
+    p.num_heads_k = k.shape[-2]
+    p.head_dim = q.shape[-1]
+    p.dtype = getattr(_C.DType, _DTYPES[q.dtype])
+    p.softmax_scale = float(softmax_scale)
+    # With softcap the kernels apply softmax_scale inside tanh and keep logits, so the softmax runs in log2(e) units.
+    p.scale_log2 = math.log2(math.e) if softcap > 0 else float(softmax_scale) * math.log2(math.e)
+    p.softcap = float(softcap)
+    p.window_left, p.window_right = int(window_size[0]), int(window_size[1])
+    p.is_causal = p.window_left < 0 and p.window_right == 0
+    p.cu_seqlens_q = cu_seqlens_q.data_ptr() if varlen_q else 0
+    p.cu_seqlens_k = cu_seqlens_k.data_ptr() if varlen_k else 0
+    p.seqused_k = seqused_k.data_ptr() if seqused_k is not None else 0
+    p.kv_batch_idx = kv_batch_idx.data_ptr() if kv_batch_idx is not None else 0
+    if alibi_slopes is not None:
+        p.alibi_slopes = alibi_slopes.data_ptr()
+        p.alibi_batch_stride = alibi_slopes.stride(0) if alibi_slopes.dim() == 2 else 0
+    p.p_dropout = float(dropout_p)
+    p.seed, p.offset = int(seed), int(offset)
+    if probs is not None:
+        p.p_out = probs.data_ptr()
+        p.p_batch_stride, p.p_head_stride, p.p_row_stride = probs.stride(0), probs.stride(1), probs.stride(2)
+    if block_mask is not None:
+        p.block_mask = block_mask.data_ptr()
+        p.block_mask_head_stride = block_mask.stride(0) if block_mask.shape[0] > 1 else 0
+        p.block_mask_row_stride = block_mask.stride(1)
+        p.sparse_block_m, p.sparse_block_n = int(block_size[0]), int(block_size[1])
+    if q.is_cuda:
+        p.num_sms = _num_sms(q.device.index if q.device.index is not None else torch.cuda.current_device())
+
+
+def lse_shape(q: torch.Tensor, cu_seqlens_q: Optional[torch.Tensor]) -> Tuple[int, ...]:
+    if cu_seqlens_q is not None:
+        return (q.shape[1], q.shape[0])  # (num_heads, total_q)
+    return (q.shape[0], q.shape[2], q.shape[1])  # (batch, num_heads, seqlen_q)
+
+
+def forward(generation: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, softmax_scale: float,
+            window_size=(-1, -1), softcap: float = 0.0, alibi_slopes=None, dropout_p: float = 0.0, seed: int = 0,
+            offset: int = 0, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q: Optional[int] = None,
+            max_seqlen_k: Optional[int] = None, seqused_k=None, kv_batch_idx=None, block_mask=None,
+            block_size=(128, 128), return_probs: bool = False, out: Optional[torch.Tensor] = None):
+    """Launch `generation`'s forward. Returns (out, lse, probs-or-None).
+
+    probs (only with return_probs): fp32 (batch, num_heads, seqlen_q, seqlen_k) softmax probabilities, dropped
+    entries negated; dense inputs only.
+    """
+    batch = cu_seqlens_q.numel() - 1 if cu_seqlens_q is not None else q.shape[0]
+    o = torch.empty_like(q) if out is None else out
+    lse = torch.empty(lse_shape(q, cu_seqlens_q), dtype=torch.float32, device=q.device)
+    probs = None
+    if return_probs:
+        probs = torch.empty(batch, q.shape[-2], q.shape[1], k.shape[1], dtype=torch.float32, device=q.device)
+    p = _native.C.AttnParams()
+    _fill(p, q, k, v, o, lse, softmax_scale=softmax_scale, window_size=window_size, softcap=softcap,
+          alibi_slopes=alibi_slopes, dropout_p=dropout_p, seed=seed, offset=offset, cu_seqlens_q=cu_seqlens_q,
+          cu_seqlens_k=cu_seqlens_k, max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k, seqused_k=seqused_k,
+          kv_batch_idx=kv_batch_idx, block_mask=block_mask, block_size=block_size, probs=probs, batch=batch)
+    _native.C.fwd(generation, p, _stream_of(q))
+    return o, lse, probs
+
+
+def backward(generation: str, dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+             out: torch.Tensor, lse: torch.Tensor, *, softmax_scale: float, window_size=(-1, -1),
+             softcap: float = 0.0, alibi_slopes=None, dropout_p: float = 0.0, seed: int = 0, offset: int = 0,
+             cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q: Optional[int] = None,
+             max_seqlen_k: Optional[int] = None, block_mask=None, block_size=(128, 128),
+             deterministic: bool = False, dq=None, dk=None, dv=None):
+    """Launch `generation`'s backward. Returns (dq, dk, dv) in the input dtype."""
+    batch = cu_seqlens_q.numel() - 1 if cu_seqlens_q is not None else q.shape[0]
+    dq = torch.empty_like(q) if dq is None else dq
+    dk = torch.empty_like(k) if dk is None else dk
+    dv = torch.empty_like(v) if dv is None else dv
+    varlen_q = cu_seqlens_q is not None
+    varlen_k = cu_seqlens_k is not None
+    p = _native.C.AttnBwdParams()
+    _fill(p, q, k, v, out, lse, softmax_scale=softmax_scale, window_size=window_size, softcap=softcap,
+          alibi_slopes=alibi_slopes, dropout_p=dropout_p, seed=seed, offset=offset, cu_seqlens_q=cu_seqlens_q,
+          cu_seqlens_k=cu_seqlens_k, max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k, seqused_k=None,
+          kv_batch_idx=None, block_mask=block_mask, block_size=block_size, probs=None, batch=batch)
+    p.dout, p.dq, p.dk, p.dv = dout.data_ptr(), dq.data_ptr(), dk.data_ptr(), dv.data_ptr()
+    p.do_batch_stride, p.do_row_stride, p.do_head_stride = _strides(dout, varlen_q)
+    p.dq_batch_stride, p.dq_row_stride, p.dq_head_stride = _strides(dq, varlen_q)
+    p.dk_batch_stride, p.dk_row_stride, p.dk_head_stride = _strides(dk, varlen_k)
+    p.dv_batch_stride, p.dv_row_stride, p.dv_head_stride = _strides(dv, varlen_k)
+    # Workspaces: D = rowsum(dO * O) per (batch, head, row) and an fp32 dQ accumulator, sized generously
+    # (rows rounded up to 128) so every generation can use them.
+    rows = (cu_seqlens_q.numel() - 1) * (p.seqlen_q + 128) if varlen_q else batch * (p.seqlen_q + 128)
+    dsum = torch.empty(rows * p.num_heads, dtype=torch.float32, device=q.device)
+    p.dsoftmax_sum = dsum.data_ptr()
+    if q.is_cuda:
+        dq_accum = torch.zeros(rows * p.num_heads * p.head_dim, dtype=torch.float32, device=q.device)
+        p.dq_accum = dq_accum.data_ptr()
+    p.deterministic = bool(deterministic)
+    _native.C.bwd(generation, p, _stream_of(q))
+    return dq, dk, dv

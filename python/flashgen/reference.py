@@ -1,0 +1,182 @@
+"""The oracle: attention written the slow, obvious way, in float64 by default.
+
+Every mask semantic flashgen implements is spelled out here independently of the kernels and of common/:
+bottom-right causal for any seqlen_q/seqlen_k, sliding window (left, right) inclusive, GQA/MQA, varlen
+(cu_seqlens), KV-cache lengths (seqused_k), softcap, ALiBi, block-sparse layouts, and dropout from a given
+keep-mask. Fully masked rows give out = 0 and lse = +inf (flash_attn 2.x's convention).
+
+`philox_keep_mask` re-derives the dropout keep-mask from the documented keying in numpy, as a spec that the
+C++ header and the kernels are tested against.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Optional, Sequence, Tuple
+
+import numpy as np
+import torch
+
+__all__ = ["attention_ref", "visible_mask", "philox_keep_mask", "alibi_bias"]
+
+
+def visible_mask(seqlen_q: int, seqlen_k: int, window_size: Tuple[int, int] = (-1, -1), causal: bool = False,
+                 device=None) -> torch.Tensor:
+    """(seqlen_q, seqlen_k) bool: True where query i may attend key j (bottom-right aligned)."""
+    left, right = window_size
+    if causal:
+        right = 0
+    i = torch.arange(seqlen_q, device=device).view(-1, 1)
+    j = torch.arange(seqlen_k, device=device).view(1, -1)
+    diag = i + seqlen_k - seqlen_q  # the key column on query i's diagonal
+    ok = torch.ones(seqlen_q, seqlen_k, dtype=torch.bool, device=device)
+    if left >= 0:
+        ok &= j >= diag - left
+    if right >= 0:
+        ok &= j <= diag + right
+    return ok
+
+
+def alibi_bias(slopes: torch.Tensor, seqlen_q: int, seqlen_k: int) -> torch.Tensor:
+    """(heads, seqlen_q, seqlen_k) bias -slope * |i + seqlen_k - seqlen_q - j| for slopes of shape (heads,)."""
+    i = torch.arange(seqlen_q, device=slopes.device).view(-1, 1)
+    j = torch.arange(seqlen_k, device=slopes.device).view(1, -1)
+    dist = (i + seqlen_k - seqlen_q - j).abs().to(slopes.dtype)
+    return -slopes.view(-1, 1, 1) * dist
+
+
+def _dense(q, k, v, *, softmax_scale, causal, window_size, softcap, alibi_slopes, keep_mask, dropout_p,
+           block_mask, block_size, dtype):
+    """One batch of dense attention. q (b, sq, h, d), k/v (b, sk, hk, d); returns out (b, sq, h, d), lse (b, h, sq)."""
+    b, sq, h, d = q.shape
+    sk, hk = k.shape[1], k.shape[2]
+    if h % hk != 0:
+        raise ValueError(f"num_heads {h} must be a multiple of num_heads_k {hk}")
+    qf, kf, vf = (t.to(dtype) for t in (q, k, v))
+    kf = kf.repeat_interleave(h // hk, dim=2)
+    vf = vf.repeat_interleave(h // hk, dim=2)
+    scores = torch.einsum("bihd,bjhd->bhij", qf, kf) * softmax_scale
+    if softcap and softcap > 0:
+        scores = softcap * torch.tanh(scores / softcap)
+    if alibi_slopes is not None:
+        slopes = alibi_slopes.to(dtype)
+        if slopes.dim() == 1:
+            slopes = slopes.unsqueeze(0).expand(b, h)
+        scores = scores + torch.stack([alibi_bias(slopes[i], sq, sk) for i in range(b)])
+    ok = visible_mask(sq, sk, window_size, causal, device=q.device).view(1, 1, sq, sk)
+    if block_mask is not None:
+        bm, bn = block_size
+        rows = torch.arange(sq, device=q.device) // bm
+        cols = torch.arange(sk, device=q.device) // bn
+        layout = block_mask.bool()
+        if layout.dim() == 2:
+            layout = layout.unsqueeze(0)
+        elem = layout[:, rows][:, :, cols]  # (heads or 1, sq, sk)
+        ok = ok & elem.unsqueeze(0)
+    scores = scores.masked_fill(~ok, float("-inf"))
+    row_max = scores.amax(dim=-1, keepdim=True)
+    empty = torch.isinf(row_max) & (row_max < 0)
+    row_max = torch.where(empty, torch.zeros_like(row_max), row_max)
+    p = torch.exp(scores - row_max)
+    row_sum = p.sum(dim=-1, keepdim=True)
+    lse = (row_max + torch.log(row_sum)).squeeze(-1)
+    lse = torch.where(empty.squeeze(-1), torch.full_like(lse, float("inf")), lse)
+    attn = torch.where(row_sum > 0, p / row_sum.clamp_min(torch.finfo(dtype).tiny), torch.zeros_like(p))
+    if keep_mask is not None and dropout_p > 0:
+        attn = attn * keep_mask.to(attn.device) / (1.0 - dropout_p)
+    out = torch.einsum("bhij,bjhd->bihd", attn, vf)
+    return out, lse.to(torch.float32 if dtype != torch.float64 else dtype)
+
+
+def attention_ref(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, softmax_scale: Optional[float] = None,
+                  causal: bool = False, window_size: Tuple[int, int] = (-1, -1), softcap: float = 0.0,
+                  alibi_slopes: Optional[torch.Tensor] = None, dropout_p: float = 0.0,
+                  keep_mask: Optional[torch.Tensor] = None, cu_seqlens_q: Optional[torch.Tensor] = None,
+                  cu_seqlens_k: Optional[torch.Tensor] = None, seqused_k: Optional[torch.Tensor] = None,
+                  block_mask: Optional[torch.Tensor] = None, block_size: Sequence[int] = (128, 128),
+                  dtype: torch.dtype = torch.float64) -> Tuple[torch.Tensor, torch.Tensor]:
+    """Attention in `dtype` (float64 by default), returning (out, lse).
+
+    Dense: q (b, sq, h, d), k/v (b, sk, hk, d) -> out (b, sq, h, d) in `dtype`, lse (b, h, sq).
+    Varlen (cu_seqlens_q/k given): q (total_q, h, d), k/v (total_k, hk, d) -> out (total_q, h, d), lse (h, total_q).
+    seqused_k (b,): only the first seqused_k[i] keys of sequence i are used (KV cache).
+    keep_mask: bool (b, h, sq, sk) (dense) or a list of (h, sq_i, sk_i) (varlen), True = kept; scaled by 1/(1-p).
+    block_mask: bool (heads or 1, ceil(sq / bm), ceil(sk / bn)) with block_size (bm, bn).
+    """
+    d = q.shape[-1]
+    if softmax_scale is None:
+        softmax_scale = 1.0 / math.sqrt(d)
+    kw = dict(softmax_scale=softmax_scale, causal=causal, window_size=tuple(window_size), softcap=softcap,
+              dropout_p=dropout_p, block_mask=block_mask, block_size=tuple(block_size), dtype=dtype)
+    if cu_seqlens_q is None:
+        if seqused_k is None:
+            return _dense(q, k, v, alibi_slopes=alibi_slopes, keep_mask=keep_mask, **kw)
+        outs, lses = [], []
+        for i in range(q.shape[0]):
+            n = int(seqused_k[i])
+            slopes = alibi_slopes if alibi_slopes is None or alibi_slopes.dim() == 1 else alibi_slopes[i:i + 1]
+            km = None if keep_mask is None else keep_mask[i:i + 1, :, :, :n]
+            o, l = _dense(q[i:i + 1], k[i:i + 1, :n], v[i:i + 1, :n], alibi_slopes=slopes, keep_mask=km, **kw)
+            outs.append(o)
+            lses.append(l)
+        return torch.cat(outs), torch.cat(lses)
+    if cu_seqlens_k is None:
+        raise ValueError("cu_seqlens_k is required with cu_seqlens_q")
+    cq = [int(x) for x in cu_seqlens_q.cpu()]
+    ck = [int(x) for x in cu_seqlens_k.cpu()]
+    outs, lses = [], []
+    for i in range(len(cq) - 1):
+        qi = q[cq[i]:cq[i + 1]].unsqueeze(0)
+        kend = ck[i + 1] if seqused_k is None else ck[i] + int(seqused_k[i])
+        ki = k[ck[i]:kend].unsqueeze(0)
+        vi = v[ck[i]:kend].unsqueeze(0)
+        slopes = alibi_slopes if alibi_slopes is None or alibi_slopes.dim() == 1 else alibi_slopes[i:i + 1]
+        km = None if keep_mask is None else keep_mask[i].unsqueeze(0)
+        o, l = _dense(qi, ki, vi, alibi_slopes=slopes, keep_mask=km, **kw)
+        outs.append(o[0])
+        lses.append(l[0])
+    return torch.cat(outs, dim=0), torch.cat(lses, dim=1)
+
+
+# ---- Philox4x32-10 dropout keep-mask, from the keying documented in common/philox.h ----
+_M0, _M1 = np.uint64(0xD2511F53), np.uint64(0xCD9E8D57)
+_W0, _W1 = 0x9E3779B9, 0xBB67AE85
+_MASK32 = np.uint64(0xFFFFFFFF)
+
+
+def philox4x32_10(ctr: np.ndarray, key0: int, key1: int) -> np.ndarray:
+    """ctr: uint32 array (..., 4). Returns uint32 (..., 4). Vectorized reference Philox4x32-10."""
+    c = [ctr[..., i].astype(np.uint64) for i in range(4)]
+    k0, k1 = key0 & 0xFFFFFFFF, key1 & 0xFFFFFFFF
+    for _ in range(10):
+        p0 = _M0 * c[0]
+        p1 = _M1 * c[2]
+        hi0, lo0 = p0 >> np.uint64(32), p0 & _MASK32
+        hi1, lo1 = p1 >> np.uint64(32), p1 & _MASK32
+        c = [hi1 ^ c[1] ^ np.uint64(k0), lo1, hi0 ^ c[3] ^ np.uint64(k1), lo0]
+        k0 = (k0 + _W0) & 0xFFFFFFFF
+        k1 = (k1 + _W1) & 0xFFFFFFFF
+    return np.stack([x.astype(np.uint32) for x in c], axis=-1)
+
+
+def philox_keep_mask(seed: int, offset: int, batch: int, num_heads: int, seqlen_q: int, seqlen_k: int,
+                     dropout_p: float, batch_index: Optional[int] = None) -> torch.Tensor:
+    """Bool keep-mask (batch, num_heads, seqlen_q, seqlen_k) for the documented Philox keying.
+
+    batch_index, when given, computes only that batch entry (batch must then be 1 in the result).
+    """
+    threshold = int(float(np.float32(dropout_p)) * 4294967296.0)
+    b_idx = np.arange(batch) if batch_index is None else np.array([batch_index])
+    h_idx = np.arange(num_heads)
+    rows = np.arange(seqlen_q)
+    cols4 = np.arange((seqlen_k + 3) // 4)
+    bh = (b_idx[:, None] * num_heads + h_idx[None, :]).astype(np.uint64)  # (B, H)
+    shape = (len(b_idx), num_heads, seqlen_q, len(cols4))
+    ctr = np.empty(shape + (4,), dtype=np.uint32)
+    ctr[..., 0] = cols4[None, None, None, :]
+    ctr[..., 1] = rows[None, None, :, None]
+    ctr[..., 2] = bh[:, :, None, None]
+    ctr[..., 3] = offset & 0xFFFFFFFF
+    words = philox4x32_10(ctr, seed & 0xFFFFFFFF, ((seed >> 32) ^ (offset >> 32)) & 0xFFFFFFFF)
+    words = words.reshape(shape[:3] + (len(cols4) * 4,))[..., :seqlen_k]
+    return torch.from_numpy(words.astype(np.uint64) >= threshold)

@@ -1,0 +1,65 @@
+#!/usr/bin/env bash
+# The one command to give the device machine: build for 90a with all cores, run the GPU test tier, run the quick
+# benchmark if it exists, write logs and JSON under $OUT, print a short summary last.
+#   bash tools/gpu_check.sh                  # build + GPU tests + quick bench
+#   FLASHGEN_CHECK_TESTS="tests/test_v2_fwd.py -k causal" bash tools/gpu_check.sh
+#   FLASHGEN_CHECK_BENCH=none|quick|full     # default quick
+#   FLASHGEN_CHECK_EXTRA="cmd"               # run after the bench (e.g. compute-sanitizer), output in extra.log
+set -uo pipefail
+# The device returns at most 8 files, so everything lands in one work folder that is packed into
+# $OUT/gpu_check.tgz at the end (unpack with: tar xzf gpu_check.tgz).
+FINAL_OUT=${OUT:-$PWD/.device_out}
+OUT=$(mktemp -d /tmp/flashgen_check.XXXX)
+mkdir -p "$FINAL_OUT"
+pack() { tar czf "$FINAL_OUT/gpu_check.tgz" -C "$OUT" . ; }
+export FLASHGEN_CUDA_ARCHS=${FLASHGEN_CUDA_ARCHS:-90a}
+export CMAKE_BUILD_PARALLEL_LEVEL=${CMAKE_BUILD_PARALLEL_LEVEL:-$(nproc)}
+export PYTHONUNBUFFERED=1
+summary=()
+
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu --format=csv > "$OUT/gpu.txt" 2>&1
+
+t0=$(date +%s)
+python3 -m pip install --no-build-isolation --no-deps -v . > "$OUT/build.log" 2>&1
+build_rc=$?
+t1=$(date +%s)
+summary+=("build (archs $FLASHGEN_CUDA_ARCHS): rc=$build_rc in $((t1 - t0)) s")
+if [ $build_rc -ne 0 ]; then
+  grep -E "error|Error" "$OUT/build.log" | head -40
+  printf '%s\n' "${summary[@]}"
+  pack
+  exit 1
+fi
+grep -E "registers|spill|stack frame" "$OUT/build.log" > "$OUT/ptxas.txt" || true
+so=$(python3 -c "import flashgen._C as c; print(c.__file__)" 2>/dev/null)
+[ -n "$so" ] && ldd "$so" > "$OUT/ldd.txt" 2>&1
+python3 -c "import json, flashgen._C as c; print(json.dumps(c.build_info()))" > "$OUT/build_info.json" 2>&1
+
+tests=${FLASHGEN_CHECK_TESTS:-tests}
+python3 -m pytest $tests -m "gpu and not slow" -q -rs --junitxml="$OUT/junit_gpu.xml" 2>&1 | tee "$OUT/gpu_tests.log" | tail -n 40
+tests_rc=${PIPESTATUS[0]}
+t2=$(date +%s)
+summary+=("gpu tests: rc=$tests_rc in $((t2 - t1)) s: $(tail -n 1 "$OUT/gpu_tests.log")")
+
+bench=${FLASHGEN_CHECK_BENCH:-quick}
+if [ "$bench" != "none" ] && python3 -c "import flashgen.bench" 2>/dev/null; then
+  flag="--quick"
+  [ "$bench" = "full" ] && flag=""
+  python3 -m flashgen.bench $flag --out "$OUT/bench" > "$OUT/bench.log" 2>&1
+  bench_rc=$?
+  t3=$(date +%s)
+  summary+=("bench ($bench): rc=$bench_rc in $((t3 - t2)) s")
+  tail -n 60 "$OUT/bench.log"
+fi
+
+if [ -n "${FLASHGEN_CHECK_EXTRA:-}" ]; then
+  bash -c "$FLASHGEN_CHECK_EXTRA" > "$OUT/extra.log" 2>&1
+  summary+=("extra: rc=$? (extra.log)")
+  tail -n 30 "$OUT/extra.log"
+fi
+
+echo "==== gpu_check summary ===="
+cat "$OUT/gpu.txt"
+printf '%s\n' "${summary[@]}" | tee "$OUT/summary.txt"
+pack
+[ $tests_rc -eq 0 ]
