@@ -7,6 +7,11 @@
 #include <stdexcept>
 #include <string>
 
+#if defined(FLASHGEN_HAS_CUDA) && __has_include(<nvtx3/nvToolsExt.h>)
+#include <nvtx3/nvToolsExt.h>  // header-only NVTX3 from the CUDA toolkit; no-ops unless a profiler is attached
+#define FLASHGEN_NVTX 1
+#endif
+
 #include "build_info_gen.h"
 #include "common/params.h"
 #include "common/status.h"
@@ -42,6 +47,34 @@ void raise_if_failed(const Status& s) {
     default: throw std::runtime_error(s.message);
   }
 }
+
+// A profiler timeline names each launch: "flashgen/v2/fwd bf16 d128 causal".
+class NvtxRange {
+ public:
+  NvtxRange(const std::string& generation, const char* kind, const AttnParams& p) {
+#if defined(FLASHGEN_NVTX)
+    static const char* kDtypeNames[] = {"fp32", "fp16", "bf16"};
+    std::string name = "flashgen/" + generation + "/" + kind + " " + kDtypeNames[static_cast<int>(p.dtype)] + " d" +
+                       std::to_string(p.head_dim);
+    if (p.window_left < 0 && p.window_right == 0) {
+      name += " causal";
+    } else if (p.window_left >= 0 || p.window_right >= 0) {
+      name += " window";
+    }
+    if (p.cu_seqlens_q) name += " varlen";
+    nvtxRangePushA(name.c_str());
+#else
+    (void)generation, (void)kind, (void)p;
+#endif
+  }
+  ~NvtxRange() {
+#if defined(FLASHGEN_NVTX)
+    nvtxRangePop();
+#endif
+  }
+  NvtxRange(const NvtxRange&) = delete;
+  NvtxRange& operator=(const NvtxRange&) = delete;
+};
 
 Status run_fwd(const std::string& generation, const AttnParams& p, std::uintptr_t stream) {
   void* st = reinterpret_cast<void*>(stream);
@@ -163,6 +196,7 @@ PYBIND11_MODULE(_C, m) {
         Status s;
         {
           py::gil_scoped_release release;
+          NvtxRange range(generation, "fwd", p);
           s = run_fwd(generation, p, stream);
         }
         raise_if_failed(s);
@@ -175,6 +209,7 @@ PYBIND11_MODULE(_C, m) {
         Status s;
         {
           py::gil_scoped_release release;
+          NvtxRange range(generation, "bwd", p);
           s = run_bwd(generation, p, stream);
         }
         raise_if_failed(s);
