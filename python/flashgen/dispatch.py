@@ -1,0 +1,225 @@
+"""Which generation runs a problem: pure Python over plain values, so CPU tests cover every rule.
+
+A `Problem` says where the tensors live (device type, compute capability), their dtype and head_dim, and the
+features the call uses. `choose` picks a generation (or honours an explicit request) and `explain` gives, for every
+generation, the reasons it cannot run the problem ([] = it can). Three sources of truth, never retyped:
+
+- `GENERATIONS` below: the features each generation's kernels implement today (the one table to edit when a kernel
+  lands) and what each needs from the hardware;
+- `BuildInfo` (`flashgen._native.build_info()`): which (generation, kind, dtype, head_dim) this build compiled, and
+  for which CUDA archs;
+- the device's compute capability, read by the caller (tests fake it).
+
+A feature whose kernel does not exist is refused with NotImplementedError naming the feature and the generation:
+flashgen never gives a wrong result silently, and never copies CUDA tensors to the CPU behind the caller's back.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Dict, FrozenSet, List, Optional, Sequence, Tuple
+
+from ._native import BuildInfo
+
+# Every optional feature a call can use. The plain dense forward is always part of a problem.
+FEATURES: Tuple[str, ...] = (
+    "causal", "window", "softcap", "alibi", "dropout", "gqa", "varlen", "kvcache", "block_sparse", "return_probs",
+    "backward",
+)
+_FORWARD_FEATURES = frozenset(FEATURES) - {"backward"}
+
+# Requested-version values besides a generation name.
+AUTO = "auto"
+
+
+@dataclasses.dataclass(frozen=True)
+class GenerationSpec:
+    """What one generation needs and implements. compute_capability bounds are inclusive; None = unbounded."""
+
+    name: str
+    device_type: str                                   # 'cuda' or 'cpu'
+    dtypes: FrozenSet[str]                              # dtype names as in build_info: 'fp32', 'fp16', 'bf16'
+    implements: FrozenSet[str]                          # features from FEATURES; 'forward' = the plain forward
+    min_capability: Optional[Tuple[int, int]] = None
+    max_capability: Optional[Tuple[int, int]] = None
+    head_dim_multiple: int = 1                          # head dims are zero-padded up to a multiple of this
+    alignment_bytes: int = 1                            # data pointers and non-last strides, in bytes
+
+
+# The one table of what each generation implements today. Edit it when a kernel lands (and its tests pass).
+_GPU_HEAD_DIM_MULTIPLE = 8  # 16-byte vector loads of fp16/bf16 rows
+_GPU_ALIGNMENT_BYTES = 16   # cp.async / TMA need 16-byte aligned rows
+GENERATIONS: Dict[str, GenerationSpec] = {
+    "v1": GenerationSpec("v1", "cuda", frozenset({"fp16"}), frozenset(), min_capability=(7, 5),
+                         head_dim_multiple=_GPU_HEAD_DIM_MULTIPLE, alignment_bytes=_GPU_ALIGNMENT_BYTES),
+    "v2": GenerationSpec("v2", "cuda", frozenset({"fp16", "bf16"}),
+                         frozenset({"forward"}) | (_FORWARD_FEATURES - {"block_sparse"}), min_capability=(8, 0),
+                         head_dim_multiple=_GPU_HEAD_DIM_MULTIPLE, alignment_bytes=_GPU_ALIGNMENT_BYTES),
+    "v3": GenerationSpec("v3", "cuda", frozenset({"fp16", "bf16"}), frozenset(), min_capability=(9, 0),
+                         max_capability=(9, 0), head_dim_multiple=_GPU_HEAD_DIM_MULTIPLE,
+                         alignment_bytes=_GPU_ALIGNMENT_BYTES),
+    "cpu": GenerationSpec("cpu", "cpu", frozenset({"fp32", "fp16", "bf16"}),
+                          frozenset({"forward"}) | frozenset(FEATURES)),
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class Problem:
+    """An attention call reduced to plain values. compute_capability is None for CPU tensors."""
+
+    device_type: str
+    compute_capability: Optional[Tuple[int, int]]
+    dtype: str
+    head_dim: int
+    features: FrozenSet[str] = frozenset()
+
+    def __post_init__(self):
+        unknown = set(self.features) - set(FEATURES)
+        if unknown:
+            raise ValueError(f"Problem.features: unknown {sorted(unknown)}; expected a subset of {FEATURES}")
+
+
+@dataclasses.dataclass(frozen=True)
+class Choice:
+    """The generation that runs a problem, why, and what it needs from the inputs."""
+
+    generation: str
+    why: str
+    head_dim_multiple: int
+    alignment_bytes: int
+
+
+def _sm(capability: Tuple[int, int]) -> str:
+    return f"sm_{capability[0]}{capability[1]}"
+
+
+def _arch_number(arch: str) -> Tuple[int, bool]:
+    """'90a' -> (90, True); '80' -> (80, False). The suffix 'a' marks arch-specific code (runs on that arch only)."""
+    specific = arch.endswith("a")
+    return int(arch.rstrip("a")), specific
+
+
+def _arch_runs(archs: Sequence[str], capability: Tuple[int, int]) -> bool:
+    """True if one compiled arch runs on the device: same arch, or an older portable arch (SASS or PTX JIT)."""
+    device = capability[0] * 10 + capability[1]
+    for arch in archs:
+        number, specific = _arch_number(arch)
+        if number == device or (not specific and number <= device):
+            return True
+    return False
+
+
+def _reasons(spec: GenerationSpec, problem: Problem, built: BuildInfo) -> Tuple[List[str], bool]:
+    """Why `spec` cannot run `problem` ([] = it can), and whether any reason is about the device (never runnable)."""
+    reasons: List[str] = []
+    device_bound = False
+    if problem.device_type != spec.device_type:
+        device_bound = True
+        if spec.device_type == "cpu":
+            reasons.append(f"the CPU backend takes CPU tensors, these are on {problem.device_type} "
+                           "(flashgen does not copy them)")
+        else:
+            reasons.append(f"{spec.name} runs on CUDA devices, these tensors are on {problem.device_type}")
+    elif spec.device_type == "cuda":
+        cap = problem.compute_capability
+        if cap is None:
+            device_bound = True
+            reasons.append(f"{spec.name} needs a CUDA compute capability and none was given")
+        else:
+            if spec.min_capability is not None and tuple(cap) < spec.min_capability:
+                device_bound = True
+                reasons.append(f"{spec.name} needs {_sm(spec.min_capability)} or newer, the device is {_sm(cap)}")
+            if spec.max_capability is not None and tuple(cap) > spec.max_capability:
+                device_bound = True
+                reasons.append(f"{spec.name} needs {_sm(spec.max_capability)} or older, the device is {_sm(cap)}")
+    if problem.dtype not in spec.dtypes:
+        device_bound = True
+        reasons.append(f"{spec.name} supports dtypes {sorted(spec.dtypes)}, not {problem.dtype}")
+    if "forward" not in spec.implements:
+        reasons.append(f"{spec.name} forward is not implemented yet")
+    else:
+        for feature in sorted(problem.features - spec.implements):
+            reasons.append(f"{feature} is not implemented in {spec.name} yet")
+    if spec.name not in built.generations:
+        reasons.append(f"{spec.name} is not compiled into this build (build_info)")
+    elif not reasons:
+        head_dim = _round_up(problem.head_dim, spec.head_dim_multiple)
+        kinds = ("fwd", "bwd") if "backward" in problem.features else ("fwd",)
+        for kind in kinds:
+            if not built.has(spec.name, kind, problem.dtype, head_dim):
+                have = built.head_dims(spec.name, kind, problem.dtype)
+                reasons.append(f"{spec.name} {kind} for {problem.dtype} head_dim {problem.head_dim} is not compiled "
+                               f"into this build (build_info has head dims {list(have)})")
+        if spec.device_type == "cuda" and problem.compute_capability is not None and built.cuda_archs and \
+                not _arch_runs(built.cuda_archs, problem.compute_capability):
+            reasons.append(f"no arch compiled into this build (build_info: {list(built.cuda_archs)}) runs on "
+                           f"{_sm(problem.compute_capability)}")
+    return reasons, device_bound
+
+
+def _round_up(x: int, multiple: int) -> int:
+    return (x + multiple - 1) // multiple * multiple
+
+
+def preference(problem: Problem) -> Tuple[Tuple[str, ...], str]:
+    """The generations auto tries, in order, and the rule that ordered them."""
+    if problem.device_type == "cpu":
+        return ("cpu",), "CPU tensors run on the CPU backend"
+    cap = problem.compute_capability
+    if cap is None:
+        return (), f"no rule for device type {problem.device_type} without a compute capability"
+    cap = tuple(cap)
+    if cap == (9, 0):
+        return ("v3", "v2"), "sm_90: v3 (Hopper) where it supports the request, else v2"
+    if cap > (9, 0):
+        return ("v2",), f"{_sm(cap)} is newer than sm_90: v2 (portable code, PTX)"
+    if cap >= (8, 0):
+        return ("v2",), f"{_sm(cap)} (Ampere/Ada): v2"
+    if cap >= (7, 5):
+        return ("v1",), f"{_sm(cap)} (Turing): v1 (fp16 only)"
+    return (), f"{_sm(cap)} is older than any generation supports (sm_75)"
+
+
+def explain(problem: Problem, built: BuildInfo) -> Dict[str, List[str]]:
+    """For every generation, the reasons it cannot run `problem` ([] = it can run it)."""
+    return {name: _reasons(spec, problem, built)[0] for name, spec in GENERATIONS.items()}
+
+
+def format_reasons(reasons: Dict[str, List[str]]) -> str:
+    """One line per generation: 'v2: reason; reason' or 'v2: can run'."""
+    return "\n".join(f"  {name}: {'; '.join(r) if r else 'can run'}" for name, r in reasons.items())
+
+
+def _choice(name: str, why: str) -> Choice:
+    spec = GENERATIONS[name]
+    return Choice(name, why, spec.head_dim_multiple, spec.alignment_bytes)
+
+
+def choose(problem: Problem, built: BuildInfo, requested: str = AUTO) -> Choice:
+    """The generation that runs `problem`.
+
+    requested='auto' follows `preference`; a generation name is honoured or refused. Refusals list every reason:
+    ValueError when the request can never run on this device (wrong device, arch or dtype), NotImplementedError
+    when the kernel or feature does not exist (yet) or was not compiled into this build.
+    """
+    if requested != AUTO and requested not in GENERATIONS:
+        raise ValueError(f"version: expected 'auto' or one of {sorted(GENERATIONS)}, got {requested!r}")
+    if requested != AUTO:
+        reasons, device_bound = _reasons(GENERATIONS[requested], problem, built)
+        if reasons:
+            error = ValueError if device_bound else NotImplementedError
+            raise error(f"version={requested!r} cannot run this problem ({_describe(problem)}): "
+                        + "; ".join(reasons))
+        return _choice(requested, f"requested version={requested!r}")
+    order, rule = preference(problem)
+    for name in order:
+        if not _reasons(GENERATIONS[name], problem, built)[0]:
+            return _choice(name, rule)
+    raise NotImplementedError(f"no flashgen generation can run this problem ({_describe(problem)}); rule: {rule}\n"
+                              + format_reasons(explain(problem, built)))
+
+
+def _describe(problem: Problem) -> str:
+    where = problem.device_type if problem.compute_capability is None else _sm(problem.compute_capability)
+    features = ", ".join(sorted(problem.features)) or "no extra features"
+    return f"{where} {problem.dtype} head_dim {problem.head_dim}, {features}"

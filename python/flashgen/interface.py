@@ -1,0 +1,366 @@
+"""The public API: drop-ins for flash_attn 2.x's functions, plus block-sparse attention and `explain`.
+
+Every entry point runs the same path: validate (validate.py) -> describe the call as a `dispatch.Problem` ->
+choose a generation (dispatch.py; the keyword-only `version=` flag or the FLASHGEN_VERSION environment variable
+overrides "auto") -> make the last dim contiguous and zero-pad head_dim if the generation needs it -> launch through
+the `flashgen::fwd` op, whose registered autograd formula is `flashgen::bwd` (_library.py). Names, argument order,
+defaults, shapes and return values follow flash_attn 2.x: layout (batch, seqlen, num_heads, head_dim), causal
+aligned bottom-right, window_size (left, right) inclusive with -1 unbounded, GQA/MQA when num_heads_k divides
+num_heads, lse fp32 (batch, num_heads, seqlen_q) (varlen: (num_heads, total_q)).
+
+Nothing on the call path synchronizes with the device: varlen takes max_seqlen from the caller, the KV-cache append
+scatters with index tensors, and dropout's seed/offset come from torch's CPU generator.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+from typing import Dict, List, Optional, Tuple
+
+import torch
+import torch.nn.functional as F
+
+from . import _library, _native, dispatch, nvtx, validate
+
+__all__ = [
+    "flash_attn_func", "flash_attn_qkvpacked_func", "flash_attn_kvpacked_func", "flash_attn_varlen_func",
+    "flash_attn_varlen_qkvpacked_func", "flash_attn_varlen_kvpacked_func", "flash_attn_with_kvcache",
+    "block_sparse_attn_func", "explain", "Explanation",
+]
+
+VERSION_ENV = "FLASHGEN_VERSION"
+_BUILD = _native.build_info()  # read once: a C call inside a torch.compile trace would break the graph
+_RNG_HIGH = 2 ** 62  # seed/offset drawn uniformly below this (fits the uint64 params with room for offsets)
+_capabilities: Dict[int, Tuple[int, int]] = {}
+
+
+def _requested(version: Optional[str]) -> str:
+    """The version flag, else FLASHGEN_VERSION, else 'auto'."""
+    if version is not None:
+        return version
+    return os.environ.get(VERSION_ENV, dispatch.AUTO) or dispatch.AUTO
+
+
+def _capability(device: torch.device) -> Optional[Tuple[int, int]]:
+    if device.type != "cuda":
+        return None
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    if index not in _capabilities:
+        _capabilities[index] = tuple(torch.cuda.get_device_capability(index))
+    return _capabilities[index]
+
+
+def _features(q, k, *, causal, window_size, softcap, alibi_slopes, dropout_p, return_probs, varlen=False,
+              kvcache=False, block_mask=None, tensors=()) -> frozenset:
+    used = {
+        "causal": causal,
+        "window": tuple(window_size) != (-1, -1),
+        "softcap": softcap > 0,
+        "alibi": alibi_slopes is not None,
+        "dropout": dropout_p > 0,
+        "gqa": q.shape[-2] != k.shape[-2],
+        "varlen": varlen,
+        "kvcache": kvcache,
+        "block_sparse": block_mask is not None,
+        "return_probs": return_probs,
+        "backward": torch.is_grad_enabled() and any(t.requires_grad for t in tensors),
+    }
+    return frozenset(name for name, on in used.items() if on)
+
+
+def _problem(q: torch.Tensor, features: frozenset) -> dispatch.Problem:
+    return dispatch.Problem(q.device.type, _capability(q.device), validate.DTYPE_NAMES[q.dtype], q.shape[-1],
+                            features)
+
+
+def _pad(t: Optional[torch.Tensor], multiple: int) -> Optional[torch.Tensor]:
+    """Zero-pad the last dim up to a multiple (differentiable: the gradient of the padding is dropped)."""
+    if t is None or t.shape[-1] % multiple == 0:
+        return t
+    return F.pad(t, (0, multiple - t.shape[-1] % multiple))
+
+
+def _attention(q, k, v, *, dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes, deterministic,
+               return_probs, version, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None, max_seqlen_k=None,
+               block_mask=None, block_size=(128, 128)):
+    """Validate, dispatch, pad and launch. Returns (out, lse, probs-or-None) with out at the caller's head_dim."""
+    varlen = cu_seqlens_q is not None or cu_seqlens_k is not None
+    validate.check_qkv(q, k, v, varlen=varlen)
+    validate.check_scalars(dropout_p=dropout_p, softmax_scale=softmax_scale, causal=causal, window_size=window_size,
+                           softcap=softcap, deterministic=deterministic)
+    if varlen:
+        batch = validate.check_varlen(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, q)
+    else:
+        batch = q.shape[0]
+        max_seqlen_q, max_seqlen_k = q.shape[1], k.shape[1]
+    validate.check_alibi(alibi_slopes, q, batch)
+    if block_mask is not None:
+        validate.check_block_mask(block_mask, block_size, q, k)
+        block_mask = validate.last_dim_contiguous(block_mask)
+    features = _features(q, k, causal=causal, window_size=window_size, softcap=softcap, alibi_slopes=alibi_slopes,
+                         dropout_p=dropout_p, return_probs=return_probs, varlen=varlen, block_mask=block_mask,
+                         tensors=(q, k, v))
+    choice = dispatch.choose(_problem(q, features), _BUILD, _requested(version))
+    head_dim = q.shape[-1]
+    if softmax_scale is None:
+        softmax_scale = 1.0 / math.sqrt(head_dim)
+    window_left, window_right = window_size
+    if causal:
+        window_right = 0
+    q, k, v = (_pad(validate.last_dim_contiguous(t), choice.head_dim_multiple) for t in (q, k, v))
+    if not torch.compiler.is_compiling():
+        validate.check_alignment((("q", q), ("k", k), ("v", v)), choice.alignment_bytes)
+    rng_state = None
+    if dropout_p > 0:
+        rng_state = torch.randint(0, _RNG_HIGH, (2,), dtype=torch.int64, device="cpu")
+    with nvtx.annotate(q.is_cuda, choice.generation, "fwd", validate.DTYPE_NAMES[q.dtype], head_dim,
+                       (window_left, window_right), varlen):
+        out, lse, probs = _library.fwd(
+            q, k, v, choice.generation, float(softmax_scale), int(window_left), int(window_right), float(softcap),
+            alibi_slopes, float(dropout_p), rng_state, cu_seqlens_q, cu_seqlens_k, int(max_seqlen_q),
+            int(max_seqlen_k), None, None, block_mask, int(block_size[0]), int(block_size[1]), bool(return_probs),
+            bool(deterministic))
+    if out.shape[-1] != head_dim:
+        out = out[..., :head_dim]
+    return out, lse, (probs if return_probs and not varlen else None)
+
+
+def _result(out, lse, probs, return_attn_probs):
+    return (out, lse, probs) if return_attn_probs else out
+
+
+def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0,
+                    alibi_slopes=None, deterministic=False, return_attn_probs=False, *, version=None):
+    """Attention over q (batch, seqlen_q, num_heads, head_dim), k/v (batch, seqlen_k, num_heads_k, head_dim).
+
+    Returns out (batch, seqlen_q, num_heads, head_dim), or (out, softmax_lse (batch, num_heads, seqlen_q) fp32,
+    S_dmask (batch, num_heads, seqlen_q, seqlen_k) fp32 probabilities, dropped entries negated) with
+    return_attn_probs. version: 'auto' | 'v1' | 'v2' | 'v3' | 'cpu' (default: $FLASHGEN_VERSION or 'auto').
+    """
+    out, lse, probs = _attention(q, k, v, dropout_p=dropout_p, softmax_scale=softmax_scale, causal=causal,
+                                 window_size=window_size, softcap=softcap, alibi_slopes=alibi_slopes,
+                                 deterministic=deterministic, return_probs=return_attn_probs, version=version)
+    return _result(out, lse, probs, return_attn_probs)
+
+
+def _unpack(name: str, packed, rank: int, count: int) -> Tuple[torch.Tensor, ...]:
+    """Split a packed tensor along its dim rank - 3 (the 3 of qkv or the 2 of kv)."""
+    if not isinstance(packed, torch.Tensor):
+        raise TypeError(f"{name}: expected a torch.Tensor, got {type(packed).__name__}")
+    dim = rank - 3
+    if packed.dim() != rank or packed.shape[dim] != count:
+        raise ValueError(f"{name}: expected {rank} dims with size {count} at dim {dim}, got {tuple(packed.shape)}")
+    return tuple(packed.select(dim, i) for i in range(count))
+
+
+def flash_attn_qkvpacked_func(qkv, dropout_p=0.0, softmax_scale=None, causal=False, window_size=(-1, -1),
+                              softcap=0.0, alibi_slopes=None, deterministic=False, return_attn_probs=False, *,
+                              version=None):
+    """flash_attn_func with qkv packed as (batch, seqlen, 3, num_heads, head_dim); the gradient is dqkv."""
+    q, k, v = _unpack("qkv", qkv, 5, 3)
+    return flash_attn_func(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes,
+                           deterministic, return_attn_probs, version=version)
+
+
+def flash_attn_kvpacked_func(q, kv, dropout_p=0.0, softmax_scale=None, causal=False, window_size=(-1, -1),
+                             softcap=0.0, alibi_slopes=None, deterministic=False, return_attn_probs=False, *,
+                             version=None):
+    """flash_attn_func with kv packed as (batch, seqlen_k, 2, num_heads_k, head_dim)."""
+    k, v = _unpack("kv", kv, 5, 2)
+    return flash_attn_func(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes,
+                           deterministic, return_attn_probs, version=version)
+
+
+def _no_block_table(block_table) -> None:
+    if block_table is not None:
+        raise NotImplementedError("block_table (paged KV cache) is not implemented in flashgen yet; pass None")
+
+
+def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p=0.0,
+                           softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0, alibi_slopes=None,
+                           deterministic=False, return_attn_probs=False, block_table=None, *, version=None):
+    """Attention over stacked sequences: q (total_q, num_heads, head_dim), k/v (total_k, num_heads_k, head_dim).
+
+    cu_seqlens_q/k: int32 (batch + 1) offsets; max_seqlen_q/k: Python ints (never read from the device).
+    Returns out (total_q, num_heads, head_dim), or (out, softmax_lse (num_heads, total_q) fp32, None) with
+    return_attn_probs (probabilities are returned for dense inputs only).
+    """
+    _no_block_table(block_table)
+    out, lse, probs = _attention(q, k, v, dropout_p=dropout_p, softmax_scale=softmax_scale, causal=causal,
+                                 window_size=window_size, softcap=softcap, alibi_slopes=alibi_slopes,
+                                 deterministic=deterministic, return_probs=return_attn_probs, version=version,
+                                 cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, max_seqlen_q=max_seqlen_q,
+                                 max_seqlen_k=max_seqlen_k)
+    return _result(out, lse, probs, return_attn_probs)
+
+
+def flash_attn_varlen_qkvpacked_func(qkv, cu_seqlens, max_seqlen, dropout_p=0.0, softmax_scale=None, causal=False,
+                                     window_size=(-1, -1), softcap=0.0, alibi_slopes=None, deterministic=False,
+                                     return_attn_probs=False, *, version=None):
+    """flash_attn_varlen_func with qkv packed as (total, 3, num_heads, head_dim) and one cu_seqlens."""
+    q, k, v = _unpack("qkv", qkv, 4, 3)
+    return flash_attn_varlen_func(q, k, v, cu_seqlens, cu_seqlens, max_seqlen, max_seqlen, dropout_p, softmax_scale,
+                                  causal, window_size, softcap, alibi_slopes, deterministic, return_attn_probs,
+                                  version=version)
+
+
+def flash_attn_varlen_kvpacked_func(q, kv, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p=0.0,
+                                    softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0,
+                                    alibi_slopes=None, deterministic=False, return_attn_probs=False, *,
+                                    version=None):
+    """flash_attn_varlen_func with kv packed as (total_k, 2, num_heads_k, head_dim)."""
+    k, v = _unpack("kv", kv, 4, 2)
+    return flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p,
+                                  softmax_scale, causal, window_size, softcap, alibi_slopes, deterministic,
+                                  return_attn_probs, version=version)
+
+
+def block_sparse_attn_func(q, k, v, block_mask, block_size=(128, 128), causal=False, softmax_scale=None,
+                           dropout_p=0.0, window_size=(-1, -1), softcap=0.0, alibi_slopes=None, deterministic=False,
+                           return_attn_probs=False, *, version=None):
+    """flash_attn_func restricted to the (block_m, block_n) tiles where block_mask is True.
+
+    block_mask: bool (num_heads or 1, ceil(seqlen_q / block_m), ceil(seqlen_k / block_n)); one layout broadcasts
+    over heads. Rows whose every key is masked give out = 0 and lse = +inf.
+    """
+    out, lse, probs = _attention(q, k, v, dropout_p=dropout_p, softmax_scale=softmax_scale, causal=causal,
+                                 window_size=window_size, softcap=softcap, alibi_slopes=alibi_slopes,
+                                 deterministic=deterministic, return_probs=return_attn_probs, version=version,
+                                 block_mask=block_mask, block_size=block_size)
+    return _result(out, lse, probs, return_attn_probs)
+
+
+# ---- KV cache ----
+
+def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, positions: torch.Tensor,
+            interleaved: bool) -> torch.Tensor:
+    """Rotary embedding of the first rotary_dim = 2 * cos.shape[1] channels of x (batch, seqlen, heads, head_dim)
+    at `positions` (batch, seqlen), in fp32 like flash_attn's rotary kernel. interleaved: pairs (0, 1), (2, 3), ...
+    (GPT-J); else halves (0, rotary_dim / 2), ... (GPT-NeoX)."""
+    rotary_dim = 2 * cos.shape[1]
+    c = cos[positions].unsqueeze(2).float()  # (batch, seqlen, 1, rotary_dim / 2)
+    s = sin[positions].unsqueeze(2).float()
+    xr = x[..., :rotary_dim].float()
+    if interleaved:
+        x1, x2 = xr[..., 0::2], xr[..., 1::2]
+        rotated = torch.stack((x1 * c - x2 * s, x1 * s + x2 * c), dim=-1).flatten(-2)
+    else:
+        x1, x2 = xr[..., :rotary_dim // 2], xr[..., rotary_dim // 2:]
+        rotated = torch.cat((x1 * c - x2 * s, x1 * s + x2 * c), dim=-1)
+    return torch.cat((rotated.to(x.dtype), x[..., rotary_dim:]), dim=-1)
+
+
+def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None, rotary_sin=None, cache_seqlens=None,
+                            cache_batch_idx=None, cache_leftpad=None, block_table=None, softmax_scale=None,
+                            causal=False, window_size=(-1, -1), softcap=0.0, rotary_interleaved=True,
+                            alibi_slopes=None, num_splits=0, return_softmax_lse=False, *, version=None):
+    """Decode-time attention against a KV cache, appending the new k/v in place first (inference only, no grad).
+
+    q (batch, seqlen_q, num_heads, head_dim); k_cache/v_cache (batch_cache, seqlen_cache, num_heads_k, head_dim);
+    k/v (batch, seqlen_new, num_heads_k, head_dim) are written at positions cache_seqlens[i] + j of cache row
+    cache_batch_idx[i] (default i); attention then uses the first cache_seqlens[i] + seqlen_new keys. rotary_cos/sin
+    (seqlen_ro, rotary_dim / 2) rotate k at those positions and q at cache_seqlens + j when causal or local, else at
+    cache_seqlens. num_splits is a tuning hint and is ignored. Returns out, or (out, softmax_lse) with
+    return_softmax_lse.
+    """
+    _no_block_table(block_table)
+    if cache_leftpad is not None:
+        raise NotImplementedError("cache_leftpad (left-padded KV cache) is not implemented in flashgen yet; pass None")
+    validate.check_kvcache(q, k_cache, v_cache, k, v, cache_seqlens, cache_batch_idx)
+    validate.check_scalars(dropout_p=0.0, softmax_scale=softmax_scale, causal=causal, window_size=window_size,
+                           softcap=softcap)
+    validate.check_rotary(rotary_cos, rotary_sin, q, k_cache, k_cache.shape[1])
+    validate.check_alibi(alibi_slopes, q, q.shape[0])
+    if k is not None and cache_seqlens is None:
+        raise ValueError("cache_seqlens: expected an int or int32 (batch,) tensor when appending k/v")
+    batch, seqlen_q = q.shape[0], q.shape[1]
+    features = _features(q, k_cache, causal=causal, window_size=window_size, softcap=softcap,
+                         alibi_slopes=alibi_slopes, dropout_p=0.0, return_probs=False, kvcache=True)
+    choice = dispatch.choose(_problem(q, features), _BUILD, _requested(version))
+    head_dim = q.shape[-1]
+    if softmax_scale is None:
+        softmax_scale = 1.0 / math.sqrt(head_dim)
+    window_left, window_right = window_size
+    if causal:
+        window_right = 0
+    if isinstance(cache_seqlens, int):
+        cache_seqlens = torch.full((batch,), cache_seqlens, dtype=torch.int32, device=q.device)
+    seqlen_new = 0 if k is None else k.shape[1]
+    if rotary_cos is not None:
+        start = cache_seqlens.long().view(batch, 1)
+        local = causal or tuple(window_size) != (-1, -1)
+        q_pos = start + torch.arange(seqlen_q, device=q.device) if local else start.expand(batch, seqlen_q)
+        q = _rotate(q, rotary_cos, rotary_sin, q_pos, rotary_interleaved)
+        if k is not None:
+            k_pos = start + torch.arange(seqlen_new, device=q.device)
+            k = _rotate(k, rotary_cos, rotary_sin, k_pos, rotary_interleaved)
+    seqused_k = cache_seqlens
+    if k is not None:
+        rows = torch.arange(batch, device=q.device, dtype=torch.int64) if cache_batch_idx is None \
+            else cache_batch_idx.long()
+        positions = cache_seqlens.long().view(batch, 1) + torch.arange(seqlen_new, device=q.device)
+        rows = rows.view(batch, 1).expand(batch, seqlen_new)
+        k_cache.index_put_((rows, positions), k)
+        v_cache.index_put_((rows, positions), v)
+        seqused_k = (cache_seqlens + seqlen_new).to(torch.int32)
+    qp, kc, vc = (_pad(validate.last_dim_contiguous(t), choice.head_dim_multiple) for t in (q, k_cache, v_cache))
+    if not torch.compiler.is_compiling():
+        validate.check_alignment((("q", qp), ("k_cache", kc), ("v_cache", vc)), choice.alignment_bytes)
+    # Inference only (like flash_attn): no autograd graph, since the backward does not take seqused_k.
+    with torch.no_grad(), nvtx.annotate(q.is_cuda, choice.generation, "fwd", validate.DTYPE_NAMES[q.dtype],
+                                        head_dim, (window_left, window_right)):
+        out, lse, _ = _library.fwd(qp, kc, vc, choice.generation, float(softmax_scale), int(window_left),
+                                   int(window_right), float(softcap), alibi_slopes, 0.0, None, None, None, seqlen_q,
+                                   k_cache.shape[1], seqused_k, cache_batch_idx, None, 0, 0, False, False)
+    if out.shape[-1] != head_dim:
+        out = out[..., :head_dim]
+    return (out, lse) if return_softmax_lse else out
+
+
+# ---- explain ----
+
+@dataclasses.dataclass(frozen=True)
+class Explanation:
+    """What auto would run for a call, why, and for every generation the reasons it cannot ([] = can run)."""
+
+    problem: dispatch.Problem
+    generation: Optional[str]
+    why: str
+    reasons: Dict[str, List[str]]
+
+    def __str__(self) -> str:
+        head = f"auto runs {self.generation} ({self.why})" if self.generation else f"nothing can run: {self.why}"
+        return head + "\n" + dispatch.format_reasons(self.reasons)
+
+
+def explain(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0,
+            alibi_slopes=None, deterministic=False, return_attn_probs=False, *, cu_seqlens_q=None, cu_seqlens_k=None,
+            max_seqlen_q=None, max_seqlen_k=None, block_mask=None, block_size=(128, 128), kvcache=False,
+            backward=None) -> Explanation:
+    """Which generation auto would run for flash_attn_func / flash_attn_varlen_func with these arguments.
+
+    Validates like the call would, launches nothing. backward: whether gradients are needed (default: whether any of
+    q, k, v requires grad). kvcache: describe a flash_attn_with_kvcache call instead.
+    """
+    varlen = cu_seqlens_q is not None or cu_seqlens_k is not None
+    validate.check_qkv(q, k, v, varlen=varlen)
+    validate.check_scalars(dropout_p=dropout_p, softmax_scale=softmax_scale, causal=causal, window_size=window_size,
+                           softcap=softcap, deterministic=deterministic)
+    batch = validate.check_varlen(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, q) if varlen else q.shape[0]
+    validate.check_alibi(alibi_slopes, q, batch)
+    if block_mask is not None:
+        validate.check_block_mask(block_mask, block_size, q, k)
+    features = _features(q, k, causal=causal, window_size=window_size, softcap=softcap, alibi_slopes=alibi_slopes,
+                         dropout_p=dropout_p, return_probs=return_attn_probs, varlen=varlen, kvcache=kvcache,
+                         block_mask=block_mask, tensors=(q, k, v))
+    if backward is not None:
+        features = features | {"backward"} if backward else features - {"backward"}
+    problem = _problem(q, features)
+    reasons = dispatch.explain(problem, _BUILD)
+    try:
+        choice = dispatch.choose(problem, _BUILD)
+    except NotImplementedError:
+        return Explanation(problem, None, dispatch.preference(problem)[1], reasons)
+    return Explanation(problem, choice.generation, choice.why, reasons)

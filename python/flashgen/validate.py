@@ -1,0 +1,217 @@
+"""Checks run before any launch: every bad input raises ValueError/TypeError naming the argument and what was expected.
+
+The kernels read raw pointers and strides (see _ops.py), so a wrong shape or dtype that slipped through would read
+out of bounds or give a wrong result. What flash_attn accepts stays accepted: `last_dim_contiguous` copies a tensor
+whose last dim is strided, and interface.py zero-pads head dims for generations that need a multiple of 8.
+Only shapes, dtypes, devices and Python scalars are read here: no tensor values, so no host synchronization.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+from typing import Optional, Sequence, Tuple
+
+import torch
+
+DTYPE_NAMES = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16"}
+MAX_HEAD_DIM = 256  # common/config.h kMaxHeadDim; build_info().max_head_dim reports the same
+INDEX_DTYPE = torch.int32  # cu_seqlens, cache_seqlens, cache_batch_idx (flash_attn's contract)
+
+
+def _tensor(name: str, t) -> torch.Tensor:
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
+    return t
+
+
+def _rank(name: str, t: torch.Tensor, rank: int, layout: str) -> None:
+    if t.dim() != rank:
+        raise ValueError(f"{name}: expected {rank} dims {layout}, got shape {tuple(t.shape)}")
+
+
+def _same_device(name: str, t: torch.Tensor, ref: torch.Tensor, ref_name: str = "q") -> None:
+    if t.device != ref.device:
+        raise ValueError(f"{name}: expected a tensor on {ref.device} (the device of {ref_name}), got {t.device}")
+
+
+def check_qkv(q, k, v, *, varlen: bool = False, names: Tuple[str, str, str] = ("q", "k", "v"),
+              same_batch: bool = True) -> None:
+    """q (b, seqlen_q, num_heads, head_dim) and k/v (b, seqlen_k, num_heads_k, head_dim); varlen drops b.
+    same_batch=False for a KV cache indexed by cache_batch_idx."""
+    qn, kn, vn = names
+    q, k, v = _tensor(qn, q), _tensor(kn, k), _tensor(vn, v)
+    if q.dtype not in DTYPE_NAMES:
+        raise TypeError(f"{qn}: expected dtype float16, bfloat16 or float32, got {q.dtype}")
+    for name, t in ((kn, k), (vn, v)):
+        if t.dtype != q.dtype:
+            raise TypeError(f"{name}: expected dtype {q.dtype} (the dtype of {qn}), got {t.dtype}")
+        _same_device(name, t, q, qn)
+    rank, layout = (3, "(total, num_heads, head_dim)") if varlen else (4, "(batch, seqlen, num_heads, head_dim)")
+    for name, t in ((qn, q), (kn, k), (vn, v)):
+        _rank(name, t, rank, layout)
+    if k.shape != v.shape:
+        raise ValueError(f"{vn}: expected the shape of {kn} {tuple(k.shape)}, got {tuple(v.shape)}")
+    if not varlen and same_batch and k.shape[0] != q.shape[0]:
+        raise ValueError(f"{kn}: expected batch {q.shape[0]} (the batch of {qn}), got {k.shape[0]}")
+    head_dim = q.shape[-1]
+    if k.shape[-1] != head_dim:
+        raise ValueError(f"{kn}: expected head_dim {head_dim} (the head_dim of {qn}), got {k.shape[-1]}")
+    if not 0 < head_dim <= MAX_HEAD_DIM:
+        raise ValueError(f"{qn}: expected head_dim in [1, {MAX_HEAD_DIM}], got {head_dim}")
+    num_heads, num_heads_k = q.shape[-2], k.shape[-2]
+    if num_heads_k == 0 or num_heads % num_heads_k != 0:
+        raise ValueError(f"{kn}: num_heads {num_heads} must be a multiple of num_heads_k {num_heads_k}")
+
+
+def check_scalars(*, dropout_p, softmax_scale, causal, window_size, softcap, deterministic=False) -> None:
+    """Python scalars of every entry point."""
+    if not isinstance(dropout_p, numbers.Real) or isinstance(dropout_p, bool) or not 0.0 <= dropout_p < 1.0:
+        raise ValueError(f"dropout_p: expected a float in [0, 1), got {dropout_p!r}")
+    if softmax_scale is not None and (not isinstance(softmax_scale, numbers.Real) or isinstance(softmax_scale, bool)
+                                      or not math.isfinite(softmax_scale)):
+        raise ValueError(f"softmax_scale: expected None or a finite float, got {softmax_scale!r}")
+    if not isinstance(causal, bool):
+        raise TypeError(f"causal: expected a bool, got {type(causal).__name__}")
+    if not isinstance(deterministic, bool):
+        raise TypeError(f"deterministic: expected a bool, got {type(deterministic).__name__}")
+    if not isinstance(window_size, (tuple, list)) or len(window_size) != 2 or \
+            not all(isinstance(w, int) and not isinstance(w, bool) for w in window_size):
+        raise TypeError(f"window_size: expected a pair of ints (left, right), got {window_size!r}")
+    if min(window_size) < -1:
+        raise ValueError(f"window_size: expected values >= -1 (-1 = unbounded), got {tuple(window_size)}")
+    if not isinstance(softcap, numbers.Real) or isinstance(softcap, bool) or not softcap >= 0.0 or \
+            not math.isfinite(softcap):
+        raise ValueError(f"softcap: expected a finite float >= 0 (0 = off), got {softcap!r}")
+
+
+def check_alibi(alibi_slopes, q: torch.Tensor, batch: int) -> None:
+    """fp32 (num_heads) or (batch, num_heads) on the device of q."""
+    if alibi_slopes is None:
+        return
+    t = _tensor("alibi_slopes", alibi_slopes)
+    num_heads = q.shape[-2]
+    if t.dtype != torch.float32:
+        raise TypeError(f"alibi_slopes: expected dtype float32, got {t.dtype}")
+    _same_device("alibi_slopes", t, q)
+    if tuple(t.shape) not in ((num_heads,), (batch, num_heads)):
+        raise ValueError(f"alibi_slopes: expected shape ({num_heads},) or ({batch}, {num_heads}), got {tuple(t.shape)}")
+    if t.stride(-1) != 1:
+        raise ValueError("alibi_slopes: expected a contiguous last dim")
+
+
+def check_index(name: str, t, q: torch.Tensor, length: Optional[int] = None) -> None:
+    """A 1-D int32 tensor on the device of q (cu_seqlens, cache_seqlens, cache_batch_idx)."""
+    t = _tensor(name, t)
+    if t.dtype != INDEX_DTYPE:
+        raise TypeError(f"{name}: expected dtype torch.int32, got {t.dtype}")
+    _same_device(name, t, q)
+    if t.dim() != 1 or (length is not None and t.shape[0] != length):
+        want = f"({length},)" if length is not None else "1 dim"
+        raise ValueError(f"{name}: expected shape {want}, got {tuple(t.shape)}")
+    if t.stride(0) != 1:
+        raise ValueError(f"{name}: expected a contiguous tensor")
+
+
+def _max_seqlen(name: str, value) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        raise TypeError(f"{name}: expected a Python int >= 0 (it sizes the launch; flashgen never reads it from "
+                        f"the device), got {value!r}")
+
+
+def check_varlen(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, q: torch.Tensor) -> int:
+    """cu_seqlens_q/k int32 (batch + 1) on the device of q; max_seqlen_q/k Python ints. Returns batch."""
+    check_index("cu_seqlens_q", cu_seqlens_q, q)
+    if cu_seqlens_q.shape[0] < 2:
+        raise ValueError(f"cu_seqlens_q: expected shape (batch + 1,) with batch >= 1, got {tuple(cu_seqlens_q.shape)}")
+    check_index("cu_seqlens_k", cu_seqlens_k, q, cu_seqlens_q.shape[0])
+    _max_seqlen("max_seqlen_q", max_seqlen_q)
+    _max_seqlen("max_seqlen_k", max_seqlen_k)
+    return cu_seqlens_q.shape[0] - 1
+
+
+def check_block_mask(block_mask, block_size, q: torch.Tensor, k: torch.Tensor) -> None:
+    """bool (num_heads or 1, ceil(seqlen_q / block_m), ceil(seqlen_k / block_n)) on the device of q."""
+    if not isinstance(block_size, (tuple, list)) or len(block_size) != 2 or \
+            not all(isinstance(b, int) and not isinstance(b, bool) and b > 0 for b in block_size):
+        raise ValueError(f"block_size: expected a pair of positive ints (block_m, block_n), got {block_size!r}")
+    t = _tensor("block_mask", block_mask)
+    if t.dtype != torch.bool:
+        raise TypeError(f"block_mask: expected dtype torch.bool, got {t.dtype}")
+    _same_device("block_mask", t, q)
+    block_m, block_n = block_size
+    rows = -(-q.shape[1] // block_m)
+    cols = -(-k.shape[1] // block_n)
+    if t.dim() != 3 or t.shape[0] not in (1, q.shape[2]) or tuple(t.shape[1:]) != (rows, cols):
+        raise ValueError(f"block_mask: expected shape ({q.shape[2]} or 1, {rows}, {cols}) for seqlen_q {q.shape[1]}, "
+                         f"seqlen_k {k.shape[1]}, block_size {tuple(block_size)}, got {tuple(t.shape)}")
+
+
+def check_kvcache(q, k_cache, v_cache, k, v, cache_seqlens, cache_batch_idx) -> None:
+    """q (b, seqlen_q, num_heads, head_dim); caches (b_cache, seqlen_cache, num_heads_k, head_dim); new k/v
+    (b, seqlen_new, num_heads_k, head_dim); cache_seqlens int32 (b,) or an int; cache_batch_idx int32 (b,)."""
+    check_qkv(q, k_cache, v_cache, names=("q", "k_cache", "v_cache"), same_batch=False)
+    batch = q.shape[0]
+    if cache_batch_idx is None and k_cache.shape[0] != batch:
+        raise ValueError(f"k_cache: expected batch {batch} (the batch of q) without cache_batch_idx, "
+                         f"got {k_cache.shape[0]}")
+    if cache_batch_idx is not None:
+        check_index("cache_batch_idx", cache_batch_idx, q, batch)
+    if (k is None) != (v is None):
+        raise ValueError("k, v: expected both or neither of the new keys and values")
+    if k is not None:
+        check_qkv(q, k, v, names=("q", "k", "v"))
+        if tuple(k.shape[2:]) != tuple(k_cache.shape[2:]):
+            raise ValueError(f"k: expected (num_heads_k, head_dim) {tuple(k_cache.shape[2:])} of k_cache, "
+                             f"got {tuple(k.shape[2:])}")
+        if k.shape[1] > k_cache.shape[1]:
+            raise ValueError(f"k: seqlen_new {k.shape[1]} exceeds the cache capacity {k_cache.shape[1]}")
+    if cache_seqlens is not None and not isinstance(cache_seqlens, int):
+        check_index("cache_seqlens", cache_seqlens, q, batch)
+    if isinstance(cache_seqlens, bool) or (isinstance(cache_seqlens, int) and
+                                           not 0 <= cache_seqlens <= k_cache.shape[1]):
+        raise ValueError(f"cache_seqlens: expected an int in [0, {k_cache.shape[1]}] or an int32 tensor, "
+                         f"got {cache_seqlens!r}")
+
+
+def check_rotary(rotary_cos, rotary_sin, q: torch.Tensor, k_cache: torch.Tensor, cache_len: int) -> None:
+    """rotary_cos/sin (seqlen_ro, rotary_dim / 2) in the dtype of q, rotary_dim <= head_dim."""
+    if (rotary_cos is None) != (rotary_sin is None):
+        raise ValueError("rotary_cos, rotary_sin: expected both or neither")
+    if rotary_cos is None:
+        return
+    for name, t in (("rotary_cos", rotary_cos), ("rotary_sin", rotary_sin)):
+        t = _tensor(name, t)
+        _same_device(name, t, q)
+        if t.dtype != q.dtype:
+            raise TypeError(f"{name}: expected dtype {q.dtype} (the dtype of q), got {t.dtype}")
+        if t.dim() != 2 or t.shape != rotary_cos.shape or 2 * t.shape[1] > q.shape[-1]:
+            raise ValueError(f"{name}: expected shape (seqlen_ro, rotary_dim / 2) with rotary_dim <= head_dim "
+                             f"{q.shape[-1]}, got {tuple(t.shape)}")
+    if rotary_cos.shape[0] < cache_len:
+        raise ValueError(f"rotary_cos: expected seqlen_ro >= the cache capacity {cache_len}, "
+                         f"got {rotary_cos.shape[0]}")
+
+
+def check_alignment(tensors: Sequence[Tuple[str, torch.Tensor]], alignment_bytes: int) -> None:
+    """Data pointers and every non-last stride aligned to `alignment_bytes` (the generation's vector width)."""
+    if alignment_bytes <= 1:
+        return
+    for name, t in tensors:
+        if t is None:
+            continue
+        elem = t.element_size()
+        if t.data_ptr() % alignment_bytes != 0:
+            raise ValueError(f"{name}: data pointer must be {alignment_bytes}-byte aligned (offset "
+                             f"{t.data_ptr() % alignment_bytes} bytes); pass a fresh or .clone()d tensor")
+        for dim in range(t.dim() - 1):
+            if t.shape[dim] > 1 and (t.stride(dim) * elem) % alignment_bytes != 0:
+                raise ValueError(f"{name}: stride {t.stride(dim)} of dim {dim} must be a multiple of "
+                                 f"{alignment_bytes // elem} elements ({alignment_bytes} bytes); call .contiguous()")
+
+
+def last_dim_contiguous(t: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
+    """t itself if its last dim is contiguous, else a contiguous copy (what flash_attn does)."""
+    if t is None or t.stride(-1) == 1:
+        return t
+    return t.contiguous()
