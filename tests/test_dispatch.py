@@ -1,0 +1,179 @@
+"""The dispatcher's rules with faked device capabilities and faked builds: pure Python, no device, no kernels."""
+
+import dataclasses
+
+import pytest
+
+from flashgen import dispatch
+from flashgen._native import BuildInfo
+from flashgen.dispatch import Problem, choose, explain
+
+GPU_HEAD_DIMS = (64, 128, 256)
+ALL_FEATURES = frozenset(dispatch.FEATURES)
+
+
+def _build(generations=("v2",), kinds=("fwd",), dtypes=("fp16", "bf16"), archs=("80", "90a"),
+           head_dims=GPU_HEAD_DIMS) -> BuildInfo:
+    """A fake build: the CPU backend plus the given GPU instances."""
+    instances = {("cpu", kind, dtype, 256) for kind in ("fwd", "bwd") for dtype in ("fp32", "fp16", "bf16")}
+    instances |= {(g, kind, dtype, d) for g in generations for kind in kinds for dtype in dtypes for d in head_dims}
+    return BuildInfo(frozenset(instances), tuple(archs), "13.0" if archs else "", 256)
+
+
+CPU_ONLY = _build(generations=(), archs=())
+V2_FWD = _build()
+
+
+def _cuda(capability, dtype="bf16", head_dim=128, features=()) -> Problem:
+    return Problem("cuda", capability, dtype, head_dim, frozenset(features))
+
+
+@pytest.fixture
+def v1_v3_implemented(monkeypatch):
+    """Pretend v1 and v3 implement the plain forward and causal (their kernels do not exist yet)."""
+    for name in ("v1", "v3"):
+        spec = dispatch.GENERATIONS[name]
+        monkeypatch.setitem(dispatch.GENERATIONS, name,
+                            dataclasses.replace(spec, implements=frozenset({"forward", "causal"})))
+
+
+def test_cpu_tensors_run_on_cpu_with_every_feature():
+    choice = choose(Problem("cpu", None, "fp32", 100, ALL_FEATURES), CPU_ONLY)
+    assert choice.generation == "cpu"
+    assert choice.head_dim_multiple == 1
+
+
+def test_cpu_tensors_never_go_to_a_gpu_generation():
+    with pytest.raises(ValueError, match="runs on CUDA devices"):
+        choose(Problem("cpu", None, "bf16", 128), V2_FWD, "v2")
+
+
+@pytest.mark.parametrize("capability", [(8, 0), (8, 6), (8, 9)])
+def test_ampere_and_ada_run_v2(capability):
+    choice = choose(_cuda(capability, features={"causal", "gqa"}), V2_FWD)
+    assert choice.generation == "v2"
+    assert choice.head_dim_multiple == 8 and choice.alignment_bytes == 16
+
+
+def test_sm90_falls_back_to_v2_while_v3_does_not_exist():
+    assert choose(_cuda((9, 0)), _build(generations=("v2", "v3"))).generation == "v2"
+
+
+def test_sm90_runs_v3_where_it_supports_the_request(v1_v3_implemented):
+    built = _build(generations=("v2", "v3"))
+    assert choose(_cuda((9, 0), features={"causal"}), built).generation == "v3"
+    assert choose(_cuda((9, 0), features={"alibi"}), built).generation == "v2"
+
+
+def test_sm90_v3_not_compiled_runs_v2(v1_v3_implemented):
+    assert choose(_cuda((9, 0)), V2_FWD).generation == "v2"
+    reasons = explain(_cuda((9, 0)), V2_FWD)
+    assert reasons["v3"] == ["v3 is not compiled into this build (build_info)"]
+
+
+def test_newer_than_sm90_runs_v2_from_portable_code():
+    assert choose(_cuda((10, 0)), V2_FWD).generation == "v2"
+
+
+def test_newer_than_sm90_without_portable_arch_is_refused():
+    with pytest.raises(NotImplementedError, match="no arch compiled into this build"):
+        choose(_cuda((10, 0)), _build(archs=("90a",)))
+
+
+def test_v3_is_sm90_only(v1_v3_implemented):
+    built = _build(generations=("v2", "v3"))
+    with pytest.raises(ValueError, match="sm_90 or older"):
+        choose(_cuda((10, 0)), built, "v3")
+    with pytest.raises(ValueError, match="sm_90 or newer"):
+        choose(_cuda((8, 0)), built, "v3")
+
+
+def test_sm75_runs_v1_fp16_only(v1_v3_implemented):
+    built = _build(generations=("v1", "v2"), dtypes=("fp16", "bf16"), archs=("75", "80"))
+    assert choose(_cuda((7, 5), dtype="fp16"), built).generation == "v1"
+    with pytest.raises(NotImplementedError, match="v1 supports dtypes"):
+        choose(_cuda((7, 5), dtype="bf16"), built)
+
+
+def test_sm75_refuses_v2():
+    with pytest.raises(ValueError, match="v2 needs sm_80 or newer, the device is sm_75"):
+        choose(_cuda((7, 5), dtype="fp16"), V2_FWD, "v2")
+
+
+def test_older_than_sm75_has_no_generation():
+    with pytest.raises(NotImplementedError, match="older than any generation"):
+        choose(_cuda((7, 0), dtype="fp16"), V2_FWD)
+
+
+def test_explicit_version_is_honoured():
+    assert choose(Problem("cpu", None, "bf16", 64), CPU_ONLY, "cpu").generation == "cpu"
+    assert choose(_cuda((9, 0)), V2_FWD, "v2").why == "requested version='v2'"
+
+
+def test_unknown_version_is_refused():
+    with pytest.raises(ValueError, match="version: expected 'auto' or one of"):
+        choose(_cuda((8, 0)), V2_FWD, "v5")
+
+
+def test_cuda_tensors_are_never_sent_to_the_cpu_backend():
+    with pytest.raises(NotImplementedError) as info:
+        choose(_cuda((8, 0)), CPU_ONLY)
+    message = str(info.value)
+    assert "v2 is not compiled into this build (build_info)" in message
+    assert "the CPU backend takes CPU tensors" in message
+    with pytest.raises(ValueError, match="does not copy them"):
+        choose(_cuda((8, 0)), CPU_ONLY, "cpu")
+
+
+@pytest.mark.parametrize("feature", ["backward", "block_sparse"])
+def test_missing_v2_feature_names_feature_and_generation(feature):
+    problem = _cuda((8, 0), features={"causal", feature})
+    with pytest.raises(NotImplementedError, match=f"{feature} is not implemented in v2 yet"):
+        choose(problem, V2_FWD)
+    with pytest.raises(NotImplementedError, match=f"{feature} is not implemented in v2 yet"):
+        choose(problem, V2_FWD, "v2")
+
+
+@pytest.mark.parametrize("feature", sorted(ALL_FEATURES - {"backward", "block_sparse"}))
+def test_v2_forward_features(feature):
+    assert explain(_cuda((8, 0), features={feature}), V2_FWD)["v2"] == []
+
+
+def test_generation_without_kernels_says_so():
+    reasons = explain(_cuda((9, 0)), _build(generations=("v2", "v3")))
+    assert reasons["v3"] == ["v3 forward is not implemented yet"]
+    assert reasons["v1"] == ["v1 supports dtypes ['fp16'], not bf16", "v1 forward is not implemented yet",
+                             "v1 is not compiled into this build (build_info)"]
+
+
+def test_fp32_on_gpu_is_refused_with_reasons():
+    with pytest.raises(NotImplementedError, match="v2 supports dtypes"):
+        choose(_cuda((8, 0), dtype="fp32"), V2_FWD)
+
+
+def test_head_dim_buckets_come_from_build_info():
+    assert choose(_cuda((8, 0), head_dim=40), V2_FWD).generation == "v2"  # padded to 40, runs in bucket 64
+    narrow = _build(head_dims=(64,))
+    with pytest.raises(NotImplementedError, match=r"head_dim 96 is not compiled into this build \(build_info has head"):
+        choose(_cuda((8, 0), head_dim=96), narrow)
+
+
+def test_backward_needs_compiled_backward(monkeypatch):
+    spec = dispatch.GENERATIONS["v2"]
+    monkeypatch.setitem(dispatch.GENERATIONS, "v2",
+                        dataclasses.replace(spec, implements=spec.implements | {"backward"}))
+    with pytest.raises(NotImplementedError, match="v2 bwd for bf16 head_dim 128 is not compiled"):
+        choose(_cuda((8, 0), features={"backward"}), V2_FWD)
+    assert choose(_cuda((8, 0), features={"backward"}), _build(kinds=("fwd", "bwd"))).generation == "v2"
+
+
+def test_explain_lists_every_generation():
+    reasons = explain(Problem("cpu", None, "fp16", 64, frozenset({"dropout"})), CPU_ONLY)
+    assert set(reasons) == set(dispatch.GENERATIONS)
+    assert reasons["cpu"] == []
+    assert all(reasons[g] for g in ("v1", "v2", "v3"))
+
+
+def test_problem_rejects_unknown_features():
+    with pytest.raises(ValueError, match="Problem.features"):
+        Problem("cpu", None, "fp32", 64, frozenset({"telepathy"}))
