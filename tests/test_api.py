@@ -1,0 +1,397 @@
+"""End to end through the public API on the CPU backend, against the float64 oracle (flashgen.reference).
+
+Error rule (FlashAttention's): max|out - ref| <= 2 * max|naive - ref| + floor, where naive is the oracle run in the
+input dtype and floor is the rounding of the reference to that dtype; gradients use factor 3.
+"""
+
+import dataclasses
+import math
+
+import pytest
+import torch
+
+import flashgen
+from flashgen import _ops, dispatch, interface, nvtx
+from flashgen.reference import attention_ref, philox_keep_mask
+
+FWD_FACTOR, BWD_FACTOR = 2.0, 3.0
+DTYPES = [torch.float16, torch.bfloat16, torch.float32]
+ROUNDING_PROBE = 0.3  # (x + 0.3 - 0.3) in the input dtype measures the rounding of x's magnitude (FA3's floor)
+
+
+def _floor(ref: torch.Tensor, dtype: torch.dtype) -> float:
+    return 2 * ((ref.to(dtype) + ROUNDING_PROBE - ROUNDING_PROBE).double() - ref.double()).abs().max().item()
+
+
+def check_fa_rule(out, ref, naive, what: str, factor: float = FWD_FACTOR) -> None:
+    """Assert the error rule; the message gives measured and allowed error."""
+    err = (out.double() - ref.double()).abs().max().item()
+    allowed = factor * (naive.double() - ref.double()).abs().max().item() + _floor(ref, out.dtype)
+    assert err <= allowed, f"{what}: max error {err:.3e} > allowed {allowed:.3e}"
+
+
+def _rand(*shape, dtype=torch.float16, grad=False):
+    t = torch.randn(*shape, dtype=dtype)
+    return t.requires_grad_(grad)
+
+
+def _ref_pair(q, k, v, **kw):
+    """(float64 oracle, same-dtype naive) outputs and lse."""
+    ref = attention_ref(q, k, v, **kw)
+    naive = attention_ref(q, k, v, dtype=q.dtype, **kw)
+    return ref, naive
+
+
+def _check_grads(out, q, k, v, what, **kw):
+    """Gradients of flashgen's out vs the float64 and same-dtype oracles, for the same dout."""
+    dout = torch.randn_like(out)
+    grads = torch.autograd.grad(out, (q, k, v), dout)
+    ref_in = [t.detach().double().requires_grad_() for t in (q, k, v)]
+    ref_out, _ = attention_ref(*ref_in, **kw)
+    ref_grads = torch.autograd.grad(ref_out, ref_in, dout.double())
+    naive_in = [t.detach().clone().requires_grad_() for t in (q, k, v)]
+    naive_out, _ = attention_ref(*naive_in, dtype=q.dtype, **kw)
+    naive_grads = torch.autograd.grad(naive_out, naive_in, dout)
+    for name, g, r, n in zip(("dq", "dk", "dv"), grads, ref_grads, naive_grads):
+        assert g.shape == r.shape, f"{what} {name}: shape {tuple(g.shape)} != {tuple(r.shape)}"
+        check_fa_rule(g, r, n, f"{what} {name}", BWD_FACTOR)
+
+
+# ---- flash_attn_func ----
+
+SHAPES = [(1, 1, 1), (2, 113, 203), (1, 239, 1), (2, 64, 64)]  # (batch, seqlen_q, seqlen_k)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("batch, seqlen_q, seqlen_k", SHAPES)
+def test_func_forward(dtype, causal, batch, seqlen_q, seqlen_k):
+    q = _rand(batch, seqlen_q, 4, 64, dtype=dtype)
+    k, v = (_rand(batch, seqlen_k, 2, 64, dtype=dtype) for _ in range(2))  # GQA 4:2
+    out, lse, _ = flashgen.flash_attn_func(q, k, v, causal=causal, return_attn_probs=True)
+    (ref, ref_lse), (naive, _) = _ref_pair(q, k, v, causal=causal)
+    assert out.shape == q.shape and out.dtype == dtype
+    assert lse.shape == (batch, 4, seqlen_q) and lse.dtype == torch.float32
+    check_fa_rule(out, ref, naive, f"out {dtype} causal={causal} {batch}x{seqlen_q}x{seqlen_k}")
+    finite = torch.isfinite(ref_lse)
+    assert torch.equal(torch.isfinite(lse), finite), "lse: empty rows must be +inf exactly where the oracle's are"
+    lse_err = (lse.double() - ref_lse.double())[finite].abs().max().item() if finite.any() else 0.0
+    assert lse_err <= 1e-3, f"lse: max error {lse_err:.3e} > allowed 1e-3"
+
+
+@pytest.mark.parametrize("kw", [
+    dict(window_size=(16, 0)), dict(window_size=(8, 24)), dict(causal=True, window_size=(32, -1)),
+    dict(softcap=5.0), dict(causal=True, softcap=30.0), dict(softmax_scale=0.3),
+], ids=["window_16_0", "window_8_24", "causal_window", "softcap", "causal_softcap", "scale"])
+def test_func_masks_and_scores(kw):
+    q, k, v = (_rand(2, 97, 4, 64, dtype=torch.bfloat16) for _ in range(3))
+    out = flashgen.flash_attn_func(q, k, v, **kw)
+    (ref, _), (naive, _) = _ref_pair(q, k, v, **kw)
+    check_fa_rule(out, ref, naive, f"out {kw}")
+
+
+@pytest.mark.parametrize("per_batch", [False, True])
+def test_func_alibi(per_batch):
+    q = _rand(2, 77, 4, 32)
+    k, v = (_rand(2, 91, 1, 32) for _ in range(2))  # MQA
+    slopes = torch.rand(2, 4) if per_batch else torch.rand(4)
+    out = flashgen.flash_attn_func(q, k, v, causal=True, alibi_slopes=slopes)
+    (ref, _), (naive, _) = _ref_pair(q, k, v, causal=True, alibi_slopes=slopes)
+    check_fa_rule(out, ref, naive, f"alibi per_batch={per_batch}")
+
+
+def test_return_attn_probs():
+    q, k, v = (_rand(2, 33, 4, 32, dtype=torch.float32) for _ in range(3))
+    out, lse, probs = flashgen.flash_attn_func(q, k, v, causal=True, return_attn_probs=True)
+    assert probs.shape == (2, 4, 33, 33) and probs.dtype == torch.float32
+    _, ref_lse = attention_ref(q, k, v, causal=True)
+    scores = torch.einsum("bihd,bjhd->bhij", q.double(), k.double()) / math.sqrt(32)
+    mask = torch.ones(33, 33, dtype=torch.bool).tril()
+    ref_probs = torch.exp(scores - ref_lse.double().unsqueeze(-1)).masked_fill(~mask, 0)
+    err = (probs.double() - ref_probs).abs().max().item()
+    assert err <= 1e-5, f"probs: max error {err:.3e} > allowed 1e-5"
+
+
+def test_non_contiguous_last_dim_is_copied():
+    base = _rand(2, 40, 4, 64)
+    q = base[..., ::2]  # last-dim stride 2
+    k, v = (_rand(2, 40, 4, 32) for _ in range(2))
+    assert q.stride(-1) != 1
+    out = flashgen.flash_attn_func(q, k, v)
+    (ref, _), (naive, _) = _ref_pair(q, k, v)
+    check_fa_rule(out, ref, naive, "non-contiguous q")
+
+
+# ---- packed forms ----
+
+def test_qkvpacked_and_kvpacked():
+    qkv = _rand(2, 50, 3, 4, 32, grad=True)
+    out = flashgen.flash_attn_qkvpacked_func(qkv, causal=True)
+    q, k, v = qkv.unbind(2)
+    (ref, _), (naive, _) = _ref_pair(q, k, v, causal=True)
+    check_fa_rule(out, ref, naive, "qkvpacked")
+    out.sum().backward()
+    assert qkv.grad is not None and qkv.grad.shape == qkv.shape
+    q2 = _rand(2, 30, 4, 32)
+    kv = _rand(2, 50, 2, 2, 32)
+    out2 = flashgen.flash_attn_kvpacked_func(q2, kv, window_size=(10, 10))
+    (ref2, _), (naive2, _) = _ref_pair(q2, kv[:, :, 0], kv[:, :, 1], window_size=(10, 10))
+    check_fa_rule(out2, ref2, naive2, "kvpacked")
+
+
+# ---- varlen ----
+
+SEQLENS_Q, SEQLENS_K = [5, 1, 37, 64], [9, 20, 37, 3]
+
+
+def _cu(seqlens):
+    return torch.tensor([0] + list(torch.tensor(seqlens).cumsum(0)), dtype=torch.int32)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_varlen(causal):
+    cu_q, cu_k = _cu(SEQLENS_Q), _cu(SEQLENS_K)
+    q = _rand(sum(SEQLENS_Q), 4, 64, dtype=torch.bfloat16)
+    k, v = (_rand(sum(SEQLENS_K), 2, 64, dtype=torch.bfloat16) for _ in range(2))
+    out, lse, probs = flashgen.flash_attn_varlen_func(q, k, v, cu_q, cu_k, max(SEQLENS_Q), max(SEQLENS_K),
+                                                      causal=causal, return_attn_probs=True)
+    kw = dict(causal=causal, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k)
+    (ref, ref_lse), (naive, _) = _ref_pair(q, k, v, **kw)
+    assert out.shape == q.shape and lse.shape == (4, sum(SEQLENS_Q)) and probs is None
+    check_fa_rule(out, ref, naive, f"varlen causal={causal}")
+
+
+def test_varlen_packed_forms():
+    cu = _cu(SEQLENS_Q)
+    qkv = _rand(sum(SEQLENS_Q), 3, 4, 32)
+    out = flashgen.flash_attn_varlen_qkvpacked_func(qkv, cu, max(SEQLENS_Q), causal=True)
+    (ref, _), (naive, _) = _ref_pair(*qkv.unbind(1), causal=True, cu_seqlens_q=cu, cu_seqlens_k=cu)
+    check_fa_rule(out, ref, naive, "varlen qkvpacked")
+    cu_k = _cu(SEQLENS_K)
+    q = _rand(sum(SEQLENS_Q), 4, 32)
+    kv = _rand(sum(SEQLENS_K), 2, 1, 32)
+    out2 = flashgen.flash_attn_varlen_kvpacked_func(q, kv, cu, cu_k, max(SEQLENS_Q), max(SEQLENS_K))
+    (ref2, _), (naive2, _) = _ref_pair(q, *kv.unbind(1), cu_seqlens_q=cu, cu_seqlens_k=cu_k)
+    check_fa_rule(out2, ref2, naive2, "varlen kvpacked")
+
+
+def test_no_host_sync_on_call_path(monkeypatch):
+    """varlen and the KV-cache append never read device values: .item() and .cpu() are forbidden."""
+    def forbidden(*_a, **_kw):
+        raise AssertionError("host synchronization on the call path")
+    cu = _cu(SEQLENS_Q)
+    q = _rand(sum(SEQLENS_Q), 4, 32)
+    cache = torch.zeros(4, 80, 4, 32, dtype=torch.float16)
+    monkeypatch.setattr(torch.Tensor, "item", forbidden)
+    monkeypatch.setattr(torch.Tensor, "cpu", forbidden)
+    flashgen.flash_attn_varlen_func(q, q, q, cu, cu, max(SEQLENS_Q), max(SEQLENS_Q), causal=True)
+    flashgen.flash_attn_with_kvcache(_rand(4, 1, 4, 32), cache, cache.clone(), _rand(4, 1, 4, 32),
+                                     _rand(4, 1, 4, 32), cache_seqlens=torch.tensor([1, 2, 3, 4], dtype=torch.int32))
+
+
+# ---- KV cache ----
+
+def test_kvcache_appends_in_place_and_attends():
+    batch, cache_batch, capacity, seqlen_new = 3, 5, 48, 2
+    q = _rand(batch, seqlen_new, 4, 64)
+    k_cache = _rand(cache_batch, capacity, 2, 64)
+    v_cache = _rand(cache_batch, capacity, 2, 64)
+    k_new, v_new = _rand(batch, seqlen_new, 2, 64), _rand(batch, seqlen_new, 2, 64)
+    cache_seqlens = torch.tensor([0, 17, 46], dtype=torch.int32)
+    cache_batch_idx = torch.tensor([4, 0, 2], dtype=torch.int32)
+    k_before, v_before = k_cache.clone(), v_cache.clone()
+    out, lse = flashgen.flash_attn_with_kvcache(q, k_cache, v_cache, k_new, v_new, cache_seqlens=cache_seqlens,
+                                                cache_batch_idx=cache_batch_idx, causal=True,
+                                                return_softmax_lse=True)
+    expect_k, expect_v = k_before.clone(), v_before.clone()
+    for i, (row, start) in enumerate(zip(cache_batch_idx.tolist(), cache_seqlens.tolist())):
+        expect_k[row, start:start + seqlen_new] = k_new[i]
+        expect_v[row, start:start + seqlen_new] = v_new[i]
+    assert torch.equal(k_cache, expect_k) and torch.equal(v_cache, expect_v), "cache not updated in place"
+    rows = cache_batch_idx.long()
+    kw = dict(causal=True, seqused_k=cache_seqlens + seqlen_new)
+    (ref, _), (naive, _) = _ref_pair(q, k_cache[rows], v_cache[rows], **kw)
+    assert lse.shape == (batch, 4, seqlen_new)
+    check_fa_rule(out, ref, naive, "kvcache")
+
+
+def test_kvcache_without_new_keys_and_int_seqlens():
+    q = _rand(2, 1, 4, 32)
+    k_cache, v_cache = _rand(2, 24, 4, 32), _rand(2, 24, 4, 32)
+    out = flashgen.flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=10)
+    (ref, _), (naive, _) = _ref_pair(q, k_cache, v_cache, seqused_k=torch.tensor([10, 10]))
+    check_fa_rule(out, ref, naive, "kvcache int cache_seqlens")
+
+
+def _rotary_ref(x, cos, sin, positions, interleaved):
+    """Rotation of channel pairs written out per position (independent of interface._rotate)."""
+    out = x.double().clone()
+    half = cos.shape[1]
+    for b in range(x.shape[0]):
+        for s in range(x.shape[1]):
+            p = int(positions[b][s])
+            for i in range(half):
+                a, c = (2 * i, 2 * i + 1) if interleaved else (i, i + half)
+                x0, x1 = x[b, s, :, a].double(), x[b, s, :, c].double()
+                out[b, s, :, a] = x0 * cos[p, i].double() - x1 * sin[p, i].double()
+                out[b, s, :, c] = x0 * sin[p, i].double() + x1 * cos[p, i].double()
+    return out.to(x.dtype)
+
+
+@pytest.mark.parametrize("interleaved", [True, False])
+@pytest.mark.parametrize("causal", [True, False])
+def test_kvcache_rotary(interleaved, causal):
+    batch, capacity, seqlen_new, head_dim, rotary_dim = 2, 16, 3, 32, 16
+    q = _rand(batch, seqlen_new, 2, head_dim, dtype=torch.float32)
+    k_cache, v_cache = torch.zeros(batch, capacity, 2, head_dim), torch.zeros(batch, capacity, 2, head_dim)
+    k_new, v_new = _rand(batch, seqlen_new, 2, head_dim, dtype=torch.float32), _rand(batch, seqlen_new, 2, head_dim,
+                                                                                    dtype=torch.float32)
+    angle = torch.rand(capacity, rotary_dim // 2) * math.pi
+    cos, sin = angle.cos(), angle.sin()
+    starts = [4, 9]
+    out = flashgen.flash_attn_with_kvcache(q, k_cache, v_cache, k_new, v_new, cos, sin,
+                                           cache_seqlens=torch.tensor(starts, dtype=torch.int32), causal=causal,
+                                           rotary_interleaved=interleaved)
+    k_pos = [[s + j for j in range(seqlen_new)] for s in starts]
+    q_pos = k_pos if causal else [[s] * seqlen_new for s in starts]
+    k_rot = _rotary_ref(k_new, cos, sin, k_pos, interleaved)
+    for i, s in enumerate(starts):
+        err = (k_cache[i, s:s + seqlen_new] - k_rot[i]).abs().max().item()
+        assert err <= 1e-5, f"rotated k in cache: max error {err:.3e} > allowed 1e-5"
+    q_rot = _rotary_ref(q, cos, sin, q_pos, interleaved)
+    kw = dict(causal=causal, seqused_k=torch.tensor(starts) + seqlen_new)
+    (ref, _), (naive, _) = _ref_pair(q_rot, k_cache, v_cache, **kw)
+    check_fa_rule(out, ref, naive, f"kvcache rotary interleaved={interleaved} causal={causal}")
+
+
+# ---- head-dim padding (the GPU generations' rule, exercised on the CPU backend) ----
+
+@pytest.fixture
+def pad_to_8(monkeypatch):
+    """Give the CPU backend the GPU generations' head-dim multiple, and record the head dims launched."""
+    spec = dispatch.GENERATIONS["cpu"]
+    monkeypatch.setitem(dispatch.GENERATIONS, "cpu", dataclasses.replace(spec, head_dim_multiple=8))
+    launched = []
+    forward = _ops.forward
+
+    def recording_forward(generation, q, k, v, **kw):
+        launched.append(q.shape[-1])
+        return forward(generation, q, k, v, **kw)
+    monkeypatch.setattr(_ops, "forward", recording_forward)
+    return launched
+
+
+@pytest.mark.parametrize("head_dim, padded", [(40, 40), (72, 72), (36, 40), (70, 72)])
+def test_head_dim_padding(pad_to_8, head_dim, padded):
+    q = _rand(2, 45, 4, head_dim, dtype=torch.bfloat16, grad=True)
+    k = _rand(2, 61, 2, head_dim, dtype=torch.bfloat16, grad=True)
+    v = _rand(2, 61, 2, head_dim, dtype=torch.bfloat16, grad=True)
+    out = flashgen.flash_attn_func(q, k, v, causal=True)
+    assert pad_to_8 == [padded], f"launched head dims {pad_to_8}, expected [{padded}]"
+    assert out.shape == q.shape
+    (ref, _), (naive, _) = _ref_pair(q.detach(), k.detach(), v.detach(), causal=True)
+    check_fa_rule(out, ref, naive, f"padded head_dim {head_dim}")
+    _check_grads(out, q, k, v, f"padded head_dim {head_dim}", causal=True)
+
+
+# ---- gradients ----
+
+@pytest.mark.parametrize("kw", [
+    dict(), dict(causal=True), dict(window_size=(12, 4)), dict(softcap=8.0, causal=True),
+], ids=["full", "causal", "window", "softcap"])
+def test_gradients(kw):
+    q = _rand(2, 57, 4, 64, dtype=torch.bfloat16, grad=True)
+    k = _rand(2, 83, 2, 64, dtype=torch.bfloat16, grad=True)
+    v = _rand(2, 83, 2, 64, dtype=torch.bfloat16, grad=True)
+    out = flashgen.flash_attn_func(q, k, v, **kw)
+    _check_grads(out, q, k, v, f"grad {kw}", **kw)
+
+
+def test_gradients_alibi_deterministic():
+    q, k, v = (_rand(1, 40, 4, 32, dtype=torch.float32, grad=True) for _ in range(3))
+    slopes = torch.rand(4)
+    out = flashgen.flash_attn_func(q, k, v, causal=True, alibi_slopes=slopes, deterministic=True)
+    _check_grads(out, q, k, v, "grad alibi", causal=True, alibi_slopes=slopes)
+
+
+def test_gradients_varlen():
+    cu_q, cu_k = _cu(SEQLENS_Q), _cu(SEQLENS_K)
+    q = _rand(sum(SEQLENS_Q), 4, 32, dtype=torch.float16, grad=True)
+    k = _rand(sum(SEQLENS_K), 2, 32, dtype=torch.float16, grad=True)
+    v = _rand(sum(SEQLENS_K), 2, 32, dtype=torch.float16, grad=True)
+    out = flashgen.flash_attn_varlen_func(q, k, v, cu_q, cu_k, max(SEQLENS_Q), max(SEQLENS_K), causal=True)
+    _check_grads(out, q, k, v, "grad varlen", causal=True, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k)
+
+
+# ---- dropout ----
+
+def test_dropout_matches_philox_spec_forward_and_backward():
+    batch, seqlen, num_heads, head_dim, p = 2, 37, 2, 32, 0.2
+    q, k, v = (_rand(batch, seqlen, num_heads, head_dim, dtype=torch.float32, grad=True) for _ in range(3))
+    torch.manual_seed(1234)
+    out = flashgen.flash_attn_func(q, k, v, dropout_p=p, causal=True)
+    torch.manual_seed(1234)
+    seed, offset = torch.randint(0, interface._RNG_HIGH, (2,), dtype=torch.int64).tolist()
+    keep = philox_keep_mask(seed, offset, batch, num_heads, seqlen, seqlen, p)
+    kw = dict(causal=True, dropout_p=p, keep_mask=keep)
+    (ref, _), (naive, _) = _ref_pair(q.detach(), k.detach(), v.detach(), **kw)
+    check_fa_rule(out, ref, naive, "dropout forward")
+    _check_grads(out, q, k, v, "dropout backward", **kw)
+
+
+# ---- block-sparse ----
+
+def test_block_sparse():
+    q = _rand(1, 70, 4, 32)
+    k, v = (_rand(1, 90, 4, 32) for _ in range(2))
+    block_size = (16, 32)
+    block_mask = torch.rand(4, 5, 3) > 0.4
+    block_mask[:, :, 0] = True
+    out = flashgen.block_sparse_attn_func(q, k, v, block_mask, block_size, causal=False)
+    (ref, _), (naive, _) = _ref_pair(q, k, v, block_mask=block_mask, block_size=block_size)
+    check_fa_rule(out, ref, naive, "block sparse")
+
+
+# ---- version flag, environment, explain ----
+
+def test_version_flag_and_environment(monkeypatch):
+    q = _rand(1, 8, 2, 16)
+    ref = flashgen.flash_attn_func(q, q, q, version="cpu")
+    monkeypatch.setenv(interface.VERSION_ENV, "cpu")
+    assert torch.equal(flashgen.flash_attn_func(q, q, q), ref)
+    monkeypatch.setenv(interface.VERSION_ENV, "v2")
+    with pytest.raises(ValueError, match="version='v2'"):
+        flashgen.flash_attn_func(q, q, q)
+    assert torch.equal(flashgen.flash_attn_func(q, q, q, version="auto"), ref)
+
+
+def test_explain():
+    q = _rand(2, 16, 4, 64)
+    ex = flashgen.explain(q, q, q, causal=True)
+    assert ex.generation == "cpu" and ex.reasons["cpu"] == []
+    assert "not compiled into this build (build_info)" in " ".join(ex.reasons["v3"]) or \
+        "v3" in flashgen.build_info().generations
+    assert "auto runs cpu" in str(ex)
+    ex_bwd = flashgen.explain(q, q, q, dropout_p=0.1, backward=True)
+    assert "backward" in ex_bwd.problem.features and "dropout" in ex_bwd.problem.features
+    cu = _cu([8, 8])
+    ex_var = flashgen.explain(q[0], q[0], q[0], cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=8, max_seqlen_k=8)
+    assert "varlen" in ex_var.problem.features
+
+
+def test_nvtx_range_names():
+    assert nvtx.range_name("v2", "fwd", "bf16", 128, (-1, 0)) == "flashgen/v2/fwd bf16 d128 causal"
+    assert nvtx.range_name("v3", "bwd", "fp16", 64, (32, 32), varlen=True) == "flashgen/v3/bwd fp16 d64 window varlen"
+    assert nvtx.range_name("cpu", "fwd", "fp32", 40, (-1, -1)) == "flashgen/cpu/fwd fp32 d40"
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_gpu_forward_where_compiled():
+    q = torch.randn(2, 128, 8, 128, dtype=torch.bfloat16, device="cuda")
+    ex = flashgen.explain(q, q, q, causal=True)
+    if ex.generation is None:
+        pytest.skip(f"no GPU generation compiled for this device:\n{ex}")
+    out = flashgen.flash_attn_func(q, q, q, causal=True)
+    (ref, _), (naive, _) = _ref_pair(q, q, q, causal=True)
+    check_fa_rule(out, ref, naive, f"{ex.generation} causal bf16 d128")
