@@ -21,6 +21,15 @@ FH_HD float alibi_slope(const AttnParams& p, int b, int h) {
   return p.alibi_slopes ? p.alibi_slopes[b * p.alibi_batch_stride + h] : 0.f;
 }
 
+// ALiBi slope in the domain the kernel keeps scores in (see softmax.h): with softcap the scores are logits, so
+// the slope applies as is; without softcap they are raw q.k, and a logit bias b is b / softmax_scale there.
+FH_HD float alibi_slope_in_score_domain(float slope, float softmax_scale, float softcap) {
+  return softcap > 0.f ? slope : slope / softmax_scale;
+}
+
+// Backward chain rule of softcap: with t = tanh(x / softcap), d(softcap * t) / dx = 1 - t^2.
+FH_HD float softcap_grad(float t) { return 1.f - t * t; }
+
 // The full modifier chain on one raw score q.k, giving the logit in natural-log units.
 FH_HD float logit_of(float qk, float softmax_scale, float softcap, float slope, int row, int col, int seqlen_q,
                      int seqlen_k) {

@@ -1,9 +1,186 @@
-// Placeholder until the CPU backend lands (issue 3): every call reports that it is not implemented yet.
+// CPU forward: FlashAttention-2's forward (Dao 2023, Alg. 1) on fp32 tiles, over the shared math of common/.
+// Partition: one work unit = (batch, head, m_block) of kBlockM query rows; units run on std::thread workers
+// (params.num_threads, 0 = all cores), heaviest first. Each unit streams over the key tiles n_block_range allows
+// (skipping block-sparse tiles that are off), keeping O (kBlockM, padded head_dim) fp32 and one RowState per row.
+// Invariant after key tile t: O_r = sum_{j < end of t} dropout(exp(s_rj - m_r)) v_j and l_r = sum exp(s_rj - m_r)
+// (undropped), so O / l is the output and m + log l the LSE. Memory is O(kBlockM * kBlockN + kBlockM * head_dim)
+// per worker; the (seqlen_q, seqlen_k) matrix exists only when the caller asks for p_out.
+#include <algorithm>
+#include <vector>
+
 #include "cpu/cpu_api.h"
+#include "cpu/cpu_checks.h"
+#include "cpu/cpu_kernels.h"
 
 namespace flashgen::cpu {
+namespace {
 
-Status fwd(const AttnParams&) { return Status::not_implemented("CPU backend forward is not implemented yet"); }
-Status bwd(const AttnBwdParams&) { return Status::not_implemented("CPU backend backward is not implemented yet"); }
+struct FwdScratch {
+  std::vector<float> q, s, o, keep;
+  explicit FwdScratch(int ld) : q(kBlockM * ld), s(kBlockM * kBlockN), o(kBlockM * ld), keep(kBlockN) {}
+};
+
+struct FwdUnit {
+  int batch, head, m_block, cost;
+};
+
+// K and V of every (batch, kv head) converted to fp32 once, before the units run (each key tile is read by every
+// query tile, so converting per unit cost more than the GEMMs at head_dim 64): K as K^T tiles (head_dim, kBlockN),
+// V as rows (kBlockN, padded_dim), both zero-padded to whole tiles. O(total keys * head_dim), never seqlen_q x seqlen_k.
+class PackedKV {
+ public:
+  explicit PackedKV(const AttnParams& p) : p_(p), tile_elems_(static_cast<int64_t>(kBlockN) * padded_dim(p.head_dim)) {
+    int64_t tiles = 0;
+    for (int b = 0; b < p.batch; ++b) {
+      first_tile_.push_back(tiles);
+      tiles += static_cast<int64_t>(ceil_div(seq_info(p, b).seqlen_k, kBlockN)) * p.num_heads_k;
+    }
+    kt_.resize(tiles * tile_elems_);
+    v_.resize(tiles * tile_elems_);
+  }
+  void pack(int b, int head_k) {
+    const SeqInfo seq = seq_info(p_, b);
+    std::vector<float> row(p_.head_dim);
+    for (int n_block = 0; n_block < ceil_div(seq.seqlen_k, kBlockN); ++n_block) {
+      const int n0 = n_block * kBlockN;
+      const int valid = std::min(kBlockN, seq.seqlen_k - n0);
+      load_tile_t(p_.k, p_.dtype, seq.k_offset + head_k * p_.k_head_stride, p_.k_row_stride, n0, valid, p_.head_dim,
+                  row.data(), kt_mut(b, head_k, n_block));
+      load_tile(p_.v, p_.dtype, seq.v_offset + head_k * p_.v_head_stride, p_.v_row_stride, n0, kBlockN, valid,
+                p_.head_dim, padded_dim(p_.head_dim), v_mut(b, head_k, n_block));
+    }
+  }
+  const float* kt(int b, int head_k, int n_block) const { return kt_.data() + offset(b, head_k, n_block); }
+  const float* v(int b, int head_k, int n_block) const { return v_.data() + offset(b, head_k, n_block); }
+
+ private:
+  float* kt_mut(int b, int head_k, int n_block) { return kt_.data() + offset(b, head_k, n_block); }
+  float* v_mut(int b, int head_k, int n_block) { return v_.data() + offset(b, head_k, n_block); }
+  int64_t offset(int b, int head_k, int n_block) const {
+    const int n_blocks = ceil_div(seq_info(p_, b).seqlen_k, kBlockN);
+    return (first_tile_[b] + static_cast<int64_t>(head_k) * n_blocks + n_block) * tile_elems_;
+  }
+  const AttnParams& p_;
+  int64_t tile_elems_;
+  std::vector<int64_t> first_tile_;
+  std::vector<float> kt_, v_;
+};
+
+// p_out rows [m0, m0 + rows): normalized probabilities exp(logit - lse) of the undropped softmax, 0 where masked,
+// and the sign bit set wherever dropout drops (also on zeros), like flash_attn's return_attn_probs.
+FG_INLINE void write_probs(const AttnParams& p, const HeadProblem& hp, const PackedKV& kv, int m0, int rows,
+                           const RowState* st, FwdScratch& w) {
+  const BlockRange nr = n_block_range(hp.mask, m0, m0 + rows, kBlockN);
+  float* base = static_cast<float*>(p.p_out) + hp.batch * p.p_batch_stride + hp.head * p.p_head_stride;
+  for (int n0 = 0; n0 < p.seqlen_k; n0 += kBlockN) {
+    const int n_block = n0 / kBlockN;
+    const int cols = std::min(kBlockN, p.seqlen_k - n0);
+    const int valid = std::max(0, std::min(kBlockN, hp.mask.seqlen_k - n0));
+    const SparseTile sparse = valid > 0 ? sparse_tile(p, hp.head, m0, m0 + rows, n0, n0 + valid) : SparseTile::kOff;
+    const bool computed = n_block >= nr.begin && n_block < nr.end && sparse != SparseTile::kOff;
+    if (computed) {
+      score_tile(p, hp, w.q.data(), kv.kt(hp.batch, hp.head_k, n_block), m0, rows, n0, sparse, w.s.data(), nullptr);
+    }
+    for (int r = 0; r < rows; ++r) {
+      float* sr = w.s.data() + r * kBlockN;
+      if (computed) {
+        const float neg_max = -st[r].max_scaled(p.scale_log2);
+        const float inv = st[r].inv_sum();
+        for (int j = 0; j < kBlockN; ++j) sr[j] = exp2_vec(sr[j] * p.scale_log2 + neg_max) * inv;
+      } else {
+        std::fill(sr, sr + kBlockN, 0.f);
+      }
+      if (hp.dropout) {
+        dropout_row(p, hp, m0 + r, n0, w.keep.data());
+        for (int j = 0; j < kBlockN; ++j) sr[j] = w.keep[j] != 0.f ? sr[j] : -sr[j];
+      }
+      std::copy(sr, sr + cols, base + static_cast<int64_t>(m0 + r) * p.p_row_stride + n0);
+    }
+  }
+}
+
+// One work unit: query rows [m0, m0 + rows) of one (batch, head).
+FG_CPU_KERNEL void fwd_unit(const AttnParams& p, const PackedKV& kv, const FwdUnit& unit, FwdScratch& w) {
+  const HeadProblem hp = head_problem(p, unit.batch, unit.head);
+  const int d = p.head_dim;
+  const int ld = padded_dim(d);
+  const int m0 = unit.m_block * kBlockM;
+  const int rows = std::min(kBlockM, hp.mask.seqlen_q - m0);
+  load_tile(p.q, p.dtype, hp.seq.q_offset + hp.head * p.q_head_stride, p.q_row_stride, m0, rows, rows, d, ld,
+            w.q.data());
+  std::fill(w.o.begin(), w.o.end(), 0.f);
+  RowState st[kBlockM];
+
+  const BlockRange nr = n_block_range(hp.mask, m0, m0 + rows, kBlockN);
+  for (int n_block = nr.begin; n_block < nr.end; ++n_block) {
+    const int n0 = n_block * kBlockN;
+    const int valid_keys = std::min(kBlockN, hp.mask.seqlen_k - n0);
+    const SparseTile sparse = sparse_tile(p, hp.head, m0, m0 + rows, n0, n0 + valid_keys);
+    if (sparse == SparseTile::kOff) continue;
+    // S = Q K^T with score modifiers and the mask.
+    score_tile(p, hp, w.q.data(), kv.kt(hp.batch, hp.head_k, n_block), m0, rows, n0, sparse, w.s.data(), nullptr);
+    // Online softmax (RowState): raise m, rescale O and l, P = exp2(s * scale_log2 - m * scale_log2).
+    for (int r = 0; r < rows; ++r) {
+      float* sr = w.s.data() + r * kBlockN;
+      float block_max = -INFINITY;
+      for (int j = 0; j < kBlockN; ++j) block_max = sr[j] > block_max ? sr[j] : block_max;
+      const float alpha = st[r].rescale(block_max, p.scale_log2);
+      if (alpha != 1.f) {
+        float* orow = w.o.data() + r * ld;
+        for (int c = 0; c < ld; ++c) orow[c] *= alpha;
+      }
+      const float neg_max = -st[r].max_scaled(p.scale_log2);
+      for (int j = 0; j < kBlockN; ++j) sr[j] = exp2_vec(sr[j] * p.scale_log2 + neg_max);
+      float row_sum = 0.f;
+      for (int j = 0; j < kBlockN; ++j) row_sum += sr[j];
+      st[r].add(row_sum);
+      // Dropout zeroes P after l has counted it: the LSE is the undropped softmax's.
+      if (hp.dropout) {
+        dropout_row(p, hp, m0 + r, n0, w.keep.data());
+        for (int j = 0; j < kBlockN; ++j) sr[j] *= w.keep[j];
+      }
+    }
+    // O += P V.
+    gemm_p_v(w.s.data(), kv.v(hp.batch, hp.head_k, n_block), w.o.data(), rows, valid_keys, ld);
+  }
+
+  // Epilogue: O / l (empty rows: 0), scaled by 1 / (1 - p_dropout); LSE in natural-log logit units.
+  const float keep_scale = dropout_keep_scale(p.p_dropout);
+  const int64_t o_base = hp.seq.o_offset + hp.head * p.o_head_stride;
+  float* lse = p.lse + lse_offset(p, hp.seq, hp.batch, hp.head);
+  for (int r = 0; r < rows; ++r) {
+    float* orow = w.o.data() + r * ld;
+    const float scale = st[r].inv_sum() * keep_scale;
+    for (int c = 0; c < d; ++c) orow[c] *= scale;
+    store_row(orow, p.dtype, elem_ptr(p.o, p.dtype, o_base + (m0 + r) * p.o_row_stride), d);
+    lse[m0 + r] = st[r].lse(p.scale_log2);
+  }
+  if (p.p_out) write_probs(p, hp, kv, m0, rows, st, w);
+}
+
+}  // namespace
+
+Status fwd(const AttnParams& p) {
+  const Status ok = check_params(p);
+  if (!ok.is_ok()) return ok;
+  std::vector<FwdUnit> units;
+  for (int b = 0; b < p.batch; ++b) {
+    const SeqInfo seq = seq_info(p, b);
+    const MaskSpec mask = seq.mask(p);
+    for (int m_block = 0; m_block < ceil_div(seq.seqlen_q, kBlockM); ++m_block) {
+      const BlockRange nr = n_block_range(mask, m_block * kBlockM, (m_block + 1) * kBlockM, kBlockN);
+      for (int h = 0; h < p.num_heads; ++h) units.push_back({b, h, m_block, std::max(0, nr.end - nr.begin)});
+    }
+  }
+  std::stable_sort(units.begin(), units.end(), [](const FwdUnit& a, const FwdUnit& b) { return a.cost > b.cost; });
+  const int workers = resolve_threads(p.num_threads, static_cast<int64_t>(units.size()));
+  PackedKV kv(p);
+  parallel_for(static_cast<int64_t>(p.batch) * p.num_heads_k, workers,
+               [&](int64_t bh, int) { kv.pack(static_cast<int>(bh / p.num_heads_k), static_cast<int>(bh % p.num_heads_k)); });
+  std::vector<FwdScratch> scratch(workers, FwdScratch(padded_dim(p.head_dim)));
+  parallel_for(static_cast<int64_t>(units.size()), workers,
+               [&](int64_t u, int worker) { fwd_unit(p, kv, units[u], scratch[worker]); });
+  return Status::ok();
+}
 
 }  // namespace flashgen::cpu
