@@ -1,0 +1,172 @@
+"""Command line: `flashgen-bench` / `python -m flashgen.bench`. Writes <out>/<date>-<device>-<plan>.jsonl, .txt
+and one PNG per mode, and prints the table last. Exit status 1 when a flashgen generation gave a wrong result."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from typing import List, Optional
+
+DEFAULT_OUT = os.path.join("bench", "results")
+# Wall-clock budgets on the GPU, so the device call (10 minutes, build and tests included) always gets results back:
+# configs left when the budget is spent are recorded as skipped, not lost.
+TIME_BUDGET_S = {"quick": 100.0, "full": 420.0}
+
+
+def _csv_list(text: str) -> List[str]:
+    return [t for t in text.replace(",", " ").split() if t]
+
+
+def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(prog="flashgen-bench", description=(
+        "Time every flashgen generation against torch SDPA, FlexAttention and flash_attn (if installed) on the "
+        "FlashAttention grid; on a machine without a GPU, flashgen's CPU backend against torch's CPU SDPA."))
+    ap.add_argument("--quick", action="store_true", help="a small subset (GPU: d128 at 2k/8k + one decode; CPU: 1k/4k)")
+    ap.add_argument("--out", default=DEFAULT_OUT, help=f"output folder (default {DEFAULT_OUT})")
+    ap.add_argument("--impls", type=_csv_list, default=None,
+                    help="implementations to run, by name or prefix: e.g. 'flashgen,sdpa-cudnn,flex'")
+    ap.add_argument("--seqlens", type=_csv_list, default=None, help="override the sweep's seqlens, e.g. '2048,8192'")
+    ap.add_argument("--head-dims", type=_csv_list, default=None, help="override the sweep's head dims")
+    ap.add_argument("--modes", type=_csv_list, default=None, help="subset of fwd,bwd,fwd+bwd,decode")
+    ap.add_argument("--dtype", choices=("bf16", "fp16", "fp32"), default=None, help="override the sweep's dtype")
+    ap.add_argument("--device", choices=("auto", "cuda", "cpu"), default="auto")
+    ap.add_argument("--time-budget-s", type=float, default=None,
+                    help="stop starting new work after this many seconds (GPU default: quick 100, full 420)")
+    ap.add_argument("--warmup-ms", type=float, default=None, help="do_bench warm-up (default 25)")
+    ap.add_argument("--rep-ms", type=float, default=None, help="do_bench repetition budget (default 100)")
+    ap.add_argument("--flex-static", action="store_true",
+                    help="compile FlexAttention per shape (slower to compile) instead of dynamic=True")
+    ap.add_argument("--no-memory", action="store_true", help="skip the peak-memory measurement")
+    ap.add_argument("--no-plots", action="store_true")
+    return ap.parse_args(argv)
+
+
+class Progress:
+    """tqdm on stderr when importable, else a plain counter on stderr."""
+
+    def __init__(self, total: int):
+        self.total, self.n = total, 0
+        try:
+            from tqdm import tqdm
+            self.bar = tqdm(total=total, file=sys.stderr, dynamic_ncols=True, leave=True)
+        except Exception:
+            self.bar = None
+        self.text = ""
+
+    def describe(self, text: str) -> None:
+        self.text = text
+        if self.bar is not None:
+            self.bar.set_description_str(text[:60])
+
+    def update(self) -> None:
+        self.n += 1
+        if self.bar is not None:
+            self.bar.update(1)
+        else:
+            print(f"[{self.n}/{self.total}] {self.text}", file=sys.stderr, flush=True)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    args = parse_args(argv)
+    import torch
+
+    from . import measure
+    from .impls import discover, select
+    from .report import JsonlWriter, cpu_goal_summary, format_tables, slug
+    from .runner import RunOptions, device_name, header, run, total_steps
+    from .sweeps import ALL_MODES, plan_for
+
+    if args.device == "cuda" and not torch.cuda.is_available():
+        print("--device cuda: no CUDA device is visible to torch", file=sys.stderr)
+        return 2
+    device = "cuda" if args.device != "cpu" and torch.cuda.is_available() else "cpu"
+    if device == "cuda":
+        why = "GPU mode: flashgen's CUDA generations against torch SDPA, FlexAttention and flash_attn packages."
+    elif args.device == "cpu":
+        why = "CPU mode (--device cpu): flashgen's CPU backend against torch's CPU SDPA (flash and math backends)."
+    else:
+        why = ("CPU mode: torch sees no CUDA device, so flashgen's CPU backend runs against torch's CPU SDPA "
+               "(flash and math backends).")
+    print(why, flush=True)
+
+    modes = tuple(args.modes) if args.modes else ALL_MODES
+    unknown = [m for m in modes if m not in ALL_MODES]
+    if unknown:
+        print(f"--modes: unknown {unknown}; choose from {list(ALL_MODES)}", file=sys.stderr)
+        return 2
+    plan = plan_for(device, args.quick, seqlens=args.seqlens, head_dims=args.head_dims, dtype=args.dtype)
+    impls, notes = discover(device, flex_dynamic=not args.flex_static)
+    impls = select(impls, args.impls)
+    for n in notes:
+        print(f"note: {n}", flush=True)
+    if not impls:
+        print("no implementation left to run", file=sys.stderr)
+        return 2
+    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[plan.attention.dtype]
+    try:
+        matmul = measure.matmul_tflops(device, dtype)
+    except Exception as exc:
+        notes.append(f"matmul ceiling failed: {type(exc).__name__}: {exc}")
+        matmul = None
+    try:
+        copy = measure.copy_tb_s(device)
+    except Exception as exc:
+        notes.append(f"copy ceiling failed: {type(exc).__name__}: {exc}")
+        copy = None
+    if device == "cuda":
+        torch.cuda.empty_cache()
+
+    budget = args.time_budget_s
+    if budget is None and device == "cuda":
+        budget = TIME_BUDGET_S["quick" if args.quick else "full"]
+    opts = RunOptions(device=device, time_budget_s=budget, measure_memory=not args.no_memory,
+                      warmup_ms=args.warmup_ms if args.warmup_ms is not None else measure.WARMUP_MS,
+                      rep_ms=args.rep_ms if args.rep_ms is not None else measure.REP_MS)
+
+    os.makedirs(args.out, exist_ok=True)
+    dev_slug = slug(torch.cuda.get_device_name()) if device == "cuda" else "cpu"
+    stem = os.path.join(args.out, f"{time.strftime('%Y-%m-%d')}-{dev_slug}-{plan.name}")
+    writer = JsonlWriter(stem + ".jsonl")
+    head = header(device, plan, impls, notes, matmul or 0.0, copy or 0.0, why)
+    writer(head)
+    print(f"{device_name(device)}: matmul {matmul or 0:.1f} TFLOP/s ({plan.attention.dtype}), "
+          f"copy {copy or 0:.2f} TB/s; implementations: {', '.join(i.name for i in impls)}", flush=True)
+
+    progress = Progress(total_steps(plan, impls, modes))
+    t0 = time.monotonic()
+    try:
+        results = run(plan, impls, modes, opts, matmul or 0.0, copy or 0.0, writer, progress)
+    finally:
+        progress.close()
+        writer.close()
+    elapsed = time.monotonic() - t0
+
+    table = format_tables(head, results)
+    if device == "cpu":
+        table += "\n\n== goal (issue 3) ==\n" + "\n".join(cpu_goal_summary(results) or ["no flashgen-cpu result"])
+    table += f"\n\nrun: {len(results)} records in {elapsed:.0f} s"
+    if budget is not None:
+        table += f" (time budget {budget:.0f} s)"
+    with open(stem + ".txt", "w") as f:
+        f.write(table + "\n")
+    files = [stem + ".jsonl", stem + ".txt"]
+    if not args.no_plots:
+        try:
+            from .plot import plot_file
+            files += plot_file(stem + ".jsonl")
+        except Exception as exc:
+            print(f"plots failed: {type(exc).__name__}: {exc}", flush=True)
+    print("wrote " + ", ".join(files), flush=True)
+    print(table, flush=True)
+    wrong = [r for r in results if r["family"] == "flashgen" and r["status"] == "wrong"]
+    return 1 if wrong else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

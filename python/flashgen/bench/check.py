@@ -1,0 +1,129 @@
+"""Correctness before timing: an implementation's output (and gradients) on a slice, against flashgen.reference.
+
+The slice is batch entry 0 and the first REF_HEADS_K KV heads (with their query heads under GQA). Query rows: all of
+them for short sequences; otherwise the last REF_ROWS rows (all keys) and, for causal or unmasked problems, the first
+REF_ROWS rows (only the keys they can see). Both keep the bottom-right alignment, since a row's mask depends only on
+j - (i + seqlen_k - seqlen_q) and the slices keep seqlen_k - seqlen_q.
+The reference runs on the inputs' device in float64; the naive same-dtype run gives the FA rule's yardstick.
+Gradients: dq, dk, dv of the whole head when seqlen_q * seqlen_k <= REF_GRAD_MAX_PAIRS, else dq of the last rows.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Dict, List, Optional, Tuple
+
+import torch
+
+from .impls import DTYPES
+from .flops import effective_window
+from .measure import FA_RULE_GRAD_FACTOR, FA_RULE_OUT_FACTOR, fa_rule
+from .sweeps import Config
+
+REF_ROWS = 512                     # rows per checked block: a 512 x 16k float64 score block is 64 MiB per head
+REF_HEADS_K = 2                    # KV heads checked
+REF_GRAD_MAX_PAIRS = 4096 * 4096   # whole-head float64 autograd reference up to here (~1 GiB of saved scores)
+
+
+@dataclasses.dataclass
+class CheckResult:
+    ok: bool
+    err: float
+    allowed: float
+    what: str
+
+    def as_dict(self) -> dict:
+        return {"ok": self.ok, "max_err": self.err, "allowed_err": self.allowed, "checked": self.what}
+
+
+def _worse(a: Optional[CheckResult], b: CheckResult) -> CheckResult:
+    """The result to report: a failure over a pass, else the larger err / allowed."""
+    if a is None or (a.ok and not b.ok):
+        return b
+    if a.ok == b.ok and b.err / b.allowed > a.err / a.allowed:
+        return b
+    return a
+
+
+def _max_err(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float((a.double() - b.double()).abs().max().item()) if a.numel() else 0.0
+
+
+class Reference:
+    """Float64 and naive same-dtype references on the slice of one config's inputs, computed once, shared by impls."""
+
+    def __init__(self, cfg: Config, q, k, v, dout):
+        self.cfg = cfg
+        hk = min(REF_HEADS_K, cfg.num_heads_k)
+        hq = hk * (cfg.num_heads // cfg.num_heads_k)
+        self.heads_q, self.heads_k = slice(0, hq), slice(0, hk)
+        self.q, self.k, self.v = q[:1, :, :hq], k[:1, :, :hk], v[:1, :, :hk]
+        self.dout = dout[:1, :, :hq] if dout is not None else None
+        self.dtype = DTYPES[cfg.dtype]
+        self._out: Optional[List[Tuple[slice, slice, torch.Tensor, float]]] = None
+        self._grads: Optional[Tuple[str, Dict[str, Tuple[torch.Tensor, float]]]] = None
+
+    def _blocks(self) -> List[Tuple[slice, slice]]:
+        cfg = self.cfg
+        sq, sk = cfg.seqlen_q, cfg.seqlen_k
+        if sq <= 2 * REF_ROWS:
+            return [(slice(0, sq), slice(0, sk))]
+        left, right = effective_window(cfg.causal, cfg.window_size)
+        blocks = [(slice(sq - REF_ROWS, sq), slice(0, sk))]
+        # The first rows keep their mask only if the key slice keeps seqlen_k - seqlen_q: with right == 0 they see
+        # nothing past key REF_ROWS + sk - sq; with no bound at all alignment does not matter. Other windows: last rows.
+        if right == 0 and REF_ROWS + sk - sq >= 1:
+            blocks.insert(0, (slice(0, REF_ROWS), slice(0, REF_ROWS + sk - sq)))
+        elif left < 0 and right < 0:
+            blocks.insert(0, (slice(0, REF_ROWS), slice(0, sk)))
+        return blocks
+
+    def _ref(self, q, k, v, dtype):
+        from flashgen.reference import attention_ref
+        return attention_ref(q, k, v, causal=self.cfg.causal, window_size=tuple(self.cfg.window_size), dtype=dtype)[0]
+
+    def check_out(self, out_bshd: torch.Tensor) -> CheckResult:
+        if self._out is None:
+            self._out = []
+            for rows, keys in self._blocks():
+                qs, ks, vs = self.q[:, rows], self.k[:, keys], self.v[:, keys]
+                ref = self._ref(qs, ks, vs, torch.float64)
+                naive_err = _max_err(self._ref(qs, ks, vs, self.dtype), ref)
+                self._out.append((rows, keys, ref, naive_err))
+        worst = None
+        for rows, _, ref, naive_err in self._out:
+            got = out_bshd[:1, rows, self.heads_q]
+            err = _max_err(got, ref)
+            ok, allowed = fa_rule(err, naive_err, FA_RULE_OUT_FACTOR)
+            worst = _worse(worst, CheckResult(ok, err, allowed, f"out rows {rows.start}:{rows.stop}"))
+        return worst
+
+    def _grad_refs(self):
+        cfg = self.cfg
+        whole = cfg.seqlen_q * cfg.seqlen_k <= REF_GRAD_MAX_PAIRS
+        rows = slice(0, cfg.seqlen_q) if whole else slice(cfg.seqlen_q - min(REF_ROWS, cfg.seqlen_q), cfg.seqlen_q)
+        refs = {}
+        per_dtype = {}
+        for dtype in (torch.float64, self.dtype):
+            qs = self.q[:, rows].detach().to(dtype).requires_grad_(True)
+            ks = self.k.detach().to(dtype).requires_grad_(whole)
+            vs = self.v.detach().to(dtype).requires_grad_(whole)
+            out = self._ref(qs, ks, vs, dtype)
+            out.backward(self.dout[:, rows].to(dtype))
+            per_dtype[dtype] = {"dq": qs.grad, "dk": ks.grad, "dv": vs.grad} if whole else {"dq": qs.grad}
+        for name, ref in per_dtype[torch.float64].items():
+            refs[name] = (ref, _max_err(per_dtype[self.dtype][name], ref))
+        what = "dq, dk, dv (whole heads)" if whole else f"dq rows {rows.start}:{rows.stop}"
+        return rows, what, refs
+
+    def check_grads(self, dq, dk, dv) -> CheckResult:
+        if self._grads is None:
+            self._grads = self._grad_refs()
+        rows, what, refs = self._grads
+        got = {"dq": dq[:1, rows, self.heads_q], "dk": dk[:1, :, self.heads_k], "dv": dv[:1, :, self.heads_k]}
+        worst = None
+        for name, (ref, naive_err) in refs.items():
+            err = _max_err(got[name], ref)
+            ok, allowed = fa_rule(err, naive_err, FA_RULE_GRAD_FACTOR)
+            worst = _worse(worst, CheckResult(ok, err, allowed, f"{what}; worst {name}"))
+        return worst

@@ -1,0 +1,309 @@
+"""The implementations a run compares: every flashgen generation the build has, and the peers found on this machine.
+
+Each `Impl` binds a config's inputs (given in flashgen's (b, s, h, d) layout) into its own layout outside the timed
+region and returns a `Bound`: a zero-argument call that runs the attention, plus how to read its output and
+gradients back in (b, s, h, d). A reason an implementation cannot run a config is data (`why_not`), never a crash.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import importlib
+import math
+from typing import Callable, List, Optional, Sequence, Tuple
+
+import torch
+
+from .sweeps import Config
+
+DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+
+# Statuses a record can carry besides 'ok' (see bench/README.md).
+NOT_IMPLEMENTED = "not implemented"
+UNSUPPORTED = "unsupported"
+SKIPPED = "skipped"
+
+# SDPA's math backend materializes (batch, heads, seqlen_q, seqlen_k) scores (and their gradient): above 4k x 4k
+# that is 4 GiB+ per batch-head group at the grid's shapes and minutes of runtime, so it is skipped there.
+MATH_MAX_PAIRS = 4096 * 4096
+
+# Dynamo's default recompile limit (8) is below the number of shapes one compiled FlexAttention sees in the full grid.
+FLEX_RECOMPILE_LIMIT = 256
+
+
+@dataclasses.dataclass
+class Bound:
+    """A config bound to one implementation: `run()` is what gets timed."""
+
+    fn: Callable[..., torch.Tensor]
+    inputs: List[torch.Tensor]             # leaves in the implementation's layout (q, k, v)
+    to_bshd: Callable[[torch.Tensor], torch.Tensor]
+    note: str = ""
+
+    def run(self) -> torch.Tensor:
+        return self.fn(*self.inputs)
+
+    def grads(self) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        return tuple(self.to_bshd(t.grad) for t in self.inputs)
+
+
+def _same(t: torch.Tensor) -> torch.Tensor:
+    return t
+
+
+def _to_bhsd(t: torch.Tensor) -> torch.Tensor:
+    return t.transpose(1, 2)
+
+
+def _first(out):
+    """flash_attn_interface / flash_attn.cute return (out, lse) in some versions."""
+    return out[0] if isinstance(out, (tuple, list)) else out
+
+
+class Impl:
+    name = "impl"
+    family = "peer"         # 'flashgen' or 'peer'
+    layout = "bshd"         # 'bshd' (flash_attn) or 'bhsd' (torch SDPA / FlexAttention)
+
+    def why_not(self, cfg: Config, mode: str) -> Optional[Tuple[str, str]]:
+        """(status, reason) when this implementation does not run (cfg, mode); None when it does."""
+        return None
+
+    def context(self):
+        return contextlib.nullcontext()
+
+    def bind(self, cfg: Config, q, k, v, requires_grad: bool) -> Bound:
+        raise NotImplementedError
+
+    def _leaves(self, tensors, requires_grad: bool) -> List[torch.Tensor]:
+        if self.layout == "bhsd":
+            return [t.transpose(1, 2).contiguous().requires_grad_(requires_grad) for t in tensors]
+        return [t.detach().requires_grad_(requires_grad) for t in tensors]
+
+    def _to_bshd(self):
+        return _to_bhsd if self.layout == "bhsd" else _same
+
+
+# ---- flashgen ------------------------------------------------------------------------------------------------------
+
+class _OpsAttention(torch.autograd.Function):
+    """Autograd over flashgen._ops, used only while the public `flashgen.flash_attn_func` does not exist yet."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, generation, softmax_scale, window_size):
+        from flashgen import _ops
+        out, lse, _ = _ops.forward(generation, q, k, v, softmax_scale=softmax_scale, window_size=window_size)
+        ctx.save_for_backward(q, k, v, out, lse)
+        ctx.generation, ctx.softmax_scale, ctx.window_size = generation, softmax_scale, window_size
+        return out
+
+    @staticmethod
+    def backward(ctx, dout):
+        from flashgen import _ops
+        q, k, v, out, lse = ctx.saved_tensors
+        dq, dk, dv = _ops.backward(ctx.generation, dout.contiguous(), q, k, v, out, lse,
+                                   softmax_scale=ctx.softmax_scale, window_size=ctx.window_size)
+        return dq, dk, dv, None, None, None
+
+
+class FlashgenImpl(Impl):
+    family = "flashgen"
+
+    def __init__(self, generation: str, build):
+        self.generation = generation
+        self.name = f"flashgen-{generation}"
+        self.build = build
+        import flashgen
+        self.api = getattr(flashgen, "flash_attn_func", None)
+        self.kvcache_api = getattr(flashgen, "flash_attn_with_kvcache", None)
+
+    def why_not(self, cfg, mode):
+        if not self.build.has(self.generation, "fwd", cfg.dtype, cfg.head_dim):
+            return UNSUPPORTED, f"build has no ({self.generation}, fwd, {cfg.dtype}, d>={cfg.head_dim}) instance"
+        if mode in ("bwd", "fwd+bwd") and not self.build.has(self.generation, "bwd", cfg.dtype, cfg.head_dim):
+            return NOT_IMPLEMENTED, f"build has no ({self.generation}, bwd, {cfg.dtype}, d>={cfg.head_dim}) instance"
+        return None
+
+    def bind(self, cfg, q, k, v, requires_grad):
+        leaves = self._leaves((q, k, v), requires_grad)
+        window = (-1, 0) if cfg.causal else tuple(cfg.window_size)
+        gen = self.generation
+        if cfg.kind == "decode" and self.kvcache_api is not None:
+            cache_seqlens = torch.full((cfg.batch,), cfg.seqlen_k, dtype=torch.int32, device=q.device)
+            api = self.kvcache_api
+            fn = lambda q_, k_, v_: _first(api(q_, k_, v_, cache_seqlens=cache_seqlens, causal=cfg.causal,  # noqa: E731
+                                               window_size=tuple(cfg.window_size), version=gen))
+            return Bound(fn, leaves, _same, note="flash_attn_with_kvcache")
+        if self.api is not None:
+            api = self.api
+            fn = lambda q_, k_, v_: _first(api(q_, k_, v_, causal=cfg.causal,  # noqa: E731
+                                               window_size=tuple(cfg.window_size), version=gen))
+            return Bound(fn, leaves, _same)
+        scale = 1.0 / math.sqrt(cfg.head_dim)
+        fn = lambda q_, k_, v_: _OpsAttention.apply(q_, k_, v_, gen, scale, window)  # noqa: E731
+        return Bound(fn, leaves, _same, note="flashgen._ops (no public flash_attn_func yet)")
+
+
+# ---- torch SDPA ----------------------------------------------------------------------------------------------------
+
+class SdpaImpl(Impl):
+    layout = "bhsd"
+
+    def __init__(self, backend_name: str, label: str):
+        from torch.nn.attention import SDPBackend
+        self.backend = getattr(SDPBackend, backend_name)
+        self.name = f"sdpa-{label}"
+        self.is_math = backend_name == "MATH"
+
+    def why_not(self, cfg, mode):
+        if cfg.window_size != (-1, -1):
+            return UNSUPPORTED, "SDPA has no sliding window"
+        if cfg.causal and cfg.seqlen_q != cfg.seqlen_k:
+            return UNSUPPORTED, "SDPA is_causal is top-left aligned; flashgen's is bottom-right (differ when sq != sk)"
+        if self.is_math and cfg.kind == "attention" and cfg.seqlen_q * cfg.seqlen_k > MATH_MAX_PAIRS:
+            return SKIPPED, "math backend materializes O(s^2) scores: skipped above 4k"
+        return None
+
+    def context(self):
+        from torch.nn.attention import sdpa_kernel
+        return sdpa_kernel([self.backend])
+
+    def bind(self, cfg, q, k, v, requires_grad):
+        import torch.nn.functional as F
+        leaves = self._leaves((q, k, v), requires_grad)
+        causal = cfg.causal
+        if cfg.num_heads == cfg.num_heads_k:
+            return Bound(lambda q_, k_, v_: F.scaled_dot_product_attention(q_, k_, v_, is_causal=causal),
+                         leaves, _to_bhsd)
+        gqa = Bound(lambda q_, k_, v_: F.scaled_dot_product_attention(q_, k_, v_, is_causal=causal, enable_gqa=True),
+                    leaves, _to_bhsd, note="enable_gqa")
+        try:
+            with self.context():
+                gqa.run()
+            return gqa
+        except (RuntimeError, TypeError):
+            # This backend lacks GQA: expand K/V to num_heads outside the timed region (it then reads group x bytes).
+            group = cfg.num_heads // cfg.num_heads_k
+            expanded = [leaves[0]] + [t.repeat_interleave(group, dim=1).detach().requires_grad_(requires_grad)
+                                      for t in leaves[1:]]
+            return Bound(lambda q_, k_, v_: F.scaled_dot_product_attention(q_, k_, v_, is_causal=causal),
+                         expanded, _to_bhsd, note=f"KV expanded x{group} (backend lacks enable_gqa)")
+
+
+# ---- FlexAttention -------------------------------------------------------------------------------------------------
+
+class FlexImpl(Impl):
+    """torch.compile(flex_attention): one compiled function per (head_dim, mask), compiled on first use (the
+    correctness check, outside timing). dynamic=True by default so the seqlens of one head dim share a compile."""
+
+    layout = "bhsd"
+
+    def __init__(self, dynamic: bool):
+        self.name = "flex"
+        self.dynamic = dynamic
+        self._compiled = {}
+        import torch._dynamo
+        for attr in ("cache_size_limit", "recompile_limit", "accumulated_cache_size_limit",
+                     "accumulated_recompile_limit"):
+            if hasattr(torch._dynamo.config, attr):
+                setattr(torch._dynamo.config, attr, max(getattr(torch._dynamo.config, attr), FLEX_RECOMPILE_LIMIT))
+
+    def why_not(self, cfg, mode):
+        if cfg.kind == "decode":
+            return SKIPPED, "FlexAttention decoding not benchmarked (one compile per cache shape)"
+        if cfg.window_size != (-1, -1):
+            return UNSUPPORTED, "window not wired in the bench's FlexAttention"
+        return None
+
+    def bind(self, cfg, q, k, v, requires_grad):
+        from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+        key = (cfg.head_dim, cfg.causal, cfg.dtype)
+        if key not in self._compiled:
+            self._compiled[key] = torch.compile(flex_attention, dynamic=True if self.dynamic else False)
+        compiled = self._compiled[key]
+        leaves = self._leaves((q, k, v), requires_grad)
+        block_mask = None
+        if cfg.causal:
+            offset = cfg.seqlen_k - cfg.seqlen_q
+
+            def bottom_right(b, h, q_idx, kv_idx):
+                return q_idx + offset >= kv_idx
+
+            block_mask = create_block_mask(bottom_right, None, None, cfg.seqlen_q, cfg.seqlen_k, device=q.device)
+        return Bound(lambda q_, k_, v_: compiled(q_, k_, v_, block_mask=block_mask), leaves, _to_bhsd,
+                     note="torch.compile dynamic=True" if self.dynamic else "torch.compile static")
+
+
+# ---- flash_attn packages -------------------------------------------------------------------------------------------
+
+class FlashAttnPackageImpl(Impl):
+    def __init__(self, module_name: str, name: str):
+        self.module = importlib.import_module(module_name)
+        self.name = name
+        self.func = getattr(self.module, "flash_attn_func")
+        self.kvcache = getattr(self.module, "flash_attn_with_kvcache", None)
+
+    def why_not(self, cfg, mode):
+        if cfg.kind == "decode" and self.kvcache is None:
+            return UNSUPPORTED, f"{self.name} has no flash_attn_with_kvcache"
+        return None
+
+    def bind(self, cfg, q, k, v, requires_grad):
+        leaves = self._leaves((q, k, v), requires_grad)
+        func, kvcache, causal = self.func, self.kvcache, cfg.causal
+        if cfg.kind == "decode":
+            cache_seqlens = torch.full((cfg.batch,), cfg.seqlen_k, dtype=torch.int32, device=q.device)
+            return Bound(lambda q_, k_, v_: _first(kvcache(q_, k_, v_, cache_seqlens=cache_seqlens, causal=causal)),
+                         leaves, _same)
+        return Bound(lambda q_, k_, v_: _first(func(q_, k_, v_, causal=causal)), leaves, _same)
+
+
+# flash_attn 2.x, FlashAttention-3 (hopper/ build), FlashAttention-4 (CuTe DSL): module -> implementation name.
+FLASH_ATTN_PACKAGES: Sequence[Tuple[str, str]] = (
+    ("flash_attn", "flash_attn"),
+    ("flash_attn_interface", "fa3"),
+    ("flash_attn.cute", "fa4-cute"),
+)
+SDPA_GPU_BACKENDS: Sequence[Tuple[str, str]] = (
+    ("FLASH_ATTENTION", "flash"), ("CUDNN_ATTENTION", "cudnn"), ("EFFICIENT_ATTENTION", "efficient"), ("MATH", "math"),
+)
+SDPA_CPU_BACKENDS: Sequence[Tuple[str, str]] = (("FLASH_ATTENTION", "flash"), ("MATH", "math"))
+
+
+def discover(device: str, *, flex_dynamic: bool = True) -> Tuple[List[Impl], List[str]]:
+    """(implementations, notes on what was left out and why) for device 'cuda' or 'cpu'."""
+    impls: List[Impl] = []
+    notes: List[str] = []
+    try:
+        from flashgen._native import build_info
+        build = build_info()
+        gens = sorted(g for g in build.generations if (g == "cpu") == (device == "cpu"))
+        impls += [FlashgenImpl(g, build) for g in gens]
+        if not gens:
+            notes.append(f"flashgen: build_info lists no generation for {device} ({sorted(build.generations)})")
+    except Exception as exc:  # a missing or broken build is reported, the peers still run
+        notes.append(f"flashgen unavailable: {type(exc).__name__}: {exc}")
+    for backend, label in (SDPA_GPU_BACKENDS if device == "cuda" else SDPA_CPU_BACKENDS):
+        try:
+            impls.append(SdpaImpl(backend, label))
+        except Exception as exc:
+            notes.append(f"sdpa-{label} unavailable: {type(exc).__name__}: {exc}")
+    if device == "cuda":
+        try:
+            impls.append(FlexImpl(flex_dynamic))
+        except Exception as exc:
+            notes.append(f"flex unavailable: {type(exc).__name__}: {exc}")
+        for module, name in FLASH_ATTN_PACKAGES:
+            try:
+                impls.append(FlashAttnPackageImpl(module, name))
+            except Exception as exc:
+                notes.append(f"{name} not importable ({module}: {type(exc).__name__})")
+    return impls, notes
+
+
+def select(impls: List[Impl], names: Optional[Sequence[str]]) -> List[Impl]:
+    """Keep implementations whose name matches one of `names` (exact, or a prefix such as 'sdpa' or 'flashgen')."""
+    if not names:
+        return impls
+    return [i for i in impls if any(i.name == n or i.name.startswith(n + "-") or i.name.startswith(n) for n in names)]

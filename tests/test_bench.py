@@ -1,0 +1,185 @@
+"""CPU tests of the benchmark: the FLOP count, the declared sweeps, the correctness slice, error containment, the
+JSON/table writers, and a tiny end-to-end CPU-mode run that writes JSON lines and a PNG."""
+
+import glob
+import json
+import os
+
+import pytest
+import torch
+
+from flashgen.bench import flops, visible_pairs
+from flashgen.bench import impls as bench_impls
+from flashgen.bench import report, runner, sweeps
+from flashgen.bench.check import REF_ROWS, Reference
+from flashgen.bench.flops import BACKWARD_FACTOR
+from flashgen.reference import attention_ref, visible_mask
+
+MASKS = [  # (causal, window_size)
+    (False, (-1, -1)), (True, (-1, -1)), (False, (16, 0)), (False, (3, 5)), (False, (-1, 7)), (False, (0, -1)),
+    (True, (10, -1)),
+]
+SHAPES = [(1, 1), (7, 7), (64, 64), (13, 40), (40, 13), (239, 1), (1, 239), (113, 203)]
+
+
+@pytest.mark.parametrize("seqlen_q,seqlen_k", SHAPES)
+@pytest.mark.parametrize("causal,window", MASKS)
+def test_visible_pairs_match_brute_force(seqlen_q, seqlen_k, causal, window):
+    brute = int(visible_mask(seqlen_q, seqlen_k, window, causal).sum())
+    assert visible_pairs(seqlen_q, seqlen_k, causal, window) == brute
+
+
+def test_flops_definition():
+    b, h, s, d = 2, 3, 1000, 64
+    fwd = flops(b, h, s, s, d)
+    assert fwd == 4 * b * h * s * s * d
+    assert flops(b, h, s, s, d, causal=True) == 4 * b * h * d * s * (s + 1) // 2  # exact, not halved
+    assert flops(b, h, s, s, d, mode="bwd") == BACKWARD_FACTOR * fwd
+    assert flops(b, h, s, s, d, mode="fwd+bwd") == (1 + BACKWARD_FACTOR) * fwd
+    assert flops(b, h, 1, 5000, d, mode="decode") == 4 * b * h * d * 5000
+    with pytest.raises(ValueError):
+        flops(b, h, s, s, d, mode="sideways")
+
+
+def test_gpu_grid_is_flash_attentions():
+    plan = sweeps.PLANS["gpu"]
+    att = [c for c, _ in plan.configs() if c.kind == "attention"]
+    assert len(att) == 6 * 3 * 2
+    assert {c.seqlen_q for c in att} == {512, 1024, 2048, 4096, 8192, 16384}
+    assert {c.head_dim for c in att} == {64, 128, 256}
+    for c in att:
+        assert c.batch * c.seqlen_q == 16384 and c.num_heads * c.head_dim == 2048
+        assert c.seqlen_q == c.seqlen_k and c.dtype == "bf16" and c.num_heads == c.num_heads_k
+    modes = {m for _, ms in plan.configs() for m in ms}
+    assert modes == {"fwd", "bwd", "fwd+bwd", "decode"}
+    dec = [c for c, _ in plan.configs() if c.kind == "decode"]
+    assert {(c.seqlen_q, c.seqlen_k, c.batch) for c in dec} == {
+        (q, k, b) for q in (1, 4) for k in (8192, 32768, 131072) for b in (1, 16)}
+    assert all((c.num_heads, c.num_heads_k, c.head_dim) == (32, 8, 128) for c in dec)
+
+
+def test_quick_and_cpu_plans_and_overrides():
+    quick = sweeps.plan_for("cuda", True)
+    att = [c for c, _ in quick.configs() if c.kind == "attention"]
+    assert {(c.head_dim, c.seqlen_q, c.causal) for c in att} == {(128, s, m) for s in (2048, 8192) for m in (0, 1)}
+    assert len([c for c, _ in quick.configs() if c.kind == "decode"]) == 1
+    cpu = sweeps.plan_for("cpu", False)
+    att = [c for c, _ in cpu.configs()]
+    assert {c.seqlen_q for c in att} == {1024, 4096, 16384}
+    assert all((c.batch, c.num_heads, c.head_dim, c.dtype) == (1, 8, 64, "fp32") for c in att)
+    assert {c.seqlen_q for c, _ in sweeps.plan_for("cpu", True).configs()} == {1024, 4096}
+    over = sweeps.plan_for("cuda", False, seqlens=["1024"], head_dims=[64], dtype="fp16")
+    assert {(c.seqlen_q, c.head_dim, c.dtype) for c, _ in over.configs(("fwd",))} == {(1024, 64, "fp16")}
+    assert all(ms == ("fwd",) for _, ms in over.configs(("fwd",)))
+
+
+@pytest.mark.parametrize("seqlen_q,seqlen_k,causal,window", [
+    (1500, 1500, True, (-1, -1)), (1300, 1700, True, (-1, -1)), (1200, 1200, False, (40, 3)), (300, 2000, False, (-1, -1)),
+])
+def test_reference_slice_keeps_bottom_right_alignment(seqlen_q, seqlen_k, causal, window):
+    cfg = sweeps.Config("attention", 2, seqlen_q, seqlen_k, 4, 2, 16, causal, "fp32", window)
+    q, k, v, dout = runner.make_inputs(cfg, "cpu", seed=1)
+    exact = attention_ref(q, k, v, causal=causal, window_size=window)[0].float()
+    ref = Reference(cfg, q, k, v, dout)
+    assert ref.check_out(exact).ok
+    poisoned = exact.clone()
+    poisoned[0, seqlen_q - 1, 0, 0] += 1.0  # a row every slice checks
+    assert not ref.check_out(poisoned).ok
+    if seqlen_q > 2 * REF_ROWS and (causal or window == (-1, -1)):  # the first rows are checked too
+        poisoned = exact.clone()
+        poisoned[0, 0, 3, 5] = float("nan")  # the first block, a query head of the second KV head
+        assert not ref.check_out(poisoned).ok
+
+
+class _Fake(bench_impls.Impl):
+    def __init__(self, name, behaviour, family="peer"):
+        self.name, self.behaviour, self.family = name, behaviour, family
+
+    def bind(self, cfg, q, k, v, requires_grad):
+        leaves = self._leaves((q, k, v), requires_grad)
+        causal = cfg.causal
+
+        def fn(q_, k_, v_):
+            if self.behaviour == "raise":
+                raise RuntimeError("boom")
+            if self.behaviour == "nyi":
+                raise NotImplementedError("no kernel")
+            out = torch.nn.functional.scaled_dot_product_attention(
+                q_.transpose(1, 2), k_.transpose(1, 2), v_.transpose(1, 2), is_causal=causal).transpose(1, 2)
+            return out * 1.01 if self.behaviour == "wrong" else out
+        return bench_impls.Bound(fn, leaves, lambda t: t)
+
+
+def test_failures_become_records_not_crashes():
+    plan = sweeps.Plan("t", sweeps.AttentionSweep(seqlens=(64,), head_dims=(16,), causal=(True,),
+                                                  modes=("fwd", "bwd"), dtype="fp32", batch=1, num_heads=2))
+    impls = [_Fake("good", "ok", "flashgen"), _Fake("bad", "raise"), _Fake("nyi", "nyi"), _Fake("off", "wrong"),
+             _Fake("peer", "ok")]
+    seen = []
+    recs = runner.run(plan, impls, ("fwd", "bwd"), runner.RunOptions("cpu", rep_ms=1, measure_memory=False),
+                      1.0, 1.0, seen.append)
+    status = {(r["impl"], r["mode"]): r["status"] for r in recs}
+    assert status == {("good", "fwd"): "ok", ("good", "bwd"): "ok", ("bad", "fwd"): "error", ("bad", "bwd"): "error",
+                      ("nyi", "fwd"): "not implemented", ("nyi", "bwd"): "not implemented",
+                      ("off", "fwd"): "wrong", ("off", "bwd"): "wrong", ("peer", "fwd"): "ok", ("peer", "bwd"): "ok"}
+    assert seen == recs
+    assert all("time_ms" not in r for r in recs if r["impl"] == "off")  # a wrong result is never timed
+    good = [r for r in recs if r["impl"] == "good"]
+    assert all(set(r["ratios"]) == {"peer"} for r in good)
+
+
+def test_jsonl_round_trip_and_tables(tmp_path):
+    cfg = sweeps.Config("attention", 4, 4096, 4096, 16, 16, 128, False, "bf16")
+    base = {"record": "result", "label": cfg.label, "config": cfg.as_dict(), "mode": "fwd", "reason": ""}
+    recs = [dict(base, impl="flashgen-v2", family="flashgen", status="ok", time_ms=1.0, tflops=500.0, pct_matmul=70.0),
+            dict(base, impl="sdpa-cudnn", family="peer", status="ok", time_ms=1.25, tflops=400.0, pct_matmul=56.0),
+            dict(base, impl="sdpa-math", family="peer", status="skipped", reason="math above 4k"),
+            dict(base, impl="flashgen-v1", family="flashgen", status="wrong", reason="max err 1 > allowed 0.1")]
+    runner.add_ratios(recs)
+    assert recs[0]["ratios"] == {"sdpa-cudnn": pytest.approx(1.25)}
+    path = str(tmp_path / "r.jsonl")
+    w = report.JsonlWriter(path)
+    head = {"record": "header", "device": "cuda", "device_name": "Fake GPU", "matmul_tflops": 714.0,
+            "copy_tb_s": 4.2, "matmul_dtype": "bf16"}
+    w(head)
+    for r in recs:
+        w(r)
+    w.close()
+    h, back = report.read_jsonl(path)
+    assert h == head and back == json.loads(json.dumps(recs))
+    table = report.format_tables(h, back)
+    assert "500 70%" in table and "400 56%" in table and "skip" in table and "wrong" in table
+    assert "v2/sdpa-cudnn" in table and "1.25" in table
+
+
+def test_cpu_goal_summary_reads_ratio_and_memory_growth():
+    recs = []
+    for s, mem, ratio in ((1024, 2.0, 0.8), (4096, 8.0, 0.6)):
+        cfg = sweeps.Config("attention", 1, s, s, 8, 8, 64, False, "fp32")
+        recs.append({"record": "result", "impl": "flashgen-cpu", "family": "flashgen", "mode": "fwd", "status": "ok",
+                     "label": cfg.label, "config": cfg.as_dict(), "peak_extra_mib": mem,
+                     "ratios": {"sdpa-flash": ratio}})
+    text = "\n".join(report.cpu_goal_summary(recs))
+    assert "worst 0.60" in text and ": met" in text and "x4.0 from seqlen 1024 to 4096" in text
+
+
+def test_end_to_end_cpu_quick(tmp_path):
+    from flashgen.bench.__main__ import main
+    from flashgen.bench.plot import main as plot_main
+    out = tmp_path / "out"
+    rc = main(["--quick", "--device", "cpu", "--seqlens", "256", "--out", str(out), "--rep-ms", "20"])
+    assert rc == 0
+    jsonl = glob.glob(str(out / "*-cpu-quick.jsonl"))
+    assert len(jsonl) == 1
+    head, results = report.read_jsonl(jsonl[0])
+    assert head["device"] == "cpu" and head["matmul_tflops"] > 0 and "build_info" in head
+    assert {r["impl"] for r in results} >= {"sdpa-flash", "sdpa-math"}
+    assert {r["mode"] for r in results} == {"fwd", "bwd"}
+    assert all(r["status"] in ("ok", "not implemented") for r in results), [r["reason"] for r in results]
+    ok = [r for r in results if r["status"] == "ok"]
+    assert ok and all(r["time_ms"] > 0 and r["check"]["ok"] for r in ok)
+    assert glob.glob(str(out / "*-fwd.png")) and os.path.exists(jsonl[0][:-len(".jsonl")] + ".txt")
+    for png in glob.glob(str(out / "*.png")):
+        os.remove(png)
+    assert plot_main([jsonl[0]]) == 0
+    assert glob.glob(str(out / "*-fwd.png"))
