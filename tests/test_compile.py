@@ -6,7 +6,7 @@ import torch
 
 import flashgen
 
-BACKENDS = ["aot_eager", pytest.param("inductor", marks=pytest.mark.slow)]
+BACKENDS = ["aot_eager", "inductor"]
 TOLERANCE = 1e-6  # the same kernel runs in both; only the surrounding graph differs
 
 
