@@ -1,0 +1,323 @@
+// Host tests of common/ against oracles written independently of the headers:
+//   masks     vs a brute-force visibility predicate written from the documented rule (flash_attn 2.x, bottom-right);
+//   softmax   streaming RowState over 1/2/4/64 blocks vs a one-shot double-precision softmax; merge and merge_lse;
+//   philox    Random123's published known-answer vectors, and the keep rate of dropout_keep.
+// Prints each failure with its values, a final "N passed, N failed" line, and exits non-zero on any failure.
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <vector>
+
+#include "common/mask.h"
+#include "common/philox.h"
+#include "common/score_mod.h"
+#include "common/softmax.h"
+
+namespace {
+
+int g_passed = 0;
+int g_failed = 0;
+constexpr int kMaxReported = 30;  // failures printed in full; the count covers the rest
+
+#define CHECK(cond, ...)                                                  \
+  do {                                                                    \
+    if (cond) {                                                           \
+      ++g_passed;                                                         \
+    } else {                                                              \
+      if (++g_failed <= kMaxReported) {                                   \
+        std::printf("FAIL %s:%d: %s | ", __FILE__, __LINE__, #cond);      \
+        std::printf(__VA_ARGS__);                                         \
+        std::printf("\n");                                                \
+      }                                                                   \
+    }                                                                     \
+  } while (0)
+
+using flashgen::BlockRange;
+using flashgen::MaskSpec;
+using flashgen::RowState;
+
+// ---- the spec of visibility, straight from the documented rule ----
+bool spec_visible(int sq, int sk, int left, int right, int i, int j) {
+  if (i < 0 || i >= sq || j < 0 || j >= sk) return false;
+  const long diag = static_cast<long>(i) + sk - sq;
+  if (left >= 0 && j < diag - left) return false;
+  if (right >= 0 && j > diag + right) return false;
+  return true;
+}
+
+constexpr int kSizes[] = {1, 2, 3, 7, 17, 64, 113, 203};
+constexpr int kTiles[] = {16, 64, 128, 176};
+constexpr int kWindows[][2] = {{-1, -1}, {-1, 0}, {0, 0}, {3, 5}, {17, -1}, {-1, 9}, {0, -1}, {100, 1}, {1, 100}};
+
+void test_masks() {
+  for (int sq : kSizes) {
+    for (int sk : kSizes) {
+      for (const auto& w : kWindows) {
+        const MaskSpec m{sq, sk, w[0], w[1]};
+        // Per row: col_begin / col_end are the first / one-past-last visible column (empty rows: end <= begin).
+        for (int i = 0; i < sq; ++i) {
+          int first = -1, last = -1;
+          for (int j = 0; j < sk; ++j) {
+            if (spec_visible(sq, sk, w[0], w[1], i, j)) {
+              if (first < 0) first = j;
+              last = j;
+            }
+          }
+          if (first >= 0) {
+            CHECK(m.col_begin(i) == first && m.col_end(i) == last + 1, "sq=%d sk=%d w=(%d,%d) row %d: [%d,%d) vs spec [%d,%d)",
+                  sq, sk, w[0], w[1], i, m.col_begin(i), m.col_end(i), first, last + 1);
+          } else {
+            CHECK(m.col_end(i) <= m.col_begin(i), "sq=%d sk=%d w=(%d,%d) empty row %d: [%d,%d)", sq, sk, w[0], w[1], i,
+                  m.col_begin(i), m.col_end(i));
+          }
+        }
+        // Per column: row_begin / row_end.
+        for (int j = 0; j < sk; ++j) {
+          int first = -1, last = -1;
+          for (int i = 0; i < sq; ++i) {
+            if (spec_visible(sq, sk, w[0], w[1], i, j)) {
+              if (first < 0) first = i;
+              last = i;
+            }
+          }
+          if (first >= 0) {
+            CHECK(m.row_begin(j) == first && m.row_end(j) == last + 1, "sq=%d sk=%d w=(%d,%d) col %d: rows [%d,%d) vs [%d,%d)",
+                  sq, sk, w[0], w[1], j, m.row_begin(j), m.row_end(j), first, last + 1);
+          } else {
+            CHECK(m.row_end(j) <= m.row_begin(j), "sq=%d sk=%d w=(%d,%d) unseen col %d: rows [%d,%d)", sq, sk, w[0], w[1],
+                  j, m.row_begin(j), m.row_end(j));
+          }
+        }
+        for (int bm : kTiles) {
+          for (int bn : kTiles) {
+            // n_block_range of each query tile: exactly the key tiles holding a visible pair.
+            for (int m0 = 0; m0 < sq; m0 += bm) {
+              int lo = -1, hi = -1;
+              for (int i = m0; i < m0 + bm && i < sq; ++i) {
+                for (int j = 0; j < sk; ++j) {
+                  if (spec_visible(sq, sk, w[0], w[1], i, j)) {
+                    if (lo < 0 || j / bn < lo) lo = j / bn;
+                    if (j / bn + 1 > hi) hi = j / bn + 1;
+                  }
+                }
+              }
+              const BlockRange r = flashgen::n_block_range(m, m0, m0 + bm, bn);
+              if (lo < 0) {
+                CHECK(r.end <= r.begin, "n_block_range sq=%d sk=%d w=(%d,%d) bm=%d bn=%d m0=%d: [%d,%d) should be empty", sq,
+                      sk, w[0], w[1], bm, bn, m0, r.begin, r.end);
+              } else {
+                CHECK(r.begin == lo && r.end == hi, "n_block_range sq=%d sk=%d w=(%d,%d) bm=%d bn=%d m0=%d: [%d,%d) vs [%d,%d)",
+                      sq, sk, w[0], w[1], bm, bn, m0, r.begin, r.end, lo, hi);
+              }
+              // tile_fully_visible: every pair of the tile visible (tiles past the end never are).
+              for (int n0 = 0; n0 < sk; n0 += bn) {
+                bool all = m0 + bm <= sq && n0 + bn <= sk;
+                for (int i = m0; all && i < m0 + bm; ++i) {
+                  for (int j = n0; all && j < n0 + bn; ++j) all = spec_visible(sq, sk, w[0], w[1], i, j);
+                }
+                CHECK(flashgen::tile_fully_visible(m, m0, m0 + bm, n0, n0 + bn) == all,
+                      "tile_fully_visible sq=%d sk=%d w=(%d,%d) tile (%d,%d) %dx%d: spec %d", sq, sk, w[0], w[1], m0, n0, bm,
+                      bn, all);
+              }
+            }
+            // m_block_range of each key tile: exactly the query tiles holding a visible pair.
+            for (int n0 = 0; n0 < sk; n0 += bn) {
+              int lo = -1, hi = -1;
+              for (int j = n0; j < n0 + bn && j < sk; ++j) {
+                for (int i = 0; i < sq; ++i) {
+                  if (spec_visible(sq, sk, w[0], w[1], i, j)) {
+                    if (lo < 0 || i / bm < lo) lo = i / bm;
+                    if (i / bm + 1 > hi) hi = i / bm + 1;
+                  }
+                }
+              }
+              const BlockRange r = flashgen::m_block_range(m, n0, n0 + bn, bm);
+              if (lo < 0) {
+                CHECK(r.end <= r.begin, "m_block_range sq=%d sk=%d w=(%d,%d) bm=%d bn=%d n0=%d: [%d,%d) should be empty", sq,
+                      sk, w[0], w[1], bm, bn, n0, r.begin, r.end);
+              } else {
+                CHECK(r.begin == lo && r.end == hi, "m_block_range sq=%d sk=%d w=(%d,%d) bm=%d bn=%d n0=%d: [%d,%d) vs [%d,%d)",
+                      sq, sk, w[0], w[1], bm, bn, n0, r.begin, r.end, lo, hi);
+              }
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
+// ---- streaming softmax vs one-shot double ----
+struct Lcg {  // deterministic inputs without <random>'s implementation-defined distributions
+  uint64_t s;
+  double uniform() {
+    s = s * 6364136223846793005ull + 1442695040888963407ull;
+    return static_cast<double>(s >> 11) / 9007199254740992.0;
+  }
+};
+
+constexpr double kSoftmaxRelTol = 2e-6;  // fp32 streaming vs double: a few ulp per rescale step
+constexpr int kRowLen = 256;
+constexpr int kBlockCounts[] = {1, 2, 4, 64};
+
+void test_softmax() {
+  Lcg rng{42};
+  const float scale_log2 = 0.125f * flashgen::kLog2e;
+  for (int masked_pct : {0, 50, 100}) {
+    for (int trial = 0; trial < 20; ++trial) {
+      std::vector<float> s(kRowLen), v(kRowLen);
+      for (int j = 0; j < kRowLen; ++j) {
+        s[j] = static_cast<float>((rng.uniform() - 0.5) * 80.0);
+        v[j] = static_cast<float>(rng.uniform() - 0.5);
+        if (rng.uniform() * 100 < masked_pct) s[j] = -INFINITY;
+      }
+      // Spec: natural-log logits x = s * softmax_scale; out = sum softmax(x) v; lse = log sum exp x.
+      const double sm_scale = static_cast<double>(scale_log2) / std::log2(std::exp(1.0));
+      double mx = -INFINITY;
+      for (float x : s) mx = std::fmax(mx, x * sm_scale);
+      double sum = 0, acc = 0;
+      for (int j = 0; j < kRowLen; ++j) {
+        if (s[j] == -INFINITY) continue;
+        const double e = std::exp(s[j] * sm_scale - mx);
+        sum += e;
+        acc += e * v[j];
+      }
+      const bool empty = sum == 0;
+      const double out_ref = empty ? 0 : acc / sum;
+      const double lse_ref = empty ? INFINITY : mx + std::log(sum);
+      for (int blocks : kBlockCounts) {
+        const int width = kRowLen / blocks;
+        RowState st;
+        float o = 0;
+        for (int b = 0; b < blocks; ++b) {
+          float bmax = -INFINITY;
+          for (int j = b * width; j < (b + 1) * width; ++j) bmax = std::fmax(bmax, s[j]);
+          o *= st.rescale(bmax, scale_log2);
+          for (int j = b * width; j < (b + 1) * width; ++j) {
+            const float p = st.prob(s[j], scale_log2);
+            st.add(p);
+            o += p * v[j];
+          }
+        }
+        const float out = o * st.inv_sum();
+        const float lse = st.lse(scale_log2);
+        if (empty) {
+          CHECK(out == 0.f && lse == INFINITY, "empty row, %d blocks: out %g lse %g", blocks, out, lse);
+        } else {
+          CHECK(std::fabs(out - out_ref) <= kSoftmaxRelTol * (1 + std::fabs(out_ref)),
+                "out, %d blocks, masked %d%%: %.9g vs %.9g", blocks, masked_pct, out, out_ref);
+          CHECK(std::fabs(lse - lse_ref) <= kSoftmaxRelTol * (1 + std::fabs(lse_ref)),
+                "lse, %d blocks, masked %d%%: %.9g vs %.9g", blocks, masked_pct, lse, lse_ref);
+        }
+        CHECK(!std::isnan(out) && !std::isnan(lse), "NaN with %d blocks", blocks);
+      }
+    }
+  }
+}
+
+// Three states over disjoint key sets; merge in every order must give the same (m, l) up to rounding.
+void test_merge() {
+  Lcg rng{7};
+  const float scale_log2 = flashgen::kLog2e;
+  constexpr double kMergeRelTol = 1e-6;
+  for (int trial = 0; trial < 50; ++trial) {
+    RowState parts[3];
+    double spec_sum = 0;  // sum of exp(x) over every key, the spec of exp(lse)
+    for (int k = 0; k < 3; ++k) {
+      const bool empty = trial % 5 == k;
+      if (empty) continue;
+      std::vector<float> xs(8);
+      for (float& x : xs) x = static_cast<float>((rng.uniform() - 0.5) * 20.0);
+      float mx = -INFINITY;
+      for (float x : xs) mx = std::fmax(mx, x);
+      parts[k].m = mx;
+      for (float x : xs) {
+        parts[k].l += std::exp(x - mx);
+        spec_sum += std::exp(static_cast<double>(x));
+      }
+    }
+    float wa, wb, wc, wd;
+    const RowState ab = RowState::merge(parts[0], parts[1], scale_log2, &wa, &wb);
+    const RowState ab_c = RowState::merge(ab, parts[2], scale_log2, &wc, &wd);
+    const RowState bc = RowState::merge(parts[1], parts[2], scale_log2, &wa, &wb);
+    const RowState a_bc = RowState::merge(parts[0], bc, scale_log2, &wc, &wd);
+    const RowState ba = RowState::merge(parts[1], parts[0], scale_log2, &wa, &wb);
+    const double lse_spec = spec_sum == 0 ? INFINITY : std::log(spec_sum);
+    for (const RowState* r : {&ab_c, &a_bc}) {
+      const float lse = r->lse(scale_log2);
+      CHECK(spec_sum == 0 ? lse == INFINITY : std::fabs(lse - lse_spec) <= kMergeRelTol * (1 + std::fabs(lse_spec)),
+            "merge lse %.9g vs spec %.9g (trial %d)", lse, lse_spec, trial);
+    }
+    CHECK(ab.lse(scale_log2) == ba.lse(scale_log2) || (ab.l == 0 && ba.l == 0), "merge not commutative: %.9g vs %.9g",
+          ab.lse(scale_log2), ba.lse(scale_log2));
+    // merge_lse of normalized outputs: o = wa * oa + wb * ob must equal the joint softmax average.
+    const float la = parts[0].lse(scale_log2), lb = parts[1].lse(scale_log2);
+    const float oa = 0.25f, ob = -0.75f;
+    const float l = flashgen::merge_lse(la, lb, &wa, &wb);
+    const double ea = la == INFINITY ? 0 : std::exp(static_cast<double>(la));
+    const double eb = lb == INFINITY ? 0 : std::exp(static_cast<double>(lb));
+    const double o_spec = ea + eb == 0 ? 0 : (ea * oa + eb * ob) / (ea + eb);
+    const double l_spec = ea + eb == 0 ? INFINITY : std::log(ea + eb);
+    CHECK(std::fabs(wa * oa + wb * ob - o_spec) <= kMergeRelTol, "merge_lse output %.9g vs %.9g", wa * oa + wb * ob, o_spec);
+    CHECK(l_spec == INFINITY ? l == INFINITY : std::fabs(l - l_spec) <= kMergeRelTol * (1 + std::fabs(l_spec)),
+          "merge_lse lse %.9g vs %.9g", l, l_spec);
+  }
+}
+
+// ---- Philox4x32-10: Random123's kat_vectors ----
+void test_philox() {
+  struct Kat {
+    flashgen::Philox4 ctr;
+    uint32_t k0, k1;
+    flashgen::Philox4 out;
+  };
+  const Kat kats[] = {
+      {{0, 0, 0, 0}, 0, 0, {0x6627e8d5u, 0xe169c58du, 0xbc57ac4cu, 0x9b00dbd8u}},
+      {{0xffffffffu, 0xffffffffu, 0xffffffffu, 0xffffffffu}, 0xffffffffu, 0xffffffffu,
+       {0x408f276du, 0x41c83b0eu, 0xa20bc7c6u, 0x6d5451fdu}},
+      {{0x243f6a88u, 0x85a308d3u, 0x13198a2eu, 0x03707344u}, 0xa4093822u, 0x299f31d0u,
+       {0xd16cfe09u, 0x94fdccebu, 0x5001e420u, 0x24126ea1u}},
+  };
+  for (const Kat& k : kats) {
+    const flashgen::Philox4 r = flashgen::philox4x32_10(k.ctr, k.k0, k.k1);
+    CHECK(r.x == k.out.x && r.y == k.out.y && r.z == k.out.z && r.w == k.out.w,
+          "philox(%08x ...) = %08x %08x %08x %08x, expected %08x %08x %08x %08x", k.ctr.x, r.x, r.y, r.z, r.w, k.out.x,
+          k.out.y, k.out.z, k.out.w);
+  }
+  // Keep rate: over 256 x 256 draws, within 5 standard deviations of 1 - p.
+  constexpr int kSide = 256;
+  constexpr double kSigmas = 5.0;
+  for (float p : {0.1f, 0.5f, 0.9f}) {
+    const uint32_t thr = flashgen::dropout_threshold(p);
+    long kept = 0;
+    for (int i = 0; i < kSide; ++i) {
+      for (int j = 0; j < kSide; ++j) kept += flashgen::dropout_keep(1234, 99, 3, i, j, thr);
+    }
+    const double n = static_cast<double>(kSide) * kSide;
+    const double rate = kept / n, sigma = std::sqrt(p * (1 - p) / n);
+    CHECK(std::fabs(rate - (1 - p)) <= kSigmas * sigma, "keep rate %.5f for p=%.2f (sigma %.5f)", rate, p, sigma);
+  }
+  CHECK(flashgen::dropout_threshold(0.f) == 0u, "threshold(0) = %u", flashgen::dropout_threshold(0.f));
+}
+
+// ---- score modifiers vs their formulas ----
+void test_score_mod() {
+  const float t = std::tanh(2.0f / 5.0f);
+  CHECK(std::fabs(flashgen::apply_softcap(2.f, 5.f) - 5.f * t) < 1e-6f, "softcap %g", flashgen::apply_softcap(2.f, 5.f));
+  CHECK(flashgen::apply_softcap(7.f, 0.f) == 7.f, "softcap off changes the logit");
+  CHECK(flashgen::alibi_bias(0.5f, 2, 10, 4, 10) == -0.5f * 2, "alibi %g", flashgen::alibi_bias(0.5f, 2, 10, 4, 10));
+  CHECK(std::fabs(flashgen::softcap_grad(t) - (1 - t * t)) < 1e-7f, "softcap_grad");
+  CHECK(flashgen::alibi_slope_in_score_domain(0.5f, 0.25f, 0.f) == 2.f, "alibi slope in raw q.k units");
+}
+
+}  // namespace
+
+int main() {
+  test_masks();
+  test_softmax();
+  test_merge();
+  test_philox();
+  test_score_mod();
+  std::printf("%d passed, %d failed\n", g_passed, g_failed);
+  return g_failed == 0 ? 0 : 1;
+}

@@ -1,0 +1,59 @@
+"""Builds and runs tests/cpp/test_common.cpp (host tests of common/ against independent oracles), and, where nvcc
+exists, compiles the common/ headers as device code to prove they stay __host__ __device__ clean."""
+
+from __future__ import annotations
+
+import pathlib
+import shutil
+import subprocess
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+SOURCE = ROOT / "tests" / "cpp" / "test_common.cpp"
+COMPILE_TIMEOUT_S = 300
+RUN_TIMEOUT_S = 120
+
+DEVICE_SOURCE = r"""
+#include "common/mask.h"
+#include "common/philox.h"
+#include "common/score_mod.h"
+#include "common/softmax.h"
+using namespace flashgen;
+__global__ void instantiate_common(AttnParams p, float* out) {
+  RowState st;
+  st.rescale(1.f, p.scale_log2);
+  st.add(st.prob(0.5f, p.scale_log2));
+  float wa, wb;
+  RowState m = RowState::merge(st, st, p.scale_log2, &wa, &wb);
+  const SeqInfo s = seq_info(p, blockIdx.x);
+  const MaskSpec mask = s.mask(p);
+  const BlockRange r = n_block_range(mask, 0, 64, 64);
+  const BlockRange c = m_block_range(mask, 0, 64, 64);
+  const bool full = tile_fully_visible(mask, 0, 64, 0, 64) && sparse_visible(p, 0, 0, 0);
+  const bool keep = dropout_keep(p.seed, p.offset, 0, threadIdx.x, 0, dropout_threshold(p.p_dropout));
+  const float x = logit_of(1.f, p.softmax_scale, p.softcap, alibi_slope(p, 0, 0), 0, 0, 4, 4) +
+                  alibi_slope_in_score_domain(1.f, p.softmax_scale, p.softcap) + softcap_grad(0.5f);
+  out[threadIdx.x] = m.lse(p.scale_log2) + st.inv_sum() + merge_lse(1.f, 2.f, &wa, &wb) + r.end + c.begin + full +
+                     keep + x + static_cast<float>(lse_offset(p, s, 0, 0)) + dropout_keep_scale(p.p_dropout);
+}
+"""
+
+
+def test_common_headers_on_host(tmp_path):
+    exe = tmp_path / "test_common"
+    cmd = ["g++", "-std=c++17", "-O1", f"-I{ROOT}", "-Wall", "-Wextra", "-Werror", str(SOURCE), "-o", str(exe)]
+    build = subprocess.run(cmd, capture_output=True, text=True, timeout=COMPILE_TIMEOUT_S)
+    assert build.returncode == 0, f"compile failed: {' '.join(cmd)}\n{build.stdout}\n{build.stderr}"
+    run = subprocess.run([str(exe)], capture_output=True, text=True, timeout=RUN_TIMEOUT_S)
+    assert run.returncode == 0, f"test_common failed (exit {run.returncode}):\n{run.stdout}\n{run.stderr}"
+    assert " passed, 0 failed" in run.stdout, run.stdout
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not on PATH")
+def test_common_headers_compile_as_device_code(tmp_path):
+    src = tmp_path / "common_device.cu"
+    src.write_text(DEVICE_SOURCE)
+    cmd = ["nvcc", "-std=c++17", "-x", "cu", "-c", f"-I{ROOT}", str(src), "-o", str(tmp_path / "common_device.o")]
+    build = subprocess.run(cmd, capture_output=True, text=True, timeout=COMPILE_TIMEOUT_S)
+    assert build.returncode == 0, f"device compile failed: {' '.join(cmd)}\n{build.stdout}\n{build.stderr}"
