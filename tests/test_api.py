@@ -16,6 +16,8 @@ from flashgen.reference import attention_ref, philox_keep_mask
 
 FWD_FACTOR, BWD_FACTOR = 2.0, 3.0
 DTYPES = [torch.float16, torch.bfloat16, torch.float32]
+LSE_TOLERANCE = 1e-3  # fp32 lse from a tiled online softmax vs float64
+FP32_TOLERANCE = 1e-5  # fp32 results (probabilities, rotated keys) vs float64
 ROUNDING_PROBE = 0.3  # (x + 0.3 - 0.3) in the input dtype measures the rounding of x's magnitude (FA3's floor)
 
 
@@ -76,7 +78,7 @@ def test_func_forward(dtype, causal, batch, seqlen_q, seqlen_k):
     finite = torch.isfinite(ref_lse)
     assert torch.equal(torch.isfinite(lse), finite), "lse: empty rows must be +inf exactly where the oracle's are"
     lse_err = (lse.double() - ref_lse.double())[finite].abs().max().item() if finite.any() else 0.0
-    assert lse_err <= 1e-3, f"lse: max error {lse_err:.3e} > allowed 1e-3"
+    assert lse_err <= LSE_TOLERANCE, f"lse: max error {lse_err:.3e} > allowed {LSE_TOLERANCE:.0e}"
 
 
 @pytest.mark.parametrize("kw", [
@@ -109,7 +111,7 @@ def test_return_attn_probs():
     mask = torch.ones(33, 33, dtype=torch.bool).tril()
     ref_probs = torch.exp(scores - ref_lse.double().unsqueeze(-1)).masked_fill(~mask, 0)
     err = (probs.double() - ref_probs).abs().max().item()
-    assert err <= 1e-5, f"probs: max error {err:.3e} > allowed 1e-5"
+    assert err <= FP32_TOLERANCE, f"probs: max error {err:.3e} > allowed {FP32_TOLERANCE:.0e}"
 
 
 def test_non_contiguous_last_dim_is_copied():
@@ -257,7 +259,7 @@ def test_kvcache_rotary(interleaved, causal):
     k_rot = _rotary_ref(k_new, cos, sin, k_pos, interleaved)
     for i, s in enumerate(starts):
         err = (k_cache[i, s:s + seqlen_new] - k_rot[i]).abs().max().item()
-        assert err <= 1e-5, f"rotated k in cache: max error {err:.3e} > allowed 1e-5"
+        assert err <= FP32_TOLERANCE, f"rotated k in cache: max error {err:.3e} > allowed {FP32_TOLERANCE:.0e}"
     q_rot = _rotary_ref(q, cos, sin, q_pos, interleaved)
     kw = dict(causal=causal, seqused_k=torch.tensor(starts) + seqlen_new)
     (ref, _), (naive, _) = _ref_pair(q_rot, k_cache, v_cache, **kw)
