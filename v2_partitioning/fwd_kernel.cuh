@@ -1,0 +1,226 @@
+// v2 forward: O = softmax(mask(mod(Q K^T))) V and LSE, exact, for one (query block, head, batch) per CTA.
+// Algorithm: FlashAttention-2 (Dao 2023, arXiv 2307.08691) Sec. 3.1 forward with the Sec. 3.2 partition.
+// Partition: grid (query block, head, batch) -> CTA owns Q rows [m_begin, m_begin + kBlockM) and walks its
+// visible key blocks (last to first, so the masked diagonal tiles come first) -> warp w owns kWarpRows of
+// those rows (no split-K, no cross-warp reduction); S, P, O, m, l live in registers.
+// Pipeline: K and V tiles in a kStages-deep cp.async ring, loads issued kStages tiles ahead.
+// Loop invariant (after tile i): o = sum_{j<=i} exp2(S_j*scale_log2 - m*scale_log2) V_j (dropout applied) and
+// l = the same sum of undropped probabilities, m = max of all scores seen; O = o / l once at the end.
+#pragma once
+
+#include <cstdint>
+
+#include "common/mask.h"
+#include "common/params.h"
+#include "common/philox.h"
+#include "common/score_mod.h"
+#include "common/softmax.h"
+#include "v2_partitioning/fwd_softmax.cuh"
+#include "v2_partitioning/kernel_traits.cuh"
+#include "v2_partitioning/mma.cuh"
+#include "v2_partitioning/smem_copy.cuh"
+
+namespace flashgen {
+namespace v2 {
+
+// s += Q_w K^T: Q_w (kWarpRows, kHeadDim) rows of this warp, K (kBlockN, kHeadDim), both swizzled in smem.
+// Lane addressing (see mma.cuh): A rows warp*kWarpRows + lane % 16, chunk 2kk + lane / 16; B (non-trans) rows
+// 16jp + 8*(lane / 16) + lane % 8, chunk 2kk + (lane / 8) % 2.
+// Q fragments are re-read from smem for each k16 step (keeping Q in registers would cost 64 regs at d128).
+template <typename T>
+__device__ __forceinline__ void gemm_qk(float (&s)[T::kMAtoms][T::kNTilesS][4], const SwizzledBases& q_addr,
+                                        const SwizzledBases& k_addr, uint32_t k_stage_bytes) {
+  constexpr int kRowBytes = T::kHeadDim * 2;
+#pragma unroll
+  for (int kk = 0; kk < T::kHeadDim / 16; ++kk) {
+    uint32_t qa[T::kMAtoms][4];
+#pragma unroll
+    for (int a = 0; a < T::kMAtoms; ++a) ldmatrix_x4(qa[a], q_addr.at(2 * kk, a * 16 * kRowBytes));
+#pragma unroll
+    for (int jp = 0; jp < T::kNTilesS / 2; ++jp) {
+      uint32_t kb[4];
+      ldmatrix_x4(kb, k_addr.at(2 * kk, jp * 16 * kRowBytes) + k_stage_bytes);
+#pragma unroll
+      for (int a = 0; a < T::kMAtoms; ++a) {
+        mma_16816<typename T::DTag>(s[a][2 * jp], qa[a], kb[0], kb[1]);
+        mma_16816<typename T::DTag>(s[a][2 * jp + 1], qa[a], kb[2], kb[3]);
+      }
+    }
+  }
+}
+
+// o += P V: P from the S accumulators (C layout of two n8 tiles == A layout of one k16 step), V (kBlockN,
+// kHeadDim) swizzled in smem, read transposed by ldmatrix.trans: lane rows 16kk + 8*((lane / 8) % 2) + lane % 8,
+// chunk 2np + lane / 16.
+template <typename T>
+__device__ __forceinline__ void gemm_pv(float (&o)[T::kMAtoms][T::kNTilesO][4],
+                                        const float (&s)[T::kMAtoms][T::kNTilesS][4], const SwizzledBases& v_addr,
+                                        uint32_t v_stage_bytes) {
+  using Tag = typename T::DTag;
+  constexpr int kRowBytes = T::kHeadDim * 2;
+#pragma unroll
+  for (int kk = 0; kk < T::kBlockN / 16; ++kk) {
+    uint32_t pa[T::kMAtoms][4];
+#pragma unroll
+    for (int a = 0; a < T::kMAtoms; ++a) {
+      pa[a][0] = pack2<Tag>(s[a][2 * kk][0], s[a][2 * kk][1]);
+      pa[a][1] = pack2<Tag>(s[a][2 * kk][2], s[a][2 * kk][3]);
+      pa[a][2] = pack2<Tag>(s[a][2 * kk + 1][0], s[a][2 * kk + 1][1]);
+      pa[a][3] = pack2<Tag>(s[a][2 * kk + 1][2], s[a][2 * kk + 1][3]);
+    }
+#pragma unroll
+    for (int np = 0; np < T::kHeadDim / 16; ++np) {
+      uint32_t vb[4];
+      ldmatrix_x4_trans(vb, v_addr.at(2 * np, kk * 16 * kRowBytes) + v_stage_bytes);
+#pragma unroll
+      for (int a = 0; a < T::kMAtoms; ++a) {
+        mma_16816<Tag>(o[a][2 * np], pa[a], vb[0], vb[1]);
+        mma_16816<Tag>(o[a][2 * np + 1], pa[a], vb[2], vb[3]);
+      }
+    }
+  }
+}
+
+template <typename T>
+__global__ void __launch_bounds__(T::kNThreads, T::kMinBlocksPerSm) fwd_kernel(const __grid_constant__ AttnParams p) {
+  using Element = typename T::Element;
+  extern __shared__ __align__(128) unsigned char smem_raw[];
+  Element* s_q = reinterpret_cast<Element*>(smem_raw);  // (kBlockM, kHeadDim) swizzled; O staging at the end
+  Element* s_k = s_q + T::kSmemQ;                       // kStages x (kBlockN, kHeadDim) swizzled
+  Element* s_v = s_k + T::kStages * T::kSmemKV;         // kStages x (kBlockN, kHeadDim) swizzled
+
+  // Heaviest query blocks (most keys under a causal mask) are scheduled first.
+  const int m_block = gridDim.x - 1 - blockIdx.x;
+  const int head = blockIdx.y, batch = blockIdx.z;
+  const SeqInfo seq = seq_info(p, batch);
+  const int m_begin = m_block * T::kBlockM;
+  if (m_begin >= seq.seqlen_q) return;  // varlen: this sequence is shorter than max_seqlen_q
+
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+  const MaskSpec mask = seq.mask(p);
+  const BlockRange range = n_block_range(mask, m_begin, m_begin + T::kBlockM, T::kBlockN);
+  const int n_tiles = range.end > range.begin ? range.end - range.begin : 0;
+  const int head_k = head / (p.num_heads / p.num_heads_k);
+
+  const Element* g_q = static_cast<const Element*>(p.q) + seq.q_offset + head * p.q_head_stride +
+                       static_cast<int64_t>(m_begin) * p.q_row_stride;  // (kBlockM, head_dim) rows of this CTA
+  const Element* g_k = static_cast<const Element*>(p.k) + seq.k_offset + head_k * p.k_head_stride;  // (seqlen_k, d)
+  const Element* g_v = static_cast<const Element*>(p.v) + seq.v_offset + head_k * p.v_head_stride;  // (seqlen_k, d)
+
+  // Tile i of the loop is key block range.end - 1 - i.
+  auto load_k = [&](int i) {
+    const int n_block = range.end - 1 - i;
+    load_tile_async<T::kBlockN, T::kHeadDim, T::kNThreads>(
+        s_k + (i % T::kStages) * T::kSmemKV, g_k + static_cast<int64_t>(n_block) * T::kBlockN * p.k_row_stride,
+        p.k_row_stride, seq.seqlen_k - n_block * T::kBlockN, p.head_dim, tid);
+  };
+  auto load_v = [&](int i) {
+    const int n_block = range.end - 1 - i;
+    load_tile_async<T::kBlockN, T::kHeadDim, T::kNThreads>(
+        s_v + (i % T::kStages) * T::kSmemKV, g_v + static_cast<int64_t>(n_block) * T::kBlockN * p.v_row_stride,
+        p.v_row_stride, seq.seqlen_k - n_block * T::kBlockN, p.head_dim, tid);
+  };
+
+  // Prologue: Q rides with K_0; then K_s, V_s for s < kStages, one commit group each (empty past n_tiles), so
+  // that at the top of iteration i exactly 2*kStages groups are pending: K_i, V_i, ..., K_{i+S-1}, V_{i+S-1}.
+  load_tile_async<T::kBlockM, T::kHeadDim, T::kNThreads>(s_q, g_q, p.q_row_stride, seq.seqlen_q - m_begin,
+                                                         p.head_dim, tid);
+#pragma unroll
+  for (int st = 0; st < T::kStages; ++st) {
+    if (st < n_tiles) load_k(st);
+    cp_async_commit();
+    if (st < n_tiles) load_v(st);
+    cp_async_commit();
+  }
+
+  float acc_o[T::kMAtoms][T::kNTilesO][4];  // (kWarpRows, kHeadDim) fp32 of this warp, C-fragment layout
+#pragma unroll
+  for (int a = 0; a < T::kMAtoms; ++a)
+#pragma unroll
+    for (int j = 0; j < T::kNTilesO; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) acc_o[a][j][e] = 0.f;
+  RowState rows[T::kMAtoms][2];  // rows g and g + 8 of each m16 tile
+
+  const float scale_log2 = p.scale_log2;
+  // ALiBi slope in the softmax's score domain (logit * log2(e) / scale_log2: 1/softmax_scale without softcap).
+  const float slope_score = alibi_slope(p, batch, head) * (kLog2e / scale_log2);
+  const bool has_mods = p.softcap > 0.f || slope_score != 0.f;
+  const bool has_dropout = p.p_dropout > 0.f;
+  const uint32_t threshold = dropout_threshold(p.p_dropout);
+  const int batch_head = batch * p.num_heads + head;
+  constexpr int kRowBytes = T::kHeadDim * 2;
+  const SwizzledBases q_addr(smem_u32(s_q), warp * T::kWarpRows + (lane & 15), lane >> 4, kRowBytes);
+  const SwizzledBases k_addr(smem_u32(s_k), ((lane >> 4) << 3) + (lane & 7), (lane >> 3) & 1, kRowBytes);
+  const SwizzledBases v_addr(smem_u32(s_v), (((lane >> 3) & 1) << 3) + (lane & 7), lane >> 4, kRowBytes);
+  constexpr uint32_t kStageBytes = T::kSmemKV * sizeof(Element);
+
+  for (int i = 0; i < n_tiles; ++i) {
+    const int stage = i % T::kStages;
+    const int n_begin = (range.end - 1 - i) * T::kBlockN;
+
+    cp_async_wait<2 * T::kStages - 1>();  // K_i (and Q) landed for this thread...
+    __syncthreads();                      // ... and for every thread
+    float s[T::kMAtoms][T::kNTilesS][4];  // (kWarpRows, kBlockN) fp32 scores of this warp, C-fragment layout
+#pragma unroll
+    for (int a = 0; a < T::kMAtoms; ++a)
+#pragma unroll
+      for (int j = 0; j < T::kNTilesS; ++j)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) s[a][j][e] = 0.f;
+    gemm_qk<T>(s, q_addr, k_addr, stage * kStageBytes);
+
+    cp_async_wait<2 * T::kStages - 2>();  // V_i landed
+    __syncthreads();                      // and every warp is done reading K_i: its stage is free
+    if (i + T::kStages < n_tiles) load_k(i + T::kStages);
+    cp_async_commit();
+
+    const FragCoord fc{m_begin + warp * T::kWarpRows + lane / 4, n_begin + 2 * (lane % 4)};
+    if (has_mods) apply_score_mods(s, fc, p.softmax_scale, p.softcap, slope_score, seq.seqlen_q, seq.seqlen_k);
+    if (!tile_fully_visible(mask, m_begin, m_begin + T::kBlockM, n_begin, n_begin + T::kBlockN)) {
+      apply_mask(s, fc, mask);
+    }
+    softmax_step(s, acc_o, rows, scale_log2);
+    if (has_dropout) apply_dropout(s, fc, p.seed, p.offset, batch_head, threshold);
+    gemm_pv<T>(acc_o, s, v_addr, stage * kStageBytes);
+
+    __syncthreads();  // every warp is done reading V_i
+    if (i + T::kStages < n_tiles) load_v(i + T::kStages);
+    cp_async_commit();
+  }
+
+  // Epilogue: O = o / l (x 1/(1-p)), LSE per row, O staged through smem (Q's buffer) for 16-byte stores.
+  finalize_rows(acc_o, rows, dropout_keep_scale(p.p_dropout));
+  const int row_in_warp = lane / 4;
+  if (lane % 4 == 0) {
+    float* g_lse = p.lse + lse_offset(p, seq, batch, head);  // (seqlen_q,) fp32 of this (batch, head)
+#pragma unroll
+    for (int a = 0; a < T::kMAtoms; ++a)
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        const int row = m_begin + warp * T::kWarpRows + a * 16 + half * 8 + row_in_warp;
+        if (row < seq.seqlen_q) g_lse[row] = rows[a][half].lse(scale_log2);
+      }
+  }
+  cp_async_wait<0>();  // with no key tiles, the Q load may still be in flight into the staging buffer
+  __syncthreads();     // every warp is done reading Q
+#pragma unroll
+  for (int a = 0; a < T::kMAtoms; ++a)
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const int row = warp * T::kWarpRows + a * 16 + half * 8 + row_in_warp;
+#pragma unroll
+      for (int j = 0; j < T::kNTilesO; ++j) {
+        const uint32_t packed = pack2<typename T::DTag>(acc_o[a][j][half * 2], acc_o[a][j][half * 2 + 1]);
+        *reinterpret_cast<uint32_t*>(s_q + swizzled_offset<T::kHeadDim>(row, j) + 2 * (lane % 4)) = packed;
+      }
+    }
+  __syncthreads();
+  Element* g_o = static_cast<Element*>(p.o) + seq.o_offset + head * p.o_head_stride +
+                 static_cast<int64_t>(m_begin) * p.o_row_stride;  // (kBlockM, head_dim) rows of this CTA
+  store_tile<T::kBlockM, T::kHeadDim, T::kNThreads>(g_o, s_q, p.o_row_stride, seq.seqlen_q - m_begin, p.head_dim,
+                                                    tid);
+}
+
+}  // namespace v2
+}  // namespace flashgen

@@ -1,0 +1,44 @@
+// Compile-time shape of one v2 forward instance, derived from tile_config(head_dim) and the element type.
+// Every size the kernel uses comes from here, asserted against the mma/ldmatrix/cp.async granularities.
+#pragma once
+
+#include "common/config.h"
+#include "v2_partitioning/mma.cuh"
+#include "v2_partitioning/tile_config.h"
+
+namespace flashgen {
+namespace v2 {
+
+template <typename Tag, int kHeadDim_>
+struct FwdTraits {
+  using DTag = Tag;
+  using Element = typename Tag::type;
+  static constexpr TileConfig kCfg = tile_config(kHeadDim_);
+  static constexpr int kHeadDim = kHeadDim_;
+  static constexpr int kBlockM = kCfg.block_m;
+  static constexpr int kBlockN = kCfg.block_n;
+  static constexpr int kNWarps = kCfg.num_warps;
+  static constexpr int kStages = kCfg.stages;
+  static constexpr int kNThreads = kNWarps * 32;
+  static constexpr int kWarpRows = kBlockM / kNWarps;  // query rows per warp
+  static constexpr int kMAtoms = kWarpRows / 16;       // m16 mma tiles per warp
+  static constexpr int kNTilesS = kBlockN / 8;         // n8 tiles of S = Q K^T per m16 tile
+  static constexpr int kNTilesO = kHeadDim / 8;        // n8 tiles of O per m16 tile
+  static constexpr int kChunks = kHeadDim / 8;         // 16-byte chunks per smem row
+  static constexpr int kSmemQ = kBlockM * kHeadDim;    // elements
+  static constexpr int kSmemKV = kBlockN * kHeadDim;   // elements of one K (or V) stage
+  static constexpr int kSmemBytes = (kSmemQ + 2 * kStages * kSmemKV) * static_cast<int>(sizeof(Element));
+  // CTAs per SM the register budget allows: 65,536 regs / (threads x 255) -> 2 for 128 threads, 1 for 256.
+  static constexpr int kMinBlocksPerSm = 65536 / (kNThreads * kMaxRegsPerThread);
+
+  static_assert(sizeof(Element) == 2, "v2 runs 16-bit elements on mma.sync m16n8k16");
+  static_assert(kWarpRows % 16 == 0 && kMAtoms >= 1, "each warp owns whole m16 tiles");
+  static_assert(kBlockN % 16 == 0 && kHeadDim % 16 == 0, "k16 steps over keys (P V) and head dim (Q K^T)");
+  static_assert(kChunks % 8 == 0, "the XOR swizzle permutes groups of 8 chunks (128 bytes)");
+  static_assert(kNThreads % kChunks == 0, "each copy pass covers whole rows");
+  static_assert(kSmemBytes == smem_bytes(kHeadDim), "tile_config.h and the traits disagree on shared memory");
+  static_assert(kMinBlocksPerSm >= 1, "the tile does not fit the register file");
+};
+
+}  // namespace v2
+}  // namespace flashgen

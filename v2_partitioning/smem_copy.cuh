@@ -1,0 +1,97 @@
+// Shared-memory layout and the copies in and out of it. A tile (rows, kHeadDim) of 16-bit elements is stored
+// row-major in 16-byte chunks with an XOR swizzle, chunk' = chunk ^ (row % 8) inside each group of 8 chunks,
+// so the 8 rows one ldmatrix phase reads (same logical chunk) land in 8 distinct 16-byte bank groups and the
+// cp.async writes of 8 consecutive threads (one row, 8 chunks) do too: no bank conflicts either way.
+// Global accesses are 16 bytes per thread; rows/columns outside the problem are zero-filled on load (cp.async
+// src-size 0, no global read) and skipped on store.
+#pragma once
+
+#include <cstdint>
+
+#include "v2_partitioning/mma.cuh"
+
+namespace flashgen {
+namespace v2 {
+
+// Element offset of (row, first element of 16-byte chunk `chunk`) in a swizzled tile with kHeadDim columns.
+template <int kHeadDim>
+__device__ __forceinline__ int swizzled_offset(int row, int chunk) {
+  return row * kHeadDim + ((chunk ^ (row & 7)) << 3);
+}
+
+// ldmatrix addresses without per-step XOR: a lane always addresses rows with row % 8 == lane % 8 and chunks
+// 2*kk + lo (lo in {0, 1} fixed per lane), whose swizzled position is (2*kk & ~7) + ((2*kk & 7) ^ (lo ^ row % 8)).
+// Only four values of 2*kk & 7 exist, so four byte addresses per operand cover every step; the rest of the
+// offset (row blocks, chunk groups of 8) is a compile-time immediate. Keeps ptxas from holding one hoisted
+// address per (step, tile) in registers (it did: 1.2 KB of spills at d64 before this).
+struct SwizzledBases {
+  uint32_t base[4];  // byte address of (row, chunk position (2m) ^ c) for m = 0..3, c = lo ^ (row % 8)
+
+  __device__ __forceinline__ SwizzledBases(uint32_t smem_addr, int row, int lo, int row_bytes) {
+    const int c = lo ^ (row & 7);
+#pragma unroll
+    for (int m = 0; m < 4; ++m) base[m] = smem_addr + row * row_bytes + (((2 * m) ^ c) << 4);
+  }
+  // Address of chunk pair `even_chunk` (= 2*kk, compile-time after unrolling) plus a compile-time byte offset.
+  __device__ __forceinline__ uint32_t at(int even_chunk, int extra_bytes) const {
+    return base[(even_chunk & 7) >> 1] + ((even_chunk & ~7) << 4) + extra_bytes;
+  }
+};
+
+__device__ __forceinline__ void cp_async_16(uint32_t smem_addr, const void* gmem, bool pred) {
+  const int src_size = pred ? 16 : 0;  // 0: write 16 zero bytes, read nothing
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr), "l"(gmem), "r"(src_size));
+}
+
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+
+// Wait until at most kPending of this thread's committed groups are still in flight.
+template <int kPending>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending));
+}
+
+// Async copy of a (kRows, kHeadDim) tile: gmem points at row 0 (any row stride, unit column stride); rows
+// >= rows_valid and columns >= head_dim become zeros. Thread tid moves chunk tid % kChunks of rows
+// tid / kChunks + pass * (kNThreads / kChunks).
+template <int kRows, int kHeadDim, int kNThreads, typename Element>
+__device__ __forceinline__ void load_tile_async(Element* smem, const Element* gmem, int64_t row_stride,
+                                                int rows_valid, int head_dim, int tid) {
+  constexpr int kChunks = kHeadDim / 8;
+  constexpr int kRowsPerPass = kNThreads / kChunks;
+  static_assert(kRows % kRowsPerPass == 0, "copy passes must tile the rows");
+  const int chunk = tid % kChunks;
+  const int row0 = tid / kChunks;
+  const bool col_ok = chunk * 8 < head_dim;
+  const uint32_t smem_base = smem_u32(smem);
+#pragma unroll
+  for (int pass = 0; pass < kRows / kRowsPerPass; ++pass) {
+    const int row = row0 + pass * kRowsPerPass;
+    const bool pred = col_ok && row < rows_valid;
+    const Element* src = pred ? gmem + static_cast<int64_t>(row) * row_stride + chunk * 8 : gmem;
+    cp_async_16(smem_base + swizzled_offset<kHeadDim>(row, chunk) * 2, src, pred);
+  }
+}
+
+// Store a (kRows, kHeadDim) swizzled smem tile to global, 16 bytes per thread, rows < rows_valid and
+// columns < head_dim only.
+template <int kRows, int kHeadDim, int kNThreads, typename Element>
+__device__ __forceinline__ void store_tile(Element* gmem, const Element* smem, int64_t row_stride, int rows_valid,
+                                           int head_dim, int tid) {
+  constexpr int kChunks = kHeadDim / 8;
+  constexpr int kRowsPerPass = kNThreads / kChunks;
+  const int chunk = tid % kChunks;
+  const int row0 = tid / kChunks;
+  if (chunk * 8 >= head_dim) return;
+#pragma unroll
+  for (int pass = 0; pass < kRows / kRowsPerPass; ++pass) {
+    const int row = row0 + pass * kRowsPerPass;
+    if (row < rows_valid) {
+      const uint4 val = *reinterpret_cast<const uint4*>(smem + swizzled_offset<kHeadDim>(row, chunk));
+      *reinterpret_cast<uint4*>(gmem + static_cast<int64_t>(row) * row_stride + chunk * 8) = val;
+    }
+  }
+}
+
+}  // namespace v2
+}  // namespace flashgen

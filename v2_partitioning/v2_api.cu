@@ -1,0 +1,114 @@
+// v2 host entry points: argument checks, then dispatch to the compiled (dtype, head-dim bucket) instance.
+// The instance list is the generated X-macro FLASHGEN_V2_INSTANCES (cmake/flashgen.cmake), never retyped here;
+// a head dim runs in the smallest compiled bucket >= it, predicated on the real head_dim.
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+#include <string>
+
+#include "common/params.h"
+#include "common/status.h"
+#include "v2_instances.h"
+#include "v2_partitioning/fwd_launch.h"
+#include "v2_partitioning/mma.cuh"
+#include "v2_partitioning/v2_api.h"
+
+namespace flashgen {
+namespace v2 {
+namespace {
+
+constexpr int kGridYZMax = 65535;   // gridDim.y (num_heads) and gridDim.z (batch) limits
+constexpr int kVectorElems = 8;     // 16-byte cp.async / stores of 2-byte elements
+constexpr uintptr_t kVectorBytes = 16;
+
+#define FG_V2_IS_fwd 1
+#define FG_V2_IS_bwd 0
+#define FG_V2_CAT(a, b) a##b
+#define FG_V2_KIND_IS(kind, want) (FG_V2_CAT(FG_V2_IS_, kind) == FG_V2_CAT(FG_V2_IS_, want))
+
+const char* dtype_name(DType d) { return d == DType::kFloat16 ? "fp16" : d == DType::kBFloat16 ? "bf16" : "fp32"; }
+
+// Smallest compiled forward bucket >= head_dim for dtype, or 0.
+int fwd_bucket(DType dtype, int head_dim) {
+  int bucket = 0;
+#define FG_V2_BUCKET(kind, dt, hd)                                                                   \
+  if (FG_V2_KIND_IS(kind, fwd) && dtype::dt::kDType == dtype && (hd) >= head_dim && (bucket == 0 || (hd) < bucket)) \
+    bucket = (hd);
+  FLASHGEN_V2_INSTANCES(FG_V2_BUCKET)
+#undef FG_V2_BUCKET
+  return bucket;
+}
+
+Status check_aligned(const char* name, const void* ptr, int64_t batch_stride, int64_t row_stride,
+                     int64_t head_stride) {
+  if (reinterpret_cast<uintptr_t>(ptr) % kVectorBytes != 0) {
+    return Status::invalid(std::string(name) + ": v2 needs a 16-byte aligned data pointer");
+  }
+  if (batch_stride % kVectorElems != 0 || row_stride % kVectorElems != 0 || head_stride % kVectorElems != 0) {
+    return Status::invalid(std::string(name) + ": v2 needs batch/row/head strides that are multiples of 8 elements, got (" +
+                           std::to_string(batch_stride) + ", " + std::to_string(row_stride) + ", " +
+                           std::to_string(head_stride) + ")");
+  }
+  return Status::ok();
+}
+
+}  // namespace
+
+Status fwd(const AttnParams& p, void* stream) {
+  if (p.dtype != DType::kFloat16 && p.dtype != DType::kBFloat16) {
+    return Status::not_implemented(std::string("dtype: v2 runs fp16 and bf16, got ") + dtype_name(p.dtype));
+  }
+  if (p.head_dim <= 0 || p.head_dim % kVectorElems != 0) {
+    return Status::invalid("head_dim: v2 needs a positive multiple of 8 (the API pads), got " +
+                           std::to_string(p.head_dim));
+  }
+  const int bucket = fwd_bucket(p.dtype, p.head_dim);
+  if (bucket == 0) {
+    return Status::not_implemented("head_dim: no v2 forward bucket >= " + std::to_string(p.head_dim) + " for " +
+                                   dtype_name(p.dtype) + " in this build");
+  }
+  if (p.batch < 0 || p.seqlen_q < 0 || p.seqlen_k < 0 || p.num_heads <= 0 || p.num_heads_k <= 0) {
+    return Status::invalid("sizes: batch, seqlen_q, seqlen_k must be >= 0 and num_heads, num_heads_k > 0");
+  }
+  if (p.num_heads % p.num_heads_k != 0) {
+    return Status::invalid("num_heads_k: must divide num_heads (" + std::to_string(p.num_heads) + "), got " +
+                           std::to_string(p.num_heads_k));
+  }
+  if (p.num_heads > kGridYZMax || p.batch > kGridYZMax) {
+    return Status::not_implemented("num_heads/batch: v2 launches at most 65535 of each");
+  }
+  if (p.block_mask != nullptr) {
+    return Status::not_implemented("block_mask: block-sparse attention is not implemented in v2 yet");
+  }
+  if (!(p.p_dropout >= 0.f && p.p_dropout < 1.f)) {
+    return Status::invalid("dropout_p: expected [0, 1), got " + std::to_string(p.p_dropout));
+  }
+  if (p.p_out != nullptr && p.cu_seqlens_q != nullptr) {
+    return Status::not_implemented("return_attn_probs: v2 returns probabilities for dense (non-varlen) inputs only");
+  }
+  if (p.q == nullptr || p.k == nullptr || p.v == nullptr || p.o == nullptr || p.lse == nullptr) {
+    return Status::invalid("q/k/v/out/lse: null data pointer");
+  }
+  for (const Status& s : {check_aligned("q", p.q, p.q_batch_stride, p.q_row_stride, p.q_head_stride),
+                          check_aligned("k", p.k, p.k_batch_stride, p.k_row_stride, p.k_head_stride),
+                          check_aligned("v", p.v, p.v_batch_stride, p.v_row_stride, p.v_head_stride),
+                          check_aligned("out", p.o, p.o_batch_stride, p.o_row_stride, p.o_head_stride)}) {
+    if (!s.is_ok()) return s;
+  }
+  if (p.batch == 0 || p.seqlen_q == 0) return Status::ok();  // nothing to compute, nothing to launch
+
+  cudaStream_t st = static_cast<cudaStream_t>(stream);
+#define FG_V2_LAUNCH(kind, dt, hd) \
+  if (FG_V2_KIND_IS(kind, fwd) && dtype::dt::kDType == p.dtype && (hd) == bucket) return launch_fwd<dtype::dt, hd>(p, st);
+  FLASHGEN_V2_INSTANCES(FG_V2_LAUNCH)
+#undef FG_V2_LAUNCH
+  return Status::not_implemented("v2 forward: no instance for bucket " + std::to_string(bucket));
+}
+
+Status bwd(const AttnBwdParams& p, void* stream) {
+  (void)p, (void)stream;
+  return Status::not_implemented("v2 backward: not implemented yet (forward only)");
+}
+
+}  // namespace v2
+}  // namespace flashgen
