@@ -3,8 +3,8 @@
 // (params.num_threads, 0 = all cores), heaviest first. Each unit streams over the key tiles n_block_range allows
 // (skipping block-sparse tiles that are off), keeping O (kBlockM, padded head_dim) fp32 and one RowState per row.
 // Invariant after key tile t: O_r = sum_{j < end of t} dropout(exp(s_rj - m_r)) v_j and l_r = sum exp(s_rj - m_r)
-// (undropped), so O / l is the output and m + log l the LSE. Memory is O(kBlockM * kBlockN + kBlockM * head_dim)
-// per worker; the (seqlen_q, seqlen_k) matrix exists only when the caller asks for p_out.
+// (undropped), so O / l is the output and m + log l the LSE. Memory: K and V once in fp32 (PackedKV) plus
+// O(kBlockM * kBlockN + kBlockM * head_dim) per worker; no (seqlen_q, seqlen_k) buffer (p_out is the caller's).
 #include <algorithm>
 #include <vector>
 
