@@ -11,13 +11,18 @@ Gradients: dq, dk, dv of the whole head when seqlen_q * seqlen_k <= REF_GRAD_MAX
 from __future__ import annotations
 
 import dataclasses
-from typing import Dict, List, Optional, Tuple
+from typing import List, Optional, Tuple
 
 import torch
 
 from .impls import DTYPES
 from .flops import effective_window
 from .measure import FA_RULE_GRAD_FACTOR, FA_RULE_OUT_FACTOR, fa_rule
+
+try:  # the shared rule (tests and bench agree on the floor); the bench's own copy when it is absent
+    from flashgen.testing import fa_rule_error as _shared_rule
+except ImportError:
+    _shared_rule = None
 from .sweeps import Config
 
 REF_ROWS = 512                     # rows per checked block: a 512 x 16k float64 score block is 64 MiB per head
@@ -49,6 +54,16 @@ def _max_err(a: torch.Tensor, b: torch.Tensor) -> float:
     return float((a.double() - b.double()).abs().max().item()) if a.numel() else 0.0
 
 
+def _rule(got: torch.Tensor, ref: torch.Tensor, naive: torch.Tensor, factor: float) -> Tuple[bool, float, float]:
+    """(ok, err, allowed) by flashgen.testing.fa_rule_error when present, else measure.fa_rule."""
+    if _shared_rule is not None:
+        err, allowed, ok = _shared_rule(got, ref, naive, factor)
+        return bool(ok), float(err), float(allowed)
+    err = _max_err(got, ref)
+    ok, allowed = fa_rule(err, _max_err(naive, ref), factor)
+    return ok, err, allowed
+
+
 class Reference:
     """Float64 and naive same-dtype references on the slice of one config's inputs, computed once, shared by impls."""
 
@@ -60,8 +75,8 @@ class Reference:
         self.q, self.k, self.v = q[:1, :, :hq], k[:1, :, :hk], v[:1, :, :hk]
         self.dout = dout[:1, :, :hq] if dout is not None else None
         self.dtype = DTYPES[cfg.dtype]
-        self._out: Optional[List[Tuple[slice, slice, torch.Tensor, float]]] = None
-        self._grads: Optional[Tuple[str, Dict[str, Tuple[torch.Tensor, float]]]] = None
+        self._out: Optional[List[Tuple[slice, torch.Tensor, torch.Tensor]]] = None
+        self._grads = None  # (rows, what, {name: (float64 ref, naive same-dtype)})
 
     def _blocks(self) -> List[Tuple[slice, slice]]:
         cfg = self.cfg
@@ -87,14 +102,10 @@ class Reference:
             self._out = []
             for rows, keys in self._blocks():
                 qs, ks, vs = self.q[:, rows], self.k[:, keys], self.v[:, keys]
-                ref = self._ref(qs, ks, vs, torch.float64)
-                naive_err = _max_err(self._ref(qs, ks, vs, self.dtype), ref)
-                self._out.append((rows, keys, ref, naive_err))
+                self._out.append((rows, self._ref(qs, ks, vs, torch.float64), self._ref(qs, ks, vs, self.dtype)))
         worst = None
-        for rows, _, ref, naive_err in self._out:
-            got = out_bshd[:1, rows, self.heads_q]
-            err = _max_err(got, ref)
-            ok, allowed = fa_rule(err, naive_err, FA_RULE_OUT_FACTOR)
+        for rows, ref, naive in self._out:
+            ok, err, allowed = _rule(out_bshd[:1, rows, self.heads_q], ref, naive, FA_RULE_OUT_FACTOR)
             worst = _worse(worst, CheckResult(ok, err, allowed, f"out rows {rows.start}:{rows.stop}"))
         return worst
 
@@ -112,7 +123,7 @@ class Reference:
             out.backward(self.dout[:, rows].to(dtype))
             per_dtype[dtype] = {"dq": qs.grad, "dk": ks.grad, "dv": vs.grad} if whole else {"dq": qs.grad}
         for name, ref in per_dtype[torch.float64].items():
-            refs[name] = (ref, _max_err(per_dtype[self.dtype][name], ref))
+            refs[name] = (ref, per_dtype[self.dtype][name])
         what = "dq, dk, dv (whole heads)" if whole else f"dq rows {rows.start}:{rows.stop}"
         return rows, what, refs
 
@@ -122,8 +133,7 @@ class Reference:
         rows, what, refs = self._grads
         got = {"dq": dq[:1, rows, self.heads_q], "dk": dk[:1, :, self.heads_k], "dv": dv[:1, :, self.heads_k]}
         worst = None
-        for name, (ref, naive_err) in refs.items():
-            err = _max_err(got[name], ref)
-            ok, allowed = fa_rule(err, naive_err, FA_RULE_GRAD_FACTOR)
+        for name, (ref, naive) in refs.items():
+            ok, err, allowed = _rule(got[name], ref, naive, FA_RULE_GRAD_FACTOR)
             worst = _worse(worst, CheckResult(ok, err, allowed, f"{what}; worst {name}"))
         return worst

@@ -200,9 +200,10 @@ class FlexImpl(Impl):
     layout = "bhsd"
 
     def __init__(self, dynamic: bool):
+        from torch.nn.attention import flex_attention  # noqa: F401  (raises here, once, where it is missing)
         self.name = "flex"
         self.dynamic = dynamic
-        self._compiled = {}
+        self._compiled = {}       # (head_dim, causal, dtype) -> [compiled function, dynamic?]
         import torch._dynamo
         for attr in ("cache_size_limit", "recompile_limit", "accumulated_cache_size_limit",
                      "accumulated_recompile_limit"):
@@ -220,8 +221,8 @@ class FlexImpl(Impl):
         from torch.nn.attention.flex_attention import create_block_mask, flex_attention
         key = (cfg.head_dim, cfg.causal, cfg.dtype)
         if key not in self._compiled:
-            self._compiled[key] = torch.compile(flex_attention, dynamic=True if self.dynamic else False)
-        compiled = self._compiled[key]
+            self._compiled[key] = [torch.compile(flex_attention, dynamic=self.dynamic), self.dynamic]
+        entry = self._compiled[key]
         leaves = self._leaves((q, k, v), requires_grad)
         block_mask = None
         if cfg.causal:
@@ -231,8 +232,23 @@ class FlexImpl(Impl):
                 return q_idx + offset >= kv_idx
 
             block_mask = create_block_mask(bottom_right, None, None, cfg.seqlen_q, cfg.seqlen_k, device=q.device)
-        return Bound(lambda q_, k_, v_: compiled(q_, k_, v_, block_mask=block_mask), leaves, _to_bhsd,
-                     note="torch.compile dynamic=True" if self.dynamic else "torch.compile static")
+        bound = Bound(None, leaves, _to_bhsd, note=f"torch.compile dynamic={entry[1]}")
+
+        def call(q_, k_, v_):
+            try:
+                return entry[0](q_, k_, v_, block_mask=block_mask)
+            except NotImplementedError:
+                raise
+            except Exception:
+                if not entry[1]:
+                    raise
+                # A dynamic-shape compile that fails falls back, once per key, to compiling per shape.
+                entry[:] = [torch.compile(flex_attention, dynamic=False), False]
+                bound.note = "torch.compile static (dynamic=True failed)"
+                return entry[0](q_, k_, v_, block_mask=block_mask)
+
+        bound.fn = call
+        return bound
 
 
 # ---- flash_attn packages -------------------------------------------------------------------------------------------
