@@ -74,7 +74,8 @@ def test_quick_and_cpu_plans_and_overrides():
 
 
 @pytest.mark.parametrize("seqlen_q,seqlen_k,causal,window", [
-    (1500, 1500, True, (-1, -1)), (1300, 1700, True, (-1, -1)), (1200, 1200, False, (40, 3)), (300, 2000, False, (-1, -1)),
+    (1500, 1500, True, (-1, -1)), (1300, 1700, True, (-1, -1)), (1200, 1200, False, (40, 3)),
+    (300, 2000, False, (-1, -1)),
 ])
 def test_reference_slice_keeps_bottom_right_alignment(seqlen_q, seqlen_k, causal, window):
     cfg = sweeps.Config("attention", 2, seqlen_q, seqlen_k, 4, 2, 16, causal, "fp32", window)

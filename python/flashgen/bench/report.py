@@ -90,7 +90,8 @@ def format_tables(header: Optional[dict], results: Iterable[dict]) -> str:
     lines: List[str] = []
     if header:
         lines.append(f"{header.get('device_name')} | torch {header.get('torch')} | cuda {header.get('cuda')} | "
-                     f"cudnn {header.get('cudnn')} | triton {header.get('triton')} | git {str(header.get('git_sha'))[:12]}")
+                     f"cudnn {header.get('cudnn')} | triton {header.get('triton')} | "
+                     f"git {str(header.get('git_sha'))[:12]}")
         lines.append(f"ceilings measured in this run: matmul {header.get('matmul_dtype')} "
                      f"{header.get('matmul_tflops', 0):.1f} TFLOP/s, copy {header.get('copy_tb_s', 0):.2f} TB/s "
                      f"(read + write)")
