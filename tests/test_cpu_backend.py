@@ -13,10 +13,9 @@ import torch
 
 from flashgen import _ops
 from flashgen.reference import attention_ref, philox_keep_mask
-from flashgen.testing import FLOOR_ULPS, check_fa_rule, fa_rule_error, poison_like
+from flashgen.testing import check_fa_rule, fa_rule_error, grad_floor, poison_like
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
-GRAD_FLOOR_ULPS = 8  # fp32 ulps per sqrt(term) of rounding that a cancelling dS may leave
 SEED, OFFSET = 0x1234_5678_9ABC, 0x2_0000_0007  # both halves of offset matter in the Philox key
 
 
@@ -69,17 +68,8 @@ def check_backward(name, q, k, v, o, lse, **kw):
         r.backward(dout.to(dtype))
         grads[dtype] = [t.grad for t in leaves]
     for label, got, ref, naive in zip(("dq", "dk", "dv"), (dq, dk, dv), grads[torch.float64], grads[q.dtype]):
-        # Gradients can cancel to exactly 0 in math (one visible key: dS = dP - D, with P recomputed from the lse
-        # as 1 +- ulp), where the naive error is 0: the floor is then the fp32 accumulation's rounding, which every
-        # dtype's backward runs in, summed over up to max(seqlen) terms (random walk: sqrt).
         n_terms = max(q.shape[-3], k.shape[-3])
-        floor = (GRAD_FLOOR_ULPS * math.sqrt(n_terms) * torch.finfo(torch.float32).eps
-                 * max(1.0, float(ref.abs().max())))
-        check_fa_rule(f"{name} {label}", got, ref, naive, factor=3.0, floor=max(floor, _default_floor(got, ref)))
-
-
-def _default_floor(out, ref):
-    return FLOOR_ULPS * torch.finfo(out.dtype).eps * max(1.0, float(ref.abs().max()) if ref.numel() else 0.0)
+        check_fa_rule(f"{name} {label}", got, ref, naive, factor=3.0, floor=grad_floor(got, ref, n_terms))
 
 
 def _scale(d):

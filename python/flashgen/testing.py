@@ -11,13 +11,15 @@ error is ~0 (e.g. exact inputs): a few ulp of the output's magnitude in the outp
 
 from __future__ import annotations
 
+import math
 from typing import Optional
 
 import torch
 
-__all__ = ["check_fa_rule", "fa_rule_error", "poison_like"]
+__all__ = ["check_fa_rule", "fa_rule_error", "grad_floor", "poison_like"]
 
 FLOOR_ULPS = 4  # rounding floor, in ulps of the output dtype at the reference's largest magnitude
+GRAD_FLOOR_ULPS = 8  # fp32 ulps per sqrt(term) of rounding that a cancelling dS may leave (tests/test_cpu_backend.py)
 
 
 def _rounding_floor(out: torch.Tensor, ref: torch.Tensor) -> float:
@@ -57,6 +59,16 @@ def check_fa_rule(name: str, out: torch.Tensor, ref: torch.Tensor, naive: torch.
     assert ok, (f"{name}: max|out - ref| = {measured:.3e} > allowed {allowed:.3e} "
                 f"(= {factor} x naive error + floor; {nans} NaN in out; non-finite ref entries must match exactly)")
     return measured
+
+
+def grad_floor(got: torch.Tensor, ref: torch.Tensor, n_terms: int) -> float:
+    """Rounding floor for gradients. They can cancel to exactly 0 in math (one visible key: dS = dP - D with P
+    recomputed from the lse as 1 +- ulp) where the naive backward's error is 0 too; what is left is the fp32
+    accumulation's rounding, which every dtype's backward runs in, summed over up to n_terms = max(seqlen_q,
+    seqlen_k) terms (a random walk: sqrt). Never below the output floor."""
+    scale = max(1.0, float(ref.abs().max()) if ref.numel() else 0.0)
+    accumulation = GRAD_FLOOR_ULPS * math.sqrt(max(n_terms, 1)) * torch.finfo(torch.float32).eps * scale
+    return max(accumulation, _rounding_floor(got, ref))
 
 
 def poison_like(t: torch.Tensor) -> torch.Tensor:
