@@ -3,7 +3,8 @@
 // Partition: grid (query block, head, batch) -> CTA owns Q rows [m_begin, m_begin + kBlockM) and walks its
 // visible key blocks (last to first, so the masked diagonal tiles come first) -> warp w owns kWarpRows of
 // those rows (no split-K, no cross-warp reduction); S, P, O, m, l live in registers.
-// Pipeline: K and V tiles in a kStages-deep cp.async ring, loads issued kStages tiles ahead.
+// Pipeline: K and V tiles in kStages-deep cp.async rings, K issued kStages tiles ahead and V kStages - 1 (two
+// barriers per tile; kStages = 1 is FA2's schedule: V_i loads under Q K_i^T, K_{i+1} under P V_i).
 // Loop invariant (after tile i): o = sum_{j<=i} exp2(S_j*scale_log2 - m*scale_log2) V_j (dropout applied) and
 // l = the same sum of undropped probabilities, m = max of all scores seen; O = o / l once at the end.
 #pragma once
@@ -121,15 +122,18 @@ __global__ void __launch_bounds__(T::kNThreads, T::kMinBlocksPerSm) fwd_kernel(c
         p.v_row_stride, seq.seqlen_k - n_block * T::kBlockN, p.head_dim, tid);
   };
 
-  // Prologue: Q rides with K_0; then K_s, V_s for s < kStages, one commit group each (empty past n_tiles), so
-  // that at the top of iteration i exactly 2*kStages groups are pending: K_i, V_i, ..., K_{i+S-1}, V_{i+S-1}.
+  // Prologue: Q rides with K_0; then V_0, K_1, ..., V_{S-2}, K_{S-1} (S = kStages), one commit group each (empty
+  // past n_tiles). V runs one tile behind K: V_{i+S-1} is issued at the top of iteration i, once the barrier
+  // there shows every warp done with V_{i-1}'s stage. So each wait leaves exactly 2S-2 newer groups in flight.
   load_tile_async<T::kBlockM, T::kHeadDim, T::kNThreads>(s_q, g_q, p.q_row_stride, seq.seqlen_q - m_begin,
                                                          p.head_dim, tid);
+  if (n_tiles > 0) load_k(0);
+  cp_async_commit();
 #pragma unroll
-  for (int st = 0; st < T::kStages; ++st) {
-    if (st < n_tiles) load_k(st);
+  for (int st = 1; st < T::kStages; ++st) {
+    if (st - 1 < n_tiles) load_v(st - 1);
     cp_async_commit();
-    if (st < n_tiles) load_v(st);
+    if (st < n_tiles) load_k(st);
     cp_async_commit();
   }
 
@@ -159,8 +163,10 @@ __global__ void __launch_bounds__(T::kNThreads, T::kMinBlocksPerSm) fwd_kernel(c
     const int stage = i % T::kStages;
     const int n_begin = (range.end - 1 - i) * T::kBlockN;
 
-    cp_async_wait<2 * T::kStages - 1>();  // K_i (and Q) landed for this thread...
-    __syncthreads();                      // ... and for every thread
+    cp_async_wait<2 * T::kStages - 2>();  // K_i (and Q) landed for this thread...
+    __syncthreads();                      // ... and for every thread; every warp is done with V_{i-1}
+    if (i + T::kStages - 1 < n_tiles) load_v(i + T::kStages - 1);  // into V_{i-1}'s stage
+    cp_async_commit();
     float s[T::kMAtoms][T::kNTilesS][4];  // (kWarpRows, kBlockN) fp32 scores of this warp, C-fragment layout
 #pragma unroll
     for (int a = 0; a < T::kMAtoms; ++a)
@@ -183,10 +189,6 @@ __global__ void __launch_bounds__(T::kNThreads, T::kMinBlocksPerSm) fwd_kernel(c
     softmax_step(s, acc_o, rows, scale_log2);
     if (has_dropout) apply_dropout(s, fc, p.seed, p.offset, batch_head, threshold);
     gemm_pv<T>(acc_o, s, v_addr, stage * kStageBytes);
-
-    __syncthreads();  // every warp is done reading V_i
-    if (i + T::kStages < n_tiles) load_v(i + T::kStages);
-    cp_async_commit();
   }
 
   // Epilogue: O = o / l (x 1/(1-p)), LSE per row, O staged through smem (Q's buffer) for 16-byte stores.

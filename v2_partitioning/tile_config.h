@@ -23,6 +23,11 @@ constexpr int kMaxRegsPerThread = 255;
 //   d64 : S 2x16x4 + O 2x8x4  = 192 fp32 regs/thread, smem Q 16 KB + K,V 2x2x16 KB = 80 KB -> 2 CTAs/SM
 //   d128: S 2x8x4  + O 2x16x4 = 192 fp32 regs/thread, smem Q 32 KB + K,V 2x2x16 KB = 96 KB -> 2 CTAs/SM
 //   d256: S 1x8x4  + O 1x32x4 = 160 fp32 regs/thread (8 warps x 16 rows), smem 64 + 2x2x32 = 192 KB -> 1 CTA/SM
+// Measured on the H200 (v2_partitioning/results/2026-11-29-v2-fwd-run2.jsonl, bf16, ratio to SDPA flash in the
+// same run, seqlen 2k/8k/16k, causal and not):
+//   d64  128x128 (0.96-1.02) beat 128x64 (0.89-0.93), despite 84 B of spills (ptxas -v, sm_90a) at 128x128;
+//   d256 128x64x8 warps (0.84-0.99) beat 128x32x8 warps (0.68-0.79) and 64x64x4 warps 1 stage (0.85-0.96).
+// d256's 192 KB exceeds sm_80's 163 KB opt-in: launch_fwd returns not_implemented there (A100 d256: TODO).
 constexpr TileConfig tile_config(int head_dim) {
   if (head_dim <= 64) return {128, 128, 4, 2};
   if (head_dim <= 128) return {128, 64, 4, 2};
