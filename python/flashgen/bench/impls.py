@@ -10,7 +10,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import importlib
-import math
 from typing import Callable, List, Optional, Sequence, Tuple
 
 import torch
@@ -87,26 +86,6 @@ class Impl:
 
 # ---- flashgen ------------------------------------------------------------------------------------------------------
 
-class _OpsAttention(torch.autograd.Function):
-    """Autograd over flashgen._ops, used only while the public `flashgen.flash_attn_func` does not exist yet."""
-
-    @staticmethod
-    def forward(ctx, q, k, v, generation, softmax_scale, window_size):
-        from flashgen import _ops
-        out, lse, _ = _ops.forward(generation, q, k, v, softmax_scale=softmax_scale, window_size=window_size)
-        ctx.save_for_backward(q, k, v, out, lse)
-        ctx.generation, ctx.softmax_scale, ctx.window_size = generation, softmax_scale, window_size
-        return out
-
-    @staticmethod
-    def backward(ctx, dout):
-        from flashgen import _ops
-        q, k, v, out, lse = ctx.saved_tensors
-        dq, dk, dv = _ops.backward(ctx.generation, dout.contiguous(), q, k, v, out, lse,
-                                   softmax_scale=ctx.softmax_scale, window_size=ctx.window_size)
-        return dq, dk, dv, None, None, None
-
-
 class FlashgenImpl(Impl):
     family = "flashgen"
 
@@ -115,8 +94,8 @@ class FlashgenImpl(Impl):
         self.name = f"flashgen-{generation}"
         self.build = build
         import flashgen
-        self.api = getattr(flashgen, "flash_attn_func", None)
-        self.kvcache_api = getattr(flashgen, "flash_attn_with_kvcache", None)
+        self.api = flashgen.flash_attn_func
+        self.kvcache_api = flashgen.flash_attn_with_kvcache
 
     def why_not(self, cfg, mode):
         if not self.build.has(self.generation, "fwd", cfg.dtype, cfg.head_dim):
@@ -127,22 +106,17 @@ class FlashgenImpl(Impl):
 
     def bind(self, cfg, q, k, v, requires_grad):
         leaves = self._leaves((q, k, v), requires_grad)
-        window = (-1, 0) if cfg.causal else tuple(cfg.window_size)
         gen = self.generation
-        if cfg.kind == "decode" and self.kvcache_api is not None:
+        if cfg.kind == "decode":
             cache_seqlens = torch.full((cfg.batch,), cfg.seqlen_k, dtype=torch.int32, device=q.device)
             api = self.kvcache_api
             fn = lambda q_, k_, v_: _first(api(q_, k_, v_, cache_seqlens=cache_seqlens, causal=cfg.causal,  # noqa: E731
                                                window_size=tuple(cfg.window_size), version=gen))
             return Bound(fn, leaves, _same, note="flash_attn_with_kvcache")
-        if self.api is not None:
-            api = self.api
-            fn = lambda q_, k_, v_: _first(api(q_, k_, v_, causal=cfg.causal,  # noqa: E731
-                                               window_size=tuple(cfg.window_size), version=gen))
-            return Bound(fn, leaves, _same)
-        scale = 1.0 / math.sqrt(cfg.head_dim)
-        fn = lambda q_, k_, v_: _OpsAttention.apply(q_, k_, v_, gen, scale, window)  # noqa: E731
-        return Bound(fn, leaves, _same, note="flashgen._ops (no public flash_attn_func yet)")
+        api = self.api
+        fn = lambda q_, k_, v_: _first(api(q_, k_, v_, causal=cfg.causal,  # noqa: E731
+                                           window_size=tuple(cfg.window_size), version=gen))
+        return Bound(fn, leaves, _same)
 
 
 # ---- torch SDPA ----------------------------------------------------------------------------------------------------
@@ -205,6 +179,11 @@ class FlexImpl(Impl):
         self.dynamic = dynamic
         self._compiled = {}       # (head_dim, causal, dtype) -> [compiled function, dynamic?]
         import torch._dynamo
+        import torch._functorch.config
+        # The bench times backward() repeatedly on one graph (retain_graph=True); compiled backwards that donate
+        # their saved buffers refuse that, so donation is switched off for the run.
+        if hasattr(torch._functorch.config, "donated_buffer"):
+            torch._functorch.config.donated_buffer = False
         for attr in ("cache_size_limit", "recompile_limit", "accumulated_cache_size_limit",
                      "accumulated_recompile_limit"):
             if hasattr(torch._dynamo.config, attr):
