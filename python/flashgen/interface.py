@@ -36,6 +36,14 @@ _RNG_HIGH = 2 ** 62  # seed/offset drawn uniformly below this (fits the uint64 p
 _capabilities: Dict[int, Tuple[int, int]] = {}
 
 
+def _scale_and_window(head_dim: int, softmax_scale, window_size, causal: bool):
+    """softmax_scale from the real head dim (before any padding) and the window with causal folded in as right = 0."""
+    if softmax_scale is None:
+        softmax_scale = 1.0 / math.sqrt(head_dim)
+    window_left, window_right = window_size
+    return softmax_scale, (window_left, 0 if causal else window_right)
+
+
 def _requested(version: Optional[str]) -> str:
     """The version flag, else FLASHGEN_VERSION, else 'auto'."""
     if version is not None:
@@ -104,11 +112,7 @@ def _attention(q, k, v, *, dropout_p, softmax_scale, causal, window_size, softca
                          tensors=(q, k, v))
     choice = dispatch.choose(_problem(q, features), _BUILD, _requested(version))
     head_dim = q.shape[-1]
-    if softmax_scale is None:
-        softmax_scale = 1.0 / math.sqrt(head_dim)
-    window_left, window_right = window_size
-    if causal:
-        window_right = 0
+    softmax_scale, (window_left, window_right) = _scale_and_window(head_dim, softmax_scale, window_size, causal)
     q, k, v = (_pad(validate.last_dim_contiguous(t), choice.head_dim_multiple) for t in (q, k, v))
     if not torch.compiler.is_compiling():
         validate.check_alignment((("q", q), ("k", k), ("v", v)), choice.alignment_bytes)
@@ -280,11 +284,7 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
                          alibi_slopes=alibi_slopes, dropout_p=0.0, return_probs=False, kvcache=True)
     choice = dispatch.choose(_problem(q, features), _BUILD, _requested(version))
     head_dim = q.shape[-1]
-    if softmax_scale is None:
-        softmax_scale = 1.0 / math.sqrt(head_dim)
-    window_left, window_right = window_size
-    if causal:
-        window_right = 0
+    softmax_scale, (window_left, window_right) = _scale_and_window(head_dim, softmax_scale, window_size, causal)
     if isinstance(cache_seqlens, int):
         cache_seqlens = torch.full((batch,), cache_seqlens, dtype=torch.int32, device=q.device)
     seqlen_new = 0 if k is None else k.shape[1]
