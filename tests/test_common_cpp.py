@@ -40,9 +40,28 @@ __global__ void instantiate_common(AttnParams p, float* out) {
 """
 
 
-def test_common_headers_on_host(tmp_path):
+def _cpu_has_fma() -> bool:
+    try:
+        return " fma " in pathlib.Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return False
+
+
+# The kernels and the CPU backend are built with FMA contraction (nvcc by default, the CPU backend's x86-64-v3/v4
+# clones), which changes what shared math computes (see common/softmax.h rescale): test both ways.
+FLAG_SETS = {
+    "plain": ["-O1"],
+    "fma-contract": ["-O2", "-mfma", "-ffp-contract=fast"],
+}
+
+
+@pytest.mark.parametrize("flags", list(FLAG_SETS))
+def test_common_headers_on_host(tmp_path, flags):
+    if flags == "fma-contract" and not _cpu_has_fma():
+        pytest.skip("this CPU has no FMA")
     exe = tmp_path / "test_common"
-    cmd = ["g++", "-std=c++17", "-O1", f"-I{ROOT}", "-Wall", "-Wextra", "-Werror", str(SOURCE), "-o", str(exe)]
+    cmd = ["g++", "-std=c++17", *FLAG_SETS[flags], f"-I{ROOT}", "-Wall", "-Wextra", "-Werror", str(SOURCE), "-o",
+           str(exe)]
     build = subprocess.run(cmd, capture_output=True, text=True, timeout=COMPILE_TIMEOUT_S)
     assert build.returncode == 0, f"compile failed: {' '.join(cmd)}\n{build.stdout}\n{build.stderr}"
     run = subprocess.run([str(exe)], capture_output=True, text=True, timeout=RUN_TIMEOUT_S)

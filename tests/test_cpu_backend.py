@@ -101,6 +101,16 @@ def test_forward_shapes(dtype, sq, sk, causal):
     check_forward(f"{sq}x{sk} causal={causal} {dtype}", q, k, v, softmax_scale=_scale(64), window_size=ws)
 
 
+def test_long_row_fp32_does_not_drift():
+    """16k keys = 256 key blocks with one running max: fp32 out and lse stay at the naive fp32 error. The rescale
+    factor of an unchanged max must be exactly 1 (common/softmax.h); before that fix lse was off by 1.3e-5 (allowed
+    6.3e-6) and out by 35x the naive error."""
+    gen = torch.Generator().manual_seed(11)
+    q = torch.randn(1, 4, 1, 64, generator=gen)
+    k, v = (torch.randn(1, 16384, 1, 64, generator=gen) for _ in range(2))
+    check_forward("fp32 16k keys", q, k, v, softmax_scale=_scale(64))
+
+
 @pytest.mark.parametrize("d", [8, 40, 72, 128, 256])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_forward_head_dims(d, dtype):
