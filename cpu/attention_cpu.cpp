@@ -122,18 +122,12 @@ FG_CPU_KERNEL void fwd_unit(const AttnParams& p, const PackedKV& kv, const FwdUn
     // Online softmax (RowState): raise m, rescale O and l, P = exp2(s * scale_log2 - m * scale_log2).
     for (int r = 0; r < rows; ++r) {
       float* sr = w.s.data() + r * kBlockN;
-      float block_max = -INFINITY;
-      for (int j = 0; j < kBlockN; ++j) block_max = sr[j] > block_max ? sr[j] : block_max;
-      const float alpha = st[r].rescale(block_max, p.scale_log2);
+      const float alpha = st[r].rescale(row_max(sr), p.scale_log2);
       if (alpha != 1.f) {
         float* orow = w.o.data() + r * ld;
         for (int c = 0; c < ld; ++c) orow[c] *= alpha;
       }
-      const float neg_max = -st[r].max_scaled(p.scale_log2);
-      for (int j = 0; j < kBlockN; ++j) sr[j] = exp2_vec(sr[j] * p.scale_log2 + neg_max);
-      float row_sum = 0.f;
-      for (int j = 0; j < kBlockN; ++j) row_sum += sr[j];
-      st[r].add(row_sum);
+      st[r].add(row_exp2_sum(sr, p.scale_log2, -st[r].max_scaled(p.scale_log2)));
       // Dropout zeroes P after l has counted it: the LSE is the undropped softmax's.
       if (hp.dropout) {
         dropout_row(p, hp, m0 + r, n0, w.keep.data());

@@ -83,6 +83,47 @@ FG_INLINE int padded_dim(int head_dim) { return ceil_div(head_dim, kVecWidth) * 
 FG_INLINE void vload(Vec16& v, const float* p) { std::memcpy(&v, p, sizeof(Vec16)); }
 FG_INLINE void vstore(float* p, const Vec16& v) { std::memcpy(p, &v, sizeof(Vec16)); }
 
+// ---- one score row of a tile (kBlockN keys), in vector registers ----
+// Scalar loops here were sequential: without -ffast-math the compiler may not reassociate a float sum or max, so
+// `for j: sum += x[j]` ran kBlockN dependent adds per row. Lane-wise partials in a fixed order vectorize and stay
+// deterministic. Measured (fwd, 4k d64 8 heads fp32, 2 cores, min of 5): 496 -> 234 ms; torch SDPA flash 225-245.
+FG_INLINE float hmax(const Vec16& v) {
+  float m = v[0];
+  for (int i = 1; i < kVecWidth; ++i) m = v[i] > m ? v[i] : m;
+  return m;
+}
+
+FG_INLINE float hsum(const Vec16& v) {
+  float s = 0.f;
+  for (int i = 0; i < kVecWidth; ++i) s += v[i];
+  return s;
+}
+
+// max over one score row of kBlockN entries (-inf entries are masked keys).
+FG_INLINE float row_max(const float* s) {
+  Vec16 m;
+  vload(m, s);
+  for (int v = 1; v < kKeyVecs; ++v) {
+    Vec16 x;
+    vload(x, s + v * kVecWidth);
+    m = x > m ? x : m;
+  }
+  return hmax(m);
+}
+
+// s <- exp2(s * scale_log2 + neg_max) (RowState::prob's exponent, vectorized) and return the row's sum.
+FG_INLINE float row_exp2_sum(float* s, float scale_log2, float neg_max) {
+  for (int j = 0; j < kBlockN; ++j) s[j] = exp2_vec(s[j] * scale_log2 + neg_max);
+  Vec16 acc;
+  vload(acc, s);
+  for (int v = 1; v < kKeyVecs; ++v) {
+    Vec16 x;
+    vload(x, s + v * kVecWidth);
+    acc += x;
+  }
+  return hsum(acc);
+}
+
 // s (rows, kBlockN) = q (rows, ld) * kt (head_dim, kBlockN), R rows at a time.
 template <int R>
 FG_INLINE void gemm_q_kt_rows(const float* q, int ld, const float* kt, float* s, int head_dim) {
