@@ -80,9 +80,17 @@ struct AttnBwdParams : AttnParams {
   int64_t dk_batch_stride = 0, dk_row_stride = 0, dk_head_stride = 0;
   int64_t dv_batch_stride = 0, dv_row_stride = 0, dv_head_stride = 0;
 
-  // Workspaces the caller allocates (sizes from the generation's workspace query).
-  float* dsoftmax_sum = nullptr;  // D = rowsum(dO * O), (batch, num_heads, seqlen_q_rounded)
-  float* dq_accum = nullptr;      // fp32 dQ accumulator
+  // Workspaces the caller allocates (python/flashgen/_ops.py backward). b is the batch entry, or the sequence
+  // index with varlen, where seqlen_q is the padded max, so the layouts are dense either way.
+  //   dsoftmax_sum: D = rowsum(dO * O) fp32, element (b, h, row) at (b * num_heads + h) * seqlen_q + row;
+  //                 at least batch * num_heads * (seqlen_q + 128) floats.
+  //   dq_accum:     ZEROED fp32 dQ accumulator (before softmax_scale), element (b, h, row, col) at
+  //                 ((b * num_heads + h) * seqlen_q + row) * head_dim + col, at least batch * num_heads *
+  //                 (seqlen_q + 128) * head_dim floats; then (v2 deterministic mode) int32 counters from float
+  //                 offset batch * num_heads * seqlen_q * head_dim on, (b, h, query block) at
+  //                 (b * num_heads + h) * ceil(seqlen_q / block_m) + m_block, block_m >= 16.
+  float* dsoftmax_sum = nullptr;
+  float* dq_accum = nullptr;
   bool deterministic = false;
 };
 

@@ -46,5 +46,43 @@ static_assert(smem_bytes(64) <= kMaxSmemPerBlock && smem_bytes(128) <= kMaxSmemP
                   smem_bytes(256) <= kMaxSmemPerBlock,
               "a v2 tile exceeds the shared memory of one CTA");
 
+// ---- backward (FA2 Sec. 3.2 / Alg. 2) ----
+// A CTA owns block_n keys: their dK and dV stay in fp32 registers while it loops over the query blocks of
+// block_m rows that see them. Each step runs three GEMM phases, every warp taking part in each with its own warp
+// grid (each warp's piece a whole number of m16 x n16 mma tiles):
+//   S = Q K^T, dP = dO V^T : (block_m, block_n)   split sdp_warps_m x (num_warps / sdp_warps_m)
+//   dV += P^T dO, dK += dS^T Q : (block_n, head_dim) split (num_warps / kv_warps_d) x kv_warps_d
+//   dQ = dS K (fp32 atomics) : (block_m, head_dim) split (num_warps / dq_warps_d) x dq_warps_d
+// P and dS go through shared memory (bf16/fp16) between the phases, as in FA2's backward. Q and dO are
+// double-buffered (cp.async, the next query block lands during this one); K and V are loaded once.
+struct BwdTileConfig {
+  int block_m, block_n, num_warps, sdp_warps_m, kv_warps_d, dq_warps_d;
+};
+
+// Sizes from FlashAttention-2's sm80 backward table (flash_bwd_launch_template.h: d64 and d128 use
+// block_m 64 x block_n 128 with 8 warps, d256 64 x 64 with 8 warps), with fp32 accumulators per thread:
+//   d64 : dK,dV 32x32 x2 = 64 regs, S,dP 32x32 x2 = 64, dQ 16x32 = 16;  smem 97 KB
+//   d128: dK,dV 32x64 x2 = 128 regs, S,dP 32x32 x2 = 64, dQ 32x32 = 32;  smem 161 KB (fits sm_80's 163 KB)
+//   d256: dK,dV 32x64 x2 = 128 regs, S,dP 32x16 x2 = 32, dQ 32x64 = 64;  smem 208 KB (sm_90 only)
+// Warp grids: 2 m16 atoms x 4 n8 tiles per warp where the shape allows (4 ldmatrix.x4 feed 8 mma per k-step,
+// against 5 for 1 atom x 8 tiles).
+constexpr BwdTileConfig bwd_tile_config(int head_dim) {
+  if (head_dim <= 64) return {64, 128, 8, 2, 2, 2};
+  if (head_dim <= 128) return {64, 128, 8, 2, 2, 4};
+  return {64, 64, 8, 2, 4, 4};
+}
+
+// Shared memory of one backward CTA: K, V (block_n rows), Q, dO (2 stages of block_m rows), P, dS (block_m x
+// block_n), 2-byte elements.
+constexpr int bwd_smem_bytes(int head_dim_bucket) {
+  return (2 * bwd_tile_config(head_dim_bucket).block_n * head_dim_bucket +
+          4 * bwd_tile_config(head_dim_bucket).block_m * head_dim_bucket +
+          2 * bwd_tile_config(head_dim_bucket).block_m * bwd_tile_config(head_dim_bucket).block_n) *
+         2;
+}
+static_assert(bwd_smem_bytes(64) <= kMaxSmemPerBlock && bwd_smem_bytes(128) <= kMaxSmemPerBlock &&
+                  bwd_smem_bytes(256) <= kMaxSmemPerBlock,
+              "a v2 backward tile exceeds the shared memory of one CTA");
+
 }  // namespace v2
 }  // namespace flashgen

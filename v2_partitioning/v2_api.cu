@@ -9,6 +9,7 @@
 #include "common/params.h"
 #include "common/status.h"
 #include "v2_instances.h"
+#include "v2_partitioning/bwd_launch.h"
 #include "v2_partitioning/fwd_launch.h"
 #include "v2_partitioning/mma.cuh"
 #include "v2_partitioning/v2_api.h"
@@ -28,16 +29,20 @@ constexpr uintptr_t kVectorBytes = 16;
 
 const char* dtype_name(DType d) { return d == DType::kFloat16 ? "fp16" : d == DType::kBFloat16 ? "bf16" : "fp32"; }
 
-// Smallest compiled forward bucket >= head_dim for dtype, or 0.
-int fwd_bucket(DType dtype, int head_dim) {
+// Smallest compiled bucket >= head_dim of kind (fwd = 1, bwd = 0, as FG_V2_IS_*) for dtype, or 0.
+int bucket_of(int want_fwd, DType dtype, int head_dim) {
   int bucket = 0;
-#define FG_V2_BUCKET(kind, dt, hd)                                                                   \
-  if (FG_V2_KIND_IS(kind, fwd) && dtype::dt::kDType == dtype && (hd) >= head_dim && (bucket == 0 || (hd) < bucket)) \
+#define FG_V2_BUCKET(kind, dt, hd)                                                                     \
+  if (FG_V2_CAT(FG_V2_IS_, kind) == want_fwd && dtype::dt::kDType == dtype && (hd) >= head_dim &&      \
+      (bucket == 0 || (hd) < bucket))                                                                  \
     bucket = (hd);
   FLASHGEN_V2_INSTANCES(FG_V2_BUCKET)
 #undef FG_V2_BUCKET
   return bucket;
 }
+
+int fwd_bucket(DType dtype, int head_dim) { return bucket_of(1, dtype, head_dim); }
+int bwd_bucket(DType dtype, int head_dim) { return bucket_of(0, dtype, head_dim); }
 
 Status check_aligned(const char* name, const void* ptr, int64_t batch_stride, int64_t row_stride,
                      int64_t head_stride) {
@@ -106,8 +111,67 @@ Status fwd(const AttnParams& p, void* stream) {
 }
 
 Status bwd(const AttnBwdParams& p, void* stream) {
-  (void)p, (void)stream;
-  return Status::not_implemented("v2 backward: not implemented yet (forward only)");
+  if (p.dtype != DType::kFloat16 && p.dtype != DType::kBFloat16) {
+    return Status::not_implemented(std::string("dtype: v2 runs fp16 and bf16, got ") + dtype_name(p.dtype));
+  }
+  if (p.head_dim <= 0 || p.head_dim % kVectorElems != 0) {
+    return Status::invalid("head_dim: v2 needs a positive multiple of 8 (the API pads), got " +
+                           std::to_string(p.head_dim));
+  }
+  const int bucket = bwd_bucket(p.dtype, p.head_dim);
+  if (bucket == 0) {
+    return Status::not_implemented("head_dim: no v2 backward bucket >= " + std::to_string(p.head_dim) + " for " +
+                                   dtype_name(p.dtype) + " in this build");
+  }
+  if (p.batch < 0 || p.seqlen_q < 0 || p.seqlen_k < 0 || p.num_heads <= 0 || p.num_heads_k <= 0) {
+    return Status::invalid("sizes: batch, seqlen_q, seqlen_k must be >= 0 and num_heads, num_heads_k > 0");
+  }
+  if (p.num_heads % p.num_heads_k != 0) {
+    return Status::invalid("num_heads_k: must divide num_heads (" + std::to_string(p.num_heads) + "), got " +
+                           std::to_string(p.num_heads_k));
+  }
+  if (p.num_heads > kGridYZMax || p.batch > kGridYZMax) {
+    return Status::not_implemented("num_heads/batch: v2 launches at most 65535 of each");
+  }
+  if (p.block_mask != nullptr) {
+    return Status::not_implemented("block_mask: block-sparse attention is not implemented in v2 yet");
+  }
+  if (p.seqused_k != nullptr || p.kv_batch_idx != nullptr) {
+    return Status::invalid("seqused_k/kv_batch_idx: the backward takes no KV cache");
+  }
+  if (!(p.p_dropout >= 0.f && p.p_dropout < 1.f)) {
+    return Status::invalid("dropout_p: expected [0, 1), got " + std::to_string(p.p_dropout));
+  }
+  if (p.q == nullptr || p.k == nullptr || p.v == nullptr || p.o == nullptr || p.lse == nullptr ||
+      p.dout == nullptr || p.dq == nullptr || p.dk == nullptr || p.dv == nullptr) {
+    return Status::invalid("q/k/v/out/lse/dout/dq/dk/dv: null data pointer");
+  }
+  if (p.dsoftmax_sum == nullptr || p.dq_accum == nullptr) {
+    return Status::invalid("dsoftmax_sum/dq_accum: v2 backward needs both workspaces (common/params.h)");
+  }
+  for (const Status& s : {check_aligned("q", p.q, p.q_batch_stride, p.q_row_stride, p.q_head_stride),
+                          check_aligned("k", p.k, p.k_batch_stride, p.k_row_stride, p.k_head_stride),
+                          check_aligned("v", p.v, p.v_batch_stride, p.v_row_stride, p.v_head_stride),
+                          check_aligned("out", p.o, p.o_batch_stride, p.o_row_stride, p.o_head_stride),
+                          check_aligned("dout", p.dout, p.do_batch_stride, p.do_row_stride, p.do_head_stride),
+                          check_aligned("dq", p.dq, p.dq_batch_stride, p.dq_row_stride, p.dq_head_stride),
+                          check_aligned("dk", p.dk, p.dk_batch_stride, p.dk_row_stride, p.dk_head_stride),
+                          check_aligned("dv", p.dv, p.dv_batch_stride, p.dv_row_stride, p.dv_head_stride)}) {
+    if (!s.is_ok()) return s;
+  }
+  if (reinterpret_cast<uintptr_t>(p.dq_accum) % kVectorBytes != 0) {
+    return Status::invalid("dq_accum: v2 needs a 16-byte aligned workspace");
+  }
+  // Nothing to launch only when no gradient element exists; with seqlen_q == 0 the kernel still writes dK = dV = 0.
+  if (p.batch == 0 || (p.seqlen_q == 0 && p.seqlen_k == 0)) return Status::ok();
+
+  cudaStream_t st = static_cast<cudaStream_t>(stream);
+#define FG_V2_LAUNCH(kind, dt, hd)                                                              \
+  if (FG_V2_KIND_IS(kind, bwd) && dtype::dt::kDType == p.dtype && (hd) == bucket)              \
+    return launch_bwd<dtype::dt, hd>(p, st);
+  FLASHGEN_V2_INSTANCES(FG_V2_LAUNCH)
+#undef FG_V2_LAUNCH
+  return Status::not_implemented("v2 backward: no instance for bucket " + std::to_string(bucket));
 }
 
 }  // namespace v2

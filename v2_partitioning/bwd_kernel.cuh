@@ -1,0 +1,290 @@
+// v2 backward main kernel: dK, dV of one key block and its contribution to dQ, exact, from the saved LSE.
+// Algorithm: FlashAttention-2 (Dao 2023, arXiv 2307.08691) Sec. 3.2 backward (Alg. 2), P recomputed from the LSE.
+// Partition: grid (key block, kv head, batch) -> CTA owns keys [n_begin, n_begin + kBlockN) and loops over every
+// (query head of its GQA group, query block that sees those keys) -> per step three GEMM phases, each split over
+// all warps by its own warp grid (bwd_traits.cuh): S, dP (registers) -> P, dS (smem) -> dK, dV (registers, summed
+// over the whole loop and over the group's query heads) and dQ (fp32 atomics into dq_accum).
+// Loop invariant (after step i): dv = sum P_drop^T dO and dk = sum dS^T Q over steps <= i (softmax_scale applied
+// at the end); dq_accum holds every finished step's dS K. Deterministic mode orders the dQ additions of the key
+// blocks of one (batch, head, query block) by a counter per query block (FA3's semaphore scheme).
+#pragma once
+
+#include <cstdint>
+
+#include "common/mask.h"
+#include "common/params.h"
+#include "common/philox.h"
+#include "common/score_mod.h"
+#include "v2_partitioning/bwd_gemm.cuh"
+#include "v2_partitioning/bwd_prepost.cuh"
+#include "v2_partitioning/bwd_traits.cuh"
+#include "v2_partitioning/fwd_softmax.cuh"
+#include "v2_partitioning/smem_copy.cuh"
+
+namespace flashgen {
+namespace v2 {
+
+// Deterministic dQ: int32 counters after the dQ accumulator, one per (batch, head, query block of kBlockM). Key
+// block n adds its dS K to query block m once the counter equals the number of lower key blocks that visit m (the
+// same m_block_range every CTA uses), then raises it: the additions into one query block happen in key-block
+// order. A CTA waits only on lower key blocks of its (batch, kv head), which have lower linear block indices and
+// were scheduled first, and they never wait on it: no cycle, no deadlock (FA3's semaphore scheme).
+FH_HD int64_t dq_semaphore_offset(const AttnParams& p) {
+  return static_cast<int64_t>(p.batch) * p.num_heads * p.seqlen_q * p.head_dim;  // floats before the counters
+}
+
+// Key blocks below n_block whose query-block range contains m_block.
+FH_HD int visitors_before(const MaskSpec& mask, int n_block, int m_block, int block_n, int block_m) {
+  int count = 0;
+  for (int nb = 0; nb < n_block; ++nb) {
+    const BlockRange r = m_block_range(mask, nb * block_n, (nb + 1) * block_n, block_m);
+    count += (m_block >= r.begin && m_block < r.end) ? 1 : 0;
+  }
+  return count;
+}
+
+__device__ __forceinline__ int load_acquire(const int* ptr) {
+  int v;
+  asm volatile("ld.acquire.gpu.global.b32 %0, [%1];\n" : "=r"(v) : "l"(ptr) : "memory");
+  return v;
+}
+
+// dq_accum[row, col] += dQ fragment of one warp (rows < seqlen_q, cols < head_dim).
+template <int kAtoms, int kTiles>
+__device__ __forceinline__ void atomic_add_dq(float* g_acc, const float (&acc)[kAtoms][kTiles][4], int row0,
+                                              int col0, int seqlen_q, int head_dim, int lane) {
+#pragma unroll
+  for (int a = 0; a < kAtoms; ++a)
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const int row = row0 + a * 16 + half * 8 + lane / 4;
+      if (row >= seqlen_q) continue;
+#pragma unroll
+      for (int j = 0; j < kTiles; ++j) {
+        const int col = col0 + j * 8 + 2 * (lane % 4);
+        if (col >= head_dim) continue;  // head_dim % 8 == 0: col + 1 is in range too
+        float* dst = g_acc + static_cast<int64_t>(row) * head_dim + col;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+        atomicAdd(reinterpret_cast<float2*>(dst), make_float2(acc[a][j][half * 2], acc[a][j][half * 2 + 1]));
+#else
+        atomicAdd(dst, acc[a][j][half * 2]);
+        atomicAdd(dst + 1, acc[a][j][half * 2 + 1]);
+#endif
+      }
+    }
+}
+
+template <typename T>
+__global__ void __launch_bounds__(T::kNThreads, 1) bwd_kernel(const __grid_constant__ AttnBwdParams p) {
+  using Element = typename T::Element;
+  using Tag = typename T::DTag;
+  extern __shared__ __align__(128) unsigned char smem_raw[];
+  Element* smem = reinterpret_cast<Element*>(smem_raw);
+
+  const int n_block = blockIdx.x, head_k = blockIdx.y, batch = blockIdx.z;
+  const SeqInfo seq = seq_info(p, batch);
+  const int n_begin = n_block * T::kBlockN;
+  if (n_begin >= seq.seqlen_k) return;  // varlen: this sequence has fewer keys than max_seqlen_k
+
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+  const MaskSpec mask = seq.mask(p);
+  const int group = p.num_heads / p.num_heads_k;
+  const BlockRange mr = m_block_range(mask, n_begin, n_begin + T::kBlockN, T::kBlockM);
+  const int n_m = mr.end > mr.begin ? mr.end - mr.begin : 0;
+  const int steps = group * n_m;  // (query head of the group, query block), head-major
+
+  const Element* g_k = static_cast<const Element*>(p.k) + seq.k_offset + head_k * p.k_head_stride +
+                       static_cast<int64_t>(n_begin) * p.k_row_stride;  // (kBlockN, head_dim) keys of this CTA
+  const Element* g_v = static_cast<const Element*>(p.v) + seq.v_offset + head_k * p.v_head_stride +
+                       static_cast<int64_t>(n_begin) * p.v_row_stride;
+  const int64_t do_seq = q_side_offset(p, batch, p.do_batch_stride, p.do_row_stride);
+
+  int* sem = reinterpret_cast<int*>(p.dq_accum + dq_semaphore_offset(p));  // deterministic mode only
+  const int m_blocks_max = ceil_div(p.seqlen_q, T::kBlockM);
+
+  auto step_head = [&](int i) { return head_k * group + i / n_m; };
+  auto step_m_block = [&](int i) { return mr.begin + i % n_m; };
+  auto load_q_do = [&](int i) {
+    const int head = step_head(i), m_begin = step_m_block(i) * T::kBlockM;
+    const int stage = i & 1;
+    const Element* g_q = static_cast<const Element*>(p.q) + seq.q_offset + head * p.q_head_stride +
+                         static_cast<int64_t>(m_begin) * p.q_row_stride;
+    const Element* g_do = static_cast<const Element*>(p.dout) + do_seq + head * p.do_head_stride +
+                          static_cast<int64_t>(m_begin) * p.do_row_stride;
+    load_tile_async<T::kBlockM, T::kHeadDim, T::kNThreads>(smem + T::kSmemQ + stage * T::kBlockM * T::kHeadDim, g_q,
+                                                           p.q_row_stride, seq.seqlen_q - m_begin, p.head_dim, tid);
+    load_tile_async<T::kBlockM, T::kHeadDim, T::kNThreads>(smem + T::kSmemDo + stage * T::kBlockM * T::kHeadDim,
+                                                           g_do, p.do_row_stride, seq.seqlen_q - m_begin, p.head_dim,
+                                                           tid);
+  };
+
+  // Prologue: K and V (one group), then Q_0 and dO_0 (the next).
+  if (steps > 0) {
+    load_tile_async<T::kBlockN, T::kHeadDim, T::kNThreads>(smem + T::kSmemK, g_k, p.k_row_stride,
+                                                           seq.seqlen_k - n_begin, p.head_dim, tid);
+    load_tile_async<T::kBlockN, T::kHeadDim, T::kNThreads>(smem + T::kSmemV, g_v, p.v_row_stride,
+                                                           seq.seqlen_k - n_begin, p.head_dim, tid);
+    cp_async_commit();
+    load_q_do(0);
+    cp_async_commit();
+  }
+
+  float acc_dk[T::kKvAtoms][T::kKvTiles][4];  // (kKvWarpRows, kKvWarpCols) fp32 of this warp, C-fragment layout
+  float acc_dv[T::kKvAtoms][T::kKvTiles][4];
+  zero_acc(acc_dk);
+  zero_acc(acc_dv);
+
+  // Warp grids of the three phases.
+  const int sdp_wm = warp % T::kSdpWarpsM, sdp_wn = warp / T::kSdpWarpsM;
+  const int kv_wn = warp % T::kKvWarpsN, kv_wd = warp / T::kKvWarpsN;
+  const int dq_wm = warp % T::kDqWarpsM, dq_wd = warp / T::kDqWarpsM;
+  const uint32_t smem_base = smem_u32(smem);
+  constexpr int kEl = sizeof(Element);
+  // Phase 1: A = Q / dO rows (P1), B = K / V rows (P2).
+  const LaneTileAddr q_a(smem_base + T::kSmemQ * kEl, sdp_wm * T::kSdpWarpRows + lane_row_p1(lane), lane_lo_p1(lane), 0,
+                         T::kRowBytesD);
+  const LaneTileAddr k_b(smem_base + T::kSmemK * kEl, sdp_wn * T::kSdpWarpCols + lane_row_p2(lane), lane_lo_p2(lane),
+                         0, T::kRowBytesD);
+  // Phase 2: A = P^T / dS^T read transposed from (query, key) tiles (P2), B = dO / Q read transposed (P1).
+  const LaneTileAddr pt_a(smem_base + T::kSmemP * kEl, lane_row_p2(lane), lane_lo_p2(lane),
+                          kv_wn * T::kKvWarpRows / 8, T::kRowBytesN);
+  const LaneTileAddr do_b(smem_base + T::kSmemDo * kEl, lane_row_p1(lane), lane_lo_p1(lane),
+                          kv_wd * T::kKvWarpCols / 8, T::kRowBytesD);
+  // Phase 3: A = dS rows (P1), B = K read transposed (P1).
+  const LaneTileAddr ds_a(smem_base + T::kSmemDs * kEl, dq_wm * T::kDqWarpRows + lane_row_p1(lane), lane_lo_p1(lane),
+                          0, T::kRowBytesN);
+  const LaneTileAddr kt_b(smem_base + T::kSmemK * kEl, lane_row_p1(lane), lane_lo_p1(lane),
+                          dq_wd * T::kDqWarpCols / 8, T::kRowBytesD);
+  constexpr int kDoMinusQ = (T::kSmemDo - T::kSmemQ) * kEl;
+  constexpr int kVMinusK = (T::kSmemV - T::kSmemK) * kEl;
+  constexpr int kDsMinusP = (T::kSmemDs - T::kSmemP) * kEl;
+
+  GradStepArgs ga;
+  ga.softmax_scale = p.softmax_scale;
+  ga.softcap = p.softcap;
+  ga.scale_log2 = p.scale_log2;
+  ga.keep_scale = dropout_keep_scale(p.p_dropout);
+  ga.has_softcap = p.softcap > 0.f;
+  ga.has_dropout = p.p_dropout > 0.f;
+  const uint32_t threshold = dropout_threshold(p.p_dropout);
+
+#pragma unroll 1
+  for (int i = 0; i < steps; ++i) {
+    const int head = step_head(i), m_block = step_m_block(i);
+    const int m_begin = m_block * T::kBlockM;
+    const int stage_bytes = (i & 1) * T::kStageBytes;
+
+    cp_async_wait<0>();  // Q_i, dO_i (and K, V) landed for this thread...
+    __syncthreads();     // ... and every thread; every warp is done with step i-1 (its stage, P, dS)
+    if (i + 1 < steps) load_q_do(i + 1);
+    cp_async_commit();
+
+    // Per-row LSE (log2 units) and D of this thread's fragment rows; rows past seqlen_q give P = 0.
+    const float* g_lse = p.lse + lse_offset(p, seq, batch, head);
+    const float* g_dsum = p.dsoftmax_sum + bwd_row_index(p, batch, head);
+    const int row0 = m_begin + sdp_wm * T::kSdpWarpRows + lane / 4;
+    float lse_log2[T::kSdpAtoms][2], dsum[T::kSdpAtoms][2];
+#pragma unroll
+    for (int a = 0; a < T::kSdpAtoms; ++a)
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        const int row = row0 + a * 16 + half * 8;
+        const bool in = row < seq.seqlen_q;
+        lse_log2[a][half] = in ? g_lse[row] * kLog2e : INFINITY;
+        dsum[a][half] = in ? g_dsum[row] : 0.f;
+      }
+
+    // Phase 1: S = Q K^T, dP = dO V^T.
+    float acc_s[T::kSdpAtoms][T::kSdpTiles][4];  // (kSdpWarpRows, kSdpWarpCols) fp32, C-fragment layout
+    float acc_dp[T::kSdpAtoms][T::kSdpTiles][4];
+    zero_acc(acc_s);
+    zero_acc(acc_dp);
+    warp_gemm<Tag, T::kSdpAtoms, T::kSdpTiles, T::kHeadDim / 16>(
+        acc_s,
+        [&](int kk, int a, uint32_t(&f)[4]) { ldmatrix_x4(f, q_a.at(2 * kk, a * 16 * T::kRowBytesD) + stage_bytes); },
+        [&](int kk, int jp, uint32_t(&f)[4]) { ldmatrix_x4(f, k_b.at(2 * kk, jp * 16 * T::kRowBytesD)); });
+    warp_gemm<Tag, T::kSdpAtoms, T::kSdpTiles, T::kHeadDim / 16>(
+        acc_dp,
+        [&](int kk, int a, uint32_t(&f)[4]) {
+          ldmatrix_x4(f, q_a.at(2 * kk, a * 16 * T::kRowBytesD) + stage_bytes + kDoMinusQ);
+        },
+        [&](int kk, int jp, uint32_t(&f)[4]) { ldmatrix_x4(f, k_b.at(2 * kk, jp * 16 * T::kRowBytesD) + kVMinusK); });
+
+    // Elementwise: P (dropout applied) and dS, then both to shared memory.
+    const FragCoord fc{row0, n_begin + sdp_wn * T::kSdpWarpCols + 2 * (lane % 4)};
+    uint32_t keep[T::kSdpAtoms][2];
+    if (ga.has_dropout) {
+      dropout_keep_bits<T::kSdpAtoms, T::kSdpTiles>(keep, fc, p.seed, p.offset, batch * p.num_heads + head,
+                                                    threshold);
+    }
+    const float slope = alibi_slope(p, batch, head) * (kLog2e / p.scale_log2);
+    ga.slope_score = slope;
+    ga.has_alibi = slope != 0.f;
+    ga.need_mask = !tile_fully_visible(mask, m_begin, m_begin + T::kBlockM, n_begin, n_begin + T::kBlockN);
+    scores_to_grads(acc_s, acc_dp, lse_log2, dsum, keep, fc, mask, ga);
+    store_frag<Tag, T::kBlockN>(smem + T::kSmemP, acc_s, sdp_wm * T::kSdpWarpRows, sdp_wn * T::kSdpWarpCols, lane,
+                                1.f);
+    store_frag<Tag, T::kBlockN>(smem + T::kSmemDs, acc_dp, sdp_wm * T::kSdpWarpRows, sdp_wn * T::kSdpWarpCols, lane,
+                                1.f);
+    __syncthreads();  // P and dS complete
+
+    // Phase 2: dV += P^T dO, dK += dS^T Q (sum over the query block's rows).
+    warp_gemm<Tag, T::kKvAtoms, T::kKvTiles, T::kBlockM / 16>(
+        acc_dv,
+        [&](int kk, int a, uint32_t(&f)[4]) { ldmatrix_x4_trans(f, pt_a.at(2 * a, kk * 16 * T::kRowBytesN)); },
+        [&](int kk, int jp, uint32_t(&f)[4]) {
+          ldmatrix_x4_trans(f, do_b.at(2 * jp, kk * 16 * T::kRowBytesD) + stage_bytes);
+        });
+    warp_gemm<Tag, T::kKvAtoms, T::kKvTiles, T::kBlockM / 16>(
+        acc_dk,
+        [&](int kk, int a, uint32_t(&f)[4]) {
+          ldmatrix_x4_trans(f, pt_a.at(2 * a, kk * 16 * T::kRowBytesN) + kDsMinusP);
+        },
+        [&](int kk, int jp, uint32_t(&f)[4]) {
+          ldmatrix_x4_trans(f, do_b.at(2 * jp, kk * 16 * T::kRowBytesD) + stage_bytes - kDoMinusQ);
+        });
+
+    // Phase 3: dQ_i += dS K (sum over this CTA's keys), added to dq_accum.
+    float acc_dq[T::kDqAtoms][T::kDqTiles][4];  // (kDqWarpRows, kDqWarpCols) fp32, C-fragment layout
+    zero_acc(acc_dq);
+    warp_gemm<Tag, T::kDqAtoms, T::kDqTiles, T::kBlockN / 16>(
+        acc_dq,
+        [&](int kk, int a, uint32_t(&f)[4]) { ldmatrix_x4(f, ds_a.at(2 * kk, a * 16 * T::kRowBytesN)); },
+        [&](int kk, int jp, uint32_t(&f)[4]) { ldmatrix_x4_trans(f, kt_b.at(2 * jp, kk * 16 * T::kRowBytesD)); });
+    int* my_sem = sem + (static_cast<int64_t>(batch) * p.num_heads + head) * m_blocks_max + m_block;
+    if (p.deterministic) {
+      if (tid == 0) {
+        const int expected = visitors_before(mask, n_block, m_block, T::kBlockN, T::kBlockM);
+        while (load_acquire(my_sem) < expected) __nanosleep(64);
+      }
+      __syncthreads();
+    }
+    float* g_acc = p.dq_accum + bwd_row_index(p, batch, head) * p.head_dim;
+    atomic_add_dq(g_acc, acc_dq, m_begin + dq_wm * T::kDqWarpRows, dq_wd * T::kDqWarpCols, seq.seqlen_q, p.head_dim,
+                  lane);
+    if (p.deterministic) {
+      __threadfence();
+      __syncthreads();
+      if (tid == 0) atomicAdd(my_sem, 1);
+    }
+  }
+
+  // Epilogue: dK = softmax_scale * dk, dV = dv, staged through the K and V buffers for 16-byte stores.
+  cp_async_wait<0>();
+  __syncthreads();  // every warp is done reading K (phase 3)
+  store_frag<Tag, T::kHeadDim>(smem + T::kSmemK, acc_dk, kv_wn * T::kKvWarpRows, kv_wd * T::kKvWarpCols, lane,
+                               p.softmax_scale);
+  store_frag<Tag, T::kHeadDim>(smem + T::kSmemV, acc_dv, kv_wn * T::kKvWarpRows, kv_wd * T::kKvWarpCols, lane, 1.f);
+  __syncthreads();
+  Element* g_dk = static_cast<Element*>(p.dk) + k_side_offset(p, batch, p.dk_batch_stride, p.dk_row_stride) +
+                  head_k * p.dk_head_stride + static_cast<int64_t>(n_begin) * p.dk_row_stride;
+  Element* g_dv = static_cast<Element*>(p.dv) + k_side_offset(p, batch, p.dv_batch_stride, p.dv_row_stride) +
+                  head_k * p.dv_head_stride + static_cast<int64_t>(n_begin) * p.dv_row_stride;
+  store_tile<T::kBlockN, T::kHeadDim, T::kNThreads>(g_dk, smem + T::kSmemK, p.dk_row_stride, seq.seqlen_k - n_begin,
+                                                    p.head_dim, tid);
+  store_tile<T::kBlockN, T::kHeadDim, T::kNThreads>(g_dv, smem + T::kSmemV, p.dv_row_stride, seq.seqlen_k - n_begin,
+                                                    p.head_dim, tid);
+}
+
+}  // namespace v2
+}  // namespace flashgen

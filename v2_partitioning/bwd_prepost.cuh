@@ -1,0 +1,95 @@
+// The two small kernels around the v2 backward's main loop (FA2 Alg. 2, lines 4 and the dQ write-out):
+//   preprocess : D = rowsum(dO * O) in fp32 per (batch, head, row), into p.dsoftmax_sum;
+//   postprocess: dQ = softmax_scale * dq_accum, fp32 -> the input dtype, 16-byte stores.
+// Partition of both: grid (row blocks, num_heads, batch) -> threads over (row, 16-byte chunk), 8 threads per row
+// in the preprocess (shuffle-reduced). Workspace layouts: AttnBwdParams (common/params.h), bwd_row_index below.
+#pragma once
+
+#include <cstdint>
+
+#include "common/mask.h"
+#include "common/params.h"
+#include "v2_partitioning/mma.cuh"
+
+namespace flashgen {
+namespace v2 {
+
+constexpr int kPrepostThreads = 128;
+constexpr int kPreThreadsPerRow = 8;  // lanes sharing one row's dot product (shuffle-reduced)
+constexpr int kPreRows = 64;          // rows per preprocess CTA
+constexpr int kPostRows = 32;         // rows per postprocess CTA
+
+// Index of (batch, head, row 0) in dsoftmax_sum, and of (batch, head, row 0, col 0) in dq_accum (times head_dim).
+// Varlen: batch is the sequence index and seqlen_q the padded max, so both layouts are dense in any case.
+FH_HD int64_t bwd_row_index(const AttnParams& p, int batch, int head) {
+  return (static_cast<int64_t>(batch) * p.num_heads + head) * p.seqlen_q;
+}
+
+// Element offset of (sequence `batch`, row 0, head 0) in a q-side tensor (dout, dq) with its own strides.
+FH_HD int64_t q_side_offset(const AttnParams& p, int batch, int64_t batch_stride, int64_t row_stride) {
+  return p.cu_seqlens_q ? static_cast<int64_t>(p.cu_seqlens_q[batch]) * row_stride : batch * batch_stride;
+}
+FH_HD int64_t k_side_offset(const AttnParams& p, int batch, int64_t batch_stride, int64_t row_stride) {
+  return p.cu_seqlens_k ? static_cast<int64_t>(p.cu_seqlens_k[batch]) * row_stride : batch * batch_stride;
+}
+
+template <typename Tag>
+__global__ void __launch_bounds__(kPrepostThreads) bwd_preprocess_kernel(const __grid_constant__ AttnBwdParams p) {
+  using Element = typename Tag::type;
+  const int head = blockIdx.y, batch = blockIdx.z;
+  const SeqInfo seq = seq_info(p, batch);
+  const Element* g_o = static_cast<const Element*>(p.o) + seq.o_offset + head * p.o_head_stride;
+  const Element* g_do = static_cast<const Element*>(p.dout) +
+                        q_side_offset(p, batch, p.do_batch_stride, p.do_row_stride) + head * p.do_head_stride;
+  float* g_dsum = p.dsoftmax_sum + bwd_row_index(p, batch, head);
+  const int sub = threadIdx.x % kPreThreadsPerRow;
+  constexpr int kRowsPerPass = kPrepostThreads / kPreThreadsPerRow;
+#pragma unroll 1
+  for (int r = threadIdx.x / kPreThreadsPerRow; r < kPreRows; r += kRowsPerPass) {
+    const int row = blockIdx.x * kPreRows + r;
+    float acc = 0.f;
+    if (row < seq.seqlen_q) {
+      for (int chunk = sub; chunk * 8 < p.head_dim; chunk += kPreThreadsPerRow) {
+        const uint4 o4 = *reinterpret_cast<const uint4*>(g_o + row * p.o_row_stride + chunk * 8);
+        const uint4 d4 = *reinterpret_cast<const uint4*>(g_do + row * p.do_row_stride + chunk * 8);
+        const Element* oe = reinterpret_cast<const Element*>(&o4);
+        const Element* de = reinterpret_cast<const Element*>(&d4);
+#pragma unroll
+        for (int e = 0; e < 8; ++e) acc += to_float<Tag>(oe[e]) * to_float<Tag>(de[e]);
+      }
+    }
+#pragma unroll
+    for (int m = kPreThreadsPerRow / 2; m >= 1; m /= 2) acc += __shfl_xor_sync(0xffffffffu, acc, m);
+    if (sub == 0 && row < seq.seqlen_q) g_dsum[row] = acc;
+  }
+}
+
+template <typename Tag>
+__global__ void __launch_bounds__(kPrepostThreads) bwd_postprocess_kernel(const __grid_constant__ AttnBwdParams p) {
+  using Element = typename Tag::type;
+  const int head = blockIdx.y, batch = blockIdx.z;
+  const int seqlen_q = p.cu_seqlens_q ? p.cu_seqlens_q[batch + 1] - p.cu_seqlens_q[batch] : p.seqlen_q;
+  const int m_begin = blockIdx.x * kPostRows;
+  if (m_begin >= seqlen_q) return;
+  const float* g_acc = p.dq_accum + bwd_row_index(p, batch, head) * p.head_dim;
+  Element* g_dq = static_cast<Element*>(p.dq) + q_side_offset(p, batch, p.dq_batch_stride, p.dq_row_stride) +
+                  head * p.dq_head_stride;
+  const int chunks = p.head_dim / 8;
+#pragma unroll 1
+  for (int idx = threadIdx.x; idx < kPostRows * chunks; idx += kPrepostThreads) {
+    const int row = m_begin + idx / chunks, chunk = idx % chunks;
+    if (row >= seqlen_q) break;  // idx grows with row
+    const float4* src = reinterpret_cast<const float4*>(g_acc + static_cast<int64_t>(row) * p.head_dim + chunk * 8);
+    const float4 lo = src[0], hi = src[1];
+    const float s = p.softmax_scale;
+    uint4 out;
+    out.x = pack2<Tag>(lo.x * s, lo.y * s);
+    out.y = pack2<Tag>(lo.z * s, lo.w * s);
+    out.z = pack2<Tag>(hi.x * s, hi.y * s);
+    out.w = pack2<Tag>(hi.z * s, hi.w * s);
+    *reinterpret_cast<uint4*>(g_dq + static_cast<int64_t>(row) * p.dq_row_stride + chunk * 8) = out;
+  }
+}
+
+}  // namespace v2
+}  // namespace flashgen
