@@ -57,9 +57,10 @@ Status check_aligned(const char* name, const void* ptr, int64_t batch_stride, in
   return Status::ok();
 }
 
-}  // namespace
-
-Status fwd(const AttnParams& p, void* stream) {
+// The checks the forward and the backward share: dtype, head dim and its compiled bucket (returned through
+// *bucket), sizes, grid limits, block-sparse, dropout, and the q/k/v/out pointers and strides.
+Status check_shared(const AttnParams& p, bool forward, int* bucket) {
+  const char* kind = forward ? "forward" : "backward";
   if (p.dtype != DType::kFloat16 && p.dtype != DType::kBFloat16) {
     return Status::not_implemented(std::string("dtype: v2 runs fp16 and bf16, got ") + dtype_name(p.dtype));
   }
@@ -67,10 +68,10 @@ Status fwd(const AttnParams& p, void* stream) {
     return Status::invalid("head_dim: v2 needs a positive multiple of 8 (the API pads), got " +
                            std::to_string(p.head_dim));
   }
-  const int bucket = fwd_bucket(p.dtype, p.head_dim);
-  if (bucket == 0) {
-    return Status::not_implemented("head_dim: no v2 forward bucket >= " + std::to_string(p.head_dim) + " for " +
-                                   dtype_name(p.dtype) + " in this build");
+  *bucket = forward ? fwd_bucket(p.dtype, p.head_dim) : bwd_bucket(p.dtype, p.head_dim);
+  if (*bucket == 0) {
+    return Status::not_implemented("head_dim: no v2 " + std::string(kind) + " bucket >= " +
+                                   std::to_string(p.head_dim) + " for " + dtype_name(p.dtype) + " in this build");
   }
   if (p.batch < 0 || p.seqlen_q < 0 || p.seqlen_k < 0 || p.num_heads <= 0 || p.num_heads_k <= 0) {
     return Status::invalid("sizes: batch, seqlen_q, seqlen_k must be >= 0 and num_heads, num_heads_k > 0");
@@ -88,9 +89,6 @@ Status fwd(const AttnParams& p, void* stream) {
   if (!(p.p_dropout >= 0.f && p.p_dropout < 1.f)) {
     return Status::invalid("dropout_p: expected [0, 1), got " + std::to_string(p.p_dropout));
   }
-  if (p.p_out != nullptr && p.cu_seqlens_q != nullptr) {
-    return Status::not_implemented("return_attn_probs: v2 returns probabilities for dense (non-varlen) inputs only");
-  }
   if (p.q == nullptr || p.k == nullptr || p.v == nullptr || p.o == nullptr || p.lse == nullptr) {
     return Status::invalid("q/k/v/out/lse: null data pointer");
   }
@@ -99,6 +97,18 @@ Status fwd(const AttnParams& p, void* stream) {
                           check_aligned("v", p.v, p.v_batch_stride, p.v_row_stride, p.v_head_stride),
                           check_aligned("out", p.o, p.o_batch_stride, p.o_row_stride, p.o_head_stride)}) {
     if (!s.is_ok()) return s;
+  }
+  return Status::ok();
+}
+
+}  // namespace
+
+Status fwd(const AttnParams& p, void* stream) {
+  int bucket = 0;
+  const Status shared = check_shared(p, /*forward=*/true, &bucket);
+  if (!shared.is_ok()) return shared;
+  if (p.p_out != nullptr && p.cu_seqlens_q != nullptr) {
+    return Status::not_implemented("return_attn_probs: v2 returns probabilities for dense (non-varlen) inputs only");
   }
   if (p.batch == 0 || p.seqlen_q == 0) return Status::ok();  // nothing to compute, nothing to launch
 
@@ -111,49 +121,19 @@ Status fwd(const AttnParams& p, void* stream) {
 }
 
 Status bwd(const AttnBwdParams& p, void* stream) {
-  if (p.dtype != DType::kFloat16 && p.dtype != DType::kBFloat16) {
-    return Status::not_implemented(std::string("dtype: v2 runs fp16 and bf16, got ") + dtype_name(p.dtype));
-  }
-  if (p.head_dim <= 0 || p.head_dim % kVectorElems != 0) {
-    return Status::invalid("head_dim: v2 needs a positive multiple of 8 (the API pads), got " +
-                           std::to_string(p.head_dim));
-  }
-  const int bucket = bwd_bucket(p.dtype, p.head_dim);
-  if (bucket == 0) {
-    return Status::not_implemented("head_dim: no v2 backward bucket >= " + std::to_string(p.head_dim) + " for " +
-                                   dtype_name(p.dtype) + " in this build");
-  }
-  if (p.batch < 0 || p.seqlen_q < 0 || p.seqlen_k < 0 || p.num_heads <= 0 || p.num_heads_k <= 0) {
-    return Status::invalid("sizes: batch, seqlen_q, seqlen_k must be >= 0 and num_heads, num_heads_k > 0");
-  }
-  if (p.num_heads % p.num_heads_k != 0) {
-    return Status::invalid("num_heads_k: must divide num_heads (" + std::to_string(p.num_heads) + "), got " +
-                           std::to_string(p.num_heads_k));
-  }
-  if (p.num_heads > kGridYZMax || p.batch > kGridYZMax) {
-    return Status::not_implemented("num_heads/batch: v2 launches at most 65535 of each");
-  }
-  if (p.block_mask != nullptr) {
-    return Status::not_implemented("block_mask: block-sparse attention is not implemented in v2 yet");
-  }
+  int bucket = 0;
+  const Status shared = check_shared(p, /*forward=*/false, &bucket);
+  if (!shared.is_ok()) return shared;
   if (p.seqused_k != nullptr || p.kv_batch_idx != nullptr) {
     return Status::invalid("seqused_k/kv_batch_idx: the backward takes no KV cache");
   }
-  if (!(p.p_dropout >= 0.f && p.p_dropout < 1.f)) {
-    return Status::invalid("dropout_p: expected [0, 1), got " + std::to_string(p.p_dropout));
-  }
-  if (p.q == nullptr || p.k == nullptr || p.v == nullptr || p.o == nullptr || p.lse == nullptr ||
-      p.dout == nullptr || p.dq == nullptr || p.dk == nullptr || p.dv == nullptr) {
-    return Status::invalid("q/k/v/out/lse/dout/dq/dk/dv: null data pointer");
+  if (p.dout == nullptr || p.dq == nullptr || p.dk == nullptr || p.dv == nullptr) {
+    return Status::invalid("dout/dq/dk/dv: null data pointer");
   }
   if (p.dsoftmax_sum == nullptr || p.dq_accum == nullptr) {
     return Status::invalid("dsoftmax_sum/dq_accum: v2 backward needs both workspaces (common/params.h)");
   }
-  for (const Status& s : {check_aligned("q", p.q, p.q_batch_stride, p.q_row_stride, p.q_head_stride),
-                          check_aligned("k", p.k, p.k_batch_stride, p.k_row_stride, p.k_head_stride),
-                          check_aligned("v", p.v, p.v_batch_stride, p.v_row_stride, p.v_head_stride),
-                          check_aligned("out", p.o, p.o_batch_stride, p.o_row_stride, p.o_head_stride),
-                          check_aligned("dout", p.dout, p.do_batch_stride, p.do_row_stride, p.do_head_stride),
+  for (const Status& s : {check_aligned("dout", p.dout, p.do_batch_stride, p.do_row_stride, p.do_head_stride),
                           check_aligned("dq", p.dq, p.dq_batch_stride, p.dq_row_stride, p.dq_head_stride),
                           check_aligned("dk", p.dk, p.dk_batch_stride, p.dk_row_stride, p.dk_head_stride),
                           check_aligned("dv", p.dv, p.dv_batch_stride, p.dv_row_stride, p.dv_head_stride)}) {
