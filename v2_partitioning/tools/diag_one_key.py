@@ -4,10 +4,11 @@ Where every query row sees exactly one key, softmax gives P = 1 and the exact fo
 bit, so D = rowsum(dO * O) equals dP = dO . V and dS = P (dP - D) is 0. This prints, per dtype and shape, how far
 O / V is from 1 and how far the LSE is from the one score. Run on a GPU after installing flashgen:
     python3 v2_partitioning/tools/diag_one_key.py
-Seen on the H200 at fbe9f94 (run through tools/gpu_check.sh): the LSE is exact to 5e-7, but whole rows of O come
-out scaled by about (1 - one 16-bit ulp): bf16 rows at O/V ~ 0.9957 (34 of 478 rows at 239x1 d128), fp16 up to
-9e-4 off. So the P that reaches the P.V mma is one ulp below 1 while l is 1: the backward's D inherits it, and dS,
-dK, dQ are not 0. The fix belongs in the forward (or in D), not in the backward's tolerance.
+Seen on the H200 at fbe9f94 (run through tools/gpu_check.sh): the LSE is exact to 5e-7, but some rows of O come
+out scaled by a row constant within 0.4% of 1 (bf16 O/V ~ 0.9957 on 34 of 478 rows at 239x1 d128; fp16 up to 9e-4).
+That is bf16(P)/P for a P != 1: the P rounded for the P.V mma is divided by an l kept in fp32, so the row's running
+max must differ from its one visible score. The backward's D inherits it, and dS, dK, dQ are not 0. The fix
+belongs in the forward, not in the backward's tolerance.
 """
 
 import math, torch
