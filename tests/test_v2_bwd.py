@@ -89,7 +89,7 @@ SHAPES = [(1, 1), (239, 1), (113, 203), (1023, 1024), (128, 64), (300, 100)]
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 def test_shapes_bf16(head_dim, seqlens, causal, request):
     _need("bf16", head_dim)
-    if seqlens[1] == 1 and not causal:
+    if seqlens == (239, 1) and not causal:  # (1, 1) passes (one row: nothing accumulates); see ONE_KEY_XFAIL
         request.applymarker(ONE_KEY_XFAIL)
     torch.manual_seed(0)
     sq, sk = seqlens
