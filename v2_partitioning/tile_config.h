@@ -27,7 +27,7 @@ constexpr int kMaxRegsPerThread = 255;
 // same run, seqlen 2k/8k/16k, causal and not):
 //   d64  128x128 (0.96-1.02) beat 128x64 (0.89-0.93), despite 84 B of spills (ptxas -v, sm_90a) at 128x128;
 //   d256 128x64x8 warps (0.84-0.99) beat 128x32x8 warps (0.68-0.79) and 64x64x4 warps 1 stage (0.85-0.96).
-// d256's 192 KB exceeds sm_80's 163 KB opt-in: launch_fwd returns not_implemented there (A100 d256: TODO).
+// d256's 192 KB exceeds sm_80's 163 KB opt-in: launch_fwd returns not_implemented there (a smaller sm_80 tile is not written yet).
 constexpr TileConfig tile_config(int head_dim) {
   if (head_dim <= 64) return {128, 128, 4, 2};
   if (head_dim <= 128) return {128, 64, 4, 2};
