@@ -125,7 +125,7 @@ def test_cuda_tensors_are_never_sent_to_the_cpu_backend():
         choose(_cuda((8, 0)), CPU_ONLY, "cpu")
 
 
-@pytest.mark.parametrize("feature", ["backward", "block_sparse"])
+@pytest.mark.parametrize("feature", ["block_sparse"])
 def test_missing_v2_feature_names_feature_and_generation(feature):
     problem = _cuda((8, 0), features={"causal", feature})
     with pytest.raises(NotImplementedError, match=f"{feature} is not implemented in v2 yet"):
@@ -137,6 +137,11 @@ def test_missing_v2_feature_names_feature_and_generation(feature):
 @pytest.mark.parametrize("feature", sorted(ALL_FEATURES - {"backward", "block_sparse"}))
 def test_v2_forward_features(feature):
     assert explain(_cuda((8, 0), features={feature}), V2_FWD)["v2"] == []
+
+
+@pytest.mark.parametrize("feature", sorted(ALL_FEATURES - {"backward", "block_sparse", "kvcache"}))
+def test_v2_backward_features(feature):
+    assert explain(_cuda((9, 0), features={feature, "backward"}), _build(kinds=("fwd", "bwd")))["v2"] == []
 
 
 def test_generation_without_kernels_says_so():
@@ -158,10 +163,7 @@ def test_head_dim_buckets_come_from_build_info():
         choose(_cuda((8, 0), head_dim=96), narrow)
 
 
-def test_backward_needs_compiled_backward(monkeypatch):
-    spec = dispatch.GENERATIONS["v2"]
-    monkeypatch.setitem(dispatch.GENERATIONS, "v2",
-                        dataclasses.replace(spec, implements=spec.implements | {"backward"}))
+def test_backward_needs_compiled_backward():
     with pytest.raises(NotImplementedError, match="v2 bwd for bf16 head_dim 128 is not compiled"):
         choose(_cuda((8, 0), features={"backward"}), V2_FWD)
     assert choose(_cuda((8, 0), features={"backward"}), _build(kinds=("fwd", "bwd"))).generation == "v2"

@@ -25,12 +25,6 @@ from flashgen.testing import check_fa_rule, grad_floor, poison_like  # noqa: E40
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 DETERMINISTIC_RUNS = 10
-# Known limit (H200): where every query row sees exactly one key, the exact dQ/dK are 0 (P = 1, dS = dP - D = 0)
-# and so is the same-dtype naive error, leaving only the floor. v2's forward writes some of those rows of O scaled by
-# a constant within 0.4% of 1 while its LSE is exact (v2_partitioning/tools/diag_one_key.py), so D = rowsum(dO * O) misses
-# dP and dK (239x1) / dQ (window (0, 0)) exceed the floor by 1.1-1.7x. Marked xfail (not strict) so a fix in the
-# forward shows up as XPASS.
-ONE_KEY_XFAIL = pytest.mark.xfail(strict=False, reason="one visible key per row: |grad| ~ 1.1-1.7x the rounding floor")
 
 
 def _need(dtype_name: str, head_dim: int) -> None:
@@ -87,10 +81,8 @@ SHAPES = [(1, 1), (239, 1), (113, 203), (1023, 1024), (128, 64), (300, 100)]
 @pytest.mark.parametrize("head_dim", [64, 128, 256, 40, 96, 200])
 @pytest.mark.parametrize("seqlens", SHAPES, ids=lambda s: f"{s[0]}x{s[1]}")
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
-def test_shapes_bf16(head_dim, seqlens, causal, request):
+def test_shapes_bf16(head_dim, seqlens, causal):
     _need("bf16", head_dim)
-    if seqlens == (239, 1) and not causal:  # (1, 1) passes (one row: nothing accumulates); see ONE_KEY_XFAIL
-        request.applymarker(ONE_KEY_XFAIL)
     torch.manual_seed(0)
     sq, sk = seqlens
     b, h = (1, 2) if sq * sk > 10**5 else (2, 3)
@@ -117,10 +109,8 @@ def test_causal_more_queries_than_keys_empty_rows():
 
 
 @pytest.mark.parametrize("window", [(32, 0), (16, 16), (0, 64), (100, -1), (-1, 7), (0, 0)])
-def test_sliding_window(window, request):
+def test_sliding_window(window):
     _need("bf16", 64)
-    if window == (0, 0):
-        request.applymarker(ONE_KEY_XFAIL)
     torch.manual_seed(3)
     q, k, v = (_randn(2, s, 2, 64, dtype=torch.bfloat16) for s in (257, 513, 513))
     check_grads(f"window {window}", q, k, v, window_size=window)
@@ -220,15 +210,16 @@ def test_deterministic_bitwise():
     del ref
 
 
-@pytest.mark.skipif("backward" not in dispatch.GENERATIONS["v2"].implements,
-                    reason="the dispatch table does not list v2 backward yet")
+@pytest.mark.parametrize("version", ["v2", "auto"])
 @pytest.mark.parametrize("head_dim", [64, 60])
-def test_flash_attn_func_autograd(head_dim):
-    """End to end: flashgen.flash_attn_func(version='v2') forward + autograd backward vs float64 autograd."""
+def test_flash_attn_func_autograd(head_dim, version):
+    """End to end: flashgen.flash_attn_func forward + autograd backward vs float64 autograd; auto must pick v2."""
     _need("bf16", head_dim)
     torch.manual_seed(11)
     q, k, v = (_randn(2, s, 4, head_dim, dtype=torch.bfloat16).requires_grad_() for s in (150, 170, 170))
-    out = flashgen.flash_attn_func(q, k, v, causal=True, version="v2")
+    if version == "auto":
+        assert flashgen.explain(q, k, v, causal=True).generation == "v2"
+    out = flashgen.flash_attn_func(q, k, v, causal=True, version=version)
     dout = torch.randn_like(out)
     out.backward(dout)
     grads = {}

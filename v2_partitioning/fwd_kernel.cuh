@@ -144,7 +144,20 @@ __global__ void __launch_bounds__(T::kNThreads, T::kMinBlocksPerSm) fwd_kernel(c
     for (int j = 0; j < T::kNTilesO; ++j)
 #pragma unroll
       for (int e = 0; e < 4; ++e) acc_o[a][j][e] = 0.f;
-  RowState rows[T::kMAtoms][2];  // rows g and g + 8 of each m16 tile
+  RowState rows[T::kMAtoms][2];
+  // Rows g and g + 8 of each m16 tile. Initialized by assignment, not by RowState's default member initializers:
+  // for this 2-D array, nvcc 13.0.88 (cicc, -O3, with or without --use_fast_math) started rows[1][*].m at 0
+  // instead of -inf (PTX: mov.f32 %m, 0f00000000; repro in v2_partitioning/tools/nvcc_rowstate_init.cu). A max
+  // that starts at 0 is harmless while a row has a score above 0, but a row whose scores are all negative got
+  // P = exp(s) rather than exp(s - max): O off by bf16(P)/P on one-key rows, and O = 0, LSE = +inf once every
+  // score is below about -87. tests/test_v2_fwd.py::test_all_scores_far_below_zero guards it.
+#pragma unroll
+  for (int a = 0; a < T::kMAtoms; ++a)
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      rows[a][half].m = -INFINITY;
+      rows[a][half].l = 0.f;
+    }
 
   const float scale_log2 = p.scale_log2;
   // ALiBi slope in the softmax's score domain (logit * log2(e) / scale_log2: 1/softmax_scale without softcap).

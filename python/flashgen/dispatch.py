@@ -26,7 +26,6 @@ FEATURES: Tuple[str, ...] = (
     "causal", "window", "softcap", "alibi", "dropout", "gqa", "varlen", "kvcache", "block_sparse", "return_probs",
     "backward",
 )
-_FORWARD_FEATURES = frozenset(FEATURES) - {"backward"}
 
 # Requested-version values besides a generation name.
 AUTO = "auto"
@@ -53,7 +52,7 @@ GENERATIONS: Dict[str, GenerationSpec] = {
     "v1": GenerationSpec("v1", "cuda", frozenset({"fp16"}), frozenset(), min_capability=(7, 5),
                          head_dim_multiple=_GPU_HEAD_DIM_MULTIPLE, alignment_bytes=_GPU_ALIGNMENT_BYTES),
     "v2": GenerationSpec("v2", "cuda", frozenset({"fp16", "bf16"}),
-                         frozenset({"forward"}) | (_FORWARD_FEATURES - {"block_sparse"}), min_capability=(8, 0),
+                         frozenset({"forward"}) | (frozenset(FEATURES) - {"block_sparse"}), min_capability=(8, 0),
                          head_dim_multiple=_GPU_HEAD_DIM_MULTIPLE, alignment_bytes=_GPU_ALIGNMENT_BYTES),
     "v3": GenerationSpec("v3", "cuda", frozenset({"fp16", "bf16"}), frozenset(), min_capability=(9, 0),
                          max_capability=(9, 0), head_dim_multiple=_GPU_HEAD_DIM_MULTIPLE,
