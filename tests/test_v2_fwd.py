@@ -95,7 +95,8 @@ def test_one_visible_key_gives_v_exactly(dtype_name, head_dim, case):
     sq, sk, window = (239, 1, (-1, -1)) if case == "239x1" else (113, 203, (0, 0))
     q, k, v = _randn(2, sq, 3, head_dim, dtype=dt), _randn(2, sk, 3, head_dim, dtype=dt), _randn(2, sk, 3, head_dim, dtype=dt)
     out, lse, _ = _run(q, k, v, window_size=window)
-    key = torch.arange(sq, device="cuda") + sk - sq  # the one key of each row (bottom-right aligned)
+    # The one key of each row: key 0 (sk = 1), or the diagonal of a bottom-right window (0, 0).
+    key = torch.zeros(sq, dtype=torch.long, device="cuda") if sk == 1 else torch.arange(sq, device="cuda") + sk - sq
     bad = (out != v[:, key]).any(dim=-1)
     assert not bool(bad.any()), f"{int(bad.sum())} one-key rows differ from V, first (batch, row, head) " \
                                 f"{bad.nonzero()[0].tolist()}"
