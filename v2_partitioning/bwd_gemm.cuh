@@ -117,7 +117,10 @@ struct GradStepArgs {
 //   dS = P * (dP * keep / (1 - p) - D) * (1 - t^2)      (t = tanh of the softcap, else the factor is 1)
 // softmax_scale is applied to dK and dQ once, outside. Empty rows (lse = +inf) and masked entries give P = 0 and
 // dS = 0. lse_log2 and dsum hold lse * log2 e and D of each fragment row (row a*16 + g + 8 * half).
-template <int kAtoms, int kTiles>
+// kMods = false compiles out softcap, ALiBi and dropout, kMask = false the column limits (a fully visible tile):
+// the caller picks the variant with uniform branches. With every feature behind runtime flags in one body, the
+// elementwise step was the largest block of the kernel's instructions (ncu, d128: 27% of the stall samples).
+template <bool kMods, bool kMask, int kAtoms, int kTiles>
 __device__ __forceinline__ void scores_to_grads(float (&s)[kAtoms][kTiles][4], float (&dp)[kAtoms][kTiles][4],
                                                 const float (&lse_log2)[kAtoms][2], const float (&dsum)[kAtoms][2],
                                                 const uint32_t (&keep)[kAtoms][2], const FragCoord& fc,
@@ -135,23 +138,23 @@ __device__ __forceinline__ void scores_to_grads(float (&s)[kAtoms][kTiles][4], f
           const int e = half * 2 + c;
           float x = s[a][j][e];
           float chain = 1.f;
-          if (g.has_softcap) {
+          if (kMods && g.has_softcap) {
             x = apply_softcap(x * g.softmax_scale, g.softcap);
             const float t = x / g.softcap;
             chain = softcap_grad(t);
           }
           const int col = fc.col(j, c);
-          if (g.has_alibi) x += alibi_bias(g.slope_score, row, col, mask.seqlen_q, mask.seqlen_k);
-          if (g.need_mask && (col < begin || col >= end)) x = -INFINITY;
+          if (kMods && g.has_alibi) x += alibi_bias(g.slope_score, row, col, mask.seqlen_q, mask.seqlen_k);
+          if (kMask && g.need_mask && (col < begin || col >= end)) x = -INFINITY;
           const float p = exp2f(fmaf(x, g.scale_log2, -lse_log2[a][half]));
           float dpv = dp[a][j][e];
           float pv = p;
-          if (g.has_dropout) {
+          if (kMods && g.has_dropout) {
             const bool kept = (keep[a][half] >> (2 * j + c)) & 1u;
             dpv = kept ? dpv * g.keep_scale : 0.f;
             pv = kept ? p * g.keep_scale : 0.f;
           }
-          dp[a][j][e] = p * (dpv - dsum[a][half]) * chain;
+          dp[a][j][e] = kMods ? p * (dpv - dsum[a][half]) * chain : p * (dpv - dsum[a][half]);
           s[a][j][e] = pv;
         }
     }

@@ -49,26 +49,28 @@ __device__ __forceinline__ int load_acquire(const int* ptr) {
   return v;
 }
 
-// dq_accum[row, col] += dQ fragment of one warp (rows < seqlen_q, cols < head_dim).
+// dq_accum[row, col] += the dQ fragment of one warp. g_acc points at the warp's (row 0, col 0) in dq_accum, whose
+// rows are head_dim floats apart; rows >= rows_left are skipped, and so are columns >= cols_left unless every
+// column is in range (full_cols, the usual case: head_dim == the bucket). Each row's address is formed once, the
+// n8 tiles add compile-time offsets (ptxas had rebuilt a 64-bit address for every atomic, ~15 integer ops each).
 template <int kAtoms, int kTiles>
-__device__ __forceinline__ void atomic_add_dq(float* g_acc, const float (&acc)[kAtoms][kTiles][4], int row0,
-                                              int col0, int seqlen_q, int head_dim, int lane) {
+__device__ __forceinline__ void atomic_add_dq(float* g_acc, const float (&acc)[kAtoms][kTiles][4], int rows_left,
+                                              int cols_left, bool full_cols, int head_dim, int lane) {
 #pragma unroll
   for (int a = 0; a < kAtoms; ++a)
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
-      const int row = row0 + a * 16 + half * 8 + lane / 4;
-      if (row >= seqlen_q) continue;
+      const int r = a * 16 + half * 8 + lane / 4;
+      if (r >= rows_left) continue;
+      float* dst = g_acc + r * head_dim + 2 * (lane % 4);
 #pragma unroll
       for (int j = 0; j < kTiles; ++j) {
-        const int col = col0 + j * 8 + 2 * (lane % 4);
-        if (col >= head_dim) continue;  // head_dim % 8 == 0: col + 1 is in range too
-        float* dst = g_acc + static_cast<int64_t>(row) * head_dim + col;
+        if (!full_cols && j * 8 + 2 * (lane % 4) >= cols_left) continue;  // head_dim % 8 == 0: col + 1 in range
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-        atomicAdd(reinterpret_cast<float2*>(dst), make_float2(acc[a][j][half * 2], acc[a][j][half * 2 + 1]));
+        atomicAdd(reinterpret_cast<float2*>(dst + j * 8), make_float2(acc[a][j][half * 2], acc[a][j][half * 2 + 1]));
 #else
-        atomicAdd(dst, acc[a][j][half * 2]);
-        atomicAdd(dst + 1, acc[a][j][half * 2 + 1]);
+        atomicAdd(dst + j * 8, acc[a][j][half * 2]);
+        atomicAdd(dst + j * 8 + 1, acc[a][j][half * 2 + 1]);
 #endif
       }
     }
@@ -102,11 +104,18 @@ __global__ void __launch_bounds__(T::kNThreads, 1) bwd_kernel(const __grid_const
   int* sem = reinterpret_cast<int*>(p.dq_accum + dq_semaphore_offset(p));  // deterministic mode only
   const int m_blocks_max = ceil_div(p.seqlen_q, T::kBlockM);
 
-  auto step_head = [&](int i) { return head_k * group + i / n_m; };
-  auto step_m_block = [&](int i) { return mr.begin + i % n_m; };
-  auto load_q_do = [&](int i) {
-    const int head = step_head(i), m_begin = step_m_block(i) * T::kBlockM;
-    const int stage = i & 1;
+  // Step i's (query head, query block), head-major; advanced by one per step (no division in the loop).
+  auto next_step = [&](int& head, int& m_block) {
+    if (++m_block == mr.end) {
+      m_block = mr.begin;
+      ++head;
+    }
+  };
+  // Q, dO and the rows' LSE and D of one step into `stage`. LSE and D go through shared memory with 4-byte
+  // cp.async (varlen rows need not be 16-byte aligned), so no global load latency sits inside the step.
+  float* s_lse = reinterpret_cast<float*>(smem_raw + T::kSmemLseBytes);  // 2 stages x kBlockM, then D likewise
+  auto load_q_do = [&](int head, int m_block, int stage) {
+    const int m_begin = m_block * T::kBlockM;
     const Element* g_q = static_cast<const Element*>(p.q) + seq.q_offset + head * p.q_head_stride +
                          static_cast<int64_t>(m_begin) * p.q_row_stride;
     const Element* g_do = static_cast<const Element*>(p.dout) + do_seq + head * p.do_head_stride +
@@ -116,6 +125,14 @@ __global__ void __launch_bounds__(T::kNThreads, 1) bwd_kernel(const __grid_const
     load_tile_async<T::kBlockM, T::kHeadDim, T::kNThreads>(smem + T::kSmemDo + stage * T::kBlockM * T::kHeadDim,
                                                            g_do, p.do_row_stride, seq.seqlen_q - m_begin, p.head_dim,
                                                            tid);
+    if (tid < 2 * T::kBlockM) {
+      const int r = tid % T::kBlockM;
+      const bool in = m_begin + r < seq.seqlen_q;
+      const float* src = tid < T::kBlockM ? p.lse + lse_offset(p, seq, batch, head)
+                                          : p.dsoftmax_sum + bwd_row_index(p, batch, head);
+      cp_async_4(smem_u32(s_lse + (tid / T::kBlockM) * 2 * T::kBlockM + stage * T::kBlockM + r),
+                 in ? src + m_begin + r : src, in);
+    }
   };
 
   // Prologue: K and V (one group), then Q_0 and dO_0 (the next).
@@ -125,7 +142,7 @@ __global__ void __launch_bounds__(T::kNThreads, 1) bwd_kernel(const __grid_const
     load_tile_async<T::kBlockN, T::kHeadDim, T::kNThreads>(smem + T::kSmemV, g_v, p.v_row_stride,
                                                            seq.seqlen_k - n_begin, p.head_dim, tid);
     cp_async_commit();
-    load_q_do(0);
+    load_q_do(head_k * group, mr.begin, 0);
     cp_async_commit();
   }
 
@@ -167,31 +184,34 @@ __global__ void __launch_bounds__(T::kNThreads, 1) bwd_kernel(const __grid_const
   ga.has_softcap = p.softcap > 0.f;
   ga.has_dropout = p.p_dropout > 0.f;
   const uint32_t threshold = dropout_threshold(p.p_dropout);
+  const bool full_cols = p.head_dim == T::kHeadDim;
+  int head = head_k * group, m_block = mr.begin;           // step i
+  int next_head = head, next_m_block = m_block;            // step i + 1
+  next_step(next_head, next_m_block);
 
 #pragma unroll 1
   for (int i = 0; i < steps; ++i) {
-    const int head = step_head(i), m_block = step_m_block(i);
     const int m_begin = m_block * T::kBlockM;
     const int stage_bytes = (i & 1) * T::kStageBytes;
 
     cp_async_wait<0>();  // Q_i, dO_i (and K, V) landed for this thread...
     __syncthreads();     // ... and every thread; every warp is done with step i-1 (its stage, P, dS)
-    if (i + 1 < steps) load_q_do(i + 1);
+    if (i + 1 < steps) load_q_do(next_head, next_m_block, (i + 1) & 1);
     cp_async_commit();
 
     // Per-row LSE (log2 units) and D of this thread's fragment rows; rows past seqlen_q give P = 0.
-    const float* g_lse = p.lse + lse_offset(p, seq, batch, head);
-    const float* g_dsum = p.dsoftmax_sum + bwd_row_index(p, batch, head);
+    const float* s_lse_i = s_lse + (i & 1) * T::kBlockM;
+    const float* s_dsum_i = s_lse_i + 2 * T::kBlockM;
     const int row0 = m_begin + sdp_wm * T::kSdpWarpRows + lane / 4;
     float lse_log2[T::kSdpAtoms][2], dsum[T::kSdpAtoms][2];
 #pragma unroll
     for (int a = 0; a < T::kSdpAtoms; ++a)
 #pragma unroll
       for (int half = 0; half < 2; ++half) {
-        const int row = row0 + a * 16 + half * 8;
-        const bool in = row < seq.seqlen_q;
-        lse_log2[a][half] = in ? g_lse[row] * kLog2e : INFINITY;
-        dsum[a][half] = in ? g_dsum[row] : 0.f;
+        const int r = sdp_wm * T::kSdpWarpRows + lane / 4 + a * 16 + half * 8;
+        const bool in = m_begin + r < seq.seqlen_q;
+        lse_log2[a][half] = in ? s_lse_i[r] * kLog2e : INFINITY;
+        dsum[a][half] = in ? s_dsum_i[r] : 0.f;
       }
 
     // Phase 1: S = Q K^T, dP = dO V^T.
@@ -221,7 +241,13 @@ __global__ void __launch_bounds__(T::kNThreads, 1) bwd_kernel(const __grid_const
     ga.slope_score = slope;
     ga.has_alibi = slope != 0.f;
     ga.need_mask = !tile_fully_visible(mask, m_begin, m_begin + T::kBlockM, n_begin, n_begin + T::kBlockN);
-    scores_to_grads(acc_s, acc_dp, lse_log2, dsum, keep, fc, mask, ga);
+    if (ga.has_softcap || ga.has_alibi || ga.has_dropout) {
+      scores_to_grads<true, true>(acc_s, acc_dp, lse_log2, dsum, keep, fc, mask, ga);
+    } else if (ga.need_mask) {
+      scores_to_grads<false, true>(acc_s, acc_dp, lse_log2, dsum, keep, fc, mask, ga);
+    } else {
+      scores_to_grads<false, false>(acc_s, acc_dp, lse_log2, dsum, keep, fc, mask, ga);
+    }
     store_frag<Tag, T::kBlockN>(smem + T::kSmemP, acc_s, sdp_wm * T::kSdpWarpRows, sdp_wn * T::kSdpWarpCols, lane,
                                 1.f);
     store_frag<Tag, T::kBlockN>(smem + T::kSmemDs, acc_dp, sdp_wm * T::kSdpWarpRows, sdp_wn * T::kSdpWarpCols, lane,
@@ -259,14 +285,17 @@ __global__ void __launch_bounds__(T::kNThreads, 1) bwd_kernel(const __grid_const
       }
       __syncthreads();
     }
-    float* g_acc = p.dq_accum + bwd_row_index(p, batch, head) * p.head_dim;
-    atomic_add_dq(g_acc, acc_dq, m_begin + dq_wm * T::kDqWarpRows, dq_wd * T::kDqWarpCols, seq.seqlen_q, p.head_dim,
-                  lane);
+    const int dq_row0 = m_begin + dq_wm * T::kDqWarpRows, dq_col0 = dq_wd * T::kDqWarpCols;
+    float* g_acc = p.dq_accum + (bwd_row_index(p, batch, head) + dq_row0) * p.head_dim + dq_col0;
+    atomic_add_dq(g_acc, acc_dq, seq.seqlen_q - dq_row0, p.head_dim - dq_col0, full_cols, p.head_dim, lane);
     if (p.deterministic) {
       __threadfence();
       __syncthreads();
       if (tid == 0) atomicAdd(my_sem, 1);
     }
+    head = next_head;
+    m_block = next_m_block;
+    next_step(next_head, next_m_block);
   }
 
   // Epilogue: dK = softmax_scale * dk, dV = dv, staged through the K and V buffers for 16-byte stores.

@@ -53,7 +53,9 @@ struct BwdTraits {
   static constexpr int kSmemP = kSmemDo + 2 * kBlockM * kHeadDim;   // (kBlockM, kBlockN) P with dropout applied
   static constexpr int kSmemDs = kSmemP + kBlockM * kBlockN;        // (kBlockM, kBlockN) dS
   static constexpr int kSmemElems = kSmemDs + kBlockM * kBlockN;
-  static constexpr int kSmemBytes = kSmemElems * static_cast<int>(sizeof(Element));
+  // Then fp32: LSE of 2 stages x kBlockM rows, D of 2 stages x kBlockM rows (byte offset).
+  static constexpr int kSmemLseBytes = kSmemElems * static_cast<int>(sizeof(Element));
+  static constexpr int kSmemBytes = kSmemLseBytes + 4 * kBlockM * static_cast<int>(sizeof(float));
   static constexpr int kStageBytes = kBlockM * kHeadDim * static_cast<int>(sizeof(Element));  // one Q/dO stage
   static constexpr int kRowBytesD = kHeadDim * static_cast<int>(sizeof(Element));  // a K/V/Q/dO row
   static constexpr int kRowBytesN = kBlockN * static_cast<int>(sizeof(Element));   // a P/dS row
@@ -70,6 +72,7 @@ struct BwdTraits {
   static_assert(kNThreads % (kHeadDim / 8) == 0 && kBlockM % (kNThreads / (kHeadDim / 8)) == 0 &&
                     kBlockN % (kNThreads / (kHeadDim / 8)) == 0,
                 "each copy pass covers whole rows");
+  static_assert(2 * kBlockM <= kNThreads, "one thread per LSE / D row of a step");
   static_assert(2 * kSdpTiles <= 32, "one dropout keep bit per element of a row fragment must fit 32 bits");
   static_assert(kSmemBytes == bwd_smem_bytes(kHeadDim), "tile_config.h and the traits disagree on shared memory");
   static_assert(kNThreads * kMaxRegsPerThread <= 65536, "the tile does not fit the register file");

@@ -43,6 +43,12 @@ __device__ __forceinline__ void cp_async_16(uint32_t smem_addr, const void* gmem
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr), "l"(gmem), "r"(src_size));
 }
 
+// 4-byte variant (.ca: the only cache mode below 16 bytes) for small unaligned rows of fp32 (the backward's LSE, D).
+__device__ __forceinline__ void cp_async_4(uint32_t smem_addr, const void* gmem, bool pred) {
+  const int src_size = pred ? 4 : 0;
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(smem_addr), "l"(gmem), "r"(src_size));
+}
+
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
 
 // Wait until at most kPending of this thread's committed groups are still in flight.

@@ -73,12 +73,13 @@ constexpr BwdTileConfig bwd_tile_config(int head_dim) {
 }
 
 // Shared memory of one backward CTA: K, V (block_n rows), Q, dO (2 stages of block_m rows), P, dS (block_m x
-// block_n), 2-byte elements.
+// block_n), 2-byte elements; then the LSE and D of 2 stages of block_m rows, fp32.
 constexpr int bwd_smem_bytes(int head_dim_bucket) {
   return (2 * bwd_tile_config(head_dim_bucket).block_n * head_dim_bucket +
           4 * bwd_tile_config(head_dim_bucket).block_m * head_dim_bucket +
           2 * bwd_tile_config(head_dim_bucket).block_m * bwd_tile_config(head_dim_bucket).block_n) *
-         2;
+             2 +
+         4 * bwd_tile_config(head_dim_bucket).block_m * 4;
 }
 static_assert(bwd_smem_bytes(64) <= kMaxSmemPerBlock && bwd_smem_bytes(128) <= kMaxSmemPerBlock &&
                   bwd_smem_bytes(256) <= kMaxSmemPerBlock,
