@@ -254,29 +254,17 @@ __global__ void __launch_bounds__(T::kNThreads, 1) bwd_kernel(const __grid_const
                                 1.f);
     __syncthreads();  // P and dS complete
 
-    // Phase 2: dV += P^T dO, dK += dS^T Q (sum over the query block's rows).
+    // Phases 2 and 3, in FA2's order dV, dQ, dK: the dQ atomics drain while the dK GEMM runs (with dQ last, the
+    // registers its atomics read were held into the next step: ncu put 9% of the d128 stall samples there).
+    // dV += P^T dO (sum over the query block's rows).
     warp_gemm<Tag, T::kKvAtoms, T::kKvTiles, T::kBlockM / 16>(
         acc_dv,
         [&](int kk, int a, uint32_t(&f)[4]) { ldmatrix_x4_trans(f, pt_a.at(2 * a, kk * 16 * T::kRowBytesN)); },
         [&](int kk, int jp, uint32_t(&f)[4]) {
           ldmatrix_x4_trans(f, do_b.at(2 * jp, kk * 16 * T::kRowBytesD) + stage_bytes);
         });
-    warp_gemm<Tag, T::kKvAtoms, T::kKvTiles, T::kBlockM / 16>(
-        acc_dk,
-        [&](int kk, int a, uint32_t(&f)[4]) {
-          ldmatrix_x4_trans(f, pt_a.at(2 * a, kk * 16 * T::kRowBytesN) + kDsMinusP);
-        },
-        [&](int kk, int jp, uint32_t(&f)[4]) {
-          ldmatrix_x4_trans(f, do_b.at(2 * jp, kk * 16 * T::kRowBytesD) + stage_bytes - kDoMinusQ);
-        });
 
-    // Phase 3: dQ_i += dS K (sum over this CTA's keys), added to dq_accum.
-    float acc_dq[T::kDqAtoms][T::kDqTiles][4];  // (kDqWarpRows, kDqWarpCols) fp32, C-fragment layout
-    zero_acc(acc_dq);
-    warp_gemm<Tag, T::kDqAtoms, T::kDqTiles, T::kBlockN / 16>(
-        acc_dq,
-        [&](int kk, int a, uint32_t(&f)[4]) { ldmatrix_x4(f, ds_a.at(2 * kk, a * 16 * T::kRowBytesN)); },
-        [&](int kk, int jp, uint32_t(&f)[4]) { ldmatrix_x4_trans(f, kt_b.at(2 * jp, kk * 16 * T::kRowBytesD)); });
+    // dQ_i += dS K (sum over this CTA's keys), added to dq_accum, in kDqSplit column slices.
     int* my_sem = sem + (static_cast<int64_t>(batch) * p.num_heads + head) * m_blocks_max + m_block;
     if (p.deterministic) {
       if (tid == 0) {
@@ -287,12 +275,35 @@ __global__ void __launch_bounds__(T::kNThreads, 1) bwd_kernel(const __grid_const
     }
     const int dq_row0 = m_begin + dq_wm * T::kDqWarpRows, dq_col0 = dq_wd * T::kDqWarpCols;
     float* g_acc = p.dq_accum + (bwd_row_index(p, batch, head) + dq_row0) * p.head_dim + dq_col0;
-    atomic_add_dq(g_acc, acc_dq, seq.seqlen_q - dq_row0, p.head_dim - dq_col0, full_cols, p.head_dim, lane);
+#pragma unroll
+    for (int sl = 0; sl < T::kDqSplit; ++sl) {
+      constexpr int kSliceCols = T::kDqSliceTiles * 8;
+      float acc_dq[T::kDqAtoms][T::kDqSliceTiles][4];  // (kDqWarpRows, kSliceCols) fp32, C-fragment layout
+      zero_acc(acc_dq);
+      warp_gemm<Tag, T::kDqAtoms, T::kDqSliceTiles, T::kBlockN / 16>(
+          acc_dq,
+          [&](int kk, int a, uint32_t(&f)[4]) { ldmatrix_x4(f, ds_a.at(2 * kk, a * 16 * T::kRowBytesN)); },
+          [&](int kk, int jp, uint32_t(&f)[4]) {
+            ldmatrix_x4_trans(f, kt_b.at(2 * jp + sl * T::kDqSliceTiles, kk * 16 * T::kRowBytesD));
+          });
+      atomic_add_dq(g_acc + sl * kSliceCols, acc_dq, seq.seqlen_q - dq_row0, p.head_dim - dq_col0 - sl * kSliceCols,
+                    full_cols, p.head_dim, lane);
+    }
     if (p.deterministic) {
       __threadfence();
       __syncthreads();
       if (tid == 0) atomicAdd(my_sem, 1);
     }
+
+    // dK += dS^T Q (sum over the query block's rows).
+    warp_gemm<Tag, T::kKvAtoms, T::kKvTiles, T::kBlockM / 16>(
+        acc_dk,
+        [&](int kk, int a, uint32_t(&f)[4]) {
+          ldmatrix_x4_trans(f, pt_a.at(2 * a, kk * 16 * T::kRowBytesN) + kDsMinusP);
+        },
+        [&](int kk, int jp, uint32_t(&f)[4]) {
+          ldmatrix_x4_trans(f, do_b.at(2 * jp, kk * 16 * T::kRowBytesD) + stage_bytes - kDoMinusQ);
+        });
     head = next_head;
     m_block = next_m_block;
     next_step(next_head, next_m_block);

@@ -44,6 +44,8 @@ struct BwdTraits {
   static constexpr int kDqWarpCols = kHeadDim / kDqWarpsD;
   static constexpr int kDqAtoms = kDqWarpRows / 16;
   static constexpr int kDqTiles = kDqWarpCols / 8;
+  static constexpr int kDqSplit = kCfg.dq_split;          // column slices of phase 3 (tile_config.h)
+  static constexpr int kDqSliceTiles = kDqTiles / kDqSplit;
 
   // Shared memory, element offsets; every tile row-major and XOR-swizzled (smem_copy.cuh).
   static constexpr int kSmemK = 0;                                  // (kBlockN, kHeadDim)
@@ -65,6 +67,7 @@ struct BwdTraits {
                 "warp grids must use every warp");
   static_assert(kSdpWarpRows % 16 == 0 && kKvWarpRows % 16 == 0 && kDqWarpRows % 16 == 0,
                 "each warp owns whole m16 tiles");
+  static_assert(kDqTiles % kDqSplit == 0 && kDqSliceTiles % 2 == 0, "dQ slices of whole n16 pairs");
   static_assert(kSdpWarpCols % 16 == 0 && kKvWarpCols % 16 == 0 && kDqWarpCols % 16 == 0,
                 "ldmatrix.x4 B loads cover n8 tiles in pairs");
   static_assert(kBlockM % 16 == 0 && kBlockN % 16 == 0 && kHeadDim % 16 == 0, "k16 steps over every GEMM depth");

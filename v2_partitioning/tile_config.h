@@ -55,21 +55,23 @@ static_assert(smem_bytes(64) <= kMaxSmemPerBlock && smem_bytes(128) <= kMaxSmemP
 //   dQ = dS K (fp32 atomics) : (block_m, head_dim) split (num_warps / dq_warps_d) x dq_warps_d
 // P and dS go through shared memory (bf16/fp16) between the phases, as in FA2's backward. Q and dO are
 // double-buffered (cp.async, the next query block lands during this one); K and V are loaded once.
+// dq_split: phase 3 runs in that many column slices of a warp's dQ tile, each added to dq_accum before the next,
+// so only 1/dq_split of the dQ accumulators is live next to dK and dV.
 struct BwdTileConfig {
-  int block_m, block_n, num_warps, sdp_warps_m, kv_warps_d, dq_warps_d;
+  int block_m, block_n, num_warps, sdp_warps_m, kv_warps_d, dq_warps_d, dq_split;
 };
 
 // Sizes from FlashAttention-2's sm80 backward table (flash_bwd_launch_template.h: d64 and d128 use
 // block_m 64 x block_n 128 with 8 warps, d256 64 x 64 with 8 warps), with fp32 accumulators per thread:
 //   d64 : dK,dV 32x32 x2 = 64 regs, S,dP 32x32 x2 = 64, dQ 16x32 = 16;  smem 97 KB
 //   d128: dK,dV 32x64 x2 = 128 regs, S,dP 32x32 x2 = 64, dQ 32x32 = 32;  smem 161 KB (fits sm_80's 163 KB)
-//   d256: dK,dV 32x64 x2 = 128 regs, S,dP 32x16 x2 = 32, dQ 32x64 = 64;  smem 208 KB (sm_90 only)
+//   d256: dK,dV 32x64 x2 = 128 regs, S,dP 32x16 x2 = 32, dQ 32x64 = 64 in 2 slices of 32;  smem 208 KB (sm_90)
 // Warp grids: 2 m16 atoms x 4 n8 tiles per warp where the shape allows (4 ldmatrix.x4 feed 8 mma per k-step,
 // against 5 for 1 atom x 8 tiles).
 constexpr BwdTileConfig bwd_tile_config(int head_dim) {
-  if (head_dim <= 64) return {64, 128, 8, 2, 2, 2};
-  if (head_dim <= 128) return {64, 128, 8, 2, 2, 4};
-  return {64, 64, 8, 2, 4, 4};
+  if (head_dim <= 64) return {64, 128, 8, 2, 2, 2, 1};
+  if (head_dim <= 128) return {64, 128, 8, 2, 2, 4, 1};
+  return {64, 64, 8, 2, 4, 4, 2};
 }
 
 // Shared memory of one backward CTA: K, V (block_n rows), Q, dO (2 stages of block_m rows), P, dS (block_m x
