@@ -99,6 +99,8 @@ CASES = [
     ("window_below_minus_one", lambda: _func(window_size=(-2, 0)), ValueError, ["window_size", ">= -1"]),
     ("window_not_pair", lambda: _func(window_size=(1, 2, 3)), TypeError, ["window_size", "pair"]),
     ("softcap_negative", lambda: _func(softcap=-1.0), ValueError, ["softcap", ">= 0"]),
+    ("softmax_scale_negative", lambda: _func(softmax_scale=-0.5), ValueError, ["softmax_scale", "> 0"]),
+    ("softmax_scale_zero", lambda: _func(softmax_scale=0.0), ValueError, ["softmax_scale", "> 0"]),
     ("alibi_dtype", lambda: _func(alibi_slopes=torch.ones(NUM_HEADS, dtype=torch.float16)), TypeError,
      ["alibi_slopes", "float32"]),
     ("alibi_shape", lambda: _func(alibi_slopes=torch.ones(NUM_HEADS + 1)), ValueError, ["alibi_slopes", "shape"]),

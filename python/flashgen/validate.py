@@ -69,8 +69,8 @@ def check_scalars(*, dropout_p, softmax_scale, causal, window_size, softcap, det
     if not isinstance(dropout_p, numbers.Real) or isinstance(dropout_p, bool) or not 0.0 <= dropout_p < 1.0:
         raise ValueError(f"dropout_p: expected a float in [0, 1), got {dropout_p!r}")
     if softmax_scale is not None and (not isinstance(softmax_scale, numbers.Real) or isinstance(softmax_scale, bool)
-                                      or not math.isfinite(softmax_scale)):
-        raise ValueError(f"softmax_scale: expected None or a finite float, got {softmax_scale!r}")
+                                      or not math.isfinite(softmax_scale) or softmax_scale <= 0):
+        raise ValueError(f"softmax_scale: expected None or a finite float > 0, got {softmax_scale!r}")
     if not isinstance(causal, bool):
         raise TypeError(f"causal: expected a bool, got {type(causal).__name__}")
     if not isinstance(deterministic, bool):
