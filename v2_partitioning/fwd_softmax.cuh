@@ -77,12 +77,23 @@ __device__ __forceinline__ void apply_mask(float (&s)[kMAtoms][kNTiles][4], cons
     }
 }
 
-// One online-softmax step (FA2 Sec. 3.1): raise each row's max over this tile, rescale that row of O by
-// alpha, turn s into unnormalized probabilities exp2(s*scale_log2 - m*scale_log2) and add them to the
-// thread's partial l (the quad's partials are summed once, in finalize_rows).
+// A tile raises a row's running max only if its own max exceeds it by more than this many log2 units (lazy
+// rescaling, as in FlashAttention-4). Until then P = exp2(s*scale_log2 - m*scale_log2) <= 2^8, far inside the
+// range of fp32 (l, O) and of bf16/fp16 (P for the P V product, same relative precision), and O and l keep
+// sharing m, so the result is the same softmax. Rows seldom move that far after their first tile, so the rescale
+// of O (kNTilesO x 4 FMULs per row per tile, 128 per thread at d128) is skipped when no row of the warp needs it.
+constexpr float kLazyRescaleLog2 = 8.f;
+
+// One online-softmax step (FA2 Sec. 3.1): where a row's max rose by more than kLazyRescaleLog2, raise its
+// running max and rescale that row of O and l by alpha; then turn s into unnormalized probabilities
+// exp2(s*scale_log2 - m*scale_log2) and add them to the thread's partial l (the quad's partials are summed once,
+// in finalize_rows). The first finite tile of a row always sets its max (from -inf).
 template <int kMAtoms, int kNTiles, int kNTilesO>
 __device__ __forceinline__ void softmax_step(float (&s)[kMAtoms][kNTiles][4], float (&o)[kMAtoms][kNTilesO][4],
                                              RowState (&rows)[kMAtoms][2], float scale_log2) {
+  float tile_max[kMAtoms][2];
+  bool raise[kMAtoms][2];
+  bool any_raise = false;
 #pragma unroll
   for (int a = 0; a < kMAtoms; ++a)
 #pragma unroll
@@ -91,13 +102,30 @@ __device__ __forceinline__ void softmax_step(float (&s)[kMAtoms][kNTiles][4], fl
 #pragma unroll
       for (int j = 0; j < kNTiles; ++j) mx = fmaxf(mx, fmaxf(s[a][j][half * 2], s[a][j][half * 2 + 1]));
       mx = quad_max(mx);
-      RowState& rs = rows[a][half];
-      const float alpha = rs.rescale(mx, scale_log2);
+      const float m = rows[a][half].m;
+      tile_max[a][half] = mx;
+      raise[a][half] = mx > m && (m == -INFINITY || (mx - m) * scale_log2 > kLazyRescaleLog2);
+      any_raise |= raise[a][half];
+    }
+  if (__any_sync(0xffffffffu, any_raise)) {
 #pragma unroll
-      for (int j = 0; j < kNTilesO; ++j) {
-        o[a][j][half * 2] *= alpha;
-        o[a][j][half * 2 + 1] *= alpha;
+    for (int a = 0; a < kMAtoms; ++a)
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        if (!raise[a][half]) continue;
+        const float alpha = rows[a][half].rescale(tile_max[a][half], scale_log2);
+#pragma unroll
+        for (int j = 0; j < kNTilesO; ++j) {
+          o[a][j][half * 2] *= alpha;
+          o[a][j][half * 2 + 1] *= alpha;
+        }
       }
+  }
+#pragma unroll
+  for (int a = 0; a < kMAtoms; ++a)
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      RowState& rs = rows[a][half];
       const float m_scaled = rs.max_scaled(scale_log2);  // RowState::prob's exponent offset, hoisted
       float sum = 0.f;
 #pragma unroll
