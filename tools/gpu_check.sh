@@ -6,7 +6,7 @@
 #   FLASHGEN_CHECK_TESTS=none                # skip the GPU test tier (e.g. a bench-only call)
 #   FLASHGEN_CHECK_BENCH=none|quick|full     # default quick
 #   FLASHGEN_CHECK_BENCH_ARGS="--head-dims 64,128"   # extra flashgen.bench arguments
-#   FLASHGEN_GIT_SHA=<sha>                   # recorded by the bench (the device copy of the tree has no .git)
+#   FLASHGEN_GIT_SHA=<sha>                   # recorded by the bench (default: HEAD, read from .git if present)
 #   FLASHGEN_CHECK_EXTRA="cmd"               # run after the bench (e.g. compute-sanitizer), output in extra.log
 set -uo pipefail
 # The device returns at most 8 files, so everything lands in one work folder that is packed into
@@ -18,6 +18,16 @@ pack() { tar czf "$FINAL_OUT/gpu_check.tgz" -C "$OUT" . ; }
 export FLASHGEN_CUDA_ARCHS=${FLASHGEN_CUDA_ARCHS:-90a}
 export CMAKE_BUILD_PARALLEL_LEVEL=${CMAKE_BUILD_PARALLEL_LEVEL:-$(nproc)}
 export PYTHONUNBUFFERED=1
+# The commit for the bench's records: FLASHGEN_GIT_SHA if given, else HEAD read from .git without git (HEAD is
+# usually "ref: refs/heads/<branch>", resolved through the loose ref or packed-refs).
+if [ -z "${FLASHGEN_GIT_SHA:-}" ] && [ -f .git/HEAD ]; then
+  head_ref=$(sed -n 's/^ref: //p' .git/HEAD)
+  if [ -z "$head_ref" ]; then sha=$(cat .git/HEAD)
+  elif [ -f ".git/$head_ref" ]; then sha=$(cat ".git/$head_ref")
+  else sha=$(awk -v r="$head_ref" '$2 == r {print $1}' .git/packed-refs 2>/dev/null)
+  fi
+  [ -n "$sha" ] && export FLASHGEN_GIT_SHA=${sha:0:12}
+fi
 summary=()
 
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu --format=csv > "$OUT/gpu.txt" 2>&1

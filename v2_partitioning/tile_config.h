@@ -65,7 +65,7 @@ struct BwdTileConfig {
 // block_m 64 x block_n 128 with 8 warps, d256 64 x 64 with 8 warps), with fp32 accumulators per thread:
 //   d64 : dK,dV 32x32 x2 = 64 regs, S,dP 32x32 x2 = 64, dQ 16x32 = 16;  smem 97 KB
 //   d128: dK,dV 32x64 x2 = 128 regs, S,dP 32x32 x2 = 64, dQ 32x32 = 32;  smem 161 KB (fits sm_80's 163 KB)
-//   d256: dK,dV 32x64 x2 = 128 regs, S,dP 32x16 x2 = 32, dQ 32x64 = 64 in 2 slices of 32;  smem 208 KB (sm_90)
+//   d256: dK,dV 32x64 x2 = 128 regs, S,dP 32x16 x2 = 32, dQ 32x64 = 64 in 2 slices of 32;  smem 209 KB (sm_90)
 // Warp grids: 2 m16 atoms x 4 n8 tiles per warp where the shape allows (4 ldmatrix.x4 feed 8 mma per k-step,
 // against 5 for 1 atom x 8 tiles).
 constexpr BwdTileConfig bwd_tile_config(int head_dim) {
