@@ -184,6 +184,32 @@ def test_no_host_sync_on_call_path(monkeypatch):
                                      _rand(4, 1, 4, 32), cache_seqlens=torch.tensor([1, 2, 3, 4], dtype=torch.int32))
 
 
+def test_eager_inference_skips_the_custom_op_and_training_uses_it(monkeypatch):
+    """No gradient needed, eager: fwd_impl is called directly (no custom-op dispatch, ~half the host time per call);
+    with a gradient the custom op (and its registered autograd) must run."""
+    from flashgen import _library
+    calls = []
+    real_op = _library.fwd
+
+    def counting_op(*args):
+        calls.append("op")
+        return real_op(*args)
+    monkeypatch.setattr(_library, "fwd", counting_op)
+    q = _rand(1, 9, 2, 16)
+    out = flashgen.flash_attn_func(q, q, q, causal=True)
+    with torch.no_grad():
+        flashgen.flash_attn_func(q.clone().requires_grad_(), q, q)
+    cache = torch.zeros(1, 16, 2, 16, dtype=q.dtype)
+    flashgen.flash_attn_with_kvcache(q[:, :1], cache, cache.clone(), cache_seqlens=4)
+    assert calls == [], "an inference call went through the custom op"
+    ref, _ = attention_ref(q, q, q, causal=True)
+    naive, _ = attention_ref(q, q, q, causal=True, dtype=q.dtype)
+    check_fa_rule(out, ref, naive, "eager inference")
+    qg = q.clone().requires_grad_()
+    flashgen.flash_attn_func(qg, q, q).sum().backward()
+    assert calls == ["op"] and qg.grad is not None
+
+
 # ---- KV cache ----
 
 def test_kvcache_appends_in_place_and_attends():

@@ -119,9 +119,11 @@ def _attention(q, k, v, *, dropout_p, softmax_scale, causal, window_size, softca
     rng_state = None
     if dropout_p > 0:
         rng_state = torch.randint(0, _RNG_HIGH, (2,), dtype=torch.int64, device="cpu")
+    # Eager and no gradient needed: the op's implementation directly (same result, no custom-op dispatch).
+    launch = _library.fwd_impl if "backward" not in features and not torch.compiler.is_compiling() else _library.fwd
     with nvtx.annotate(q.is_cuda, choice.generation, "fwd", validate.DTYPE_NAMES[q.dtype], head_dim,
                        (window_left, window_right), varlen):
-        out, lse, probs = _library.fwd(
+        out, lse, probs = launch(
             q, k, v, choice.generation, float(softmax_scale), int(window_left), int(window_right), float(softcap),
             alibi_slopes, float(dropout_p), rng_state, cu_seqlens_q, cu_seqlens_k, int(max_seqlen_q),
             int(max_seqlen_k), None, None, block_mask, int(block_size[0]), int(block_size[1]), bool(return_probs),
@@ -311,9 +313,10 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     # Inference only (like flash_attn): no autograd graph, since the backward does not take seqused_k.
     with torch.no_grad(), nvtx.annotate(q.is_cuda, choice.generation, "fwd", validate.DTYPE_NAMES[q.dtype],
                                         head_dim, (window_left, window_right)):
-        out, lse, _ = _library.fwd(qp, kc, vc, choice.generation, float(softmax_scale), int(window_left),
-                                   int(window_right), float(softcap), alibi_slopes, 0.0, None, None, None, seqlen_q,
-                                   k_cache.shape[1], seqused_k, cache_batch_idx, None, 0, 0, False, False)
+        launch = _library.fwd if torch.compiler.is_compiling() else _library.fwd_impl  # eager: no op dispatch
+        out, lse, _ = launch(qp, kc, vc, choice.generation, float(softmax_scale), int(window_left), int(window_right),
+                             float(softcap), alibi_slopes, 0.0, None, None, None, seqlen_q, k_cache.shape[1], seqused_k,
+                             cache_batch_idx, None, 0, 0, False, False)
     if out.shape[-1] != head_dim:
         out = out[..., :head_dim]
     return (out, lse) if return_softmax_lse else out
