@@ -56,19 +56,9 @@ def fwd_impl(q: Tensor, k: Tensor, v: Tensor, generation: str, softmax_scale: fl
     return out, lse, probs
 
 
-@torch.library.custom_op("flashgen::fwd", mutates_args=())
-def fwd(q: Tensor, k: Tensor, v: Tensor, generation: str, softmax_scale: float, window_left: int,
-        window_right: int, softcap: float, alibi_slopes: Optional[Tensor], dropout_p: float,
-        rng_state: Optional[Tensor], cu_seqlens_q: Optional[Tensor], cu_seqlens_k: Optional[Tensor],
-        max_seqlen_q: int, max_seqlen_k: int, seqused_k: Optional[Tensor], kv_batch_idx: Optional[Tensor],
-        block_mask: Optional[Tensor], block_m: int, block_n: int, return_probs: bool, deterministic: bool
-        ) -> Tuple[Tensor, Tensor, Tensor]:
-    """Forward of `generation`: (out like q, lse fp32, probs fp32 (batch, num_heads, seqlen_q, seqlen_k) or empty).
-
-    deterministic is not used by the forward; it is recorded for the backward (flashgen::bwd)."""
-    return fwd_impl(q, k, v, generation, softmax_scale, window_left, window_right, softcap, alibi_slopes, dropout_p,
-                    rng_state, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_k, kv_batch_idx,
-                    block_mask, block_m, block_n, return_probs, deterministic)
+# Forward of `generation`: (out like q, lse fp32, probs fp32 (batch, num_heads, seqlen_q, seqlen_k) or empty).
+# deterministic is not used by the forward; it is recorded for the backward (flashgen::bwd).
+fwd = torch.library.custom_op("flashgen::fwd", fwd_impl, mutates_args=())
 
 
 @fwd.register_fake
