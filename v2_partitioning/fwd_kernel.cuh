@@ -6,7 +6,8 @@
 // Pipeline: K and V tiles in kStages-deep cp.async rings, K issued kStages tiles ahead and V kStages - 1 (two
 // barriers per tile; kStages = 1 is FA2's schedule: V_i loads under Q K_i^T, K_{i+1} under P V_i).
 // Loop invariant (after tile i): o = sum_{j<=i} exp2(S_j*scale_log2 - m*scale_log2) V_j (dropout applied) and
-// l = the same sum of undropped probabilities, m = max of all scores seen; O = o / l once at the end.
+// l = the same sum of undropped probabilities, m = the running max: the max of all scores seen, or below it by at
+// most kLazyRescaleLog2 / scale_log2 (lazy rescaling, fwd_softmax.cuh); O = o / l once at the end.
 #pragma once
 
 #include <cstdint>
