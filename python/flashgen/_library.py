@@ -72,13 +72,12 @@ def _fwd_fake(q, k, v, generation, softmax_scale, window_left, window_right, sof
     return out, lse, probs
 
 
-@torch.library.custom_op("flashgen::bwd", mutates_args=())
-def bwd(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, generation: str,
-        softmax_scale: float, window_left: int, window_right: int, softcap: float, alibi_slopes: Optional[Tensor],
-        dropout_p: float, rng_state: Optional[Tensor], cu_seqlens_q: Optional[Tensor],
-        cu_seqlens_k: Optional[Tensor], max_seqlen_q: int, max_seqlen_k: int, block_mask: Optional[Tensor],
-        block_m: int, block_n: int, deterministic: bool) -> Tuple[Tensor, Tensor, Tensor]:
-    """Backward of `generation`: (dq, dk, dv) in the layouts and dtype of q, k, v."""
+def bwd_impl(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, generation: str,
+             softmax_scale: float, window_left: int, window_right: int, softcap: float, alibi_slopes: Optional[Tensor],
+             dropout_p: float, rng_state: Optional[Tensor], cu_seqlens_q: Optional[Tensor],
+             cu_seqlens_k: Optional[Tensor], max_seqlen_q: int, max_seqlen_k: int, block_mask: Optional[Tensor],
+             block_m: int, block_n: int, deterministic: bool) -> Tuple[Tensor, Tensor, Tensor]:
+    """What flashgen::bwd runs: (dq, dk, dv) of `generation` in the layouts and dtype of q, k, v."""
     seed, offset = _seed_offset(rng_state)
     varlen = cu_seqlens_q is not None
     if dout.stride(-1) != 1:
@@ -89,6 +88,9 @@ def bwd(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor,
         cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, max_seqlen_q=max_seqlen_q if varlen else None,
         max_seqlen_k=max_seqlen_k if varlen else None, block_mask=block_mask, block_size=(block_m, block_n),
         deterministic=deterministic)
+
+
+bwd = torch.library.custom_op("flashgen::bwd", bwd_impl, mutates_args=())
 
 
 @bwd.register_fake
@@ -113,16 +115,37 @@ def _setup_context(ctx, inputs, output):
     ctx.mark_non_differentiable(lse, probs)
 
 
-def _backward(ctx, dout, _dlse, _dprobs):
+def _backward(ctx, dout, _dlse, _dprobs, launch=None):
+    """launch: flashgen::bwd (default; traceable by torch.compile) or bwd_impl (the eager Function)."""
     q, k, v, out, lse, alibi_slopes, rng_state, cu_seqlens_q, cu_seqlens_k, block_mask = ctx.saved_tensors
     (generation, softmax_scale, window_left, window_right, softcap, dropout_p, max_seqlen_q, max_seqlen_k, block_m,
      block_n, deterministic) = ctx.args
     with nvtx.annotate(q.is_cuda, generation, "bwd", _DTYPE_NAMES[q.dtype], q.shape[-1], (window_left, window_right),
                        cu_seqlens_q is not None):
-        dq, dk, dv = bwd(dout, q, k, v, out, lse, generation, softmax_scale, window_left, window_right, softcap,
-                         alibi_slopes, dropout_p, rng_state, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-                         block_mask, block_m, block_n, deterministic)
+        dq, dk, dv = (launch or bwd)(dout, q, k, v, out, lse, generation, softmax_scale, window_left, window_right,
+                                     softcap, alibi_slopes, dropout_p, rng_state, cu_seqlens_q, cu_seqlens_k,
+                                     max_seqlen_q, max_seqlen_k, block_mask, block_m, block_n, deterministic)
     return (dq, dk, dv) + (None,) * _NUM_NON_GRAD_INPUTS
 
 
 fwd.register_autograd(_backward, setup_context=_setup_context)
+
+
+class EagerFwd(torch.autograd.Function):
+    """Eager training path: flashgen::fwd's implementation, context and backward (the functions above), without the
+    custom-op dispatch. torch's autograd wrapper for custom ops rebuilds the 22-argument schema's defaults on every
+    call (torch._library.utils.fill_defaults: 150 of the 250 us per call on the 2-core CI machine, tiny input).
+    torch.compile keeps tracing flashgen::fwd (interface.py picks): it refuses Function.apply when one tensor is
+    passed as q, k and v."""
+
+    @staticmethod
+    def forward(*inputs):
+        return fwd_impl(*inputs)
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        _setup_context(ctx, inputs, output)
+
+    @staticmethod
+    def backward(ctx, dout, dlse, dprobs):
+        return _backward(ctx, dout, dlse, dprobs, launch=bwd_impl)

@@ -119,8 +119,12 @@ def _attention(q, k, v, *, dropout_p, softmax_scale, causal, window_size, softca
     rng_state = None
     if dropout_p > 0:
         rng_state = torch.randint(0, _RNG_HIGH, (2,), dtype=torch.int64, device="cpu")
-    # Eager and no gradient needed: the op's implementation directly (same result, no custom-op dispatch).
-    launch = _library.fwd_impl if "backward" not in features and not torch.compiler.is_compiling() else _library.fwd
+    # torch.compile traces the custom op flashgen::fwd. Eager calls skip its dispatch: the implementation directly
+    # when no gradient is needed, else the same forward and backward through a torch.autograd.Function.
+    if torch.compiler.is_compiling():
+        launch = _library.fwd
+    else:
+        launch = _library.EagerFwd.apply if "backward" in features else _library.fwd_impl
     with nvtx.annotate(q.is_cuda, choice.generation, "fwd", validate.DTYPE_NAMES[q.dtype], head_dim,
                        (window_left, window_right), varlen):
         out, lse, probs = launch(
