@@ -426,3 +426,14 @@ def test_gpu_forward_where_compiled():
     out = flashgen.flash_attn_func(q, q, q, causal=True)
     (ref, _), (naive, _) = _ref_pair(q, q, q, causal=True)
     check_fa_rule(out, ref, naive, f"{ex.generation} causal bf16 d128")
+
+
+@pytest.mark.parametrize("transform", ["grad", "vmap"])
+def test_torch_func_transforms_are_refused_clearly(transform):
+    """torch.func's wrapper tensors have no storage for the native call: a NotImplementedError that says so."""
+    q = torch.randn(2, 1, 5, 2, 16)
+    with pytest.raises(NotImplementedError, match="torch.func transforms"):
+        if transform == "grad":
+            torch.func.grad(lambda x: flashgen.flash_attn_func(x, x, x, causal=True).sum())(q[0])
+        else:
+            torch.func.vmap(lambda x: flashgen.flash_attn_func(x, x, x))(q)
