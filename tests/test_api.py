@@ -47,9 +47,10 @@ def _check_grads(out, q, k, v, what, **kw):
     naive_in = [t.detach().clone().requires_grad_() for t in (q, k, v)]
     naive_out, _ = attention_ref(*naive_in, dtype=q.dtype, **kw)
     naive_grads = torch.autograd.grad(naive_out, naive_in, dout)
+    n_terms = max(q.shape[-3], k.shape[-3])  # the longest sum a gradient element accumulates (seqlen)
     for name, g, r, n in zip(("dq", "dk", "dv"), grads, ref_grads, naive_grads):
         assert g.shape == r.shape, f"{what} {name}: shape {tuple(g.shape)} != {tuple(r.shape)}"
-        check_fa_rule(g, r, n, f"{what} {name}", BWD_FACTOR)
+        testing.check_fa_rule(f"{what} {name}", g, r, n, BWD_FACTOR, floor=testing.grad_floor(g, r, n_terms))
 
 
 # ---- flash_attn_func ----
@@ -358,6 +359,7 @@ def test_gradients_varlen():
 
 def test_dropout_matches_philox_spec_forward_and_backward():
     batch, seqlen, num_heads, head_dim, p = 2, 37, 2, 32, 0.2
+    torch.manual_seed(0)  # inputs independent of the tests that ran before
     q, k, v = (_rand(batch, seqlen, num_heads, head_dim, dtype=torch.float32, grad=True) for _ in range(3))
     torch.manual_seed(1234)
     out = flashgen.flash_attn_func(q, k, v, dropout_p=p, causal=True)
