@@ -1,19 +1,26 @@
 #!/usr/bin/env bash
 # Profile one v2 kernel launch of tools/run_once.py with ncu (on the device; clocks left alone) and write, under
-# ${OUT:-.}/ncu_<kernel>_d<head_dim>_s<seqlen>: the report (.ncu-rep), a text summary (sections + stall reasons) and
+# ${OUT:-.}/ncu_<impl>_<kernel>_d<head_dim>_s<seqlen>_c<causal>: the report (.ncu-rep), a text summary (sections + stall reasons) and
 # the per-instruction SASS table with stall samples (.sass.csv) for reading here.
-#   bash tools/ncu_kernel.sh bwd_kernel 128 8192 [causal 0/1]
+#   bash tools/ncu_kernel.sh bwd_kernel 128 8192 [causal 0/1] [impl v2/sdpa-flash]
 set -uo pipefail
-kernel=$1 d=$2 s=$3 causal=${4:-0}
-out=${OUT:-.}/ncu_${kernel}_d${d}_s${s}_c${causal}
+kernel=$1 d=$2 s=$3 causal=${4:-0} impl=${5:-v2}
+out=${OUT:-.}/ncu_${impl}_${kernel}_d${d}_s${s}_c${causal}
 stalls=$(printf 'smsp__average_warps_issue_stalled_%s_per_issue_active.ratio,' barrier long_scoreboard \
   short_scoreboard mio_throttle math_pipe_throttle wait not_selected selected lg_throttle dispatch_stall \
   no_instruction membar branch_resolving tex_throttle drain sleeping misc)
+# Totals to compare two kernels doing the same work (ours and the peer's): instructions, tensor-pipe activity,
+# shared-memory wavefronts, the global reduction (dQ atomics) requests and sectors.
+totals=smsp__inst_executed.sum,sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active,\
+l1tex__data_pipe_lsu_wavefronts_mem_shared.sum,l1tex__data_bank_conflicts_pipe_lsu_mem_shared.sum,\
+l1tex__t_requests_pipe_lsu_mem_global_op_red.sum,l1tex__t_sectors_pipe_lsu_mem_global_op_red.sum,\
+l1tex__t_requests_pipe_lsu_mem_global_op_atom.sum,l1tex__t_sectors_pipe_lsu_mem_global_op_atom.sum,\
+l1tex__throughput.avg.pct_of_peak_sustained_active,sm__warps_active.avg.pct_of_peak_sustained_active
 ncu --clock-control none -k "regex:$kernel" --launch-skip 1 --launch-count 1 --import-source no \
   --section SpeedOfLight --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis_Tables \
-  --section WarpStateStats --section SourceCounters --section LaunchStats --section Occupancy \
-  --metrics "${stalls%,}" -o "$out" -f python3 tools/run_once.py "$d" "$s" "$causal" > "$out.log" 2>&1
+  --section WarpStateStats --section SourceCounters --section LaunchStats --section Occupancy --section InstructionStats \
+  --metrics "${stalls%,},$totals" -o "$out" -f python3 tools/run_once.py "$d" "$s" "$causal" "$impl" > "$out.log" 2>&1
 ncu -i "$out.ncu-rep" --print-details all > "$out.txt" 2>&1
-ncu -i "$out.ncu-rep" --page raw --csv --metrics "${stalls%,}" >> "$out.txt" 2>&1
+ncu -i "$out.ncu-rep" --page raw --csv --metrics "${stalls%,},$totals" >> "$out.txt" 2>&1
 ncu -i "$out.ncu-rep" --page source --csv --print-source sass > "$out.sass.csv" 2>&1
 ls -la "$out".*
