@@ -108,6 +108,15 @@ Status run_bwd(const std::string& generation, const AttnBwdParams& p, std::uintp
   return Status::not_implemented("generation '" + generation + "' backward was not compiled into this build");
 }
 
+// Floats of dq_accum (common/params.h) that generation's backward needs for p; 0 when it uses none.
+int64_t bwd_dq_accum_floats(const std::string& generation, const AttnBwdParams& p) {
+  (void)p;
+#if defined(FLASHGEN_HAS_V2)
+  if (generation == "v2") return flashgen::v2::bwd_dq_accum_floats(p);
+#endif
+  return 0;
+}
+
 py::dict build_info() {
   py::dict info;
   py::list instances;
@@ -188,7 +197,7 @@ PYBIND11_MODULE(_C, m) {
       FG_RW(AttnBwdParams, dk_batch_stride) FG_RW(AttnBwdParams, dk_row_stride) FG_RW(AttnBwdParams, dk_head_stride)
       FG_RW(AttnBwdParams, dv_batch_stride) FG_RW(AttnBwdParams, dv_row_stride) FG_RW(AttnBwdParams, dv_head_stride)
       FG_PTR(AttnBwdParams, dsoftmax_sum, float*) FG_PTR(AttnBwdParams, dq_accum, float*)
-      FG_RW(AttnBwdParams, deterministic);
+      FG_RW(AttnBwdParams, dq_accum_floats) FG_RW(AttnBwdParams, deterministic);
 
   m.def(
       "fwd",
@@ -215,5 +224,7 @@ PYBIND11_MODULE(_C, m) {
         raise_if_failed(s);
       },
       py::arg("generation"), py::arg("params"), py::arg("stream") = 0, "Run a generation's backward.");
+  m.def("bwd_dq_accum_floats", &bwd_dq_accum_floats, py::arg("generation"), py::arg("params"),
+        "Floats of the zeroed dq_accum workspace the generation's backward needs for params (0: none).");
   m.def("build_info", &build_info, "What this build compiled: instances (generation, kind, dtype, head dim), archs, CUDA.");
 }

@@ -84,13 +84,12 @@ struct AttnBwdParams : AttnParams {
   // index with varlen, where seqlen_q is the padded max, so the layouts are dense either way.
   //   dsoftmax_sum: D = rowsum(dO * O) fp32, element (b, h, row) at (b * num_heads + h) * seqlen_q + row;
   //                 at least batch * num_heads * (seqlen_q + 128) floats.
-  //   dq_accum:     ZEROED fp32 dQ accumulator (before softmax_scale), element (b, h, row, col) at
-  //                 ((b * num_heads + h) * seqlen_q + row) * head_dim + col, at least batch * num_heads *
-  //                 (seqlen_q + 128) * head_dim floats; then (v2 deterministic mode) int32 counters from float
-  //                 offset batch * num_heads * seqlen_q * head_dim on, (b, h, query block) at
-  //                 (b * num_heads + h) * ceil(seqlen_q / block_m) + m_block, block_m >= 16.
+  //   dq_accum:     ZEROED fp32 dQ accumulator (before softmax_scale) of dq_accum_floats floats, in the layout of
+  //                 the generation that runs (the binding's bwd_workspace gives the size to allocate). v2: rows
+  //                 and columns padded to its tiles, see v2_partitioning/tile_config.h (dq_accum_floats).
   float* dsoftmax_sum = nullptr;
   float* dq_accum = nullptr;
+  int64_t dq_accum_floats = 0;
   bool deterministic = false;
 };
 

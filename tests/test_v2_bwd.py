@@ -235,10 +235,16 @@ def test_flash_attn_func_autograd(head_dim, version):
                       floor=grad_floor(got, ref, 170))
 
 
-def test_host_checks():
+def test_host_checks(monkeypatch):
     torch.manual_seed(12)
     q = _randn(1, 8, 1, 64, dtype=torch.bfloat16)
     out, lse, _ = _ops.forward("v2", q, q, q, softmax_scale=0.1)
+    # A dq_accum smaller than v2's padded layout (tile_config.h) is refused before any launch.
+    real = _native.C.bwd_dq_accum_floats
+    monkeypatch.setattr(_native.C, "bwd_dq_accum_floats", lambda gen, p: real(gen, p) - 1)
+    with pytest.raises(ValueError, match="dq_accum_floats"):
+        _ops.backward("v2", out, q, q, q, out, lse, softmax_scale=0.1)
+    monkeypatch.undo()
     with pytest.raises(NotImplementedError, match="dtype"):
         _ops.backward("v2", out.float(), q.float(), q.float(), q.float(), out.float(), lse, softmax_scale=0.1)
     mask = torch.ones(1, 1, 1, dtype=torch.uint8, device="cuda")

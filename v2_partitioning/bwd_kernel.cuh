@@ -29,8 +29,9 @@ namespace v2 {
 // same m_block_range every CTA uses), then raises it: the additions into one query block happen in key-block
 // order. A CTA waits only on lower key blocks of its (batch, kv head), which have lower linear block indices and
 // were scheduled first, and they never wait on it: no cycle, no deadlock (FA3's semaphore scheme).
+template <int kHeadDim>
 FH_HD int64_t dq_semaphore_offset(const AttnParams& p) {
-  return static_cast<int64_t>(p.batch) * p.num_heads * p.seqlen_q * p.head_dim;  // floats before the counters
+  return static_cast<int64_t>(p.batch) * p.num_heads * dq_accum_rows(p.seqlen_q) * kHeadDim;  // tile_config.h
 }
 
 // Key blocks below n_block whose query-block range contains m_block.
@@ -49,31 +50,33 @@ __device__ __forceinline__ int load_acquire(const int* ptr) {
   return v;
 }
 
-// dq_accum[row, col] += the dQ fragment of one warp. g_acc points at the warp's (row 0, col 0) in dq_accum, whose
-// rows are head_dim floats apart; rows >= rows_left are skipped, and so are columns >= cols_left unless every
-// column is in range (full_cols, the usual case: head_dim == the bucket). Each row's address is formed once, the
-// n8 tiles add compile-time offsets (ptxas had rebuilt a 64-bit address for every atomic, ~15 integer ops each).
-template <int kAtoms, int kTiles>
-__device__ __forceinline__ void atomic_add_dq(float* g_acc, const float (&acc)[kAtoms][kTiles][4], int rows_left,
-                                              int cols_left, bool full_cols, int head_dim, int lane) {
+// dst[0], dst[1] += a, b without a return value: one 8-byte RED on sm_90 (red.global.add.v2.f32, PTX 8.1).
+// atomicAdd(float2*) compiles to ATOM, which returns the old values: ncu saw ATOMG, and the source registers stay
+// live until the atomic completes.
+__device__ __forceinline__ void red_add_f32x2(float* dst, float a, float b) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("red.global.add.v2.f32 [%0], {%1, %2};\n" ::"l"(dst), "f"(a), "f"(b));
+#else
+  atomicAdd(dst, a);  // result unused: RED
+  atomicAdd(dst + 1, b);
+#endif
+}
+
+// dq_accum[row, col] += the dQ fragment (kAtoms x 16, kTiles x 8) of one warp; g_acc points at the warp's (row 0,
+// col 0) in dq_accum, whose rows are kRowStride floats apart. dq_accum is padded to whole tiles (tile_config.h),
+// so no bounds checks: one address per lane, compile-time offsets, no branches. (ncu, d128, before the padding:
+// ~20 instructions around each atomic, a branch region and a rebuilt 64-bit address: a fifth of the kernel's.)
+template <int kRowStride, int kAtoms, int kTiles>
+__device__ __forceinline__ void red_add_dq_tile(float* g_acc, const float (&acc)[kAtoms][kTiles][4], int lane) {
+  float* dst = g_acc + (lane / 4) * kRowStride + 2 * (lane % 4);
 #pragma unroll
   for (int a = 0; a < kAtoms; ++a)
 #pragma unroll
-    for (int half = 0; half < 2; ++half) {
-      const int r = a * 16 + half * 8 + lane / 4;
-      if (r >= rows_left) continue;
-      float* dst = g_acc + r * head_dim + 2 * (lane % 4);
+    for (int half = 0; half < 2; ++half)
 #pragma unroll
       for (int j = 0; j < kTiles; ++j) {
-        if (!full_cols && j * 8 + 2 * (lane % 4) >= cols_left) continue;  // head_dim % 8 == 0: col + 1 in range
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-        atomicAdd(reinterpret_cast<float2*>(dst + j * 8), make_float2(acc[a][j][half * 2], acc[a][j][half * 2 + 1]));
-#else
-        atomicAdd(dst + j * 8, acc[a][j][half * 2]);
-        atomicAdd(dst + j * 8 + 1, acc[a][j][half * 2 + 1]);
-#endif
+        red_add_f32x2(dst + (a * 16 + half * 8) * kRowStride + j * 8, acc[a][j][half * 2], acc[a][j][half * 2 + 1]);
       }
-    }
 }
 
 template <typename T>
@@ -101,7 +104,7 @@ __global__ void __launch_bounds__(T::kNThreads, 1) bwd_kernel(const __grid_const
                        static_cast<int64_t>(n_begin) * p.v_row_stride;
   const int64_t do_seq = q_side_offset(p, batch, p.do_batch_stride, p.do_row_stride);
 
-  int* sem = reinterpret_cast<int*>(p.dq_accum + dq_semaphore_offset(p));  // deterministic mode only
+  int* sem = reinterpret_cast<int*>(p.dq_accum + dq_semaphore_offset<T::kHeadDim>(p));  // deterministic mode only
   const int m_blocks_max = ceil_div(p.seqlen_q, T::kBlockM);
 
   // Step i's (query head, query block), head-major; advanced by one per step (no division in the loop).
@@ -184,7 +187,6 @@ __global__ void __launch_bounds__(T::kNThreads, 1) bwd_kernel(const __grid_const
   ga.has_softcap = p.softcap > 0.f;
   ga.has_dropout = p.p_dropout > 0.f;
   const uint32_t threshold = dropout_threshold(p.p_dropout);
-  const bool full_cols = p.head_dim == T::kHeadDim;
   int head = head_k * group, m_block = mr.begin;           // step i
   int next_head = head, next_m_block = m_block;            // step i + 1
   next_step(next_head, next_m_block);
@@ -274,7 +276,7 @@ __global__ void __launch_bounds__(T::kNThreads, 1) bwd_kernel(const __grid_const
       __syncthreads();
     }
     const int dq_row0 = m_begin + dq_wm * T::kDqWarpRows, dq_col0 = dq_wd * T::kDqWarpCols;
-    float* g_acc = p.dq_accum + (bwd_row_index(p, batch, head) + dq_row0) * p.head_dim + dq_col0;
+    float* g_acc = p.dq_accum + (dq_accum_index(p, batch, head) + dq_row0) * T::kHeadDim + dq_col0;
 #pragma unroll
     for (int sl = 0; sl < T::kDqSplit; ++sl) {
       constexpr int kSliceCols = T::kDqSliceTiles * 8;
@@ -286,8 +288,7 @@ __global__ void __launch_bounds__(T::kNThreads, 1) bwd_kernel(const __grid_const
           [&](int kk, int jp, uint32_t(&f)[4]) {
             ldmatrix_x4_trans(f, kt_b.at(2 * jp + sl * T::kDqSliceTiles, kk * 16 * T::kRowBytesD));
           });
-      atomic_add_dq(g_acc + sl * kSliceCols, acc_dq, seq.seqlen_q - dq_row0, p.head_dim - dq_col0 - sl * kSliceCols,
-                    full_cols, p.head_dim, lane);
+      red_add_dq_tile<T::kHeadDim>(g_acc + sl * kSliceCols, acc_dq, lane);
     }
     if (p.deterministic) {
       __threadfence();

@@ -2,7 +2,7 @@
 //   preprocess : D = rowsum(dO * O) in fp32 per (batch, head, row), into p.dsoftmax_sum;
 //   postprocess: dQ = softmax_scale * dq_accum, fp32 -> the input dtype, 16-byte stores.
 // Partition of both: grid (row blocks, num_heads, batch) -> threads over (row, 16-byte chunk), 8 threads per row
-// in the preprocess (shuffle-reduced). Workspace layouts: AttnBwdParams (common/params.h), bwd_row_index below.
+// in the preprocess (shuffle-reduced). Workspace layouts: AttnBwdParams (common/params.h), bwd_row_index and dq_accum_index below.
 #pragma once
 
 #include <cstdint>
@@ -10,6 +10,7 @@
 #include "common/mask.h"
 #include "common/params.h"
 #include "v2_partitioning/mma.cuh"
+#include "v2_partitioning/tile_config.h"
 
 namespace flashgen {
 namespace v2 {
@@ -19,10 +20,16 @@ constexpr int kPreThreadsPerRow = 8;  // lanes sharing one row's dot product (sh
 constexpr int kPreRows = 64;          // rows per preprocess CTA
 constexpr int kPostRows = 32;         // rows per postprocess CTA
 
-// Index of (batch, head, row 0) in dsoftmax_sum, and of (batch, head, row 0, col 0) in dq_accum (times head_dim).
-// Varlen: batch is the sequence index and seqlen_q the padded max, so both layouts are dense in any case.
+// Index of (batch, head, row 0) in dsoftmax_sum. Varlen: batch is the sequence index and seqlen_q the padded max,
+// so the layout is dense in any case.
 FH_HD int64_t bwd_row_index(const AttnParams& p, int batch, int head) {
   return (static_cast<int64_t>(batch) * p.num_heads + head) * p.seqlen_q;
+}
+
+// Row of (batch, head, row 0) in dq_accum, whose rows are padded to dq_accum_rows and hold the bucket's kHeadDim
+// floats (tile_config.h).
+FH_HD int64_t dq_accum_index(const AttnParams& p, int batch, int head) {
+  return (static_cast<int64_t>(batch) * p.num_heads + head) * dq_accum_rows(p.seqlen_q);
 }
 
 // Element offset of (sequence `batch`, row 0, head 0) in a q-side tensor (dout, dq) with its own strides.
@@ -64,14 +71,14 @@ __global__ void __launch_bounds__(kPrepostThreads) bwd_preprocess_kernel(const _
   }
 }
 
-template <typename Tag>
+template <typename Tag, int kHeadDim>
 __global__ void __launch_bounds__(kPrepostThreads) bwd_postprocess_kernel(const __grid_constant__ AttnBwdParams p) {
   using Element = typename Tag::type;
   const int head = blockIdx.y, batch = blockIdx.z;
   const int seqlen_q = p.cu_seqlens_q ? p.cu_seqlens_q[batch + 1] - p.cu_seqlens_q[batch] : p.seqlen_q;
   const int m_begin = blockIdx.x * kPostRows;
   if (m_begin >= seqlen_q) return;
-  const float* g_acc = p.dq_accum + bwd_row_index(p, batch, head) * p.head_dim;
+  const float* g_acc = p.dq_accum + dq_accum_index(p, batch, head) * kHeadDim;
   Element* g_dq = static_cast<Element*>(p.dq) + q_side_offset(p, batch, p.dq_batch_stride, p.dq_row_stride) +
                   head * p.dq_head_stride;
   const int chunks = p.head_dim / 8;
@@ -79,7 +86,7 @@ __global__ void __launch_bounds__(kPrepostThreads) bwd_postprocess_kernel(const 
   for (int idx = threadIdx.x; idx < kPostRows * chunks; idx += kPrepostThreads) {
     const int row = m_begin + idx / chunks, chunk = idx % chunks;
     if (row >= seqlen_q) break;  // idx grows with row
-    const float4* src = reinterpret_cast<const float4*>(g_acc + static_cast<int64_t>(row) * p.head_dim + chunk * 8);
+    const float4* src = reinterpret_cast<const float4*>(g_acc + static_cast<int64_t>(row) * kHeadDim + chunk * 8);
     const float4 lo = src[0], hi = src[1];
     const float s = p.softmax_scale;
     uint4 out;

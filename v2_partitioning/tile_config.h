@@ -83,6 +83,28 @@ constexpr int bwd_smem_bytes(int head_dim_bucket) {
              2 +
          4 * bwd_tile_config(head_dim_bucket).block_m * 4;
 }
+// dq_accum (common/params.h), v2's layout: per (batch or sequence b, head h) a block of dq_accum_rows(seqlen_q)
+// rows of `bucket` floats (the head-dim bucket the backward runs in), element (b, h, row, col) at
+// ((b * num_heads + h) * dq_accum_rows(seqlen_q) + row) * bucket + col; then the deterministic mode's int32
+// counters, one per (b, h, query block of block_m rows), dq_counters of them. Rows and columns are padded so that
+// every warp's dQ tile lies inside its own (b, h) block: the atomics need no bounds checks (rows past seqlen_q and
+// columns past head_dim receive exact zeros: P = 0 there, and K's padded columns load as zeros).
+constexpr int kDqAccumRowAlign = 128;  // a multiple of every backward block_m
+constexpr int64_t dq_accum_rows(int seqlen_q) {
+  return (static_cast<int64_t>(seqlen_q) + kDqAccumRowAlign - 1) / kDqAccumRowAlign * kDqAccumRowAlign;
+}
+constexpr int64_t dq_counters(int batch, int num_heads, int seqlen_q) {
+  return static_cast<int64_t>(batch) * num_heads * ((seqlen_q + 15) / 16);  // block_m >= 16
+}
+constexpr int64_t dq_accum_floats(int batch, int num_heads, int seqlen_q, int bucket) {
+  return static_cast<int64_t>(batch) * num_heads * dq_accum_rows(seqlen_q) * bucket +
+         dq_counters(batch, num_heads, seqlen_q);
+}
+static_assert(kDqAccumRowAlign % bwd_tile_config(64).block_m == 0 &&
+                  kDqAccumRowAlign % bwd_tile_config(128).block_m == 0 &&
+                  kDqAccumRowAlign % bwd_tile_config(256).block_m == 0,
+              "dq_accum rows must pad to whole query blocks");
+
 static_assert(bwd_smem_bytes(64) <= kMaxSmemPerBlock && bwd_smem_bytes(128) <= kMaxSmemPerBlock &&
                   bwd_smem_bytes(256) <= kMaxSmemPerBlock,
               "a v2 backward tile exceeds the shared memory of one CTA");

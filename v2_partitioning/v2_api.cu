@@ -12,6 +12,7 @@
 #include "v2_partitioning/bwd_launch.h"
 #include "v2_partitioning/fwd_launch.h"
 #include "v2_partitioning/mma.cuh"
+#include "v2_partitioning/tile_config.h"
 #include "v2_partitioning/v2_api.h"
 
 namespace flashgen {
@@ -120,6 +121,11 @@ Status fwd(const AttnParams& p, void* stream) {
   return Status::not_implemented("v2 forward: no instance for bucket " + std::to_string(bucket));
 }
 
+int64_t bwd_dq_accum_floats(const AttnBwdParams& p) {
+  const int bucket = bwd_bucket(p.dtype, p.head_dim);
+  return bucket == 0 ? 0 : dq_accum_floats(p.batch, p.num_heads, p.seqlen_q, bucket);
+}
+
 Status bwd(const AttnBwdParams& p, void* stream) {
   int bucket = 0;
   const Status shared = check_shared(p, /*forward=*/false, &bucket);
@@ -141,6 +147,11 @@ Status bwd(const AttnBwdParams& p, void* stream) {
   }
   if (reinterpret_cast<uintptr_t>(p.dq_accum) % kVectorBytes != 0) {
     return Status::invalid("dq_accum: v2 needs a 16-byte aligned workspace");
+  }
+  const int64_t need = dq_accum_floats(p.batch, p.num_heads, p.seqlen_q, bucket);
+  if (p.dq_accum_floats < need) {
+    return Status::invalid("dq_accum_floats: v2 needs " + std::to_string(need) + " floats of dq_accum for this " +
+                           "problem (bwd_workspace), got " + std::to_string(p.dq_accum_floats));
   }
   // Nothing to launch only when no gradient element exists; with seqlen_q == 0 the kernel still writes dK = dV = 0.
   if (p.batch == 0 || (p.seqlen_q == 0 && p.seqlen_k == 0)) return Status::ok();

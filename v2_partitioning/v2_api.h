@@ -12,8 +12,12 @@ namespace v2 {
 // (message names the argument), launches asynchronously, returns the launch error. Never synchronizes.
 Status fwd(const AttnParams& p, void* stream);
 
-// Backward: not implemented yet (next issue); returns Status::not_implemented.
+// Backward on `stream`: dq, dk, dv from dout and the forward's out and lse, through the caller's workspaces
+// (common/params.h). Checks on the host, launches asynchronously (preprocess, main kernel, postprocess).
 Status bwd(const AttnBwdParams& p, void* stream);
+
+// Floats of dq_accum that bwd needs for p (its layout: tile_config.h); 0 when no instance covers p.
+int64_t bwd_dq_accum_floats(const AttnBwdParams& p);
 
 }  // namespace v2
 }  // namespace flashgen

@@ -152,16 +152,16 @@ def backward(generation: str, dout: torch.Tensor, q: torch.Tensor, k: torch.Tens
     p.dq_batch_stride, p.dq_row_stride, p.dq_head_stride = _strides(dq, varlen_q)
     p.dk_batch_stride, p.dk_row_stride, p.dk_head_stride = _strides(dk, varlen_k)
     p.dv_batch_stride, p.dv_row_stride, p.dv_head_stride = _strides(dv, varlen_k)
-    # Workspaces (layouts documented on AttnBwdParams in common/params.h): D = rowsum(dO * O) per (sequence, head,
-    # row) and a zeroed fp32 dQ accumulator, rows rounded up by 128 so every generation can use them, followed by
-    # one int32 counter per (sequence, head, 16-row query block) that v2's deterministic mode orders dQ with.
+    # Workspaces (documented on AttnBwdParams in common/params.h): D = rowsum(dO * O) per (sequence, head, row),
+    # rows rounded up by 128 so every generation can use it, and the zeroed fp32 dQ accumulator in the layout and
+    # size the generation asks for (v2: padded to its tiles, then its deterministic mode's counters).
     rows = (cu_seqlens_q.numel() - 1) * (p.seqlen_q + 128) if varlen_q else batch * (p.seqlen_q + 128)
     dsum = torch.empty(rows * p.num_heads, dtype=torch.float32, device=q.device)
     p.dsoftmax_sum = dsum.data_ptr()
-    if q.is_cuda:
-        counters = batch * p.num_heads * (-(-p.seqlen_q // 16) + 1)
-        dq_accum = torch.zeros(rows * p.num_heads * p.head_dim + counters, dtype=torch.float32, device=q.device)
-        p.dq_accum = dq_accum.data_ptr()
+    accum_floats = _native.C.bwd_dq_accum_floats(generation, p)
+    if accum_floats > 0:
+        dq_accum = torch.zeros(accum_floats, dtype=torch.float32, device=q.device)
+        p.dq_accum, p.dq_accum_floats = dq_accum.data_ptr(), accum_floats
     p.deterministic = bool(deterministic)
     _native.C.bwd(generation, p, _stream_of(q))
     return dq, dk, dv
