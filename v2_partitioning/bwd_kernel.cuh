@@ -50,33 +50,31 @@ __device__ __forceinline__ int load_acquire(const int* ptr) {
   return v;
 }
 
-// dst[0], dst[1] += a, b without a return value: one 8-byte RED on sm_90 (red.global.add.v2.f32, PTX 8.1).
-// atomicAdd(float2*) compiles to ATOM, which returns the old values: ncu saw ATOMG, and the source registers stay
-// live until the atomic completes.
-__device__ __forceinline__ void red_add_f32x2(float* dst, float a, float b) {
+// dst[0..3] += v without a return value: one 16-byte RED on sm_90 (red.global.add.v4.f32, PTX 8.1; dst 16-byte
+// aligned). atomicAdd on vector types compiles to ATOM, which returns the old values and keeps its source
+// registers busy until it completes.
+__device__ __forceinline__ void red_add_f32x4(float* dst, const float (&v)[4]) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("red.global.add.v2.f32 [%0], {%1, %2};\n" ::"l"(dst), "f"(a), "f"(b));
+  asm volatile("red.global.add.v4.f32 [%0], {%1, %2, %3, %4};\n" ::"l"(dst), "f"(v[0]), "f"(v[1]), "f"(v[2]),
+               "f"(v[3])
+               : "memory");
 #else
-  atomicAdd(dst, a);  // result unused: RED
-  atomicAdd(dst + 1, b);
+#pragma unroll
+  for (int e = 0; e < 4; ++e) atomicAdd(dst + e, v[e]);  // result unused: RED
 #endif
 }
 
-// dq_accum[row, col] += the dQ fragment (kAtoms x 16, kTiles x 8) of one warp; g_acc points at the warp's (row 0,
-// col 0) in dq_accum, whose rows are kRowStride floats apart. dq_accum is padded to whole tiles (tile_config.h),
-// so no bounds checks: one address per lane, compile-time offsets, no branches. (ncu, d128, before the padding:
-// ~20 instructions around each atomic, a branch region and a rebuilt 64-bit address: a fifth of the kernel's.)
-template <int kRowStride, int kAtoms, int kTiles>
-__device__ __forceinline__ void red_add_dq_tile(float* g_acc, const float (&acc)[kAtoms][kTiles][4], int lane) {
-  float* dst = g_acc + (lane / 4) * kRowStride + 2 * (lane % 4);
+// dq_accum += the dQ fragment (kAtoms x 16, kTiles x 8) of one warp, n8 tiles j0 .. j0 + kTiles - 1 of its
+// kDqTiles. g_warp points at the warp's share of the query block in dq_accum (fragment order,
+// BwdTraits::dq_frag_offset). dq_accum is padded to whole blocks (tile_config.h), so no bounds checks: rows past
+// seqlen_q and columns past head_dim add exact zeros. One address per lane, compile-time offsets, no branches.
+template <int kDqTiles, int kAtoms, int kTiles>
+__device__ __forceinline__ void red_add_dq(float* g_warp, const float (&acc)[kAtoms][kTiles][4], int j0, int lane) {
+  float* dst = g_warp + lane * 4;
 #pragma unroll
   for (int a = 0; a < kAtoms; ++a)
 #pragma unroll
-    for (int half = 0; half < 2; ++half)
-#pragma unroll
-      for (int j = 0; j < kTiles; ++j) {
-        red_add_f32x2(dst + (a * 16 + half * 8) * kRowStride + j * 8, acc[a][j][half * 2], acc[a][j][half * 2 + 1]);
-      }
+    for (int j = 0; j < kTiles; ++j) red_add_f32x4(dst + (a * kDqTiles + j0 + j) * 32 * 4, acc[a][j]);
 }
 
 template <typename T>
@@ -275,11 +273,11 @@ __global__ void __launch_bounds__(T::kNThreads, 1) bwd_kernel(const __grid_const
       }
       __syncthreads();
     }
-    const int dq_row0 = m_begin + dq_wm * T::kDqWarpRows, dq_col0 = dq_wd * T::kDqWarpCols;
-    float* g_acc = p.dq_accum + (dq_accum_index(p, batch, head) + dq_row0) * T::kHeadDim + dq_col0;
+    // This warp's share of the query block in dq_accum (fragment order, BwdTraits::dq_frag_offset).
+    float* g_warp = p.dq_accum + (dq_accum_index(p, batch, head) + m_begin) * T::kHeadDim +
+                    (dq_wd * T::kDqWarpsM + dq_wm) * T::kDqWarpFloats;
 #pragma unroll
     for (int sl = 0; sl < T::kDqSplit; ++sl) {
-      constexpr int kSliceCols = T::kDqSliceTiles * 8;
       float acc_dq[T::kDqAtoms][T::kDqSliceTiles][4];  // (kDqWarpRows, kSliceCols) fp32, C-fragment layout
       zero_acc(acc_dq);
       warp_gemm<Tag, T::kDqAtoms, T::kDqSliceTiles, T::kBlockN / 16>(
@@ -288,7 +286,7 @@ __global__ void __launch_bounds__(T::kNThreads, 1) bwd_kernel(const __grid_const
           [&](int kk, int jp, uint32_t(&f)[4]) {
             ldmatrix_x4_trans(f, kt_b.at(2 * jp + sl * T::kDqSliceTiles, kk * 16 * T::kRowBytesD));
           });
-      red_add_dq_tile<T::kHeadDim>(g_acc + sl * kSliceCols, acc_dq, lane);
+      red_add_dq<T::kDqTiles>(g_warp, acc_dq, sl * T::kDqSliceTiles, lane);
     }
     if (p.deterministic) {
       __threadfence();

@@ -57,7 +57,7 @@ Status launch_bwd(const AttnBwdParams& p, cudaStream_t stream) {
     if (!st.is_ok()) return st;
   }
   if (p.seqlen_q == 0) return Status::ok();
-  bwd_postprocess_kernel<Tag, kHeadDim><<<dim3(ceil_div(p.seqlen_q, kPostRows), p.num_heads, p.batch), kPrepostThreads, 0,
+  bwd_postprocess_kernel<T><<<dim3(ceil_div(p.seqlen_q, kPostRows), p.num_heads, p.batch), kPrepostThreads, 0,
                                 stream>>>(p);
   return bwd_cuda_status(cudaGetLastError(), "bwd_postprocess_kernel launch");
 }

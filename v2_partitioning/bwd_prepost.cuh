@@ -2,13 +2,15 @@
 //   preprocess : D = rowsum(dO * O) in fp32 per (batch, head, row), into p.dsoftmax_sum;
 //   postprocess: dQ = softmax_scale * dq_accum, fp32 -> the input dtype, 16-byte stores.
 // Partition of both: grid (row blocks, num_heads, batch) -> threads over (row, 16-byte chunk), 8 threads per row
-// in the preprocess (shuffle-reduced). Workspace layouts: AttnBwdParams (common/params.h), bwd_row_index and dq_accum_index below.
+// in the preprocess (shuffle-reduced). Workspace layouts: AttnBwdParams (common/params.h), bwd_row_index and
+// dq_accum_index below.
 #pragma once
 
 #include <cstdint>
 
 #include "common/mask.h"
 #include "common/params.h"
+#include "v2_partitioning/bwd_traits.cuh"
 #include "v2_partitioning/mma.cuh"
 #include "v2_partitioning/tile_config.h"
 
@@ -27,7 +29,7 @@ FH_HD int64_t bwd_row_index(const AttnParams& p, int batch, int head) {
 }
 
 // Row of (batch, head, row 0) in dq_accum, whose rows are padded to dq_accum_rows and hold the bucket's kHeadDim
-// floats (tile_config.h).
+// floats (tile_config.h); each query block's kBlockM rows hold its dQ in fragment order (BwdTraits).
 FH_HD int64_t dq_accum_index(const AttnParams& p, int batch, int head) {
   return (static_cast<int64_t>(batch) * p.num_heads + head) * dq_accum_rows(p.seqlen_q);
 }
@@ -71,14 +73,17 @@ __global__ void __launch_bounds__(kPrepostThreads) bwd_preprocess_kernel(const _
   }
 }
 
-template <typename Tag, int kHeadDim>
+// dq_accum is in the main kernel's fragment order (BwdTraits::dq_frag_offset): the 8 columns of one output chunk
+// are 4 float2 of consecutive lanes' accumulators.
+template <typename T>
 __global__ void __launch_bounds__(kPrepostThreads) bwd_postprocess_kernel(const __grid_constant__ AttnBwdParams p) {
-  using Element = typename Tag::type;
+  using Tag = typename T::DTag;
+  using Element = typename T::Element;
   const int head = blockIdx.y, batch = blockIdx.z;
   const int seqlen_q = p.cu_seqlens_q ? p.cu_seqlens_q[batch + 1] - p.cu_seqlens_q[batch] : p.seqlen_q;
   const int m_begin = blockIdx.x * kPostRows;
   if (m_begin >= seqlen_q) return;
-  const float* g_acc = p.dq_accum + dq_accum_index(p, batch, head) * kHeadDim;
+  const float* g_acc = p.dq_accum + dq_accum_index(p, batch, head) * T::kHeadDim;  // (dq_accum_rows, kHeadDim)
   Element* g_dq = static_cast<Element*>(p.dq) + q_side_offset(p, batch, p.dq_batch_stride, p.dq_row_stride) +
                   head * p.dq_head_stride;
   const int chunks = p.head_dim / 8;
@@ -86,15 +91,17 @@ __global__ void __launch_bounds__(kPrepostThreads) bwd_postprocess_kernel(const 
   for (int idx = threadIdx.x; idx < kPostRows * chunks; idx += kPrepostThreads) {
     const int row = m_begin + idx / chunks, chunk = idx % chunks;
     if (row >= seqlen_q) break;  // idx grows with row
-    const float4* src = reinterpret_cast<const float4*>(g_acc + static_cast<int64_t>(row) * kHeadDim + chunk * 8);
-    const float4 lo = src[0], hi = src[1];
+    const int r = row % T::kBlockM;
+    const float* block = g_acc + static_cast<int64_t>(row - r) * T::kHeadDim;  // this query block's dQ
     const float s = p.softmax_scale;
-    uint4 out;
-    out.x = pack2<Tag>(lo.x * s, lo.y * s);
-    out.y = pack2<Tag>(lo.z * s, lo.w * s);
-    out.z = pack2<Tag>(hi.x * s, hi.y * s);
-    out.w = pack2<Tag>(hi.z * s, hi.w * s);
-    *reinterpret_cast<uint4*>(g_dq + static_cast<int64_t>(row) * p.dq_row_stride + chunk * 8) = out;
+    uint32_t packed[4];
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      const float2 v = *reinterpret_cast<const float2*>(block + T::dq_frag_offset(r, chunk * 8 + 2 * k));
+      packed[k] = pack2<Tag>(v.x * s, v.y * s);
+    }
+    *reinterpret_cast<uint4*>(g_dq + static_cast<int64_t>(row) * p.dq_row_stride + chunk * 8) =
+        make_uint4(packed[0], packed[1], packed[2], packed[3]);
   }
 }
 

@@ -47,6 +47,18 @@ struct BwdTraits {
   static constexpr int kDqSplit = kCfg.dq_split;          // column slices of phase 3 (tile_config.h)
   static constexpr int kDqSliceTiles = kDqTiles / kDqSplit;
 
+  // dq_accum holds each query block's (kBlockM, kHeadDim) dQ as one contiguous block of floats in phase 3's
+  // fragment order (FA2 also keeps dq_accum in its MMA's order): warp (wm, wd), m16 atom a, n8 tile j, lane,
+  // then the lane's 4 accumulators. A warp's reduction of one m16 x n8 tile is then one red.v4 over 512
+  // contiguous bytes (4 cache lines); in row-major order it was two red.v2, each over 8 rows (8 lines).
+  // Element (r, c) of the block, r < kBlockM, c < kHeadDim:
+  static constexpr FH_HD int dq_frag_offset(int r, int c) {
+    const int wm = r / kDqWarpRows, rr = r % kDqWarpRows, wd = c / kDqWarpCols, cc = c % kDqWarpCols;
+    const int lane = (rr % 8) * 4 + (cc % 8) / 2, e = ((rr % 16) / 8) * 2 + cc % 2;
+    return ((((wd * kDqWarpsM + wm) * kDqAtoms + rr / 16) * kDqTiles + cc / 8) * 32 + lane) * 4 + e;
+  }
+  static constexpr int kDqWarpFloats = kDqAtoms * kDqTiles * 32 * 4;  // one warp's share of a block
+
   // Shared memory, element offsets; every tile row-major and XOR-swizzled (smem_copy.cuh).
   static constexpr int kSmemK = 0;                                  // (kBlockN, kHeadDim)
   static constexpr int kSmemV = kSmemK + kBlockN * kHeadDim;        // (kBlockN, kHeadDim)
