@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
 # compute-sanitizer memcheck and racecheck over a small grid of GPU tests (odd sizes, causal, varlen).
 #   bash tools/sanitize.sh [pytest -k expression]   (run after flashgen is installed, e.g. inside gpu_check.sh)
+#   FLASHGEN_SANITIZE_TESTS="tests/a.py tests/b.py"  FLASHGEN_SANITIZE_TOOLS="memcheck"  (defaults: v2 fwd, both)
 # Prints one line per tool with its error summary; exits non-zero if any tool reports an error.
 set -uo pipefail
 expr=${1:-"test_varlen or test_kv_cache or (test_shapes and 113x203 and bf16)"}
 files=${FLASHGEN_SANITIZE_TESTS:-tests/test_v2_fwd.py}
 rc=0
-for tool in memcheck racecheck; do
+for tool in ${FLASHGEN_SANITIZE_TOOLS:-memcheck racecheck}; do
   log=$(mktemp)
   compute-sanitizer --tool "$tool" --error-exitcode 99 --print-limit 20 \
     python3 -m pytest -q -p no:cacheprovider $files -k "$expr" > "$log" 2>&1
