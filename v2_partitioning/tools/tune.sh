@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# Time v2 tile candidates on the device. Each candidate is its own build (bf16, its bucket only; all built in
+# parallel), then timed one after another against SDPA flash in the same process (time_v2.py for fwd,
+# time_v2_bwd.py for bwd). A candidate is bucket:tile, the tile's fields in tile_config.h's order:
+#   fwd: block_m,block_n,num_warps,stages
+#   bwd: block_m,block_n,num_warps,sdp_warps_m,kv_warps_d,dq_warps_d,dq_split
+#   bash v2_partitioning/tools/tune.sh bwd 64:64,128,8,2,2,2,1 64:128,128,8,4,2,2,1 128:64,128,8,2,2,4,1
+#   bash v2_partitioning/tools/tune.sh fwd 256:128,64,8,2 256:64,64,4,1
+# Output: ${OUT:-.}/tune_<kind>.jsonl, one line per (candidate, seqlen, causal) with "tile" added; TUNE_SEQLENS
+# (default "2048 8192") picks the seqlens. Builds print ptxas -v into /tmp/flashgen_tune_*.build.log.
+set -uo pipefail
+kind=$1
+shift
+case $kind in
+  fwd) fields=(block_m block_n num_warps stages); timer=v2_partitioning/tools/time_v2.py ;;
+  bwd) fields=(block_m block_n num_warps sdp_warps_m kv_warps_d dq_warps_d dq_split)
+       timer=v2_partitioning/tools/time_v2_bwd.py ;;
+  *) echo "kind must be fwd or bwd, got '$kind'"; exit 2 ;;
+esac
+KIND=${kind^^}
+out=${OUT:-.}/tune_${kind}.jsonl
+: > "$out"
+dir_of() { echo "/tmp/flashgen_tune_${kind}_${1//[:,]/_}"; }
+for cand in "$@"; do
+  d=${cand%%:*}
+  IFS=, read -r -a vals <<< "${cand#*:}"
+  if [ ${#vals[@]} -ne ${#fields[@]} ]; then echo "$cand: want ${#fields[@]} fields (${fields[*]})"; exit 2; fi
+  defs="-DFLASHGEN_V2_${KIND}_TUNE_D=$d"
+  for i in "${!fields[@]}"; do defs+=" -DFLASHGEN_V2_${KIND}_TUNE_${fields[$i]}=${vals[$i]}"; done
+  dir=$(dir_of "$cand")
+  FLASHGEN_PTXAS_VERBOSE=1 CUDAFLAGS="$defs" python3 -m pip install --no-build-isolation --no-deps -v \
+    --target "$dir" -C build-dir="$dir.build" -C cmake.define.FLASHGEN_DTYPES=bf16 \
+    -C cmake.define.FLASHGEN_V2_HEAD_DIMS="$d" -C build.verbose=true . > "$dir.build.log" 2>&1 &
+done
+wait
+for cand in "$@"; do
+  d=${cand%%:*}
+  dir=$(dir_of "$cand")
+  if [ ! -d "$dir/flashgen" ]; then
+    echo "$cand: build failed"; grep -E "error" "$dir.build.log" | head -5; continue
+  fi
+  echo "$cand: $(grep -A2 "Compiling entry function '.*${kind}_kernel" "$dir.build.log" | grep -m1 spill)"
+  PYTHONPATH="$dir" python3 "$timer" --head-dims "$d" --seqlens ${TUNE_SEQLENS:-2048 8192} --rep 50 | grep '^{' |
+    sed "s/^{/{\"tile\": \"${cand#*:}\", /" | tee -a "$out"
+done
