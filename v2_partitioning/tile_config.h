@@ -22,16 +22,26 @@ constexpr int kMaxRegsPerThread = 255;
 // (128 x 128 and 256 x 64) is 28% slower for seqlen=2k"), with 2 K/V stages added (FA2 uses 1 for K and V).
 //   d64 : S 2x16x4 + O 2x8x4  = 192 fp32 regs/thread, smem Q 16 KB + K,V 2x2x16 KB = 80 KB -> 2 CTAs/SM
 //   d128: S 2x8x4  + O 2x16x4 = 192 fp32 regs/thread, smem Q 32 KB + K,V 2x2x16 KB = 96 KB -> 2 CTAs/SM
-//   d256: S 1x8x4  + O 1x32x4 = 160 fp32 regs/thread (8 warps x 16 rows), smem 64 + 2x2x32 = 192 KB -> 1 CTA/SM
-// Measured on the H200 (v2_partitioning/results/2026-11-29-v2-fwd-run2.jsonl, bf16, ratio to SDPA flash in the
-// same run, seqlen 2k/8k/16k, causal and not):
-//   d64  128x128 (0.96-1.02) beat 128x64 (0.89-0.93), despite 84 B of spills (ptxas -v, sm_90a) at 128x128;
-//   d256 128x64x8 warps (0.84-0.99) beat 128x32x8 warps (0.68-0.79) and 64x64x4 warps 1 stage (0.85-0.96).
-// d256's 192 KB exceeds sm_80's 163 KB opt-in: launch_fwd returns not_implemented there (a smaller sm_80 tile is not written yet).
+//   d256: S 1x8x4  + O 1x32x4 = 160 fp32 regs/thread (4 warps x 16 rows), smem 32 + 2x32 = 96 KB -> 2 CTAs/SM
+// Measured on the H200 (bf16, ratio to SDPA flash in the same run, causal and not; tools/tune.sh):
+//   run2 (v2_partitioning/results/2026-11-29-v2-fwd-run2.jsonl, seqlen 2k/8k/16k):
+//     d64 128x128 (0.96-1.02) beat 128x64 (0.89-0.93), despite 84 B of spills (ptxas -v, sm_90a) at 128x128.
+//   tune1 (results/2026-11-29-v2-fwd-tune1.jsonl, 2k/8k, after the unpredicated tile loads), d256: 64x64, 4 warps,
+//     1 stage (FA2's own d256 tile as ncu shows it in torch: 128 threads, 98 KB) 0.98-1.02, against 128x64 x 8
+//     warps x 2 stages 0.84-0.90, 64x32 x 2 stages 0.84-0.86, 64x64 x 2 stages (1 CTA/SM) 0.72-0.82;
+//     d128 128x128 x 8 warps 0.76-0.81; d64 128x64 x 3 stages 0.91-0.93.
+// Tuning builds (v2_partitioning/tools/tune.sh) replace the tile of bucket FLASHGEN_V2_FWD_TUNE_D with compile
+// definitions FLASHGEN_V2_FWD_TUNE_<field> (nvcc reads commas in -D as separators); release builds set none.
 constexpr TileConfig tile_config(int head_dim) {
+#if defined(FLASHGEN_V2_FWD_TUNE_D)
+  if (head_dim <= FLASHGEN_V2_FWD_TUNE_D && (FLASHGEN_V2_FWD_TUNE_D == 64 || 2 * head_dim > FLASHGEN_V2_FWD_TUNE_D)) {
+    return {FLASHGEN_V2_FWD_TUNE_block_m, FLASHGEN_V2_FWD_TUNE_block_n, FLASHGEN_V2_FWD_TUNE_num_warps,
+            FLASHGEN_V2_FWD_TUNE_stages};
+  }
+#endif
   if (head_dim <= 64) return {128, 128, 4, 2};
   if (head_dim <= 128) return {128, 64, 4, 2};
-  return {128, 64, 8, 2};
+  return {64, 64, 4, 1};
 }
 
 // Shared memory of one CTA: Q tile + `stages` K tiles + `stages` V tiles, elements of 2 bytes.
@@ -61,16 +71,29 @@ struct BwdTileConfig {
   int block_m, block_n, num_warps, sdp_warps_m, kv_warps_d, dq_warps_d, dq_split;
 };
 
-// Sizes from FlashAttention-2's sm80 backward table (flash_bwd_launch_template.h: d64 and d128 use
-// block_m 64 x block_n 128 with 8 warps, d256 64 x 64 with 8 warps), with fp32 accumulators per thread:
-//   d64 : dK,dV 32x32 x2 = 64 regs, S,dP 32x32 x2 = 64, dQ 16x32 = 16;  smem 97 KB
-//   d128: dK,dV 32x64 x2 = 128 regs, S,dP 32x32 x2 = 64, dQ 32x32 = 32;  smem 161 KB (fits sm_80's 163 KB)
+// Sizes start from FlashAttention-2's backward table (flash_bwd_launch_template.h; ncu of torch's FA2 on the H200
+// shows d64 at block_m 128 x block_n 128: 147 KB of smem, grid 64 key blocks at 8k) and were then timed on the
+// H200 (v2_partitioning/results/2026-11-29-v2-bwd-tune1.jsonl, tools/tune.sh, ratio to SDPA flash in the same
+// run, bf16, seqlen 2k and 8k, causal and not). Accumulators per thread, fp32:
+//   d64 : dK,dV 32x32 x2 = 64 regs, S,dP 32x64 x2 = 128, dQ 32x32 = 32;  smem 162 KB (fits sm_80's 163 KB)
+//         128x128 with S/dP warps 4x2: 0.91-0.96; 64x128 (2x4): 0.83-0.89; 128x64: 0.72-0.77
+//   d128: dK,dV 32x64 x2 = 128 regs, S,dP 16x64 x2 = 64, dQ 32x32 = 32;  smem 161 KB (fits sm_80's 163 KB)
+//         S/dP warps 4x2: 0.97-0.99; 2x4: 0.95-0.97; 128x64: 0.80-0.85
 //   d256: dK,dV 32x64 x2 = 128 regs, S,dP 32x16 x2 = 32, dQ 32x64 = 64 in 2 slices of 32;  smem 209 KB (sm_90)
-// Warp grids: 2 m16 atoms x 4 n8 tiles per warp where the shape allows (4 ldmatrix.x4 feed 8 mma per k-step,
-// against 5 for 1 atom x 8 tiles).
+//         as is: 0.98-1.01; dQ in one slice: 0.95-0.98; FA2's warp grids (S/dP 4x2, dK/dV 4x2): 0.92-0.94
+// Tuning builds (v2_partitioning/tools/tune.sh) replace the tile of bucket FLASHGEN_V2_BWD_TUNE_D with compile
+// definitions FLASHGEN_V2_BWD_TUNE_<field> (one per field: nvcc reads commas in -D as separators); release builds
+// set none.
 constexpr BwdTileConfig bwd_tile_config(int head_dim) {
-  if (head_dim <= 64) return {64, 128, 8, 2, 2, 2, 1};
-  if (head_dim <= 128) return {64, 128, 8, 2, 2, 4, 1};
+#if defined(FLASHGEN_V2_BWD_TUNE_D)
+  if (head_dim <= FLASHGEN_V2_BWD_TUNE_D && (FLASHGEN_V2_BWD_TUNE_D == 64 || 2 * head_dim > FLASHGEN_V2_BWD_TUNE_D)) {
+    return {FLASHGEN_V2_BWD_TUNE_block_m,     FLASHGEN_V2_BWD_TUNE_block_n,    FLASHGEN_V2_BWD_TUNE_num_warps,
+            FLASHGEN_V2_BWD_TUNE_sdp_warps_m, FLASHGEN_V2_BWD_TUNE_kv_warps_d, FLASHGEN_V2_BWD_TUNE_dq_warps_d,
+            FLASHGEN_V2_BWD_TUNE_dq_split};
+  }
+#endif
+  if (head_dim <= 64) return {128, 128, 8, 4, 2, 2, 1};
+  if (head_dim <= 128) return {64, 128, 8, 4, 2, 4, 1};
   return {64, 64, 8, 2, 4, 4, 2};
 }
 
