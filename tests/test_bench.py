@@ -153,6 +153,16 @@ def test_jsonl_round_trip_and_tables(tmp_path):
     assert "v2/sdpa-cudnn" in table and "1.25" in table
 
 
+def test_table_header_keeps_the_commit_and_its_provenance_note():
+    """A full SHA is cut to 12 characters; a note after it (gpu_check flags a SHA read from the device's .git,
+    which was seen stale) must survive the cut."""
+    head = {"record": "header", "device_name": "Fake GPU", "git_sha": "0123456789abcdef0123"}
+    assert report.format_tables(head, []).splitlines()[0].endswith("git 0123456789ab")
+    flagged = dict(head, git_sha="0123456789abcdef (read from the device's .git, can be stale)")
+    assert report.format_tables(flagged, []).splitlines()[0].endswith(
+        "git 0123456789ab (read from the device's .git, can be stale)")
+
+
 def test_cpu_goal_summary_reads_ratio_and_memory_growth():
     recs = []
     for s, mem, ratio in ((1024, 2.0, 0.8), (4096, 8.0, 0.6)):

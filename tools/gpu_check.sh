@@ -6,7 +6,7 @@
 #   FLASHGEN_CHECK_TESTS=none                # skip the GPU test tier (e.g. a bench-only call)
 #   FLASHGEN_CHECK_BENCH=none|quick|full     # default quick
 #   FLASHGEN_CHECK_BENCH_ARGS="--head-dims 64,128"   # extra flashgen.bench arguments
-#   FLASHGEN_GIT_SHA=<sha>                   # recorded by the bench (default: HEAD, read from .git if present)
+#   FLASHGEN_GIT_SHA=<sha>                   # recorded by the bench: pass it (see below why the default is flagged)
 #   FLASHGEN_CHECK_EXTRA="cmd"               # run after the bench (e.g. compute-sanitizer), output in extra.log
 set -uo pipefail
 # The device returns at most 8 files, so everything lands in one work folder that is packed into
@@ -26,7 +26,9 @@ if [ -z "${FLASHGEN_GIT_SHA:-}" ] && [ -f .git/HEAD ]; then
   elif [ -f ".git/$head_ref" ]; then sha=$(cat ".git/$head_ref")
   else sha=$(awk -v r="$head_ref" '$2 == r {print $1}' .git/packed-refs 2>/dev/null)
   fi
-  [ -n "$sha" ] && export FLASHGEN_GIT_SHA=${sha:0:12}
+  # The lent device's copy of .git was seen stale (it named the session's first commit after later commits): the
+  # records say where the value came from, so a reader does not trust it blindly.
+  [ -n "$sha" ] && export FLASHGEN_GIT_SHA="${sha:0:12} (read from the device's .git, can be stale)"
 fi
 summary=()
 

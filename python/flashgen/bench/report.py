@@ -89,9 +89,10 @@ def format_tables(header: Optional[dict], results: Iterable[dict]) -> str:
             impls.append(r["impl"])
     lines: List[str] = []
     if header:
+        sha, _, sha_note = str(header.get('git_sha')).partition(" ")  # "<sha> (where it came from)" when flagged
         lines.append(f"{header.get('device_name')} | torch {header.get('torch')} | cuda {header.get('cuda')} | "
                      f"cudnn {header.get('cudnn')} | triton {header.get('triton')} | "
-                     f"git {str(header.get('git_sha'))[:12]}")
+                     f"git {sha[:12]}{' ' + sha_note if sha_note else ''}")
         lines.append(f"ceilings measured in this run: matmul {header.get('matmul_dtype')} "
                      f"{header.get('matmul_tflops', 0):.1f} TFLOP/s, copy {header.get('copy_tb_s', 0):.2f} TB/s "
                      f"(read + write)")
