@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Profile one v2 kernel launch of tools/run_once.py with ncu (on the device; clocks left alone) and write, under
-# ${OUT:-.}/ncu_<impl>_<kernel>_d<head_dim>_s<seqlen>_c<causal>: the report (.ncu-rep), a text summary (sections + stall reasons) and
-# the per-instruction SASS table with stall samples (.sass.csv) for reading here.
+# ${OUT:-.}/ncu_<impl>_<kernel>_d<head_dim>_s<seqlen>_c<causal>: the report (.ncu-rep), a text summary (sections +
+# stall reasons) and the per-instruction SASS table with stall samples (.sass.csv) for reading here.
 #   bash tools/ncu_kernel.sh bwd_kernel 128 8192 [causal 0/1] [impl v2/sdpa-flash]
 set -uo pipefail
 kernel=$1 d=$2 s=$3 causal=${4:-0} impl=${5:-v2}
@@ -18,7 +18,8 @@ l1tex__t_requests_pipe_lsu_mem_global_op_atom.sum,l1tex__t_sectors_pipe_lsu_mem_
 l1tex__throughput.avg.pct_of_peak_sustained_active,sm__warps_active.avg.pct_of_peak_sustained_active
 ncu --clock-control none -k "regex:$kernel" --launch-skip 1 --launch-count 1 --import-source no \
   --section SpeedOfLight --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis_Tables \
-  --section WarpStateStats --section SourceCounters --section LaunchStats --section Occupancy --section InstructionStats \
+  --section WarpStateStats --section SourceCounters --section LaunchStats --section Occupancy \
+  --section InstructionStats \
   --metrics "${stalls%,},$totals" -o "$out" -f python3 tools/run_once.py "$d" "$s" "$causal" "$impl" > "$out.log" 2>&1
 ncu -i "$out.ncu-rep" --print-details all > "$out.txt" 2>&1
 ncu -i "$out.ncu-rep" --page raw --csv --metrics "${stalls%,},$totals" >> "$out.txt" 2>&1

@@ -278,7 +278,7 @@ __global__ void __launch_bounds__(T::kNThreads, 1) bwd_kernel(const __grid_const
                     (dq_wd * T::kDqWarpsM + dq_wm) * T::kDqWarpFloats;
 #pragma unroll
     for (int sl = 0; sl < T::kDqSplit; ++sl) {
-      float acc_dq[T::kDqAtoms][T::kDqSliceTiles][4];  // (kDqWarpRows, kSliceCols) fp32, C-fragment layout
+      float acc_dq[T::kDqAtoms][T::kDqSliceTiles][4];  // (kDqWarpRows, kDqSliceTiles * 8) fp32, C-fragment layout
       zero_acc(acc_dq);
       warp_gemm<Tag, T::kDqAtoms, T::kDqSliceTiles, T::kBlockN / 16>(
           acc_dq,
