@@ -85,7 +85,7 @@ struct AttnBwdParams : AttnParams {
   //   dsoftmax_sum: D = rowsum(dO * O) fp32, element (b, h, row) at (b * num_heads + h) * seqlen_q + row;
   //                 at least batch * num_heads * (seqlen_q + 128) floats.
   //   dq_accum:     ZEROED fp32 dQ accumulator (before softmax_scale) of dq_accum_floats floats, in the layout of
-  //                 the generation that runs (the binding's bwd_workspace gives the size to allocate). v2: rows
+  //                 the generation that runs (the binding's bwd_dq_accum_floats gives the size). v2: rows
   //                 and columns padded to its tiles, see v2_partitioning/tile_config.h (dq_accum_floats).
   float* dsoftmax_sum = nullptr;
   float* dq_accum = nullptr;

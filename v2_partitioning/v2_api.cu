@@ -151,7 +151,7 @@ Status bwd(const AttnBwdParams& p, void* stream) {
   const int64_t need = dq_accum_floats(p.batch, p.num_heads, p.seqlen_q, bucket);
   if (p.dq_accum_floats < need) {
     return Status::invalid("dq_accum_floats: v2 needs " + std::to_string(need) + " floats of dq_accum for this " +
-                           "problem (bwd_workspace), got " + std::to_string(p.dq_accum_floats));
+                           "problem (bwd_dq_accum_floats), got " + std::to_string(p.dq_accum_floats));
   }
   // Nothing to launch only when no gradient element exists; with seqlen_q == 0 the kernel still writes dK = dV = 0.
   if (p.batch == 0 || (p.seqlen_q == 0 && p.seqlen_k == 0)) return Status::ok();
