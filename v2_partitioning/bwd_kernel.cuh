@@ -77,7 +77,15 @@ __device__ __forceinline__ void red_add_dq(float* g_warp, const float (&acc)[kAt
     for (int j = 0; j < kTiles; ++j) red_add_f32x4(dst + (a * kDqTiles + j0 + j) * 32 * 4, acc[a][j]);
 }
 
-template <typename T>
+// kMods: the launch has softcap, ALiBi or dropout (bwd_has_mods); kMods = false compiles their code out of the
+// loop. One kernel for both kept the registers of the wider path: at d64 ptxas spilled 76 B (24 B without the
+// modifiers), reloaded every step, and the split made the d64 backward 3-4% faster
+// (v2_partitioning/results/2026-11-29-v2-bwd-tune2-kmods.jsonl).
+FH_HD bool bwd_has_mods(const AttnBwdParams& p) {
+  return p.softcap > 0.f || p.alibi_slopes != nullptr || p.p_dropout > 0.f;
+}
+
+template <typename T, bool kMods>
 __global__ void __launch_bounds__(T::kNThreads, 1) bwd_kernel(const __grid_constant__ AttnBwdParams p) {
   using Element = typename T::Element;
   using Tag = typename T::DTag;
@@ -184,6 +192,8 @@ __global__ void __launch_bounds__(T::kNThreads, 1) bwd_kernel(const __grid_const
   ga.keep_scale = dropout_keep_scale(p.p_dropout);
   ga.has_softcap = p.softcap > 0.f;
   ga.has_dropout = p.p_dropout > 0.f;
+  ga.slope_score = 0.f;  // per query head, set each step (kMods)
+  ga.has_alibi = false;
   const uint32_t threshold = dropout_threshold(p.p_dropout);
   int head = head_k * group, m_block = mr.begin;           // step i
   int next_head = head, next_m_block = m_block;            // step i + 1
@@ -233,15 +243,17 @@ __global__ void __launch_bounds__(T::kNThreads, 1) bwd_kernel(const __grid_const
     // Elementwise: P (dropout applied) and dS, then both to shared memory.
     const FragCoord fc{row0, n_begin + sdp_wn * T::kSdpWarpCols + 2 * (lane % 4)};
     uint32_t keep[T::kSdpAtoms][2];
-    if (ga.has_dropout) {
+    if (kMods && ga.has_dropout) {
       dropout_keep_bits<T::kSdpAtoms, T::kSdpTiles>(keep, fc, p.seed, p.offset, batch * p.num_heads + head,
                                                     threshold);
     }
-    const float slope = alibi_slope(p, batch, head) * (kLog2e / p.scale_log2);
-    ga.slope_score = slope;
-    ga.has_alibi = slope != 0.f;
+    if constexpr (kMods) {
+      const float slope = alibi_slope(p, batch, head) * (kLog2e / p.scale_log2);
+      ga.slope_score = slope;
+      ga.has_alibi = slope != 0.f;
+    }
     ga.need_mask = !tile_fully_visible(mask, m_begin, m_begin + T::kBlockM, n_begin, n_begin + T::kBlockN);
-    if (ga.has_softcap || ga.has_alibi || ga.has_dropout) {
+    if constexpr (kMods) {
       scores_to_grads<true, true>(acc_s, acc_dp, lse_log2, dsum, keep, fc, mask, ga);
     } else if (ga.need_mask) {
       scores_to_grads<false, true>(acc_s, acc_dp, lse_log2, dsum, keep, fc, mask, ga);
