@@ -77,10 +77,10 @@ __device__ __forceinline__ void red_add_dq(float* g_warp, const float (&acc)[kAt
     for (int j = 0; j < kTiles; ++j) red_add_f32x4(dst + (a * kDqTiles + j0 + j) * 32 * 4, acc[a][j]);
 }
 
-// kMods: the launch has softcap, ALiBi or dropout (bwd_has_mods); kMods = false compiles their code out of the
-// loop. One kernel for both kept the registers of the wider path: at d64 ptxas spilled 76 B (24 B without the
-// modifiers), reloaded every step, and the split made the d64 backward 3-4% faster
-// (v2_partitioning/results/2026-11-29-v2-bwd-tune2-kmods.jsonl).
+// kMods = false compiles softcap, ALiBi and dropout out of the loop, for launches without them (bwd_has_mods) in
+// buckets whose tile sets split_mods (tile_config.h). One kernel for both keeps the registers of the wider path: at
+// d64 ptxas spilled 76 B (24 B without the modifiers), reloaded every step; the split made the d64 backward ~4%
+// faster. kMods = true keeps every feature behind runtime flags, FA2's way.
 FH_HD bool bwd_has_mods(const AttnBwdParams& p) {
   return p.softcap > 0.f || p.alibi_slopes != nullptr || p.p_dropout > 0.f;
 }
@@ -253,7 +253,7 @@ __global__ void __launch_bounds__(T::kNThreads, 1) bwd_kernel(const __grid_const
       ga.has_alibi = slope != 0.f;
     }
     ga.need_mask = !tile_fully_visible(mask, m_begin, m_begin + T::kBlockM, n_begin, n_begin + T::kBlockN);
-    if constexpr (kMods) {
+    if (kMods && (ga.has_softcap || ga.has_alibi || ga.has_dropout)) {
       scores_to_grads<true, true>(acc_s, acc_dp, lse_log2, dsum, keep, fc, mask, ga);
     } else if (ga.need_mask) {
       scores_to_grads<false, true>(acc_s, acc_dp, lse_log2, dsum, keep, fc, mask, ga);

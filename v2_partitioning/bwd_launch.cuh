@@ -27,7 +27,10 @@ inline Status bwd_cuda_status(cudaError_t err, const char* what) {
 template <typename Tag, int kHeadDim>
 Status launch_bwd(const AttnBwdParams& p, cudaStream_t stream) {
   using T = BwdTraits<Tag, kHeadDim>;
-  auto kernel = bwd_has_mods(p) ? bwd_kernel<T, true> : bwd_kernel<T, false>;
+  auto kernel = bwd_kernel<T, true>;
+  if constexpr (T::kSplitMods) {
+    if (!bwd_has_mods(p)) kernel = bwd_kernel<T, false>;
+  }
   constexpr int smem = T::kSmemBytes;
   int device = 0, smem_optin = 0;
   Status st = bwd_cuda_status(cudaGetDevice(&device), "cudaGetDevice");

@@ -67,8 +67,14 @@ static_assert(smem_bytes(64) <= kMaxSmemPerBlock && smem_bytes(128) <= kMaxSmemP
 // double-buffered (cp.async, the next query block lands during this one); K and V are loaded once.
 // dq_split: phase 3 runs in that many column slices of a warp's dQ tile, each added to dq_accum before the next,
 // so only 1/dq_split of the dQ accumulators is live next to dK and dV.
+// split_mods: 1 runs launches without softcap, ALiBi and dropout on a kernel instance compiled without them
+// (bwd_kernel<T, false>); 0 runs every launch on the instance that has them behind runtime flags. Timed against
+// each other in one process (results/2026-11-29-v2-bwd-tune3-split-mods.jsonl, 2k-16k, ratio to SDPA flash):
+// d64 1 (0.94-1.00, spills 24 B) beats 0 (0.90-0.96, spills 76 B); d128 0 (0.97-1.00) beats 1 (0.93-0.95;
+// neither spills, and why the smaller body runs slower was not looked into); d256 ran with 1 in bench run r4 and with 0 in r3,
+// within 1% of each other, so it keeps 0 (one instance less to compile).
 struct BwdTileConfig {
-  int block_m, block_n, num_warps, sdp_warps_m, kv_warps_d, dq_warps_d, dq_split;
+  int block_m, block_n, num_warps, sdp_warps_m, kv_warps_d, dq_warps_d, dq_split, split_mods;
 };
 
 // Sizes start from FlashAttention-2's backward table (flash_bwd_launch_template.h; ncu of torch's FA2 on the H200
@@ -76,7 +82,8 @@ struct BwdTileConfig {
 // H200 (v2_partitioning/results/2026-11-29-v2-bwd-tune1.jsonl, tools/tune.sh, ratio to SDPA flash in the same
 // run, bf16, seqlen 2k and 8k, causal and not). Accumulators per thread, fp32:
 //   d64 : dK,dV 32x32 x2 = 64 regs, S,dP 32x64 x2 = 128, dQ 32x32 = 32;  smem 162 KB (fits sm_80's 163 KB)
-//         128x128 with S/dP warps 4x2: 0.91-0.96; 64x128 (2x4): 0.83-0.89; 128x64: 0.72-0.77
+//         128x128 with S/dP warps 4x2: 0.91-0.96 (0.94-1.00 with split_mods, below); 64x128 (2x4): 0.83-0.89;
+//         128x64: 0.72-0.77
 //   d128: dK,dV 32x64 x2 = 128 regs, S,dP 16x64 x2 = 64, dQ 32x32 = 32;  smem 161 KB (fits sm_80's 163 KB)
 //         S/dP warps 4x2: 0.97-0.99; 2x4: 0.95-0.97; 128x64: 0.80-0.85
 //   d256: dK,dV 32x64 x2 = 128 regs, S,dP 32x16 x2 = 32, dQ 32x64 = 64 in 2 slices of 32;  smem 209 KB (sm_90)
@@ -89,12 +96,12 @@ constexpr BwdTileConfig bwd_tile_config(int head_dim) {
   if (head_dim <= FLASHGEN_V2_BWD_TUNE_D && (FLASHGEN_V2_BWD_TUNE_D == 64 || 2 * head_dim > FLASHGEN_V2_BWD_TUNE_D)) {
     return {FLASHGEN_V2_BWD_TUNE_block_m,     FLASHGEN_V2_BWD_TUNE_block_n,    FLASHGEN_V2_BWD_TUNE_num_warps,
             FLASHGEN_V2_BWD_TUNE_sdp_warps_m, FLASHGEN_V2_BWD_TUNE_kv_warps_d, FLASHGEN_V2_BWD_TUNE_dq_warps_d,
-            FLASHGEN_V2_BWD_TUNE_dq_split};
+            FLASHGEN_V2_BWD_TUNE_dq_split,    FLASHGEN_V2_BWD_TUNE_split_mods};
   }
 #endif
-  if (head_dim <= 64) return {128, 128, 8, 4, 2, 2, 1};
-  if (head_dim <= 128) return {64, 128, 8, 4, 2, 4, 1};
-  return {64, 64, 8, 2, 4, 4, 2};
+  if (head_dim <= 64) return {128, 128, 8, 4, 2, 2, 1, 1};
+  if (head_dim <= 128) return {64, 128, 8, 4, 2, 4, 1, 0};
+  return {64, 64, 8, 2, 4, 4, 2, 0};
 }
 
 // Shared memory of one backward CTA: K, V (block_n rows), Q, dO (2 stages of block_m rows), P, dS (block_m x

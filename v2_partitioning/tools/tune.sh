@@ -3,8 +3,8 @@
 # parallel), then timed one after another against SDPA flash in the same process (time_v2.py for fwd,
 # time_v2_bwd.py for bwd). A candidate is bucket:tile, the tile's fields in tile_config.h's order:
 #   fwd: block_m,block_n,num_warps,stages
-#   bwd: block_m,block_n,num_warps,sdp_warps_m,kv_warps_d,dq_warps_d,dq_split
-#   bash v2_partitioning/tools/tune.sh bwd 64:64,128,8,2,2,2,1 64:128,128,8,4,2,2,1 128:64,128,8,2,2,4,1
+#   bwd: block_m,block_n,num_warps,sdp_warps_m,kv_warps_d,dq_warps_d,dq_split,split_mods
+#   bash v2_partitioning/tools/tune.sh bwd 64:128,128,8,4,2,2,1,1 128:64,128,8,2,2,4,1,0
 #   bash v2_partitioning/tools/tune.sh fwd 256:128,64,8,2 256:64,64,4,1
 # Output: ${OUT:-.}/tune_<kind>.jsonl, one line per (candidate, seqlen, causal) with "tile" added; TUNE_SEQLENS
 # (default "2048 8192") picks the seqlens. Builds print ptxas -v into /tmp/flashgen_tune_*.build.log.
@@ -13,7 +13,7 @@ kind=$1
 shift
 case $kind in
   fwd) fields=(block_m block_n num_warps stages); timer=v2_partitioning/tools/time_v2.py ;;
-  bwd) fields=(block_m block_n num_warps sdp_warps_m kv_warps_d dq_warps_d dq_split)
+  bwd) fields=(block_m block_n num_warps sdp_warps_m kv_warps_d dq_warps_d dq_split split_mods)
        timer=v2_partitioning/tools/time_v2_bwd.py ;;
   *) echo "kind must be fwd or bwd, got '$kind'"; exit 2 ;;
 esac
@@ -28,6 +28,9 @@ for cand in "$@"; do
   defs="-DFLASHGEN_V2_${KIND}_TUNE_D=$d"
   for i in "${!fields[@]}"; do defs+=" -DFLASHGEN_V2_${KIND}_TUNE_${fields[$i]}=${vals[$i]}"; done
   dir=$(dir_of "$cand")
+  # pip install --target leaves an existing package in place (it warns and skips without --upgrade): a candidate
+  # built by an earlier call on the same machine would be timed again instead of this build. The build dir stays.
+  rm -rf "$dir"
   FLASHGEN_PTXAS_VERBOSE=1 CUDAFLAGS="$defs" python3 -m pip install --no-build-isolation --no-deps -v \
     --target "$dir" -C build-dir="$dir.build" -C cmake.define.FLASHGEN_DTYPES=bf16 \
     -C cmake.define.FLASHGEN_V2_HEAD_DIMS="$d" -C build.verbose=true . > "$dir.build.log" 2>&1 &
