@@ -288,9 +288,22 @@ __global__ void __launch_bounds__(T::kNThreads, 1) bwd_kernel(const __grid_const
     // This warp's share of the query block in dq_accum (fragment order, BwdTraits::dq_frag_offset).
     float* g_warp = p.dq_accum + (dq_accum_index(p, batch, head) + m_begin) * T::kHeadDim +
                     (dq_wd * T::kDqWarpsM + dq_wm) * T::kDqWarpFloats;
+    // dK += dS^T Q (sum over the query block's rows).
+    auto gemm_dk = [&] {
+      warp_gemm<Tag, T::kKvAtoms, T::kKvTiles, T::kBlockM / 16>(
+          acc_dk,
+          [&](int kk, int a, uint32_t(&f)[4]) {
+            ldmatrix_x4_trans(f, pt_a.at(2 * a, kk * 16 * T::kRowBytesN) + kDsMinusP);
+          },
+          [&](int kk, int jp, uint32_t(&f)[4]) {
+            ldmatrix_x4_trans(f, do_b.at(2 * jp, kk * 16 * T::kRowBytesD) + stage_bytes - kDoMinusQ);
+          });
+    };
+    // kLateDqRed: a slice's atomics are issued after the next slice's GEMM, the last slice's after the dK GEMM.
+    float acc_dq[T::kDqAtoms][T::kDqSliceTiles][4];  // (kDqWarpRows, kDqSliceTiles * 8) fp32, C-fragment layout
 #pragma unroll
     for (int sl = 0; sl < T::kDqSplit; ++sl) {
-      float acc_dq[T::kDqAtoms][T::kDqSliceTiles][4];  // (kDqWarpRows, kDqSliceTiles * 8) fp32, C-fragment layout
+      if (T::kLateDqRed && sl > 0) red_add_dq<T::kDqTiles>(g_warp, acc_dq, (sl - 1) * T::kDqSliceTiles, lane);
       zero_acc(acc_dq);
       warp_gemm<Tag, T::kDqAtoms, T::kDqSliceTiles, T::kBlockN / 16>(
           acc_dq,
@@ -298,23 +311,18 @@ __global__ void __launch_bounds__(T::kNThreads, 1) bwd_kernel(const __grid_const
           [&](int kk, int jp, uint32_t(&f)[4]) {
             ldmatrix_x4_trans(f, kt_b.at(2 * jp + sl * T::kDqSliceTiles, kk * 16 * T::kRowBytesD));
           });
-      red_add_dq<T::kDqTiles>(g_warp, acc_dq, sl * T::kDqSliceTiles, lane);
+      if (!T::kLateDqRed) red_add_dq<T::kDqTiles>(g_warp, acc_dq, sl * T::kDqSliceTiles, lane);
+    }
+    if (T::kLateDqRed) {
+      gemm_dk();
+      red_add_dq<T::kDqTiles>(g_warp, acc_dq, (T::kDqSplit - 1) * T::kDqSliceTiles, lane);
     }
     if (p.deterministic) {
       __threadfence();
       __syncthreads();
       if (tid == 0) atomicAdd(my_sem, 1);
     }
-
-    // dK += dS^T Q (sum over the query block's rows).
-    warp_gemm<Tag, T::kKvAtoms, T::kKvTiles, T::kBlockM / 16>(
-        acc_dk,
-        [&](int kk, int a, uint32_t(&f)[4]) {
-          ldmatrix_x4_trans(f, pt_a.at(2 * a, kk * 16 * T::kRowBytesN) + kDsMinusP);
-        },
-        [&](int kk, int jp, uint32_t(&f)[4]) {
-          ldmatrix_x4_trans(f, do_b.at(2 * jp, kk * 16 * T::kRowBytesD) + stage_bytes - kDoMinusQ);
-        });
+    if (!T::kLateDqRed) gemm_dk();
     head = next_head;
     m_block = next_m_block;
     next_step(next_head, next_m_block);

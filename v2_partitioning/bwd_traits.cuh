@@ -47,6 +47,7 @@ struct BwdTraits {
   static constexpr int kDqSplit = kCfg.dq_split;          // column slices of phase 3 (tile_config.h)
   static constexpr int kDqSliceTiles = kDqTiles / kDqSplit;
   static constexpr bool kSplitMods = kCfg.split_mods != 0;  // tile_config.h
+  static constexpr bool kLateDqRed = kCfg.late_dq_red != 0;  // tile_config.h
 
   // dq_accum holds each query block's (kBlockM, kHeadDim) dQ as one contiguous block of floats in phase 3's
   // fragment order (FA2 also keeps dq_accum in its MMA's order): warp (wm, wd), m16 atom a, n8 tile j, lane,

@@ -4,7 +4,8 @@
 // visible key blocks (last to first, so the masked diagonal tiles come first) -> warp w owns kWarpRows of
 // those rows (no split-K, no cross-warp reduction); S, P, O, m, l live in registers.
 // Pipeline: K and V tiles in kStages-deep cp.async rings, K issued kStages tiles ahead and V kStages - 1 (two
-// barriers per tile; kStages = 1 is FA2's schedule: V_i loads under Q K_i^T, K_{i+1} under P V_i).
+// barriers per tile; kStages = 1 is FA2's schedule: V_i loads under Q K_i^T, K_{i+1} under P V_i); or, with
+// syncs == 1 (tile_config.h), K and V both kStages - 1 tiles ahead behind one barrier per tile.
 // Loop invariant (after tile i): o = sum_{j<=i} exp2(S_j*scale_log2 - m*scale_log2) V_j (dropout applied) and
 // l = the same sum of undropped probabilities, m = the running max: the max of all scores seen, or below it by at
 // most kLazyRescaleLog2 / scale_log2 (lazy rescaling, fwd_softmax.cuh); O = o / l once at the end.
@@ -123,19 +124,32 @@ __global__ void __launch_bounds__(T::kNThreads, T::kMinBlocksPerSm) fwd_kernel(c
         p.v_row_stride, seq.seqlen_k - n_block * T::kBlockN, p.head_dim, tid);
   };
 
-  // Prologue: Q rides with K_0; then V_0, K_1, ..., V_{S-2}, K_{S-1} (S = kStages), one commit group each (empty
-  // past n_tiles). V runs one tile behind K: V_{i+S-1} is issued at the top of iteration i, once the barrier
-  // there shows every warp done with V_{i-1}'s stage. So each wait leaves exactly 2S-2 newer groups in flight.
+  // Prologue, syncs == 2: Q rides with K_0; then V_0, K_1, ..., V_{S-2}, K_{S-1} (S = kStages), one commit group
+  // each (empty past n_tiles). V runs one tile behind K: V_{i+S-1} is issued at the top of iteration i, once the
+  // barrier there shows every warp done with V_{i-1}'s stage. So each wait leaves exactly 2S-2 newer groups in
+  // flight. syncs == 1: Q, K_0 and V_0 in one group, then K_t and V_t together for t < S-1; tile i+S-1 is issued
+  // at the top of iteration i (after its one barrier), so each wait leaves S-2 newer groups in flight.
   load_tile_async<T::kBlockM, T::kHeadDim, T::kNThreads>(s_q, g_q, p.q_row_stride, seq.seqlen_q - m_begin,
                                                          p.head_dim, tid);
-  if (n_tiles > 0) load_k(0);
-  cp_async_commit();
+  if constexpr (T::kOneSync) {
 #pragma unroll
-  for (int st = 1; st < T::kStages; ++st) {
-    if (st - 1 < n_tiles) load_v(st - 1);
+    for (int st = 0; st < T::kStages - 1; ++st) {
+      if (st < n_tiles) {
+        load_k(st);
+        load_v(st);
+      }
+      cp_async_commit();
+    }
+  } else {
+    if (n_tiles > 0) load_k(0);
     cp_async_commit();
-    if (st < n_tiles) load_k(st);
-    cp_async_commit();
+#pragma unroll
+    for (int st = 1; st < T::kStages; ++st) {
+      if (st - 1 < n_tiles) load_v(st - 1);
+      cp_async_commit();
+      if (st < n_tiles) load_k(st);
+      cp_async_commit();
+    }
   }
 
   float acc_o[T::kMAtoms][T::kNTilesO][4];  // (kWarpRows, kHeadDim) fp32 of this warp, C-fragment layout
@@ -177,9 +191,18 @@ __global__ void __launch_bounds__(T::kNThreads, T::kMinBlocksPerSm) fwd_kernel(c
     const int stage = i % T::kStages;
     const int n_begin = (range.end - 1 - i) * T::kBlockN;
 
-    cp_async_wait<2 * T::kStages - 2>();  // K_i (and Q) landed for this thread...
-    __syncthreads();                      // ... and for every thread; every warp is done with V_{i-1}
-    if (i + T::kStages - 1 < n_tiles) load_v(i + T::kStages - 1);  // into V_{i-1}'s stage
+    if constexpr (T::kOneSync) {
+      cp_async_wait<T::kStages - 2>();  // K_i, V_i (and Q) landed for this thread...
+      __syncthreads();                  // ... and for every thread; every warp is done with tile i-1's stage
+      if (i + T::kStages - 1 < n_tiles) {
+        load_k(i + T::kStages - 1);
+        load_v(i + T::kStages - 1);
+      }
+    } else {
+      cp_async_wait<2 * T::kStages - 2>();  // K_i (and Q) landed for this thread...
+      __syncthreads();                      // ... and for every thread; every warp is done with V_{i-1}
+      if (i + T::kStages - 1 < n_tiles) load_v(i + T::kStages - 1);  // into V_{i-1}'s stage
+    }
     cp_async_commit();
     float s[T::kMAtoms][T::kNTilesS][4];  // (kWarpRows, kBlockN) fp32 scores of this warp, C-fragment layout
 #pragma unroll
@@ -190,10 +213,12 @@ __global__ void __launch_bounds__(T::kNThreads, T::kMinBlocksPerSm) fwd_kernel(c
         for (int e = 0; e < 4; ++e) s[a][j][e] = 0.f;
     gemm_qk<T>(s, q_addr, k_addr, stage * kStageBytes);
 
-    cp_async_wait<2 * T::kStages - 2>();  // V_i landed
-    __syncthreads();                      // and every warp is done reading K_i: its stage is free
-    if (i + T::kStages < n_tiles) load_k(i + T::kStages);
-    cp_async_commit();
+    if constexpr (!T::kOneSync) {
+      cp_async_wait<2 * T::kStages - 2>();  // V_i landed
+      __syncthreads();                      // and every warp is done reading K_i: its stage is free
+      if (i + T::kStages < n_tiles) load_k(i + T::kStages);
+      cp_async_commit();
+    }
 
     const FragCoord fc{m_begin + warp * T::kWarpRows + lane / 4, n_begin + 2 * (lane % 4)};
     if (has_mods) apply_score_mods(s, fc, p.softmax_scale, p.softcap, slope_score, seq.seqlen_q, seq.seqlen_k);

@@ -8,9 +8,13 @@ namespace flashgen {
 namespace v2 {
 
 // block_m: query rows per CTA; block_n: keys per K/V tile; num_warps: warps splitting block_m (each warp owns
-// block_m / num_warps rows, a multiple of 16 = the mma M); stages: K/V shared-memory buffers (cp.async ring).
+// block_m / num_warps rows, a multiple of 16 = the mma M); stages: K/V shared-memory buffers (cp.async ring);
+// ctas_per_sm: the CTAs per SM the kernel is compiled for (__launch_bounds__ minimum), which caps its registers at
+// 65,536 / (ctas_per_sm x threads) per thread (and 255); syncs: barriers per K/V tile, 2 (K and V in separate
+// cp.async groups, K issued `stages` tiles ahead and V `stages` - 1) or 1 (K and V of a tile in one group, issued
+// `stages` - 1 tiles ahead; needs stages >= 2).
 struct TileConfig {
-  int block_m, block_n, num_warps, stages;
+  int block_m, block_n, num_warps, stages, ctas_per_sm, syncs;
 };
 
 // Register budget per thread the tiles are sized for (mma.sync keeps S and O in registers): 255 is the hardware
@@ -30,18 +34,24 @@ constexpr int kMaxRegsPerThread = 255;
 //     1 stage (FA2's own d256 tile as ncu shows it in torch: 128 threads, 98 KB) 0.98-1.02, against 128x64 x 8
 //     warps x 2 stages 0.84-0.90, 64x32 x 2 stages 0.84-0.86, 64x64 x 2 stages (1 CTA/SM) 0.72-0.82;
 //     d128 128x128 x 8 warps 0.76-0.81; d64 128x64 x 3 stages 0.91-0.93.
+//   tune3 (results/2026-11-29-v2-fwd-tune3-occupancy-syncs.jsonl, 2k/8k): more warps per SM, with 16-row warps or
+//     smaller key tiles, lost everywhere (each warp then re-reads K and V from smem for fewer rows, or the barriers
+//     per key double): d64 64x128 x 3 CTAs 0.96-0.98, 64x64 x 4 CTAs 0.92-0.93, 128x64 x 8 warps 0.82-0.83,
+//     128x32 x 3 CTAs 0.85-0.90; d128 64x64 x 1 stage x 3 CTAs 0.87-0.94, 128x64 x 8 warps 0.86-0.90; against
+//     0.99-1.07 for the tiles below. One barrier per tile (syncs 1) against two, same tiles: d64 1.03-1.06 vs
+//     1.01-1.04, d128 1.06-1.10 vs 1.03-1.07.
 // Tuning builds (v2_partitioning/tools/tune.sh) replace the tile of bucket FLASHGEN_V2_FWD_TUNE_D with compile
 // definitions FLASHGEN_V2_FWD_TUNE_<field> (nvcc reads commas in -D as separators); release builds set none.
 constexpr TileConfig tile_config(int head_dim) {
 #if defined(FLASHGEN_V2_FWD_TUNE_D)
   if (head_dim <= FLASHGEN_V2_FWD_TUNE_D && (FLASHGEN_V2_FWD_TUNE_D == 64 || 2 * head_dim > FLASHGEN_V2_FWD_TUNE_D)) {
     return {FLASHGEN_V2_FWD_TUNE_block_m, FLASHGEN_V2_FWD_TUNE_block_n, FLASHGEN_V2_FWD_TUNE_num_warps,
-            FLASHGEN_V2_FWD_TUNE_stages};
+            FLASHGEN_V2_FWD_TUNE_stages, FLASHGEN_V2_FWD_TUNE_ctas_per_sm, FLASHGEN_V2_FWD_TUNE_syncs};
   }
 #endif
-  if (head_dim <= 64) return {128, 128, 4, 2};
-  if (head_dim <= 128) return {128, 64, 4, 2};
-  return {64, 64, 4, 1};
+  if (head_dim <= 64) return {128, 128, 4, 2, 2, 1};
+  if (head_dim <= 128) return {128, 64, 4, 2, 2, 1};
+  return {64, 64, 4, 1, 2, 2};
 }
 
 // Shared memory of one CTA: Q tile + `stages` K tiles + `stages` V tiles, elements of 2 bytes.
@@ -73,8 +83,10 @@ static_assert(smem_bytes(64) <= kMaxSmemPerBlock && smem_bytes(128) <= kMaxSmemP
 // d64 1 (0.94-1.00, spills 24 B) beats 0 (0.90-0.96, spills 76 B); d128 0 (0.97-1.00) beats 1 (0.93-0.95;
 // neither spills, and why the smaller body runs slower was not looked into); d256 ran with 1 in bench run r4 and with 0 in r3,
 // within 1% of each other, so it keeps 0 (one instance less to compile).
+// late_dq_red: 1 issues each dQ slice's atomics after the next slice's GEMM, the last slice's after the dK GEMM
+// (their source registers are then read while the dK GEMM runs); 0 issues them right after their own slice.
 struct BwdTileConfig {
-  int block_m, block_n, num_warps, sdp_warps_m, kv_warps_d, dq_warps_d, dq_split, split_mods;
+  int block_m, block_n, num_warps, sdp_warps_m, kv_warps_d, dq_warps_d, dq_split, split_mods, late_dq_red;
 };
 
 // Sizes start from FlashAttention-2's backward table (flash_bwd_launch_template.h; ncu of torch's FA2 on the H200
@@ -88,6 +100,8 @@ struct BwdTileConfig {
 //         S/dP warps 4x2: 0.97-0.99; 2x4: 0.95-0.97; 128x64: 0.80-0.85
 //   d256: dK,dV 32x64 x2 = 128 regs, S,dP 32x16 x2 = 32, dQ 32x64 = 64 in 2 slices of 32;  smem 209 KB (sm_90)
 //         as is: 0.98-1.01; dQ in one slice: 0.95-0.98; FA2's warp grids (S/dP 4x2, dK/dV 4x2): 0.92-0.94
+// late_dq_red 1 against 0 (results/2026-11-29-v2-bwd-tune4-late-dq-red.jsonl, two device calls, 2k-16k, same
+// tiles): ahead in all 22 paired rows, d64 +0.3-1.2%, d128 +0.2-1.5%, d256 +1.2-2.1% (spills 36 -> 8 B there).
 // Tuning builds (v2_partitioning/tools/tune.sh) replace the tile of bucket FLASHGEN_V2_BWD_TUNE_D with compile
 // definitions FLASHGEN_V2_BWD_TUNE_<field> (one per field: nvcc reads commas in -D as separators); release builds
 // set none.
@@ -96,12 +110,12 @@ constexpr BwdTileConfig bwd_tile_config(int head_dim) {
   if (head_dim <= FLASHGEN_V2_BWD_TUNE_D && (FLASHGEN_V2_BWD_TUNE_D == 64 || 2 * head_dim > FLASHGEN_V2_BWD_TUNE_D)) {
     return {FLASHGEN_V2_BWD_TUNE_block_m,     FLASHGEN_V2_BWD_TUNE_block_n,    FLASHGEN_V2_BWD_TUNE_num_warps,
             FLASHGEN_V2_BWD_TUNE_sdp_warps_m, FLASHGEN_V2_BWD_TUNE_kv_warps_d, FLASHGEN_V2_BWD_TUNE_dq_warps_d,
-            FLASHGEN_V2_BWD_TUNE_dq_split,    FLASHGEN_V2_BWD_TUNE_split_mods};
+            FLASHGEN_V2_BWD_TUNE_dq_split,    FLASHGEN_V2_BWD_TUNE_split_mods, FLASHGEN_V2_BWD_TUNE_late_dq_red};
   }
 #endif
-  if (head_dim <= 64) return {128, 128, 8, 4, 2, 2, 1, 1};
-  if (head_dim <= 128) return {64, 128, 8, 4, 2, 4, 1, 0};
-  return {64, 64, 8, 2, 4, 4, 2, 0};
+  if (head_dim <= 64) return {128, 128, 8, 4, 2, 2, 1, 1, 1};
+  if (head_dim <= 128) return {64, 128, 8, 4, 2, 4, 1, 0, 1};
+  return {64, 64, 8, 2, 4, 4, 2, 0, 1};
 }
 
 // Shared memory of one backward CTA: K, V (block_n rows), Q, dO (2 stages of block_m rows), P, dS (block_m x

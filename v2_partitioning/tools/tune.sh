@@ -2,18 +2,18 @@
 # Time v2 tile candidates on the device. Each candidate is its own build (bf16, its bucket only; all built in
 # parallel), then timed one after another against SDPA flash in the same process (time_v2.py for fwd,
 # time_v2_bwd.py for bwd). A candidate is bucket:tile, the tile's fields in tile_config.h's order:
-#   fwd: block_m,block_n,num_warps,stages
-#   bwd: block_m,block_n,num_warps,sdp_warps_m,kv_warps_d,dq_warps_d,dq_split,split_mods
-#   bash v2_partitioning/tools/tune.sh bwd 64:128,128,8,4,2,2,1,1 128:64,128,8,2,2,4,1,0
-#   bash v2_partitioning/tools/tune.sh fwd 256:128,64,8,2 256:64,64,4,1
+#   fwd: block_m,block_n,num_warps,stages,ctas_per_sm,syncs
+#   bwd: block_m,block_n,num_warps,sdp_warps_m,kv_warps_d,dq_warps_d,dq_split,split_mods,late_dq_red
+#   bash v2_partitioning/tools/tune.sh bwd 64:128,128,8,4,2,2,1,1,0 128:64,128,8,2,2,4,1,0,0
+#   bash v2_partitioning/tools/tune.sh fwd 256:128,64,8,2,1,2 256:64,64,4,1,2,2
 # Output: ${OUT:-.}/tune_<kind>.jsonl, one line per (candidate, seqlen, causal) with "tile" added; TUNE_SEQLENS
 # (default "2048 8192") picks the seqlens. Builds print ptxas -v into /tmp/flashgen_tune_*.build.log.
 set -uo pipefail
 kind=$1
 shift
 case $kind in
-  fwd) fields=(block_m block_n num_warps stages); timer=v2_partitioning/tools/time_v2.py ;;
-  bwd) fields=(block_m block_n num_warps sdp_warps_m kv_warps_d dq_warps_d dq_split split_mods)
+  fwd) fields=(block_m block_n num_warps stages ctas_per_sm syncs); timer=v2_partitioning/tools/time_v2.py ;;
+  bwd) fields=(block_m block_n num_warps sdp_warps_m kv_warps_d dq_warps_d dq_split split_mods late_dq_red)
        timer=v2_partitioning/tools/time_v2_bwd.py ;;
   *) echo "kind must be fwd or bwd, got '$kind'"; exit 2 ;;
 esac
