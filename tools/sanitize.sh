@@ -13,7 +13,7 @@ for tool in ${FLASHGEN_SANITIZE_TOOLS:-memcheck racecheck}; do
     python3 -m pytest -q -p no:cacheprovider $files -k "$expr" > "$log" 2>&1
   tool_rc=$?
   summary=$(grep -E "ERROR SUMMARY|RACECHECK SUMMARY" "$log" | tail -n 1)
-  passed=$(grep -E "[0-9]+ (passed|failed|error)" "$log" | grep -v "=========" | tail -n 1)  # pytest's own count
+  passed=$(grep -E "[0-9]+ (passed|failed|error)" "$log" | grep -v "^========= " | tail -n 1)  # pytest's own count
   echo "sanitize $tool: rc=$tool_rc; ${summary:-no summary line}; pytest: $passed"
   [ $tool_rc -ne 0 ] && { rc=1; grep -E "=========" "$log" | head -n 30; }
   rm -f "$log"
