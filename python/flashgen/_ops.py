@@ -104,6 +104,30 @@ def lse_shape(q: torch.Tensor, cu_seqlens_q: Optional[torch.Tensor]) -> Tuple[in
     return (q.shape[0], q.shape[2], q.shape[1])  # (batch, num_heads, seqlen_q)
 
 
+def _grouped_decode(q, k, cu_seqlens_q, window_size, alibi_slopes, dropout_p, block_mask, return_probs) -> int:
+    """The query heads per KV head to fold into the query rows for this call, or 0 when that does not apply.
+
+    With one query token and GQA/MQA, the g query heads that share a KV head can run as g query rows of that KV
+    head (FlashAttention-2's `seqlenq_ngroups_swapped`): (batch, 1, h_k * g, d) is viewed, without a copy, as
+    (batch, g, h_k, d). A CTA then reads its KV head's keys once for all g heads instead of once per head, and its
+    query tile holds g rows instead of 1. It changes nothing else only when every row sees every key and nothing
+    depends on the head or the row index: one query sees all keys under a bottom-right causal mask or a window with
+    no left limit, but not under a left limit (the g rows would get g different windows); ALiBi's slope depends on
+    the head; dropout's keep-mask and the probabilities are indexed by (head, row).
+    """
+    if cu_seqlens_q is not None or q.shape[1] != 1 or window_size[0] >= 0:
+        return 0
+    if alibi_slopes is not None or dropout_p > 0 or block_mask is not None or return_probs:
+        return 0
+    groups = q.shape[2] // k.shape[2]
+    return groups if groups > 1 else 0
+
+
+def _fold_groups(t: torch.Tensor, groups: int) -> torch.Tensor:
+    """(batch, 1, h_k * g, d) -> the view (batch, g, h_k, d): row i of head j is query head j * g + i."""
+    return t[:, 0].unflatten(1, (t.shape[2] // groups, groups)).transpose(1, 2)
+
+
 def forward(generation: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, softmax_scale: float,
             window_size=(-1, -1), softcap: float = 0.0, alibi_slopes=None, dropout_p: float = 0.0, seed: int = 0,
             offset: int = 0, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q: Optional[int] = None,
@@ -120,8 +144,14 @@ def forward(generation: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, 
     probs = None
     if return_probs:
         probs = torch.empty(batch, q.shape[-2], q.shape[1], k.shape[1], dtype=torch.float32, device=q.device)
+    groups = _grouped_decode(q, k, cu_seqlens_q, window_size, alibi_slopes, dropout_p, block_mask, return_probs)
+    q_run, o_run, lse_run = q, o, lse
+    if groups:  # lse (batch, h_k * g, 1) contiguous == (batch, h_k, g): row i of KV head j is query head j * g + i
+        q_run, o_run = _fold_groups(q, groups), _fold_groups(o, groups)
+        lse_run = lse.view(batch, k.shape[2], groups)
+        window_size = (-1, -1)  # every row sees every key (see _grouped_decode)
     p = _native.C.AttnParams()
-    _fill(p, q, k, v, o, lse, softmax_scale=softmax_scale, window_size=window_size, softcap=softcap,
+    _fill(p, q_run, k, v, o_run, lse_run, softmax_scale=softmax_scale, window_size=window_size, softcap=softcap,
           alibi_slopes=alibi_slopes, dropout_p=dropout_p, seed=seed, offset=offset, cu_seqlens_q=cu_seqlens_q,
           cu_seqlens_k=cu_seqlens_k, max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k, seqused_k=seqused_k,
           kv_batch_idx=kv_batch_idx, block_mask=block_mask, block_size=block_size, probs=probs, batch=batch)
