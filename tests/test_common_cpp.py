@@ -19,6 +19,7 @@ DEVICE_SOURCE = r"""
 #include "common/philox.h"
 #include "common/score_mod.h"
 #include "common/softmax.h"
+#include "common/split_kv.h"
 using namespace flashgen;
 __global__ void instantiate_common(AttnParams p, float* out) {
   RowState st;
@@ -29,7 +30,7 @@ __global__ void instantiate_common(AttnParams p, float* out) {
   const SeqInfo s = seq_info(p, blockIdx.x);
   const MaskSpec mask = s.mask(p);
   const BlockRange r = n_block_range(mask, 0, 64, 64);
-  const BlockRange c = m_block_range(mask, 0, 64, 64);
+  const BlockRange c = split_block_range(m_block_range(mask, 0, 64, 64), blockIdx.y, gridDim.y);
   const bool full = tile_fully_visible(mask, 0, 64, 0, 64) && sparse_visible(p, 0, 0, 0);
   const bool keep = dropout_keep(p.seed, p.offset, 0, threadIdx.x, 0, dropout_threshold(p.p_dropout));
   const float x = logit_of(1.f, p.softmax_scale, p.softcap, alibi_slope(p, 0, 0), 0, 0, 4, 4) +

@@ -1,7 +1,8 @@
 // Host tests of common/ against oracles written independently of the headers:
 //   masks     vs a brute-force visibility predicate written from the documented rule (flash_attn 2.x, bottom-right);
 //   softmax   streaming RowState over 1/2/4/64 blocks vs a one-shot double-precision softmax; merge and merge_lse;
-//   philox    Random123's published known-answer vectors, and the keep rate of dropout_keep.
+//   philox    Random123's published known-answer vectors, and the keep rate of dropout_keep;
+//   split-KV  split_block_range partitions every range in order; split_kv_count on cases worked out by hand.
 // Prints each failure with its values, a final "N passed, N failed" line, and exits non-zero on any failure.
 #include <cfloat>
 #include <cmath>
@@ -13,6 +14,7 @@
 #include "common/philox.h"
 #include "common/score_mod.h"
 #include "common/softmax.h"
+#include "common/split_kv.h"
 
 namespace {
 
@@ -348,6 +350,46 @@ void test_softmax_no_drift() {
         sum_ref);
 }
 
+void test_split_kv() {
+  // Every block of [begin, end) lands in exactly one share, shares in order, none longer than ceil(size / n).
+  for (int begin : {0, 3}) {
+    for (int size : {0, 1, 2, 5, 64, 511, 512}) {
+      for (int n : {1, 2, 3, 7, 64, 128}) {
+        const BlockRange r{begin, begin + size};
+        int next = begin;
+        for (int s = 0; s < n; ++s) {
+          const BlockRange share = flashgen::split_block_range(r, s, n);
+          const int len = share.end - share.begin;
+          CHECK(len >= 0 && len <= (size + n - 1) / n, "range [%d,%d) split %d/%d: [%d,%d)", r.begin, r.end, s, n,
+                share.begin, share.end);
+          if (len > 0) {
+            CHECK(share.begin == next, "range [%d,%d) split %d/%d starts at %d, expected %d", r.begin, r.end, s, n,
+                  share.begin, next);
+            next = share.end;
+          }
+        }
+        CHECK(next == r.end, "range [%d,%d) in %d shares covers up to %d", r.begin, r.end, n, next);
+      }
+    }
+  }
+  // Worked by hand. 128 tiles on 264 slots (H200, 2 CTAs/SM), 512 key blocks: 1 split fills 48% of a wave, 2
+  // splits 97% (256 of 264). 33 splits would fill 16 waves exactly, but split 512 blocks as 32 do (16 each), so
+  // they do not count; the best that counts is 97%, and 2 is the fewest within 85% of it.
+  CHECK(flashgen::split_kv_count(128, 264, 512) == 2, "128 tiles: %d", flashgen::split_kv_count(128, 264, 512));
+  // 16 tiles: the best that counts is 97% (16 or 32 splits); 85% of it is 82%, first reached by 14 splits
+  // (224 of 264 slots, 85%; 13 give 79%).
+  CHECK(flashgen::split_kv_count(16, 264, 512) == 14, "16 tiles: %d", flashgen::split_kv_count(16, 264, 512));
+  // Tiles already fill 80% of a wave (212 of 264), one key block, or no slots: no split.
+  CHECK(flashgen::split_kv_count(212, 264, 512) == 1, "212 tiles: %d", flashgen::split_kv_count(212, 264, 512));
+  CHECK(flashgen::split_kv_count(1, 264, 1) == 1, "one key block: %d", flashgen::split_kv_count(1, 264, 1));
+  CHECK(flashgen::split_kv_count(8, 0, 64) == 1, "no slots: %d", flashgen::split_kv_count(8, 0, 64));
+  // 1 tile, 3 key blocks: at most 3 splits (then 3 CTAs is the best and only candidate left that fits): 3.
+  CHECK(flashgen::split_kv_count(1, 264, 3) == 3, "3 key blocks: %d", flashgen::split_kv_count(1, 264, 3));
+  // Never more than kMaxSplits.
+  CHECK(flashgen::split_kv_count(1, 100000, 100000) <= flashgen::kMaxSplits, "max splits: %d",
+        flashgen::split_kv_count(1, 100000, 100000));
+}
+
 int main() {
   test_masks();
   test_softmax();
@@ -355,6 +397,7 @@ int main() {
   test_merge();
   test_philox();
   test_score_mod();
+  test_split_kv();
   std::printf("%d passed, %d failed\n", g_passed, g_failed);
   return g_failed == 0 ? 0 : 1;
 }
