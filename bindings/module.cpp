@@ -117,6 +117,19 @@ int64_t bwd_dq_accum_floats(const std::string& generation, const AttnBwdParams& 
   return 0;
 }
 
+// Split-KV plan of generation's forward for p: (num_splits, oaccum floats, lse_accum floats); num_splits 0 when
+// the generation has no decode path for p (see AttnParams::num_splits).
+py::tuple fwd_split_plan(const std::string& generation, const AttnParams& p) {
+  (void)generation, (void)p;
+#if defined(FLASHGEN_HAS_V2)
+  if (generation == "v2") {
+    const flashgen::v2::SplitPlan plan = flashgen::v2::fwd_split_plan(p);
+    return py::make_tuple(plan.num_splits, plan.oaccum_floats, plan.lse_floats);
+  }
+#endif
+  return py::make_tuple(0, 0, 0);
+}
+
 py::dict build_info() {
   py::dict info;
   py::list instances;
@@ -186,7 +199,8 @@ PYBIND11_MODULE(_C, m) {
       FG_PTR(AttnParams, block_mask, const uint8_t*)
       FG_RW(AttnParams, block_mask_head_stride) FG_RW(AttnParams, block_mask_row_stride)
       FG_RW(AttnParams, sparse_block_m) FG_RW(AttnParams, sparse_block_n)
-      FG_RW(AttnParams, num_threads) FG_RW(AttnParams, num_sms);
+      FG_RW(AttnParams, num_threads) FG_RW(AttnParams, num_sms)
+      FG_RW(AttnParams, num_splits) FG_PTR(AttnParams, oaccum, float*) FG_PTR(AttnParams, lse_accum, float*);
 
   py::class_<AttnBwdParams, AttnParams>(m, "AttnBwdParams")
       .def(py::init<>())
@@ -226,5 +240,8 @@ PYBIND11_MODULE(_C, m) {
       py::arg("generation"), py::arg("params"), py::arg("stream") = 0, "Run a generation's backward.");
   m.def("bwd_dq_accum_floats", &bwd_dq_accum_floats, py::arg("generation"), py::arg("params"),
         "Floats of the zeroed dq_accum workspace the generation's backward needs for params (0: none).");
+  m.def("fwd_split_plan", &fwd_split_plan, py::arg("generation"), py::arg("params"),
+        "Split-KV decoding plan of the generation's forward for params: (num_splits, oaccum floats, lse_accum "
+        "floats); num_splits 0 when it has no decode path for them.");
   m.def("build_info", &build_info, "What this build compiled: instances (generation, kind, dtype, head dim), archs, CUDA.");
 }

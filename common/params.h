@@ -68,6 +68,15 @@ struct AttnParams {
   // ---- execution ----
   int num_threads = 0;  // CPU backend: worker threads, 0 = hardware concurrency
   int num_sms = 0;      // GPU: multiprocessor count (split-KV / persistent heuristics)
+
+  // ---- split-KV decoding (common/split_kv.h); the caller plans it with the binding's fwd_split_plan ----
+  // num_splits 0: not planned (the generation's prefill kernels, no split). >= 1: the plan's count; above 1 the
+  // caller allocates (no zeroing needed) the fp32 workspaces, element (split s, batch b, head h, row r):
+  //   oaccum    ((s * batch + b) * num_heads + h) * seqlen_q + r) * head-dim bucket + col: O of split s
+  //             normalized by its own sum;  lse_accum  ((s * batch + b) * num_heads + h) * seqlen_q + r: its LSE.
+  int num_splits = 0;
+  float* oaccum = nullptr;
+  float* lse_accum = nullptr;
 };
 
 struct AttnBwdParams : AttnParams {

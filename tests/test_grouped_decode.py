@@ -109,3 +109,136 @@ def test_fold_view_maps_rows_to_heads():
         for i in range(3):
             for j in range(2):
                 assert torch.equal(folded[b, i, j], t[b, 0, j * 3 + i]), (b, i, j)
+
+
+# ---- v2's split-KV decode instance (FLASHGEN_V2_DECODE=1): the plan and its checks are host code, tested here on
+# any machine whose build has v2; the kernels on the GPU tier ----
+
+def _has_v2(head_dim: int = 128) -> bool:
+    return _native.build_info().has("v2", "fwd", "bf16", head_dim)
+
+
+def _params(*, batch=16, seqlen_q=4, seqlen_k=32768, heads=8, head_dim=128, num_sms=132, **extra):
+    """AttnParams of a dense bf16 problem with fake 16-byte aligned pointers (host checks only, never launched)."""
+    p = _native.C.AttnParams()
+    p.q = p.k = p.v = p.o = p.lse = 256
+    p.batch, p.seqlen_q, p.seqlen_k, p.num_heads, p.num_heads_k, p.head_dim = batch, seqlen_q, seqlen_k, heads, heads, head_dim
+    p.q_batch_stride = p.k_batch_stride = p.v_batch_stride = p.o_batch_stride = 1 << 20
+    p.q_row_stride = p.k_row_stride = p.v_row_stride = p.o_row_stride = heads * head_dim
+    p.q_head_stride = p.k_head_stride = p.v_head_stride = p.o_head_stride = head_dim
+    p.dtype = _native.C.DType.bfloat16
+    p.num_sms = num_sms
+    for name, value in extra.items():
+        setattr(p, name, value)
+    return p
+
+
+@pytest.mark.skipif(not _has_v2(), reason="v2 not compiled into this build")
+def test_split_plan_for_the_bench_decode_shape():
+    # bench/NOTES.md's decode case after the fold: 16 x 8 KV heads, 4 rows each, 32k keys, d128, 132 SMs.
+    # 128 one-block tiles on 264 slots (2 CTAs/SM), 512 blocks of 64 keys: 2 splits (tests/cpp/test_common.cpp).
+    splits, o_floats, lse_floats = _native.C.fwd_split_plan("v2", _params())
+    assert (splits, lse_floats, o_floats) == (2, 2 * 16 * 8 * 4, 2 * 16 * 8 * 4 * 128)
+    # Enough tiles for a wave: the decode instance, unsplit, no workspace.
+    assert tuple(_native.C.fwd_split_plan("v2", _params(batch=64))) == (1, 0, 0)
+
+
+@pytest.mark.skipif(not _has_v2(), reason="v2 not compiled into this build")
+@pytest.mark.parametrize("extra", [dict(seqlen_q=65), dict(p_dropout=0.1), dict(cu_seqlens_q=512), dict(seqlen_k=0),
+                                   dict(num_sms=0), dict(p_out=512)],
+                         ids=["seqlen_q-65", "dropout", "varlen", "no-keys", "no-sm-count", "probs"])
+def test_split_plan_declines(extra):
+    assert _native.C.fwd_split_plan("v2", _params(**extra))[0] == 0, f"planned a split for {extra}"
+    assert _native.C.fwd_split_plan("cpu", _params())[0] == 0
+
+
+@pytest.mark.skipif(not _has_v2(), reason="v2 not compiled into this build")
+@pytest.mark.parametrize("extra, message", [
+    (dict(num_splits=2, seqlen_q=200), "does not run v2's decode instance"),
+    (dict(num_splits=129), "expected 1..128"),
+    (dict(num_splits=2), "needs both workspaces"),
+], ids=["not-decode", "too-many", "no-workspace"])
+def test_split_checks_refuse_before_launch(extra, message):
+    with pytest.raises(ValueError, match=message):
+        _native.C.fwd("v2", _params(**extra), 0)
+
+
+def _decode_case(device, heads, heads_k, head_dim, seqlen_q, seqlens_k, capacity, dtype=torch.bfloat16, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+
+    def rand(*shape):
+        return torch.randn(*shape, generator=gen).to(device=device, dtype=dtype)
+
+    batch = len(seqlens_k)
+    q = rand(batch, seqlen_q, heads, head_dim)
+    k_cache, v_cache = rand(batch, capacity, heads_k, head_dim), rand(batch, capacity, heads_k, head_dim)
+    return q, k_cache, v_cache, torch.tensor(seqlens_k, dtype=torch.int32, device=device)
+
+
+@pytest.fixture
+def splits_seen(monkeypatch):
+    """Turns the decode instance on and records p.num_splits of every v2 forward launch."""
+    monkeypatch.setenv(_ops.DECODE_ENV, "1")
+    seen = []
+    real = _native.C.fwd
+
+    def spy(generation, p, stream):
+        seen.append(p.num_splits)
+        return real(generation, p, stream)
+
+    monkeypatch.setattr(_native.C, "fwd", spy)
+    return seen
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("head_dim", [64, 128, 256, 72])
+@pytest.mark.parametrize("case", ["gqa-1-token", "mha-1-token", "mha-5-tokens-causal", "mha-64-tokens-window",
+                                  "alibi-softcap"])
+def test_decode_instance_against_oracle(head_dim, case, splits_seen):
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA device")
+    if not _has_v2(head_dim):
+        pytest.skip(f"v2 fwd bf16 d{head_dim} not compiled into this build")
+    heads, heads_k, seqlen_q = {"gqa-1-token": (8, 2, 1), "mha-1-token": (4, 4, 1), "mha-5-tokens-causal": (4, 4, 5),
+                                "mha-64-tokens-window": (2, 2, 64), "alibi-softcap": (4, 2, 1)}[case]
+    # Sequence lengths: empty, shorter than one key block, not a multiple of any block, the whole cache.
+    seqlens_k = [0, 37, 3001, 4096]
+    q, k_cache, v_cache, seqlens = _decode_case("cuda", heads, heads_k, head_dim, seqlen_q, seqlens_k, 4096)
+    kw = dict(cache_seqlens=seqlens, return_softmax_lse=True)
+    if case == "mha-5-tokens-causal":
+        kw["causal"] = True
+    if case == "mha-64-tokens-window":
+        kw["window_size"] = (300, 0)
+    if case == "alibi-softcap":
+        kw.update(alibi_slopes=torch.rand(heads, device="cuda"), softcap=15.0)
+    out, lse = flashgen.flash_attn_with_kvcache(q, k_cache, v_cache, version="v2", **kw)
+    assert splits_seen and splits_seen[-1] > 1, f"expected a split launch, saw num_splits {splits_seen}"
+    ref_kw = {k: v for k, v in kw.items() if k in ("causal", "window_size", "softcap")}
+    if "alibi_slopes" in kw:
+        ref_kw["alibi_slopes"] = kw["alibi_slopes"].cpu()
+    ref, ref_lse = attention_ref(q.cpu(), k_cache.cpu(), v_cache.cpu(), seqused_k=seqlens.cpu(), **ref_kw)
+    naive, _ = attention_ref(q.cpu(), k_cache.cpu(), v_cache.cpu(), seqused_k=seqlens.cpu(), dtype=q.dtype, **ref_kw)
+    testing.check_fa_rule(f"decode {case} d{head_dim}", out.cpu(), ref, naive, 2.0)
+    lse = lse.cpu().double()
+    assert torch.equal(torch.isinf(lse), torch.isinf(ref_lse)), "lse: +inf exactly on the rows with no visible key"
+    finite = torch.isfinite(ref_lse)
+    lse_err = (lse[finite] - ref_lse[finite]).abs().max().item()
+    assert lse_err <= 2e-3, f"decode lse: max error {lse_err:.3e} > 2e-3"
+
+
+@pytest.mark.gpu
+def test_decode_instance_unsplit_and_prefill_agree(splits_seen, monkeypatch):
+    """Many tiles: the decode instance runs unsplit (num_splits 1, O written directly); and the same call with the
+    decode instance off (prefill instance) agrees within the FA rule."""
+    if not torch.cuda.is_available() or not _has_v2():
+        pytest.skip("needs a CUDA device and v2 d128")
+    q, k_cache, v_cache, seqlens = _decode_case("cuda", 32, 8, 128, 1, [700] * 64, 1024)
+    out = flashgen.flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=seqlens, version="v2")
+    assert splits_seen[-1] == 1, f"expected the unsplit decode instance, saw num_splits {splits_seen}"
+    monkeypatch.setenv(_ops.DECODE_ENV, "0")
+    prefill = flashgen.flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=seqlens, version="v2")
+    assert splits_seen[-1] == 0
+    ref, _ = attention_ref(q.cpu(), k_cache.cpu(), v_cache.cpu(), seqused_k=seqlens.cpu())
+    naive, _ = attention_ref(q.cpu(), k_cache.cpu(), v_cache.cpu(), seqused_k=seqlens.cpu(), dtype=q.dtype)
+    testing.check_fa_rule("unsplit decode instance", out.cpu(), ref, naive, 2.0)
+    testing.check_fa_rule("prefill instance", prefill.cpu(), ref, naive, 2.0)

@@ -6,6 +6,9 @@
 // Pipeline: K and V tiles in kStages-deep cp.async rings, K issued kStages tiles ahead and V kStages - 1 (two
 // barriers per tile; kStages = 1 is FA2's schedule: V_i loads under Q K_i^T, K_{i+1} under P V_i); or, with
 // syncs == 1 (tile_config.h), K and V both kStages - 1 tiles ahead behind one barrier per tile.
+// Decode instance (T::kDecode, tile_config.h decode_tile_config): blockIdx.x also carries the split s of
+// p.num_splits; the CTA visits share s of the key blocks (common/split_kv.h) and, with more than one split,
+// writes O normalized by its own sum and its LSE to p.oaccum / p.lse_accum for fwd_combine.cuh to merge.
 // Loop invariant (after tile i): o = sum_{j<=i} exp2(S_j*scale_log2 - m*scale_log2) V_j (dropout applied) and
 // l = the same sum of undropped probabilities, m = the running max: the max of all scores seen, or below it by at
 // most kLazyRescaleLog2 / scale_log2 (lazy rescaling, fwd_softmax.cuh); O = o / l once at the end.
@@ -18,6 +21,7 @@
 #include "common/philox.h"
 #include "common/score_mod.h"
 #include "common/softmax.h"
+#include "common/split_kv.h"
 #include "v2_partitioning/fwd_softmax.cuh"
 #include "v2_partitioning/kernel_traits.cuh"
 #include "v2_partitioning/mma.cuh"
@@ -93,7 +97,12 @@ __global__ void __launch_bounds__(T::kNThreads, T::kMinBlocksPerSm) fwd_kernel(c
   Element* s_v = s_k + T::kStages * T::kSmemKV;         // kStages x (kBlockN, kHeadDim) swizzled
 
   // Heaviest query blocks (most keys under a causal mask) are scheduled first.
-  const int m_block = gridDim.x - 1 - blockIdx.x;
+  int m_block = gridDim.x - 1 - blockIdx.x, split = 0, num_splits = 1;
+  if constexpr (T::kDecode) {  // blockIdx.x = query block (heaviest first) x num_splits + split
+    num_splits = p.num_splits > 1 ? p.num_splits : 1;
+    split = blockIdx.x % num_splits;
+    m_block = gridDim.x / num_splits - 1 - blockIdx.x / num_splits;
+  }
   const int head = blockIdx.y, batch = blockIdx.z;
   const SeqInfo seq = seq_info(p, batch);
   const int m_begin = m_block * T::kBlockM;
@@ -101,7 +110,8 @@ __global__ void __launch_bounds__(T::kNThreads, T::kMinBlocksPerSm) fwd_kernel(c
 
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
   const MaskSpec mask = seq.mask(p);
-  const BlockRange range = n_block_range(mask, m_begin, m_begin + T::kBlockM, T::kBlockN);
+  BlockRange range = n_block_range(mask, m_begin, m_begin + T::kBlockM, T::kBlockN);
+  if constexpr (T::kDecode) range = split_block_range(range, split, num_splits);
   const int n_tiles = range.end > range.begin ? range.end - range.begin : 0;
   const int head_k = head / (p.num_heads / p.num_heads_k);
 
@@ -233,6 +243,26 @@ __global__ void __launch_bounds__(T::kNThreads, T::kMinBlocksPerSm) fwd_kernel(c
   // Epilogue: O = o / l (x 1/(1-p)), LSE per row, O staged through smem (Q's buffer) for 16-byte stores.
   finalize_rows(acc_o, rows, dropout_keep_scale(p.p_dropout));
   const int row_in_warp = lane / 4;
+  if constexpr (T::kDecode) {
+    if (num_splits > 1) {  // this split's O (normalized by its own sum) and LSE, fp32, for fwd_combine.cuh
+      cp_async_wait<0>();  // nothing may stay in flight into shared memory at exit
+      const int64_t row0 = ((static_cast<int64_t>(split) * p.batch + batch) * p.num_heads + head) * p.seqlen_q;
+#pragma unroll
+      for (int a = 0; a < T::kMAtoms; ++a)
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {
+          const int row = m_begin + warp * T::kWarpRows + a * 16 + half * 8 + row_in_warp;
+          if (row >= seq.seqlen_q) continue;
+          float* dst = p.oaccum + (row0 + row) * T::kHeadDim + 2 * (lane % 4);
+#pragma unroll
+          for (int j = 0; j < T::kNTilesO; ++j) {
+            *reinterpret_cast<float2*>(dst + j * 8) = make_float2(acc_o[a][j][half * 2], acc_o[a][j][half * 2 + 1]);
+          }
+          if (lane % 4 == 0) p.lse_accum[row0 + row] = rows[a][half].lse(scale_log2);
+        }
+      return;
+    }
+  }
   if (lane % 4 == 0) {
     float* g_lse = p.lse + lse_offset(p, seq, batch, head);  // (seqlen_q,) fp32 of this (batch, head)
 #pragma unroll

@@ -1,6 +1,7 @@
 // Launch geometry and checks for one forward instance: grid (ceil(seqlen_q / kBlockM), num_heads, batch),
 // kNThreads threads, kSmemBytes dynamic shared memory (opted in above 48 KB); then, when p_out is requested,
-// the probabilities kernel on the same stream. Never synchronizes; returns the launch error.
+// the probabilities kernel on the same stream; or the split-KV decode instance and its combine (launch_fwd).
+// Never synchronizes; returns the launch error.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -8,6 +9,7 @@
 #include <string>
 
 #include "common/mask.h"
+#include "v2_partitioning/fwd_combine.cuh"
 #include "v2_partitioning/fwd_kernel.cuh"
 #include "v2_partitioning/fwd_launch.h"
 #include "v2_partitioning/probs_kernel.cuh"
@@ -22,9 +24,9 @@ inline Status cuda_status(cudaError_t err, const char* what) {
   return Status::runtime(std::string("v2 forward: ") + what + ": " + cudaGetErrorString(err));
 }
 
-template <typename Tag, int kHeadDim>
-Status launch_fwd(const AttnParams& p, cudaStream_t stream) {
-  using T = FwdTraits<Tag, kHeadDim>;
+// fwd_kernel<T> over `grid`, opting in to its shared memory above 48 KB.
+template <typename T>
+Status launch_fwd_kernel(const AttnParams& p, dim3 grid, cudaStream_t stream) {
   auto kernel = fwd_kernel<T>;
   constexpr int smem = T::kSmemBytes;
   int device = 0, smem_optin = 0;
@@ -34,7 +36,7 @@ Status launch_fwd(const AttnParams& p, cudaStream_t stream) {
                    "cudaDeviceGetAttribute(MaxSharedMemoryPerBlockOptin)");
   if (!st.is_ok()) return st;
   if (smem > smem_optin) {
-    return Status::not_implemented("v2 forward: head_dim bucket " + std::to_string(kHeadDim) + " needs " +
+    return Status::not_implemented("v2 forward: head_dim bucket " + std::to_string(T::kHeadDim) + " needs " +
                                    std::to_string(smem) + " bytes of shared memory per block; this GPU allows " +
                                    std::to_string(smem_optin));
   }
@@ -43,9 +45,26 @@ Status launch_fwd(const AttnParams& p, cudaStream_t stream) {
                      "cudaFuncSetAttribute(MaxDynamicSharedMemorySize)");
     if (!st.is_ok()) return st;
   }
-  const dim3 grid(ceil_div(p.seqlen_q, T::kBlockM), p.num_heads, p.batch);
   kernel<<<grid, T::kNThreads, smem, stream>>>(p);
-  st = cuda_status(cudaGetLastError(), "fwd_kernel launch");
+  return cuda_status(cudaGetLastError(), "fwd_kernel launch");
+}
+
+// p.num_splits >= 1 (planned by v2_api.cu fwd_split_plan, which also decided that the decode instance applies):
+// the decode instance over (query blocks x num_splits, heads, batch), then, with more than one split, the combine.
+// Else the prefill instance over (query blocks, heads, batch), then the probabilities kernel when p_out is asked.
+template <typename Tag, int kHeadDim>
+Status launch_fwd(const AttnParams& p, cudaStream_t stream) {
+  if (p.num_splits >= 1) {
+    using T = FwdTraits<Tag, kHeadDim, /*kDecode=*/true>;
+    const dim3 grid(ceil_div(p.seqlen_q, T::kBlockM) * p.num_splits, p.num_heads, p.batch);
+    Status st = launch_fwd_kernel<T>(p, grid, stream);
+    if (!st.is_ok() || p.num_splits == 1) return st;
+    combine_kernel<Tag, kHeadDim><<<dim3(ceil_div(p.seqlen_q, kCombineWarps), p.num_heads, p.batch),
+                                    kCombineWarps * 32, 0, stream>>>(p);
+    return cuda_status(cudaGetLastError(), "combine_kernel launch");
+  }
+  using T = FwdTraits<Tag, kHeadDim>;
+  const Status st = launch_fwd_kernel<T>(p, dim3(ceil_div(p.seqlen_q, T::kBlockM), p.num_heads, p.batch), stream);
   if (!st.is_ok() || p.p_out == nullptr) return st;
   probs_kernel<Tag><<<dim3(p.seqlen_q, p.num_heads, p.batch), kProbsThreads, 0, stream>>>(p);
   return cuda_status(cudaGetLastError(), "probs_kernel launch");

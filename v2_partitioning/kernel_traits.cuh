@@ -1,4 +1,5 @@
-// Compile-time shape of one v2 forward instance, derived from tile_config(head_dim) and the element type.
+// Compile-time shape of one v2 forward instance, derived from tile_config(head_dim) (or decode_tile_config for
+// the decode instance, kDecode) and the element type.
 // Every size the kernel uses comes from here, asserted against the mma/ldmatrix/cp.async granularities.
 #pragma once
 
@@ -9,11 +10,12 @@
 namespace flashgen {
 namespace v2 {
 
-template <typename Tag, int kHeadDim_>
+template <typename Tag, int kHeadDim_, bool kDecode_ = false>
 struct FwdTraits {
   using DTag = Tag;
   using Element = typename Tag::type;
-  static constexpr TileConfig kCfg = tile_config(kHeadDim_);
+  static constexpr bool kDecode = kDecode_;  // split-KV decode instance (fwd_kernel.cuh, tile_config.h)
+  static constexpr TileConfig kCfg = kDecode ? decode_tile_config(kHeadDim_) : tile_config(kHeadDim_);
   static constexpr int kHeadDim = kHeadDim_;
   static constexpr int kBlockM = kCfg.block_m;
   static constexpr int kBlockN = kCfg.block_n;
@@ -36,7 +38,7 @@ struct FwdTraits {
   static_assert(kBlockN % 16 == 0 && kHeadDim % 16 == 0, "k16 steps over keys (P V) and head dim (Q K^T)");
   static_assert(kChunks % 8 == 0, "the XOR swizzle permutes groups of 8 chunks (128 bytes)");
   static_assert(kNThreads % kChunks == 0, "each copy pass covers whole rows");
-  static_assert(kSmemBytes == smem_bytes(kHeadDim), "tile_config.h and the traits disagree on shared memory");
+  static_assert(kSmemBytes == smem_bytes(kCfg, kHeadDim), "tile_config.h and the traits disagree on shared memory");
   static_assert((kCfg.syncs == 1 && kStages >= 2) || kCfg.syncs == 2, "syncs is 2, or 1 with 2+ stages");
   static_assert(kMinBlocksPerSm >= 1 && kMinBlocksPerSm * kNThreads <= 2048,
                 "ctas_per_sm x threads exceeds the SM's 2,048 threads");

@@ -54,17 +54,32 @@ constexpr TileConfig tile_config(int head_dim) {
   return {64, 64, 4, 1, 2, 2};
 }
 
-// Shared memory of one CTA: Q tile + `stages` K tiles + `stages` V tiles, elements of 2 bytes.
-constexpr int smem_bytes(int head_dim_bucket) {
-  return (tile_config(head_dim_bucket).block_m + 2 * tile_config(head_dim_bucket).stages *
-                                                     tile_config(head_dim_bucket).block_n) *
-         head_dim_bucket * 2;
+// The decode instance (fwd_kernel<T> with T::kDecode; v2_api.cu fwd_split_plan): runs a launch whose seqlen_q
+// fits one of its query tiles (one token, or after python/flashgen/_ops.py folds a GQA group into rows), with the
+// keys split over CTAs (common/split_kv.h). 64-row tiles: with a handful of real rows a 128-row tile doubles the
+// mma work spent on padding rows, and decoding is meant to run at the rate K and V stream in. 3 stages at d64 and
+// d128 keep more bytes in flight per CTA (two CTAs per SM still fit: 106 and 112 KB); d256 keeps its prefill tile.
+// Not yet timed on the device: chosen from the byte and FLOP counts in bench/NOTES.md (Decoding).
+constexpr TileConfig decode_tile_config(int head_dim) {
+  if (head_dim <= 64) return {64, 128, 4, 3, 2, 1};
+  if (head_dim <= 128) return {64, 64, 4, 3, 2, 1};
+  return {64, 64, 4, 1, 2, 2};
 }
+
+// Shared memory of one CTA: Q tile + `stages` K tiles + `stages` V tiles, elements of 2 bytes.
+constexpr int smem_bytes(const TileConfig& c, int head_dim_bucket) {
+  return (c.block_m + 2 * c.stages * c.block_n) * head_dim_bucket * 2;
+}
+constexpr int smem_bytes(int head_dim_bucket) { return smem_bytes(tile_config(head_dim_bucket), head_dim_bucket); }
 
 constexpr int kMaxSmemPerBlock = 227 * 1024;  // sm_90 opt-in limit (sm_80: 163 KB; checked at launch)
 static_assert(smem_bytes(64) <= kMaxSmemPerBlock && smem_bytes(128) <= kMaxSmemPerBlock &&
                   smem_bytes(256) <= kMaxSmemPerBlock,
               "a v2 tile exceeds the shared memory of one CTA");
+static_assert(smem_bytes(decode_tile_config(64), 64) <= kMaxSmemPerBlock &&
+                  smem_bytes(decode_tile_config(128), 128) <= kMaxSmemPerBlock &&
+                  smem_bytes(decode_tile_config(256), 256) <= kMaxSmemPerBlock,
+              "a v2 decode tile exceeds the shared memory of one CTA");
 
 // ---- backward (FA2 Sec. 3.2 / Alg. 2) ----
 // A CTA owns block_n keys: their dK and dV stay in fp32 registers while it loops over the query blocks of

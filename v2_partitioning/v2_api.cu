@@ -7,6 +7,7 @@
 #include <string>
 
 #include "common/params.h"
+#include "common/split_kv.h"
 #include "common/status.h"
 #include "v2_instances.h"
 #include "v2_partitioning/bwd_launch.h"
@@ -104,10 +105,45 @@ Status check_shared(const AttnParams& p, bool forward, int* bucket) {
 
 }  // namespace
 
+SplitPlan fwd_split_plan(const AttnParams& p) {
+  SplitPlan plan;
+  const int bucket = fwd_bucket(p.dtype, p.head_dim);
+  if (bucket == 0) return plan;
+  const TileConfig c = decode_tile_config(bucket);
+  // The decode instance: dense queries that fit one of its tiles (one token, or a folded GQA group), without the
+  // features whose outputs it does not write (probabilities) or whose RNG it does not split (dropout).
+  if (p.batch < 1 || p.seqlen_q < 1 || p.seqlen_q > c.block_m || p.seqlen_k < 1 || p.cu_seqlens_q != nullptr ||
+      p.p_dropout > 0.f || p.p_out != nullptr || p.block_mask != nullptr || p.num_sms < 1) {
+    return plan;
+  }
+  const int64_t tiles = static_cast<int64_t>(p.num_heads) * p.batch;  // one query block each
+  plan.num_splits = tiles > (1 << 30) ? 1 : split_kv_count(static_cast<int>(tiles), p.num_sms * c.ctas_per_sm,
+                                                           ceil_div(p.seqlen_k, c.block_n));
+  if (plan.num_splits > 1) {
+    plan.lse_floats = plan.num_splits * tiles * p.seqlen_q;
+    plan.oaccum_floats = plan.lse_floats * bucket;
+  }
+  return plan;
+}
+
 Status fwd(const AttnParams& p, void* stream) {
   int bucket = 0;
   const Status shared = check_shared(p, /*forward=*/true, &bucket);
   if (!shared.is_ok()) return shared;
+  if (p.num_splits != 0) {
+    const SplitPlan plan = fwd_split_plan(p);
+    if (plan.num_splits == 0) {
+      return Status::invalid("num_splits: this problem does not run v2's decode instance; leave num_splits 0 "
+                             "unless fwd_split_plan gave a count");
+    }
+    if (p.num_splits < 1 || p.num_splits > kMaxSplits) {
+      return Status::invalid("num_splits: expected 1.." + std::to_string(kMaxSplits) + ", got " +
+                             std::to_string(p.num_splits));
+    }
+    if (p.num_splits > 1 && (p.oaccum == nullptr || p.lse_accum == nullptr)) {
+      return Status::invalid("oaccum/lse_accum: num_splits > 1 needs both workspaces (sizes from fwd_split_plan)");
+    }
+  }
   if (p.p_out != nullptr && p.cu_seqlens_q != nullptr) {
     return Status::not_implemented("return_attn_probs: v2 returns probabilities for dense (non-varlen) inputs only");
   }

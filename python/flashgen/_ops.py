@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import math
+import os
 from typing import Optional, Tuple
 
 import torch
@@ -104,6 +105,27 @@ def lse_shape(q: torch.Tensor, cu_seqlens_q: Optional[torch.Tensor]) -> Tuple[in
     return (q.shape[0], q.shape[2], q.shape[1])  # (batch, num_heads, seqlen_q)
 
 
+# v2's decode instance (split-KV, common/split_kv.h) runs only with FLASHGEN_V2_DECODE=1 until its GPU tests and
+# timings have run on the device (tests/test_grouped_decode.py turns it on there; bench/NOTES.md, Decoding).
+DECODE_ENV = "FLASHGEN_V2_DECODE"
+
+
+def _plan_split_kv(generation: str, p, device: torch.device):
+    """Ask `generation` for a split-KV plan; set it on p and return the workspaces (kept alive by the caller)."""
+    if os.environ.get(DECODE_ENV, "0") != "1":
+        return ()
+    num_splits, oaccum_floats, lse_floats = _native.C.fwd_split_plan(generation, p)
+    if num_splits < 1:
+        return ()
+    p.num_splits = num_splits
+    if num_splits == 1:
+        return ()
+    oaccum = torch.empty(oaccum_floats, dtype=torch.float32, device=device)
+    lse_accum = torch.empty(lse_floats, dtype=torch.float32, device=device)
+    p.oaccum, p.lse_accum = oaccum.data_ptr(), lse_accum.data_ptr()
+    return oaccum, lse_accum
+
+
 def _grouped_decode(q, k, cu_seqlens_q, window_size, alibi_slopes, dropout_p, block_mask, return_probs) -> int:
     """The query heads per KV head to fold into the query rows for this call, or 0 when that does not apply.
 
@@ -155,7 +177,9 @@ def forward(generation: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, 
           alibi_slopes=alibi_slopes, dropout_p=dropout_p, seed=seed, offset=offset, cu_seqlens_q=cu_seqlens_q,
           cu_seqlens_k=cu_seqlens_k, max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k, seqused_k=seqused_k,
           kv_batch_idx=kv_batch_idx, block_mask=block_mask, block_size=block_size, probs=probs, batch=batch)
+    workspaces = _plan_split_kv(generation, p, q.device) if q.is_cuda else ()
     _native.C.fwd(generation, p, _stream_of(q))
+    del workspaces  # freed in stream order: the caching allocator reuses them only after the kernels queued here
     return o, lse, probs
 
 
