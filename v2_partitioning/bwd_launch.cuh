@@ -13,16 +13,12 @@
 #include "v2_partitioning/bwd_kernel.cuh"
 #include "v2_partitioning/bwd_launch.h"
 #include "v2_partitioning/bwd_prepost.cuh"
+#include "v2_partitioning/launch_util.cuh"
 
 namespace flashgen {
 namespace v2 {
 
-constexpr int kBwdDefaultSmemLimit = 48 * 1024;  // above this a kernel must opt in
-
-inline Status bwd_cuda_status(cudaError_t err, const char* what) {
-  if (err == cudaSuccess) return Status::ok();
-  return Status::runtime(std::string("v2 backward: ") + what + ": " + cudaGetErrorString(err));
-}
+constexpr const char* kBwdWho = "v2 backward";
 
 template <typename Tag, int kHeadDim>
 Status launch_bwd(const AttnBwdParams& p, cudaStream_t stream) {
@@ -32,37 +28,23 @@ Status launch_bwd(const AttnBwdParams& p, cudaStream_t stream) {
     if (!bwd_has_mods(p)) kernel = bwd_kernel<T, false>;
   }
   constexpr int smem = T::kSmemBytes;
-  int device = 0, smem_optin = 0;
-  Status st = bwd_cuda_status(cudaGetDevice(&device), "cudaGetDevice");
+  Status st = opt_in_smem(kernel, smem, kHeadDim, kBwdWho);
   if (!st.is_ok()) return st;
-  st = bwd_cuda_status(cudaDeviceGetAttribute(&smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device),
-                       "cudaDeviceGetAttribute(MaxSharedMemoryPerBlockOptin)");
-  if (!st.is_ok()) return st;
-  if (smem > smem_optin) {
-    return Status::not_implemented("v2 backward: head_dim bucket " + std::to_string(kHeadDim) + " needs " +
-                                   std::to_string(smem) + " bytes of shared memory per block; this GPU allows " +
-                                   std::to_string(smem_optin));
-  }
-  if (smem > kBwdDefaultSmemLimit) {
-    st = bwd_cuda_status(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem),
-                         "cudaFuncSetAttribute(MaxDynamicSharedMemorySize)");
-    if (!st.is_ok()) return st;
-  }
   if (p.seqlen_q > 0) {
     bwd_preprocess_kernel<Tag><<<dim3(ceil_div(p.seqlen_q, kPreRows), p.num_heads, p.batch), kPrepostThreads, 0,
                                  stream>>>(p);
-    st = bwd_cuda_status(cudaGetLastError(), "bwd_preprocess_kernel launch");
+    st = cuda_status(cudaGetLastError(), kBwdWho, "bwd_preprocess_kernel launch");
     if (!st.is_ok()) return st;
   }
   if (p.seqlen_k > 0) {
     kernel<<<dim3(ceil_div(p.seqlen_k, T::kBlockN), p.num_heads_k, p.batch), T::kNThreads, smem, stream>>>(p);
-    st = bwd_cuda_status(cudaGetLastError(), "bwd_kernel launch");
+    st = cuda_status(cudaGetLastError(), kBwdWho, "bwd_kernel launch");
     if (!st.is_ok()) return st;
   }
   if (p.seqlen_q == 0) return Status::ok();
   bwd_postprocess_kernel<T><<<dim3(ceil_div(p.seqlen_q, kPostRows), p.num_heads, p.batch), kPrepostThreads, 0,
                                 stream>>>(p);
-  return bwd_cuda_status(cudaGetLastError(), "bwd_postprocess_kernel launch");
+  return cuda_status(cudaGetLastError(), kBwdWho, "bwd_postprocess_kernel launch");
 }
 
 }  // namespace v2

@@ -12,41 +12,22 @@
 #include "v2_partitioning/fwd_combine.cuh"
 #include "v2_partitioning/fwd_kernel.cuh"
 #include "v2_partitioning/fwd_launch.h"
+#include "v2_partitioning/launch_util.cuh"
 #include "v2_partitioning/probs_kernel.cuh"
 
 namespace flashgen {
 namespace v2 {
 
-constexpr int kDefaultSmemLimit = 48 * 1024;  // above this a kernel must opt in (cudaFuncAttributeMaxDynamicSharedMemorySize)
-
-inline Status cuda_status(cudaError_t err, const char* what) {
-  if (err == cudaSuccess) return Status::ok();
-  return Status::runtime(std::string("v2 forward: ") + what + ": " + cudaGetErrorString(err));
-}
+constexpr const char* kFwdWho = "v2 forward";
 
 // fwd_kernel<T> over `grid`, opting in to its shared memory above 48 KB.
 template <typename T>
 Status launch_fwd_kernel(const AttnParams& p, dim3 grid, cudaStream_t stream) {
   auto kernel = fwd_kernel<T>;
-  constexpr int smem = T::kSmemBytes;
-  int device = 0, smem_optin = 0;
-  Status st = cuda_status(cudaGetDevice(&device), "cudaGetDevice");
+  const Status st = opt_in_smem(kernel, T::kSmemBytes, T::kHeadDim, kFwdWho);
   if (!st.is_ok()) return st;
-  st = cuda_status(cudaDeviceGetAttribute(&smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device),
-                   "cudaDeviceGetAttribute(MaxSharedMemoryPerBlockOptin)");
-  if (!st.is_ok()) return st;
-  if (smem > smem_optin) {
-    return Status::not_implemented("v2 forward: head_dim bucket " + std::to_string(T::kHeadDim) + " needs " +
-                                   std::to_string(smem) + " bytes of shared memory per block; this GPU allows " +
-                                   std::to_string(smem_optin));
-  }
-  if (smem > kDefaultSmemLimit) {
-    st = cuda_status(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem),
-                     "cudaFuncSetAttribute(MaxDynamicSharedMemorySize)");
-    if (!st.is_ok()) return st;
-  }
-  kernel<<<grid, T::kNThreads, smem, stream>>>(p);
-  return cuda_status(cudaGetLastError(), "fwd_kernel launch");
+  kernel<<<grid, T::kNThreads, T::kSmemBytes, stream>>>(p);
+  return cuda_status(cudaGetLastError(), kFwdWho, "fwd_kernel launch");
 }
 
 // p.num_splits >= 1 (planned by v2_api.cu fwd_split_plan, which also decided that the decode instance applies):
@@ -61,13 +42,13 @@ Status launch_fwd(const AttnParams& p, cudaStream_t stream) {
     if (!st.is_ok() || p.num_splits == 1) return st;
     combine_kernel<Tag, kHeadDim><<<dim3(ceil_div(p.seqlen_q, kCombineWarps), p.num_heads, p.batch),
                                     kCombineWarps * 32, 0, stream>>>(p);
-    return cuda_status(cudaGetLastError(), "combine_kernel launch");
+    return cuda_status(cudaGetLastError(), kFwdWho, "combine_kernel launch");
   }
   using T = FwdTraits<Tag, kHeadDim>;
   const Status st = launch_fwd_kernel<T>(p, dim3(ceil_div(p.seqlen_q, T::kBlockM), p.num_heads, p.batch), stream);
   if (!st.is_ok() || p.p_out == nullptr) return st;
   probs_kernel<Tag><<<dim3(p.seqlen_q, p.num_heads, p.batch), kProbsThreads, 0, stream>>>(p);
-  return cuda_status(cudaGetLastError(), "probs_kernel launch");
+  return cuda_status(cudaGetLastError(), kFwdWho, "probs_kernel launch");
 }
 
 }  // namespace v2
