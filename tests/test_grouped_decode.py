@@ -101,6 +101,24 @@ def test_kvcache_decode_folded_matches_oracle_and_unfolded(device, dtype, heads_
     assert lse_err <= 2e-3, f"folded decode lse: max error {lse_err:.3e} > 2e-3"
 
 
+def test_folded_forward_then_backward(launches):
+    """Training on one query token with GQA: the forward folds, the backward runs on the unfolded q, out and lse."""
+    q = torch.randn(2, 1, HEADS, 32).requires_grad_()
+    k, v = (torch.randn(2, 19, HEADS_K, 32).requires_grad_() for _ in range(2))
+    out = flashgen.flash_attn_func(q, k, v, causal=True, version="cpu")
+    assert launches[-1][:2] == (HEADS // HEADS_K, HEADS_K), f"forward did not fold: {launches[-1]}"
+    dout = torch.randn_like(out)
+    grads = torch.autograd.grad(out, (q, k, v), dout)
+    oracle = {}
+    for dtype in (torch.float64, torch.float32):  # the float64 oracle and the naive same-dtype one
+        leaves = [t.detach().to(dtype).requires_grad_() for t in (q, k, v)]
+        ref_out, _ = attention_ref(*leaves, causal=True, dtype=dtype)
+        oracle[dtype] = torch.autograd.grad(ref_out, leaves, dout.to(dtype))
+    for i, name in enumerate(("dq", "dk", "dv")):
+        g, r, n = grads[i], oracle[torch.float64][i], oracle[torch.float32][i]
+        testing.check_fa_rule(f"folded {name}", g, r, n, 3.0, floor=testing.grad_floor(g, r, 19))
+
+
 def test_fold_view_maps_rows_to_heads():
     t = torch.arange(2 * 1 * 6 * 4).reshape(2, 1, 6, 4)
     folded = _ops._fold_groups(t, 3)
