@@ -140,7 +140,8 @@ def _params(*, batch=16, seqlen_q=4, seqlen_k=32768, heads=8, head_dim=128, num_
     """AttnParams of a dense bf16 problem with fake 16-byte aligned pointers (host checks only, never launched)."""
     p = _native.C.AttnParams()
     p.q = p.k = p.v = p.o = p.lse = 256
-    p.batch, p.seqlen_q, p.seqlen_k, p.num_heads, p.num_heads_k, p.head_dim = batch, seqlen_q, seqlen_k, heads, heads, head_dim
+    p.batch, p.seqlen_q, p.seqlen_k, p.head_dim = batch, seqlen_q, seqlen_k, head_dim
+    p.num_heads = p.num_heads_k = heads
     p.q_batch_stride = p.k_batch_stride = p.v_batch_stride = p.o_batch_stride = 1 << 20
     p.q_row_stride = p.k_row_stride = p.v_row_stride = p.o_row_stride = heads * head_dim
     p.q_head_stride = p.k_head_stride = p.v_head_stride = p.o_head_stride = head_dim
