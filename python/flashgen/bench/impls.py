@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import importlib
+import os
 from typing import Callable, List, Optional, Sequence, Tuple
 
 import torch
@@ -117,6 +118,33 @@ class FlashgenImpl(Impl):
         fn = lambda q_, k_, v_: _first(api(q_, k_, v_, causal=cfg.causal,  # noqa: E731
                                            window_size=tuple(cfg.window_size), version=gen))
         return Bound(fn, leaves, _same)
+
+
+class FlashgenDecodeImpl(FlashgenImpl):
+    """v2 with its split-KV decode instance turned on (FLASHGEN_V2_DECODE=1, python/flashgen/_ops.py), on decode
+    configs only: the same run then shows it next to the default path and the peers."""
+
+    def __init__(self, build):
+        super().__init__("v2", build)
+        self.name = "flashgen-v2-splitkv"
+
+    def why_not(self, cfg, mode):
+        if cfg.kind != "decode":
+            return UNSUPPORTED, "the split-KV decode instance runs decode configs only"
+        return super().why_not(cfg, mode)
+
+    @contextlib.contextmanager
+    def context(self):
+        from flashgen import _ops
+        before = os.environ.get(_ops.DECODE_ENV)
+        os.environ[_ops.DECODE_ENV] = "1"
+        try:
+            yield
+        finally:
+            if before is None:
+                os.environ.pop(_ops.DECODE_ENV, None)
+            else:
+                os.environ[_ops.DECODE_ENV] = before
 
 
 # ---- torch SDPA ----------------------------------------------------------------------------------------------------
@@ -275,6 +303,8 @@ def discover(device: str, *, flex_dynamic: bool = True) -> Tuple[List[Impl], Lis
         build = build_info()
         gens = sorted(g for g in build.generations if (g == "cpu") == (device == "cpu"))
         impls += [FlashgenImpl(g, build) for g in gens]
+        if "v2" in gens:
+            impls.append(FlashgenDecodeImpl(build))
         if not gens:
             notes.append(f"flashgen: build_info lists no generation for {device} ({sorted(build.generations)})")
     except Exception as exc:  # a missing or broken build is reported, the peers still run
