@@ -11,8 +11,8 @@
 
 #include "common/mask.h"
 #include "v2_partitioning/bwd_kernel.cuh"
-#include "v2_partitioning/bwd_launch.h"
 #include "v2_partitioning/bwd_prepost.cuh"
+#include "v2_partitioning/launch.h"
 #include "v2_partitioning/launch_util.cuh"
 
 namespace flashgen {

@@ -11,7 +11,7 @@
 #include "common/mask.h"
 #include "v2_partitioning/fwd_combine.cuh"
 #include "v2_partitioning/fwd_kernel.cuh"
-#include "v2_partitioning/fwd_launch.h"
+#include "v2_partitioning/launch.h"
 #include "v2_partitioning/launch_util.cuh"
 #include "v2_partitioning/probs_kernel.cuh"
 
