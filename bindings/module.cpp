@@ -200,7 +200,8 @@ PYBIND11_MODULE(_C, m) {
       FG_RW(AttnParams, block_mask_head_stride) FG_RW(AttnParams, block_mask_row_stride)
       FG_RW(AttnParams, sparse_block_m) FG_RW(AttnParams, sparse_block_n)
       FG_RW(AttnParams, num_threads) FG_RW(AttnParams, num_sms)
-      FG_RW(AttnParams, num_splits) FG_PTR(AttnParams, oaccum, float*) FG_PTR(AttnParams, lse_accum, float*);
+      FG_RW(AttnParams, num_splits) FG_PTR(AttnParams, oaccum, float*) FG_PTR(AttnParams, lse_accum, float*)
+      FG_RW(AttnParams, oaccum_floats) FG_RW(AttnParams, lse_accum_floats);
 
   py::class_<AttnBwdParams, AttnParams>(m, "AttnBwdParams")
       .def(py::init<>())

@@ -74,9 +74,12 @@ struct AttnParams {
   // caller allocates (no zeroing needed) the fp32 workspaces, element (split s, batch b, head h, row r):
   //   oaccum    ((s * batch + b) * num_heads + h) * seqlen_q + r) * head-dim bucket + col: O of split s
   //             normalized by its own sum;  lse_accum  ((s * batch + b) * num_heads + h) * seqlen_q + r: its LSE.
+  // oaccum_floats / lse_accum_floats: the sizes allocated, checked against the plan before any launch.
   int num_splits = 0;
   float* oaccum = nullptr;
   float* lse_accum = nullptr;
+  int64_t oaccum_floats = 0;
+  int64_t lse_accum_floats = 0;
 };
 
 struct AttnBwdParams : AttnParams {

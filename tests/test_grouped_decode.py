@@ -174,9 +174,11 @@ def test_split_plan_declines(extra):
 @pytest.mark.skipif(not _has_v2(), reason="v2 not compiled into this build")
 @pytest.mark.parametrize("extra, message", [
     (dict(num_splits=2, seqlen_q=200), "does not run v2's decode instance"),
-    (dict(num_splits=129), "expected 1..128"),
-    (dict(num_splits=2), "needs both workspaces"),
-], ids=["not-decode", "too-many", "no-workspace"])
+    (dict(num_splits=3), "expected fwd_split_plan's 2, got 3"),
+    (dict(num_splits=2), "2 splits need 131072 and 1024 floats"),
+    (dict(num_splits=2, oaccum=512, lse_accum=512, oaccum_floats=131072, lse_accum_floats=1023),
+     "got 131072 and 1023"),
+], ids=["not-decode", "not-the-plan", "no-workspace", "workspace-too-small"])
 def test_split_checks_refuse_before_launch(extra, message):
     with pytest.raises(ValueError, match=message):
         _native.C.fwd("v2", _params(**extra), 0)

@@ -135,12 +135,16 @@ Status fwd(const AttnParams& p, void* stream) {
       return Status::invalid("num_splits: this problem does not run v2's decode instance; leave num_splits 0 "
                              "unless fwd_split_plan gave a count");
     }
-    if (p.num_splits < 1 || p.num_splits > kMaxSplits) {
-      return Status::invalid("num_splits: expected 1.." + std::to_string(kMaxSplits) + ", got " +
+    if (p.num_splits != plan.num_splits) {  // the workspace sizes below hold for the plan's count only
+      return Status::invalid("num_splits: expected fwd_split_plan's " + std::to_string(plan.num_splits) + ", got " +
                              std::to_string(p.num_splits));
     }
-    if (p.num_splits > 1 && (p.oaccum == nullptr || p.lse_accum == nullptr)) {
-      return Status::invalid("oaccum/lse_accum: num_splits > 1 needs both workspaces (sizes from fwd_split_plan)");
+    if (p.num_splits > 1 && (p.oaccum == nullptr || p.lse_accum == nullptr || p.oaccum_floats < plan.oaccum_floats ||
+                             p.lse_accum_floats < plan.lse_floats)) {
+      return Status::invalid("oaccum/lse_accum: " + std::to_string(p.num_splits) + " splits need " +
+                             std::to_string(plan.oaccum_floats) + " and " + std::to_string(plan.lse_floats) +
+                             " floats (fwd_split_plan), got " + std::to_string(p.oaccum_floats) + " and " +
+                             std::to_string(p.lse_accum_floats));
     }
   }
   if (p.p_out != nullptr && p.cu_seqlens_q != nullptr) {

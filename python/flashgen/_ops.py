@@ -123,6 +123,7 @@ def _plan_split_kv(generation: str, p, device: torch.device):
     oaccum = torch.empty(oaccum_floats, dtype=torch.float32, device=device)
     lse_accum = torch.empty(lse_floats, dtype=torch.float32, device=device)
     p.oaccum, p.lse_accum = oaccum.data_ptr(), lse_accum.data_ptr()
+    p.oaccum_floats, p.lse_accum_floats = oaccum_floats, lse_floats
     return oaccum, lse_accum
 
 
