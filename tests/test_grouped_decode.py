@@ -21,7 +21,7 @@ def _devices():
     yield pytest.param("cuda", torch.bfloat16, id="cuda-bf16", marks=pytest.mark.gpu)
 
 
-def _need(device: str, dtype: torch.dtype) -> None:
+def _need(device: str) -> None:
     if device == "cuda" and not torch.cuda.is_available():
         pytest.skip("needs a CUDA device")
     if device == "cuda" and not _native.build_info().has("v2", "fwd", "bf16", HEAD_DIM):
@@ -69,7 +69,7 @@ def test_no_fold_for_two_queries_mha_or_dropout(launches):
 @pytest.mark.parametrize("device, dtype", list(_devices()))
 @pytest.mark.parametrize("heads_k", [HEADS_K, 1], ids=["gqa", "mqa"])
 def test_kvcache_decode_folded_matches_oracle_and_unfolded(device, dtype, heads_k, launches):
-    _need(device, dtype)
+    _need(device)
     gen = torch.Generator().manual_seed(5)
 
     def rand(*shape):

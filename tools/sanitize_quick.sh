@@ -2,7 +2,7 @@
 # A short device call for a small device budget: bf16-only build for 90a, then compute-sanitizer on the kernels
 # changed last (racecheck on the forward first: it is where a removed barrier would show), each step time-boxed,
 # every log written straight to $OUT so a call cut off still returns what ran.
-#   bash tools/sanitize_quick.sh        (on the device; FLASHGEN_QUICK_BUDGET_S caps the sanitizer steps, default 150)
+#   bash tools/sanitize_quick.sh        (on the device; each step's limit is its second argument below)
 set -uo pipefail
 OUT=${OUT:-$PWD/.device_out}; mkdir -p "$OUT"
 export FLASHGEN_CUDA_ARCHS=90a CMAKE_BUILD_PARALLEL_LEVEL=$(nproc) PYTHONUNBUFFERED=1
