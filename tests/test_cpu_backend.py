@@ -258,12 +258,12 @@ def test_varlen(causal, dropout):
 @pytest.mark.parametrize("causal", [False, True])
 def test_kv_cache(causal):
     gen = torch.Generator().manual_seed(29)
-    b, cache_b, cap, h, hk, d = 3, 5, 200, 4, 2, 64
+    b, cache_b, cap, h, hk, d = 4, 5, 200, 4, 2, 64
     q = torch.randn(b, 9, h, d, generator=gen).to(torch.float16)
     k_cache = torch.randn(cache_b, cap, hk, d, generator=gen).to(torch.float16)
     v_cache = torch.randn(cache_b, cap, hk, d, generator=gen).to(torch.float16)
-    seqused = torch.tensor([1, 130, 200], dtype=torch.int32)
-    batch_idx = torch.tensor([4, 0, 2], dtype=torch.int32)
+    seqused = torch.tensor([0, 1, 130, 200], dtype=torch.int32)  # 0: an empty cache, out 0 and lse +inf
+    batch_idx = torch.tensor([3, 4, 0, 2], dtype=torch.int32)
     kw = dict(softmax_scale=_scale(d), window_size=(-1, 0) if causal else (-1, -1))
     out = poison_like(q)
     o, lse, _ = _ops.forward("cpu", q, k_cache, v_cache, out=out, seqused_k=seqused, kv_batch_idx=batch_idx, **kw)
@@ -273,6 +273,7 @@ def test_kv_cache(causal):
     _, lse32 = attention_ref(q, k, v, seqused_k=seqused, dtype=torch.float32, **_ref_kwargs(kw))
     check_fa_rule("kv cache out", o, ref, naive)
     check_fa_rule("kv cache lse", lse, lse_ref, lse32)
+    assert torch.isinf(lse[0]).all() and not o[0].any(), "an empty cache gives lse +inf and out 0"
 
 
 # ---- block-sparse ----

@@ -74,7 +74,10 @@ def _dense(q, k, v, *, softmax_scale, causal, window_size, softcap, alibi_slopes
         elem = layout[:, rows][:, :, cols]  # (heads or 1, sq, sk)
         ok = ok & elem.unsqueeze(0)
     scores = scores.masked_fill(~ok, float("-inf"))
-    row_max = scores.amax(dim=-1, keepdim=True)
+    if sk == 0:  # no keys at all (e.g. seqused_k 0): every row is empty; amax refuses a zero-size dim
+        row_max = scores.new_full((*scores.shape[:-1], 1), float("-inf"))
+    else:
+        row_max = scores.amax(dim=-1, keepdim=True)
     empty = torch.isinf(row_max) & (row_max < 0)
     row_max = torch.where(empty, torch.zeros_like(row_max), row_max)
     p = torch.exp(scores - row_max)
