@@ -15,6 +15,7 @@ scatters with index tensors, and dropout's seed/offset come from torch's CPU gen
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import os
 from typing import Dict, List, Optional, Tuple
@@ -83,6 +84,19 @@ def _problem(q: torch.Tensor, features: frozenset) -> dispatch.Problem:
                             features)
 
 
+@functools.lru_cache(maxsize=1024)
+def _choose_cached(device_type: str, capability, dtype: str, head_dim: int, features: frozenset,
+                   requested: str) -> dispatch.Choice:
+    return dispatch.choose(dispatch.Problem(device_type, capability, dtype, head_dim, features), _BUILD, requested)
+
+
+def _choose(q: torch.Tensor, features: frozenset, version: Optional[str]) -> dispatch.Choice:
+    """dispatch.choose for this call, memoized on the plain values it depends on (a decode step is short enough that
+    building the Problem and walking the rules every call showed in its time). Refusals raise and are not cached."""
+    return _choose_cached(q.device.type, _capability(q.device), validate.DTYPE_NAMES[q.dtype], q.shape[-1], features,
+                          _requested(version))
+
+
 def _pad(t: Optional[torch.Tensor], multiple: int) -> Optional[torch.Tensor]:
     """Zero-pad the last dim up to a multiple (differentiable: the gradient of the padding is dropped)."""
     if t is None or t.shape[-1] % multiple == 0:
@@ -110,7 +124,7 @@ def _attention(q, k, v, *, dropout_p, softmax_scale, causal, window_size, softca
     features = _features(q, k, causal=causal, window_size=window_size, softcap=softcap, alibi_slopes=alibi_slopes,
                          dropout_p=dropout_p, return_probs=return_probs, varlen=varlen, block_mask=block_mask,
                          tensors=(q, k, v))
-    choice = dispatch.choose(_problem(q, features), _BUILD, _requested(version))
+    choice = _choose(q, features, version)
     head_dim = q.shape[-1]
     softmax_scale, (window_left, window_right) = _scale_and_window(head_dim, softmax_scale, window_size, causal)
     q, k, v = (_pad(validate.last_dim_contiguous(t), choice.head_dim_multiple) for t in (q, k, v))
@@ -288,7 +302,7 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     batch, seqlen_q = q.shape[0], q.shape[1]
     features = _features(q, k_cache, causal=causal, window_size=window_size, softcap=softcap,
                          alibi_slopes=alibi_slopes, dropout_p=0.0, return_probs=False, kvcache=True)
-    choice = dispatch.choose(_problem(q, features), _BUILD, _requested(version))
+    choice = _choose(q, features, version)
     head_dim = q.shape[-1]
     softmax_scale, (window_left, window_right) = _scale_and_window(head_dim, softmax_scale, window_size, causal)
     if isinstance(cache_seqlens, int):

@@ -204,9 +204,9 @@ def check_alignment(tensors: Sequence[Tuple[str, torch.Tensor]], alignment_bytes
         if t.data_ptr() % alignment_bytes != 0:
             raise ValueError(f"{name}: data pointer must be {alignment_bytes}-byte aligned (offset "
                              f"{t.data_ptr() % alignment_bytes} bytes); pass a fresh or .clone()d tensor")
-        for dim in range(t.dim() - 1):
-            if t.shape[dim] > 1 and (t.stride(dim) * elem) % alignment_bytes != 0:
-                raise ValueError(f"{name}: stride {t.stride(dim)} of dim {dim} must be a multiple of "
+        for dim, (size, stride) in enumerate(zip(t.shape[:-1], t.stride()[:-1])):
+            if size > 1 and (stride * elem) % alignment_bytes != 0:
+                raise ValueError(f"{name}: stride {stride} of dim {dim} must be a multiple of "
                                  f"{alignment_bytes // elem} elements ({alignment_bytes} bytes); call .contiguous()")
 
 
