@@ -208,17 +208,17 @@ def test_flex_compiles_once_per_head_dim_and_checks_bottom_right_causal():
     assert all(r["reason"] == "torch.compile dynamic=True" for r in recs)
 
 
-def test_splitkv_impl_runs_decode_only_and_restores_the_switch(monkeypatch):
+def test_nosplit_impl_runs_decode_only_and_restores_the_switch(monkeypatch):
     from flashgen import _native, _ops
     monkeypatch.delenv(_ops.DECODE_ENV, raising=False)
-    impl = bench_impls.FlashgenDecodeImpl(_native.build_info())
-    assert impl.name == "flashgen-v2-splitkv" and impl.family == "flashgen"
+    impl = bench_impls.FlashgenNoSplitImpl(_native.build_info())
+    assert impl.name == "flashgen-v2-nosplit" and impl.family == "flashgen"
     attention = sweeps.Config("attention", 1, 64, 64, 2, 2, 64, False, "bf16")
     assert impl.why_not(attention, "fwd")[0] == bench_impls.UNSUPPORTED
     with impl.context():
-        assert os.environ[_ops.DECODE_ENV] == "1"
-    assert _ops.DECODE_ENV not in os.environ, "the switch stayed on after the implementation's runs"
-    monkeypatch.setenv(_ops.DECODE_ENV, "0")
+        assert os.environ[_ops.DECODE_ENV] == "0"
+    assert _ops.DECODE_ENV not in os.environ, "the switch stayed off after the implementation's runs"
+    monkeypatch.setenv(_ops.DECODE_ENV, "1")
     with impl.context():
-        assert os.environ[_ops.DECODE_ENV] == "1"
-    assert os.environ[_ops.DECODE_ENV] == "0"
+        assert os.environ[_ops.DECODE_ENV] == "0"
+    assert os.environ[_ops.DECODE_ENV] == "1"

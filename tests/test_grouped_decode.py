@@ -119,8 +119,11 @@ def test_folded_forward_then_backward(launches):
         testing.check_fa_rule(f"folded {name}", g, r, n, 3.0, floor=testing.grad_floor(g, r, 19))
 
 
-def test_fold_view_maps_rows_to_heads():
+@pytest.mark.parametrize("layout", ["contiguous", "slice-of-packed"])
+def test_fold_view_maps_rows_to_heads(layout):
     t = torch.arange(2 * 1 * 6 * 4).reshape(2, 1, 6, 4)
+    if layout == "slice-of-packed":  # heads 1..6 of 9 and every other element: offset and strides not the defaults
+        t = torch.arange(2 * 1 * 9 * 8).reshape(2, 1, 9, 8)[:, :, 1:7, ::2]
     folded = _ops._fold_groups(t, 3)
     assert folded.shape == (2, 3, 2, 4) and folded.data_ptr() == t.data_ptr()
     for b in range(2):
@@ -150,6 +153,26 @@ def _params(*, batch=16, seqlen_q=4, seqlen_k=32768, heads=8, head_dim=128, num_
     for name, value in extra.items():
         setattr(p, name, value)
     return p
+
+
+@pytest.mark.parametrize("env, splits", [(None, 2), ("1", 2), ("0", 0)], ids=["default-on", "on", "off"])
+def test_decode_instance_is_on_unless_switched_off(env, splits, monkeypatch):
+    """The plan is asked for unless FLASHGEN_V2_DECODE=0; a split plan gets one workspace: the partial outputs, then
+    the partial LSEs right after them."""
+    if env is None:
+        monkeypatch.delenv(_ops.DECODE_ENV, raising=False)
+    else:
+        monkeypatch.setenv(_ops.DECODE_ENV, env)
+    monkeypatch.setattr(_native.C, "fwd_split_plan", lambda generation, p: (2, 64, 8), raising=False)
+    p = _native.C.AttnParams()
+    workspace = _ops._plan_split_kv("v2", p, torch.device("cpu"))
+    assert p.num_splits == splits
+    if splits:
+        assert workspace.numel() == 72 and workspace.dtype == torch.float32
+        assert (p.oaccum, p.lse_accum) == (workspace.data_ptr(), workspace.data_ptr() + 4 * 64)
+        assert (p.oaccum_floats, p.lse_accum_floats) == (64, 8)
+    else:
+        assert workspace is None
 
 
 @pytest.mark.skipif(not _has_v2(), reason="v2 not compiled into this build")
@@ -263,3 +286,44 @@ def test_decode_instance_unsplit_and_prefill_agree(splits_seen, monkeypatch):
     naive, _ = attention_ref(q.cpu(), k_cache.cpu(), v_cache.cpu(), seqused_k=seqlens.cpu(), dtype=q.dtype)
     testing.check_fa_rule("unsplit decode instance", out.cpu(), ref, naive, 2.0)
     testing.check_fa_rule("prefill instance", prefill.cpu(), ref, naive, 2.0)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("append", [False, True], ids=["read-cache", "append-then-read"])
+def test_decode_step_replays_from_a_cuda_graph(append, splits_seen):
+    """Serving stacks capture a decode step once and replay it with new token data and cache lengths: nothing on the
+    path may synchronize or depend on tensor values on the host. The replay must give what the eager call gives for
+    the inputs of that moment, bit for bit (same plan, same kernels)."""
+    if not torch.cuda.is_available() or not _has_v2():
+        pytest.skip("needs a CUDA device and v2 d128")
+    q, k_cache, v_cache, seqlens = _decode_case("cuda", 32, 8, 128, 1, [3001, 17, 4000, 0], 4096)
+    new_k, new_v = (torch.randn(4, 1, 8, 128, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+    kv = dict(k=new_k, v=new_v) if append else {}
+
+    def step():
+        return flashgen.flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=seqlens, version="v2", **kv)
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        step()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        static_out = step()
+    assert splits_seen[-1] > 1, f"expected the split decode instance in the graph, saw num_splits {splits_seen}"
+    for lens in ([5, 4095, 64, 1], [4000, 0, 2048, 3999]):  # new tokens and new cache lengths, written in place
+        q.copy_(torch.randn_like(q))
+        new_k.copy_(torch.randn_like(new_k))
+        new_v.copy_(torch.randn_like(new_v))
+        seqlens.copy_(torch.tensor(lens, dtype=torch.int32))
+        k_before, v_before = k_cache.clone(), v_cache.clone()
+        static_out.fill_(float("nan"))
+        graph.replay()
+        replayed = static_out.clone()
+        if append:
+            assert torch.equal(k_cache[0, lens[0]], new_k[0, 0]), "the replay appended the new key at cache_seqlens"
+        k_cache.copy_(k_before)  # undo the replay's append so the eager call sees the same cache
+        v_cache.copy_(v_before)
+        eager = step()
+        assert torch.equal(replayed, eager), f"cache lengths {lens}: graph replay differs from the eager call"

@@ -34,9 +34,8 @@ def _stream_of(t: torch.Tensor) -> int:
 
 def _strides(t: torch.Tensor, varlen: bool) -> Tuple[int, int, int]:
     """(batch, row, head) element strides; varlen tensors have no batch dim."""
-    if varlen:
-        return 0, t.stride(0), t.stride(1)
-    return t.stride(0), t.stride(1), t.stride(2)
+    stride = t.stride()
+    return (0, stride[0], stride[1]) if varlen else stride[:3]
 
 
 def _set_qkvo(p, q, k, v, o, varlen_q: bool, varlen_k: bool) -> None:
@@ -105,26 +104,29 @@ def lse_shape(q: torch.Tensor, cu_seqlens_q: Optional[torch.Tensor]) -> Tuple[in
     return (q.shape[0], q.shape[2], q.shape[1])  # (batch, num_heads, seqlen_q)
 
 
-# v2's decode instance (split-KV, common/split_kv.h) runs only with FLASHGEN_V2_DECODE=1 until its GPU tests and
-# timings have run on the device (tests/test_grouped_decode.py turns it on there; bench/NOTES.md, Decoding).
+# v2's decode instance (split-KV, common/split_kv.h) runs where fwd_split_plan takes the call (dense queries,
+# seqlen_q <= 64, no dropout or probabilities); FLASHGEN_V2_DECODE=0 turns it off (the prefill instance runs those
+# calls too), e.g. to compare the two (v2_partitioning/tools/time_decode.py, bench impl flashgen-v2-nosplit).
 DECODE_ENV = "FLASHGEN_V2_DECODE"
 
 
 def _plan_split_kv(generation: str, p, device: torch.device):
-    """Ask `generation` for a split-KV plan; set it on p and return the workspaces (kept alive by the caller)."""
-    if os.environ.get(DECODE_ENV, "0") != "1":
-        return ()
+    """Ask `generation` for a split-KV plan; set it on p and return the workspace (kept alive by the caller)."""
+    if os.environ.get(DECODE_ENV, "1") == "0":
+        return None
     num_splits, oaccum_floats, lse_floats = _native.C.fwd_split_plan(generation, p)
     if num_splits < 1:
-        return ()
+        return None
     p.num_splits = num_splits
     if num_splits == 1:
-        return ()
-    oaccum = torch.empty(oaccum_floats, dtype=torch.float32, device=device)
-    lse_accum = torch.empty(lse_floats, dtype=torch.float32, device=device)
-    p.oaccum, p.lse_accum = oaccum.data_ptr(), lse_accum.data_ptr()
+        return None
+    # One allocation for both: the fp32 partial outputs, then the partial LSEs (oaccum_floats is a multiple of the
+    # head-dim bucket, so the LSEs start 16-byte aligned).
+    workspace = torch.empty(oaccum_floats + lse_floats, dtype=torch.float32, device=device)
+    p.oaccum = workspace.data_ptr()
+    p.lse_accum = p.oaccum + 4 * oaccum_floats
     p.oaccum_floats, p.lse_accum_floats = oaccum_floats, lse_floats
-    return oaccum, lse_accum
+    return workspace
 
 
 def _grouped_decode(q, k, cu_seqlens_q, window_size, alibi_slopes, dropout_p, block_mask, return_probs) -> int:
@@ -147,8 +149,13 @@ def _grouped_decode(q, k, cu_seqlens_q, window_size, alibi_slopes, dropout_p, bl
 
 
 def _fold_groups(t: torch.Tensor, groups: int) -> torch.Tensor:
-    """(batch, 1, h_k * g, d) -> the view (batch, g, h_k, d): row i of head j is query head j * g + i."""
-    return t[:, 0].unflatten(1, (t.shape[2] // groups, groups)).transpose(1, 2)
+    """(batch, 1, h_k * g, d) -> the view (batch, g, h_k, d): row i of head j is query head j * g + i.
+    One as_strided (head j * g + i sits at (j * g + i) * head_stride): the same view as
+    t[:, 0].unflatten(1, (h_k, g)).transpose(1, 2) at a third of the host time."""
+    batch, _, heads, head_dim = t.shape
+    batch_stride, _, head_stride, dim_stride = t.stride()
+    return t.as_strided((batch, groups, heads // groups, head_dim),
+                        (batch_stride, head_stride, head_stride * groups, dim_stride), t.storage_offset())
 
 
 def forward(generation: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, softmax_scale: float,
@@ -178,9 +185,9 @@ def forward(generation: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, 
           alibi_slopes=alibi_slopes, dropout_p=dropout_p, seed=seed, offset=offset, cu_seqlens_q=cu_seqlens_q,
           cu_seqlens_k=cu_seqlens_k, max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k, seqused_k=seqused_k,
           kv_batch_idx=kv_batch_idx, block_mask=block_mask, block_size=block_size, probs=probs, batch=batch)
-    workspaces = _plan_split_kv(generation, p, q.device) if q.is_cuda else ()
+    workspace = _plan_split_kv(generation, p, q.device) if q.is_cuda else None
     _native.C.fwd(generation, p, _stream_of(q))
-    del workspaces  # freed in stream order: the caching allocator reuses them only after the kernels queued here
+    del workspace  # freed in stream order: the caching allocator reuses it only after the kernels queued here
     return o, lse, probs
 
 

@@ -2,8 +2,9 @@
 and cuDNN backends, in one process.
 
 Bytes are K and V of the visible cache read once (bench/NOTES.md, Decoding): the rate to compare with the copy
-rate. Each flashgen variant is checked against SDPA (math backend, fp32) before it is timed. One JSON line per
-(shape, implementation), then a table.
+rate. Each flashgen variant is checked against SDPA (math backend, fp32) before it is timed. Each call is timed
+twice: eager (what a Python loop pays, host time included when it exceeds the GPU's) and replayed from a CUDA graph
+(GPU time only, how serving stacks run decode steps). One JSON line per (shape, implementation), then two tables.
 
     python v2_partitioning/tools/time_decode.py [--batch 16] [--seqlens 4096 32768] [--heads 32] [--heads-k 8]
 """
@@ -24,6 +25,21 @@ import flashgen
 from flashgen import _ops
 
 MAX_ABS_DIFF = 2e-2  # bf16 outputs of exact kernels on N(0, 1) inputs differ by a few bf16 ulps of O(1)
+IMPLS = ("v2-decode0", "v2-decode1", "sdpa-flash", "sdpa-cudnn")
+
+
+def graph_ms(fn, rep: int) -> float:
+    """Median time of one replay of fn captured in a CUDA graph (warmed up on a side stream first, as torch asks)."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(3):
+            fn()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    return triton.testing.do_bench(graph.replay, rep=rep, return_mode="median")
 
 
 def main() -> None:
@@ -70,20 +86,21 @@ def main() -> None:
                         print(json.dumps({**row, "impl": name, "error": f"max_abs_diff {diff:.3e}"}), flush=True)
                         continue
                     ms = triton.testing.do_bench(fn, rep=args.rep, return_mode="median")
+                    g_ms = graph_ms(fn, args.rep)
                 except RuntimeError as err:  # e.g. a backend that does not take this shape
                     print(json.dumps({**row, "impl": name, "error": str(err)[:200]}), flush=True)
                     continue
-                rec = {**row, "impl": name, "ms": ms, "kv_tb_s": kv_bytes / ms / 1e9, "max_abs_diff": diff}
+                rec = {**row, "impl": name, "ms": ms, "kv_tb_s": kv_bytes / ms / 1e9, "graph_ms": g_ms,
+                       "graph_kv_tb_s": kv_bytes / g_ms / 1e9, "max_abs_diff": diff}
                 print(json.dumps(rec), flush=True)
                 table.append(rec)
     os.environ.pop(_ops.DECODE_ENV, None)
-    print(f"{'d':>4} {'seqlen_k':>8} " + " ".join(f"{n:>12}" for n in ("v2-decode0", "v2-decode1", "sdpa-flash",
-                                                                        "sdpa-cudnn")) + "   (KV TB/s)")
-    for d in args.head_dims:
-        for s in args.seqlens:
-            cells = {r["impl"]: r["kv_tb_s"] for r in table if r["head_dim"] == d and r["seqlen_k"] == s}
-            print(f"{d:>4} {s:>8} " + " ".join(f"{cells.get(n, float('nan')):>12.2f}" for n in
-                                             ("v2-decode0", "v2-decode1", "sdpa-flash", "sdpa-cudnn")))
+    for key, what in (("kv_tb_s", "eager"), ("graph_kv_tb_s", "CUDA graph replay")):
+        print(f"{'d':>4} {'seqlen_k':>8} " + " ".join(f"{n:>12}" for n in IMPLS) + f"   (KV TB/s, {what})")
+        for d in args.head_dims:
+            for s in args.seqlens:
+                cells = {r["impl"]: r[key] for r in table if r["head_dim"] == d and r["seqlen_k"] == s}
+                print(f"{d:>4} {s:>8} " + " ".join(f"{cells.get(n, float('nan')):>12.2f}" for n in IMPLS))
 
 
 if __name__ == "__main__":

@@ -120,24 +120,24 @@ class FlashgenImpl(Impl):
         return Bound(fn, leaves, _same)
 
 
-class FlashgenDecodeImpl(FlashgenImpl):
-    """v2 with its split-KV decode instance turned on (FLASHGEN_V2_DECODE=1, python/flashgen/_ops.py), on decode
-    configs only: the same run then shows it next to the default path and the peers."""
+class FlashgenNoSplitImpl(FlashgenImpl):
+    """v2 with its split-KV decode instance turned off (FLASHGEN_V2_DECODE=0, python/flashgen/_ops.py), on decode
+    configs only: the prefill instance on the same calls, so one run shows what the decode instance buys."""
 
     def __init__(self, build):
         super().__init__("v2", build)
-        self.name = "flashgen-v2-splitkv"
+        self.name = "flashgen-v2-nosplit"
 
     def why_not(self, cfg, mode):
         if cfg.kind != "decode":
-            return UNSUPPORTED, "the split-KV decode instance runs decode configs only"
+            return UNSUPPORTED, "the decode instance's counterpart: runs decode configs only"
         return super().why_not(cfg, mode)
 
     @contextlib.contextmanager
     def context(self):
         from flashgen import _ops
         before = os.environ.get(_ops.DECODE_ENV)
-        os.environ[_ops.DECODE_ENV] = "1"
+        os.environ[_ops.DECODE_ENV] = "0"
         try:
             yield
         finally:
@@ -304,7 +304,7 @@ def discover(device: str, *, flex_dynamic: bool = True) -> Tuple[List[Impl], Lis
         gens = sorted(g for g in build.generations if (g == "cpu") == (device == "cpu"))
         impls += [FlashgenImpl(g, build) for g in gens]
         if "v2" in gens:
-            impls.append(FlashgenDecodeImpl(build))
+            impls.append(FlashgenNoSplitImpl(build))
         if not gens:
             notes.append(f"flashgen: build_info lists no generation for {device} ({sorted(build.generations)})")
     except Exception as exc:  # a missing or broken build is reported, the peers still run
