@@ -179,3 +179,20 @@ def test_explain_lists_every_generation():
 def test_problem_rejects_unknown_features():
     with pytest.raises(ValueError, match="Problem.features"):
         Problem("cpu", None, "fp32", 64, frozenset({"telepathy"}))
+
+
+def test_memoized_choice_follows_the_table_and_the_build(monkeypatch):
+    """choose_for (the call path's memoized choose) gives what choose gives, forgets its choices when GENERATIONS
+    changes, keys on the build, and does not memoize refusals."""
+    built = _build(generations=("v2", "v3"))
+    args = ("cuda", (9, 0), "bf16", 128, frozenset({"causal"}))
+    assert dispatch.choose_for(*args, built) == choose(_cuda((9, 0), features={"causal"}), built)
+    assert dispatch.choose_for(*args, built).generation == "v2"
+    spec = dispatch.GENERATIONS["v3"]
+    monkeypatch.setitem(dispatch.GENERATIONS, "v3", dataclasses.replace(spec, implements=frozenset({"forward",
+                                                                                                  "causal"})))
+    assert dispatch.choose_for(*args, built).generation == "v3", "a changed table must not reuse a memoized choice"
+    assert dispatch.choose_for(*args, V2_FWD).generation == "v2", "the build is part of the key"
+    for _ in range(2):
+        with pytest.raises(NotImplementedError):
+            dispatch.choose_for("cuda", (9, 0), "bf16", 128, frozenset({"block_sparse"}), V2_FWD, "v2")

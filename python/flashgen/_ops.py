@@ -16,11 +16,9 @@ import torch
 
 from . import _native
 
-_DTYPES = {
-    torch.float32: "float32",
-    torch.float16: "float16",
-    torch.bfloat16: "bfloat16",
-}
+_DTYPES = {dtype: getattr(_native.C.DType, name) for dtype, name in (
+    (torch.float32, "float32"), (torch.float16, "float16"), (torch.bfloat16, "bfloat16"))}
+_LOG2E = math.log2(math.e)
 
 
 @functools.lru_cache(maxsize=None)
@@ -28,8 +26,15 @@ def _num_sms(device_index: int) -> int:
     return torch.cuda.get_device_properties(device_index).multi_processor_count
 
 
+_raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)  # what torch.compile's generated code calls
+
+
 def _stream_of(t: torch.Tensor) -> int:
-    return torch.cuda.current_stream(t.device).cuda_stream if t.is_cuda else 0
+    if not t.is_cuda:
+        return 0
+    if _raw_stream is not None:  # the handle without building a torch.cuda.Stream object
+        return _raw_stream(t.get_device())
+    return torch.cuda.current_stream(t.device).cuda_stream
 
 
 def _strides(t: torch.Tensor, varlen: bool) -> Tuple[int, int, int]:
@@ -55,7 +60,6 @@ def _set_qkvo(p, q, k, v, o, varlen_q: bool, varlen_k: bool) -> None:
 def _fill(p, q, k, v, o, lse, *, softmax_scale, window_size, softcap, alibi_slopes, dropout_p, seed, offset,
           cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_k, kv_batch_idx, block_mask,
           block_size, probs, batch):
-    _C = _native.C
     varlen_q = cu_seqlens_q is not None
     varlen_k = cu_seqlens_k is not None
     _set_qkvo(p, q, k, v, o, varlen_q, varlen_k)
@@ -64,28 +68,35 @@ def _fill(p, q, k, v, o, lse, *, softmax_scale, window_size, softcap, alibi_slop
         p.lse_batch_stride, p.lse_head_stride = 0, lse.stride(0)
     else:
         p.lse_batch_stride, p.lse_head_stride = lse.stride(0), lse.stride(1)
+    q_shape, k_shape = q.shape, k.shape
     p.batch = batch
-    p.seqlen_q = max_seqlen_q if varlen_q else q.shape[1]
-    p.seqlen_k = max_seqlen_k if varlen_k else k.shape[1]
-    p.num_heads = q.shape[-2]
-    p.num_heads_k = k.shape[-2]
-    p.head_dim = q.shape[-1]
-    p.dtype = getattr(_C.DType, _DTYPES[q.dtype])
+    p.seqlen_q = max_seqlen_q if varlen_q else q_shape[1]
+    p.seqlen_k = max_seqlen_k if varlen_k else k_shape[1]
+    p.num_heads = q_shape[-2]
+    p.num_heads_k = k_shape[-2]
+    p.head_dim = q_shape[-1]
+    p.dtype = _DTYPES[q.dtype]
     p.softmax_scale = float(softmax_scale)
     # With softcap the kernels apply softmax_scale inside tanh and keep logits, so the softmax runs in log2(e) units.
-    p.scale_log2 = math.log2(math.e) if softcap > 0 else float(softmax_scale) * math.log2(math.e)
+    p.scale_log2 = _LOG2E if softcap > 0 else float(softmax_scale) * _LOG2E
     p.softcap = float(softcap)
-    p.window_left, p.window_right = int(window_size[0]), int(window_size[1])
-    p.is_causal = p.window_left < 0 and p.window_right == 0
-    p.cu_seqlens_q = cu_seqlens_q.data_ptr() if varlen_q else 0
-    p.cu_seqlens_k = cu_seqlens_k.data_ptr() if varlen_k else 0
-    p.seqused_k = seqused_k.data_ptr() if seqused_k is not None else 0
-    p.kv_batch_idx = kv_batch_idx.data_ptr() if kv_batch_idx is not None else 0
+    window_left, window_right = int(window_size[0]), int(window_size[1])
+    p.window_left, p.window_right = window_left, window_right
+    p.is_causal = window_left < 0 and window_right == 0
+    if varlen_q:  # pointers default to 0 (nullptr) in a fresh AttnParams
+        p.cu_seqlens_q = cu_seqlens_q.data_ptr()
+    if varlen_k:
+        p.cu_seqlens_k = cu_seqlens_k.data_ptr()
+    if seqused_k is not None:
+        p.seqused_k = seqused_k.data_ptr()
+    if kv_batch_idx is not None:
+        p.kv_batch_idx = kv_batch_idx.data_ptr()
     if alibi_slopes is not None:
         p.alibi_slopes = alibi_slopes.data_ptr()
         p.alibi_batch_stride = alibi_slopes.stride(0) if alibi_slopes.dim() == 2 else 0
-    p.p_dropout = float(dropout_p)
-    p.seed, p.offset = int(seed), int(offset)
+    if dropout_p > 0:  # p_dropout, seed and offset default to 0
+        p.p_dropout = float(dropout_p)
+        p.seed, p.offset = int(seed), int(offset)
     if probs is not None:
         p.p_out = probs.data_ptr()
         p.p_batch_stride, p.p_head_stride, p.p_row_stride = probs.stride(0), probs.stride(1), probs.stride(2)
@@ -170,7 +181,7 @@ def forward(generation: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, 
     """
     batch = cu_seqlens_q.numel() - 1 if cu_seqlens_q is not None else q.shape[0]
     o = torch.empty_like(q) if out is None else out
-    lse = torch.empty(lse_shape(q, cu_seqlens_q), dtype=torch.float32, device=q.device)
+    lse = q.new_empty(lse_shape(q, cu_seqlens_q), dtype=torch.float32)
     probs = None
     if return_probs:
         probs = torch.empty(batch, q.shape[-2], q.shape[1], k.shape[1], dtype=torch.float32, device=q.device)

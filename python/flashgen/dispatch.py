@@ -17,6 +17,7 @@ flashgen never gives a wrong result silently, and never copies CUDA tensors to t
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Dict, FrozenSet, List, Optional, Sequence, Tuple
 
 from ._native import BuildInfo
@@ -48,7 +49,19 @@ class GenerationSpec:
 # The one table of what each generation implements today. Edit it when a kernel lands (and its tests pass).
 _GPU_HEAD_DIM_MULTIPLE = 8  # 16-byte vector loads of fp16/bf16 rows
 _GPU_ALIGNMENT_BYTES = 16   # cp.async / TMA need 16-byte aligned rows
-GENERATIONS: Dict[str, GenerationSpec] = {
+class _Table(dict):
+    """GENERATIONS: a dict that forgets the memoized choices (`choose_for`) whenever an entry changes."""
+
+    def __setitem__(self, key, value):
+        super().__setitem__(key, value)
+        choose_for.cache_clear()
+
+    def __delitem__(self, key):
+        super().__delitem__(key)
+        choose_for.cache_clear()
+
+
+GENERATIONS: Dict[str, GenerationSpec] = _Table({
     "v1": GenerationSpec("v1", "cuda", frozenset({"fp16"}), frozenset(), min_capability=(7, 5),
                          head_dim_multiple=_GPU_HEAD_DIM_MULTIPLE, alignment_bytes=_GPU_ALIGNMENT_BYTES),
     "v2": GenerationSpec("v2", "cuda", frozenset({"fp16", "bf16"}),
@@ -59,7 +72,7 @@ GENERATIONS: Dict[str, GenerationSpec] = {
                          alignment_bytes=_GPU_ALIGNMENT_BYTES),
     "cpu": GenerationSpec("cpu", "cpu", frozenset({"fp32", "fp16", "bf16"}),
                           frozenset({"forward"}) | frozenset(FEATURES)),
-}
+})
 
 
 @dataclasses.dataclass(frozen=True)
@@ -216,6 +229,15 @@ def choose(problem: Problem, built: BuildInfo, requested: str = AUTO) -> Choice:
             return _choice(name, rule)
     raise NotImplementedError(f"no flashgen generation can run this problem ({_describe(problem)}); rule: {rule}\n"
                               + format_reasons(explain(problem, built)))
+
+
+@functools.lru_cache(maxsize=1024)
+def choose_for(device_type: str, compute_capability: Optional[Tuple[int, int]], dtype: str, head_dim: int,
+               features: FrozenSet[str], built: BuildInfo, requested: str = AUTO) -> Choice:
+    """`choose` for a problem given as plain values, memoized: a decode step is short enough that building the
+    Problem and walking the rules on every call showed in its time. Refusals raise and are not memoized; editing
+    GENERATIONS clears the memo."""
+    return choose(Problem(device_type, compute_capability, dtype, head_dim, features), built, requested)
 
 
 def _describe(problem: Problem) -> str:

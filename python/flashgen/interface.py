@@ -15,7 +15,6 @@ scatters with index tensors, and dropout's seed/offset come from torch's CPU gen
 from __future__ import annotations
 
 import dataclasses
-import functools
 import math
 import os
 from typing import Dict, List, Optional, Tuple
@@ -23,7 +22,7 @@ from typing import Dict, List, Optional, Tuple
 import torch
 import torch.nn.functional as F
 
-from . import _library, _native, dispatch, nvtx, validate
+from . import _library, _native, _ops, dispatch, nvtx, validate
 
 __all__ = [
     "flash_attn_func", "flash_attn_qkvpacked_func", "flash_attn_kvpacked_func", "flash_attn_varlen_func",
@@ -63,20 +62,30 @@ def _capability(device: torch.device) -> Optional[Tuple[int, int]]:
 
 def _features(q, k, *, causal, window_size, softcap, alibi_slopes, dropout_p, return_probs, varlen=False,
               kvcache=False, block_mask=None, tensors=()) -> frozenset:
-    used = {
-        "causal": causal,
-        "window": tuple(window_size) != (-1, -1),
-        "softcap": softcap > 0,
-        "alibi": alibi_slopes is not None,
-        "dropout": dropout_p > 0,
-        "gqa": q.shape[-2] != k.shape[-2],
-        "varlen": varlen,
-        "kvcache": kvcache,
-        "block_sparse": block_mask is not None,
-        "return_probs": return_probs,
-        "backward": torch.is_grad_enabled() and any(t.requires_grad for t in tensors),
-    }
-    return frozenset(name for name, on in used.items() if on)
+    used = []
+    if causal:
+        used.append("causal")
+    if window_size[0] != -1 or window_size[1] != -1:
+        used.append("window")
+    if softcap > 0:
+        used.append("softcap")
+    if alibi_slopes is not None:
+        used.append("alibi")
+    if dropout_p > 0:
+        used.append("dropout")
+    if q.shape[-2] != k.shape[-2]:
+        used.append("gqa")
+    if varlen:
+        used.append("varlen")
+    if kvcache:
+        used.append("kvcache")
+    if block_mask is not None:
+        used.append("block_sparse")
+    if return_probs:
+        used.append("return_probs")
+    if tensors and torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
+        used.append("backward")
+    return frozenset(used)
 
 
 def _problem(q: torch.Tensor, features: frozenset) -> dispatch.Problem:
@@ -84,17 +93,10 @@ def _problem(q: torch.Tensor, features: frozenset) -> dispatch.Problem:
                             features)
 
 
-@functools.lru_cache(maxsize=1024)
-def _choose_cached(device_type: str, capability, dtype: str, head_dim: int, features: frozenset,
-                   requested: str) -> dispatch.Choice:
-    return dispatch.choose(dispatch.Problem(device_type, capability, dtype, head_dim, features), _BUILD, requested)
-
-
 def _choose(q: torch.Tensor, features: frozenset, version: Optional[str]) -> dispatch.Choice:
-    """dispatch.choose for this call, memoized on the plain values it depends on (a decode step is short enough that
-    building the Problem and walking the rules every call showed in its time). Refusals raise and are not cached."""
-    return _choose_cached(q.device.type, _capability(q.device), validate.DTYPE_NAMES[q.dtype], q.shape[-1], features,
-                          _requested(version))
+    """dispatch.choose for this call (memoized there on plain values)."""
+    return dispatch.choose_for(q.device.type, _capability(q.device), validate.DTYPE_NAMES[q.dtype], q.shape[-1],
+                               features, _BUILD, _requested(version))
 
 
 def _pad(t: Optional[torch.Tensor], multiple: int) -> Optional[torch.Tensor]:
@@ -328,13 +330,19 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     qp, kc, vc = (_pad(validate.last_dim_contiguous(t), choice.head_dim_multiple) for t in (q, k_cache, v_cache))
     if not torch.compiler.is_compiling():
         validate.check_alignment((("q", qp), ("k_cache", kc), ("v_cache", vc)), choice.alignment_bytes)
-    # Inference only (like flash_attn): no autograd graph, since the backward does not take seqused_k.
-    with torch.no_grad(), nvtx.annotate(q.is_cuda, choice.generation, "fwd", validate.DTYPE_NAMES[q.dtype],
-                                        head_dim, (window_left, window_right)):
-        launch = _library.fwd if torch.compiler.is_compiling() else _library.fwd_impl  # eager: no op dispatch
-        out, lse, _ = launch(qp, kc, vc, choice.generation, float(softmax_scale), int(window_left), int(window_right),
-                             float(softcap), alibi_slopes, 0.0, None, None, None, seqlen_q, k_cache.shape[1], seqused_k,
-                             cache_batch_idx, None, 0, 0, False, False)
+    # Inference only (like flash_attn): no autograd graph, since the backward does not take seqused_k. Eager calls go
+    # straight to _ops.forward (no op dispatch, no grad-mode switch: nothing it returns is tracked by autograd).
+    if torch.compiler.is_compiling():
+        with torch.no_grad():
+            out, lse, _ = _library.fwd(qp, kc, vc, choice.generation, float(softmax_scale), int(window_left),
+                                       int(window_right), float(softcap), alibi_slopes, 0.0, None, None, None, seqlen_q,
+                                       k_cache.shape[1], seqused_k, cache_batch_idx, None, 0, 0, False, False)
+    else:
+        with nvtx.annotate(q.is_cuda, choice.generation, "fwd", validate.DTYPE_NAMES[q.dtype], head_dim,
+                           (window_left, window_right)):
+            out, lse, _ = _ops.forward(choice.generation, qp, kc, vc, softmax_scale=float(softmax_scale),
+                                       window_size=(int(window_left), int(window_right)), softcap=float(softcap),
+                                       alibi_slopes=alibi_slopes, seqused_k=seqused_k, kv_batch_idx=cache_batch_idx)
     if out.shape[-1] != head_dim:
         out = out[..., :head_dim]
     return (out, lse) if return_softmax_lse else out
