@@ -84,4 +84,15 @@ FH_HD float merge_lse(float lse_a, float lse_b, float* wa, float* wb) {
   return mx + log2f(sum) * kLn2;
 }
 
+// The same merge over many partials at once (split-KV combine with all LSEs in hand): with m the largest
+// partial_log_weight and S = sum_i exp(partial_log_weight_i - m), the merged LSE is merged_lse(m, S) and partial i
+// weighs merge_weight(lse_i, merged). Empty partials (LSE +inf) weigh 0; all empty gives +inf.
+FH_HD float partial_log_weight(float lse) { return lse == INFINITY ? -INFINITY : lse; }
+FH_HD float merged_lse(float max_log_weight, float sum_exp) {
+  return max_log_weight == -INFINITY ? INFINITY : max_log_weight + log2f(sum_exp) * kLn2;
+}
+FH_HD float merge_weight(float lse_i, float merged) {
+  return (lse_i == INFINITY || merged == INFINITY) ? 0.f : exp2f((lse_i - merged) * kLog2e);
+}
+
 }  // namespace flashgen

@@ -327,3 +327,22 @@ def test_decode_step_replays_from_a_cuda_graph(append, splits_seen):
         v_cache.copy_(v_before)
         eager = step()
         assert torch.equal(replayed, eager), f"cache lengths {lens}: graph replay differs from the eager call"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("capacity, expected_splits", [(6400, 100), (8192, 128)])
+def test_decode_instance_many_splits(capacity, expected_splits, splits_seen):
+    """One sequence and one KV head make one tile, so the plan splits the cache into as many shares as it has key
+    blocks, up to kMaxSplits: more splits than a warp has lanes (the combine's lanes hold several LSEs each), and
+    with 150 keys unused at the end, the last shares are empty."""
+    if not torch.cuda.is_available() or not _has_v2():
+        pytest.skip("needs a CUDA device and v2 d128")
+    q, k_cache, v_cache, seqlens = _decode_case("cuda", 8, 1, 128, 1, [capacity - 150], capacity)
+    out, lse = flashgen.flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=seqlens, version="v2",
+                                                return_softmax_lse=True)
+    assert splits_seen[-1] == expected_splits, f"expected {expected_splits} splits, saw {splits_seen}"
+    ref, ref_lse = attention_ref(q.cpu(), k_cache.cpu(), v_cache.cpu(), seqused_k=seqlens.cpu())
+    naive, _ = attention_ref(q.cpu(), k_cache.cpu(), v_cache.cpu(), seqused_k=seqlens.cpu(), dtype=q.dtype)
+    testing.check_fa_rule(f"{expected_splits} splits", out.cpu(), ref, naive, 2.0)
+    lse_err = (lse.cpu().double() - ref_lse).abs().max().item()
+    assert lse_err <= 2e-3, f"{expected_splits} splits: lse max error {lse_err:.3e} > 2e-3"

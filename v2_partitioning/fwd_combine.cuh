@@ -1,8 +1,10 @@
 // Split-KV combine: out and LSE of each query row from the num_splits partial results the decode instance of
-// fwd_kernel wrote (layouts on AttnParams::oaccum / lse_accum, common/params.h). One warp per (row, head, batch);
-// lane c owns columns [8c, 8c + 8) of the head-dim bucket (buckets up to 256 = 32 lanes x 8). The splits are
-// folded in order with merge_lse (common/softmax.h): acc <- wa * acc + wb * O_s stays normalized, an empty split
-// (LSE +inf, O = 0) gets weight 0, and a row with no visible key ends with O = 0 and LSE = +inf.
+// fwd_kernel wrote (layouts on AttnParams::oaccum / lse_accum, common/params.h). One warp per (row, head, batch).
+// First the LSEs: lane i holds splits i, i + 32, i + 64, i + 96 (kMaxSplits = 128); a warp max and a warp sum give
+// the merged LSE and every split's weight (common/softmax.h: partial_log_weight, merged_lse, merge_weight; an empty
+// split, LSE +inf, weighs 0; a row with no visible key ends with O = 0 and LSE = +inf), staged in shared memory.
+// Then O = sum_s w_s * O_s with lane c owning columns [8c, 8c + 8) of the head-dim bucket (buckets up to 256 = 32
+// lanes x 8); the loads of different splits are independent, so they are issued several at a time.
 #pragma once
 
 #include <cstdint>
@@ -10,39 +12,78 @@
 #include "common/mask.h"
 #include "common/params.h"
 #include "common/softmax.h"
+#include "common/split_kv.h"
 #include "v2_partitioning/mma.cuh"
 
 namespace flashgen {
 namespace v2 {
 
 constexpr int kCombineWarps = 4;  // rows per CTA
+constexpr int kCombineUnroll = 4;  // splits whose partial outputs a lane loads before it accumulates them
+static_assert(kMaxSplits <= 4 * 32, "a lane holds at most 4 split LSEs");
 
 template <typename Tag, int kBucket>
 __global__ void __launch_bounds__(kCombineWarps * 32) combine_kernel(const __grid_constant__ AttnParams p) {
   static_assert(kBucket % 8 == 0 && kBucket <= 256, "a lane owns 8 columns; 32 lanes cover at most 256");
   using Element = typename Tag::type;
+  __shared__ float weights[kCombineWarps][kMaxSplits];
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int row = blockIdx.x * kCombineWarps + warp, head = blockIdx.y, batch = blockIdx.z;
-  if (row >= p.seqlen_q) return;
-  const int col = lane * 8;
-  const bool owns = col < kBucket && col < p.head_dim;  // head_dim is a multiple of 8: whole chunks
+  if (row >= p.seqlen_q) return;  // whole warps leave: the shuffles below stay within full warps
+  const int num_splits = p.num_splits;
   const int64_t split_stride = static_cast<int64_t>(p.batch) * p.num_heads * p.seqlen_q;
   const int64_t row_index = (static_cast<int64_t>(batch) * p.num_heads + head) * p.seqlen_q + row;
 
+  float lse_s[4];
+  float max_w = -INFINITY;
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    const int s = lane + 32 * j;
+    lse_s[j] = s < num_splits ? p.lse_accum[s * split_stride + row_index] : INFINITY;
+    max_w = fmaxf(max_w, partial_log_weight(lse_s[j]));
+  }
+#pragma unroll
+  for (int offset = 16; offset > 0; offset /= 2) max_w = fmaxf(max_w, __shfl_xor_sync(0xffffffffu, max_w, offset));
+  float sum = 0.f;
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    sum += max_w == -INFINITY ? 0.f : exp2f((partial_log_weight(lse_s[j]) - max_w) * kLog2e);
+  }
+#pragma unroll
+  for (int offset = 16; offset > 0; offset /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, offset);
+  const float lse = merged_lse(max_w, sum);
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    const int s = lane + 32 * j;
+    if (s < num_splits) weights[warp][s] = merge_weight(lse_s[j], lse);
+  }
+  __syncwarp();
+
+  const int col = lane * 8;
+  const bool owns = col < kBucket && col < p.head_dim;  // head_dim is a multiple of 8: whole chunks
   float acc[8];
 #pragma unroll
   for (int e = 0; e < 8; ++e) acc[e] = 0.f;
-  float lse = INFINITY;  // no split merged yet: empty
-  for (int s = 0; s < p.num_splits; ++s) {
-    const int64_t idx = s * split_stride + row_index;
-    float wa, wb;
-    lse = merge_lse(lse, p.lse_accum[idx], &wa, &wb);
-    if (owns) {
-      const float4* src = reinterpret_cast<const float4*>(p.oaccum + idx * kBucket + col);
-      const float4 lo = src[0], hi = src[1];
-      const float part[8] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};
+  if (owns) {
+    const float* base = p.oaccum + row_index * kBucket + col;
+    for (int s0 = 0; s0 < num_splits; s0 += kCombineUnroll) {
+      float4 lo[kCombineUnroll], hi[kCombineUnroll];
 #pragma unroll
-      for (int e = 0; e < 8; ++e) acc[e] = wa * acc[e] + wb * part[e];
+      for (int u = 0; u < kCombineUnroll; ++u) {  // loads first, then the FMAs: kCombineUnroll loads in flight
+        if (s0 + u < num_splits) {
+          const float4* src = reinterpret_cast<const float4*>(base + (s0 + u) * split_stride * kBucket);
+          lo[u] = src[0];
+          hi[u] = src[1];
+        }
+      }
+#pragma unroll
+      for (int u = 0; u < kCombineUnroll; ++u) {
+        if (s0 + u < num_splits) {
+          const float w = weights[warp][s0 + u];
+          acc[0] += w * lo[u].x; acc[1] += w * lo[u].y; acc[2] += w * lo[u].z; acc[3] += w * lo[u].w;
+          acc[4] += w * hi[u].x; acc[5] += w * hi[u].y; acc[6] += w * hi[u].z; acc[7] += w * hi[u].w;
+        }
+      }
     }
   }
 

@@ -1,6 +1,7 @@
 // Host tests of common/ against oracles written independently of the headers:
 //   masks     vs a brute-force visibility predicate written from the documented rule (flash_attn 2.x, bottom-right);
 //   softmax   streaming RowState over 1/2/4/64 blocks vs a one-shot double-precision softmax; merge and merge_lse;
+//             the n-ary merge of the split-KV combine;
 //   philox    Random123's published known-answer vectors, and the keep rate of dropout_keep;
 //   split-KV  split_block_range partitions every range in order; split_kv_count on cases worked out by hand.
 // Prints each failure with its values, a final "N passed, N failed" line, and exits non-zero on any failure.
@@ -350,6 +351,55 @@ void test_softmax_no_drift() {
         sum_ref);
 }
 
+// The n-ary merge (partial_log_weight / merged_lse / merge_weight) against a double-precision spec and against
+// folding merge_lse pairwise, on sets of 1..128 partials with empty ones (+inf) mixed in, and all empty.
+void test_merge_many() {
+  constexpr double kRelTol = 2e-6;
+  uint32_t state = 12345u;
+  auto next = [&state]() {  // LCG in [0, 1)
+    state = state * 1664525u + 1013904223u;
+    return static_cast<float>(state >> 8) / 16777216.f;
+  };
+  for (int n : {1, 2, 3, 32, 33, 100, 128}) {
+    for (int empties : {0, 1, n}) {
+      std::vector<float> lse(n), o(n);
+      for (int i = 0; i < n; ++i) {
+        lse[i] = i < empties ? INFINITY : 40.f * next() - 20.f;
+        o[i] = i < empties ? 0.f : 2.f * next() - 1.f;
+      }
+      float m = -INFINITY;
+      for (float l : lse) m = std::fmax(m, flashgen::partial_log_weight(l));
+      float sum = 0.f;
+      for (float l : lse) sum += m == -INFINITY ? 0.f : std::exp2((flashgen::partial_log_weight(l) - m) * flashgen::kLog2e);
+      const float merged = flashgen::merged_lse(m, sum);
+      double out = 0, weights = 0;
+      for (int i = 0; i < n; ++i) {
+        const double w = flashgen::merge_weight(lse[i], merged);
+        out += w * o[i];
+        weights += w;
+      }
+      double e_sum = 0, o_spec = 0;
+      for (int i = 0; i < n; ++i) {
+        if (lse[i] == INFINITY) continue;
+        e_sum += std::exp(static_cast<double>(lse[i]));
+        o_spec += std::exp(static_cast<double>(lse[i])) * o[i];
+      }
+      const double l_spec = e_sum == 0 ? INFINITY : std::log(e_sum);
+      o_spec = e_sum == 0 ? 0 : o_spec / e_sum;
+      CHECK(l_spec == INFINITY ? merged == INFINITY : std::fabs(merged - l_spec) <= kRelTol * (1 + std::fabs(l_spec)),
+            "n=%d empties=%d: merged lse %.9g vs %.9g", n, empties, merged, l_spec);
+      CHECK(std::fabs(out - o_spec) <= kRelTol * 10, "n=%d empties=%d: merged out %.9g vs %.9g", n, empties, out,
+            o_spec);
+      CHECK(e_sum == 0 ? weights == 0 : std::fabs(weights - 1) <= kRelTol * n, "n=%d empties=%d: weights sum %.9g", n,
+            empties, weights);
+      float folded = INFINITY, wa = 0, wb = 0;
+      for (float l : lse) folded = flashgen::merge_lse(folded, l, &wa, &wb);
+      CHECK(folded == INFINITY ? merged == INFINITY : std::fabs(merged - folded) <= kRelTol * (1 + std::fabs(folded)),
+            "n=%d empties=%d: n-ary %.9g vs pairwise merge_lse %.9g", n, empties, merged, folded);
+    }
+  }
+}
+
 void test_split_kv() {
   // Every block of [begin, end) lands in exactly one share, shares in order, none longer than ceil(size / n).
   for (int begin : {0, 3}) {
@@ -395,6 +445,7 @@ int main() {
   test_softmax();
   test_softmax_no_drift();
   test_merge();
+  test_merge_many();
   test_philox();
   test_score_mod();
   test_split_kv();
