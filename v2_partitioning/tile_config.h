@@ -60,7 +60,14 @@ constexpr TileConfig tile_config(int head_dim) {
 // mma work spent on padding rows, and decoding is meant to run at the rate K and V stream in. 3 stages at d64 and
 // d128 keep more bytes in flight per CTA (two CTAs per SM still fit: 106 and 112 KB); d256 keeps its prefill tile.
 // Not yet timed on the device: chosen from the byte and FLOP counts in bench/NOTES.md (Decoding).
+// Tuning builds (tools/tune.sh dec) replace the decode tile of bucket FLASHGEN_V2_DEC_TUNE_D the same way.
 constexpr TileConfig decode_tile_config(int head_dim) {
+#if defined(FLASHGEN_V2_DEC_TUNE_D)
+  if (head_dim <= FLASHGEN_V2_DEC_TUNE_D && (FLASHGEN_V2_DEC_TUNE_D == 64 || 2 * head_dim > FLASHGEN_V2_DEC_TUNE_D)) {
+    return {FLASHGEN_V2_DEC_TUNE_block_m, FLASHGEN_V2_DEC_TUNE_block_n, FLASHGEN_V2_DEC_TUNE_num_warps,
+            FLASHGEN_V2_DEC_TUNE_stages, FLASHGEN_V2_DEC_TUNE_ctas_per_sm, FLASHGEN_V2_DEC_TUNE_syncs};
+  }
+#endif
   if (head_dim <= 64) return {64, 128, 4, 3, 2, 1};
   if (head_dim <= 128) return {64, 64, 4, 3, 2, 1};
   return {64, 64, 4, 1, 2, 2};

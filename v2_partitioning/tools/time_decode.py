@@ -50,6 +50,7 @@ def main() -> None:
     ap.add_argument("--heads-k", type=int, default=8)
     ap.add_argument("--head-dims", type=int, nargs="+", default=[64, 128, 256])
     ap.add_argument("--rep", type=int, default=100, help="do_bench rep (ms)")
+    ap.add_argument("--impls", nargs="+", default=list(IMPLS), choices=IMPLS, help="which to time (default all)")
     args = ap.parse_args()
     print(torch.cuda.get_device_name(), torch.__version__, flush=True)
     table = []
@@ -79,6 +80,8 @@ def main() -> None:
             impls["sdpa-cudnn"] = lambda: sdpa([SDPBackend.CUDNN_ATTENTION])
             row = {"head_dim": d, "seqlen_k": s, "batch": b, "heads": h, "heads_k": hk}
             for name, fn in impls.items():
+                if name not in args.impls:
+                    continue
                 try:
                     out = fn()
                     diff = None if ref is None else float((out.float() - ref.float()).abs().max())

@@ -6,6 +6,8 @@
 #   bwd: block_m,block_n,num_warps,sdp_warps_m,kv_warps_d,dq_warps_d,dq_split,split_mods,late_dq_red
 #   bash v2_partitioning/tools/tune.sh bwd 64:128,128,8,4,2,2,1,1,0 128:64,128,8,2,2,4,1,0,0
 #   bash v2_partitioning/tools/tune.sh fwd 256:128,64,8,2,1,2 256:64,64,4,1,2,2
+#   dec: the decode instance's tile (decode_tile_config), fields as fwd, timed by time_decode.py (decode instance
+#   and SDPA flash, eager and CUDA graph) at batch 16 (8k, 32k keys) and batch 1 (32k, 128k keys)
 # Output: ${OUT:-.}/tune_<kind>.jsonl, one line per (candidate, seqlen, causal) with "tile" added; TUNE_SEQLENS
 # (default "2048 8192") picks the seqlens. Builds print ptxas -v into /tmp/flashgen_tune_*.build.log.
 set -uo pipefail
@@ -15,7 +17,8 @@ case $kind in
   fwd) fields=(block_m block_n num_warps stages ctas_per_sm syncs); timer=v2_partitioning/tools/time_v2.py ;;
   bwd) fields=(block_m block_n num_warps sdp_warps_m kv_warps_d dq_warps_d dq_split split_mods late_dq_red)
        timer=v2_partitioning/tools/time_v2_bwd.py ;;
-  *) echo "kind must be fwd or bwd, got '$kind'"; exit 2 ;;
+  dec) fields=(block_m block_n num_warps stages ctas_per_sm syncs); timer=v2_partitioning/tools/time_decode.py ;;
+  *) echo "kind must be fwd, bwd or dec, got '$kind'"; exit 2 ;;
 esac
 KIND=${kind^^}
 out=${OUT:-.}/tune_${kind}.jsonl
@@ -42,7 +45,16 @@ for cand in "$@"; do
   if [ ! -d "$dir/flashgen" ]; then
     echo "$cand: build failed"; grep -E "error" "$dir.build.log" | head -5; continue
   fi
-  echo "$cand: $(grep -A2 "Compiling entry function '.*${kind}_kernel" "$dir.build.log" | grep -m1 spill)"
-  PYTHONPATH="$dir" python3 "$timer" --head-dims "$d" --seqlens ${TUNE_SEQLENS:-2048 8192} --rep 50 | grep '^{' |
-    sed "s/^{/{\"tile\": \"${cand#*:}\", /" | tee -a "$out"
+  kernel=${kind/dec/fwd}_kernel
+  echo "$cand: $(grep -A2 "Compiling entry function '.*${kernel}" "$dir.build.log" | grep spill | tr -s ' ' | paste -sd';')"
+  if [ "$kind" = dec ]; then
+    runs=("--batch 16 --seqlens 8192 32768 --impls v2-decode1 sdpa-flash"
+          "--batch 1 --seqlens 32768 131072 --impls v2-decode1 sdpa-flash")
+  else
+    runs=("--seqlens ${TUNE_SEQLENS:-2048 8192}")
+  fi
+  for run in "${runs[@]}"; do
+    PYTHONPATH="$dir" python3 "$timer" --head-dims "$d" $run --rep 50 | grep '^{' |
+      sed "s/^{/{\"tile\": \"${cand#*:}\", /" | tee -a "$out"
+  done
 done
