@@ -178,7 +178,7 @@ def test_decode_instance_is_on_unless_switched_off(env, splits, monkeypatch):
 @pytest.mark.skipif(not _has_v2(), reason="v2 not compiled into this build")
 def test_split_plan_for_the_bench_decode_shape():
     # bench/NOTES.md's decode case after the fold: 16 x 8 KV heads, 4 rows each, 32k keys, d128, 132 SMs.
-    # 128 one-block tiles on 264 slots (2 CTAs/SM), 512 blocks of 64 keys: 2 splits (tests/cpp/test_common.cpp).
+    # 128 one-block tiles on 264 slots (2 CTAs/SM), 256 blocks of 128 keys: 2 splits (tests/cpp/test_common.cpp).
     splits, o_floats, lse_floats = _native.C.fwd_split_plan("v2", _params())
     assert (splits, lse_floats, o_floats) == (2, 2 * 16 * 8 * 4, 2 * 16 * 8 * 4 * 128)
     # Enough tiles for a wave: the decode instance, unsplit, no workspace.
@@ -330,7 +330,7 @@ def test_decode_step_replays_from_a_cuda_graph(append, splits_seen):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("capacity, expected_splits", [(6400, 100), (8192, 128)])
+@pytest.mark.parametrize("capacity, expected_splits", [(12800, 100), (16384, 128)])  # d128: 128-key blocks
 def test_decode_instance_many_splits(capacity, expected_splits, splits_seen):
     """One sequence and one KV head make one tile, so the plan splits the cache into as many shares as it has key
     blocks, up to kMaxSplits: more splits than a warp has lanes (the combine's lanes hold several LSEs each), and

@@ -57,9 +57,16 @@ constexpr TileConfig tile_config(int head_dim) {
 // The decode instance (fwd_kernel<T> with T::kDecode; v2_api.cu fwd_split_plan): runs a launch whose seqlen_q
 // fits one of its query tiles (one token, or after python/flashgen/_ops.py folds a GQA group into rows), with the
 // keys split over CTAs (common/split_kv.h). 64-row tiles: with a handful of real rows a 128-row tile doubles the
-// mma work spent on padding rows, and decoding is meant to run at the rate K and V stream in. 3 stages at d64 and
-// d128 keep more bytes in flight per CTA (two CTAs per SM still fit: 106 and 112 KB); d256 keeps its prefill tile.
-// Not yet timed on the device: chosen from the byte and FLOP counts in bench/NOTES.md (Decoding).
+// mma work spent on padding rows, and decoding is meant to run at the rate K and V stream in.
+// Tuned on the H200 (results/2026-11-30-v2-decode-tune1.jsonl; ratio to SDPA flash, CUDA-graph replay, b16 at 8k
+// and 32k keys, b1 at 32k and 128k, h32/8, same process; two rounds agree within 2%):
+//   d128: 64x128 x 1 stage x 2 syncs (FA2's split-KV tile, 80 KB) 0.96-1.04, against 64x64 x 3 stages (the first
+//     choice, from byte counts) 0.92-0.99, 64x64 x 2 stages 0.92-1.04, 64x64 x 1 stage x 3 CTAs 0.94-1.02,
+//     64x128 x 2 stages (1 CTA/SM) 0.77-0.93, 64x64 x 4 stages (1 CTA/SM) 0.73-0.86;
+//   d64: 64x128 x 2 stages 0.91-1.06, against 64x128 x 3 stages 0.89-1.04, 64x128 x 2 stages x 3 CTAs 0.91-1.00,
+//     64x64 x 2 stages x 4 CTAs 0.88-1.01, 64x64 x 3 stages x 3 CTAs 0.84-0.97, 64x128 x 1 stage 0.82-0.94,
+//     64x128 x 4 stages (1 CTA/SM) 0.66-0.88.
+//   Fewer CTAs per SM lost at both head dims; more did not win. d256 keeps its prefill tile (not tuned).
 // Tuning builds (tools/tune.sh dec) replace the decode tile of bucket FLASHGEN_V2_DEC_TUNE_D the same way.
 constexpr TileConfig decode_tile_config(int head_dim) {
 #if defined(FLASHGEN_V2_DEC_TUNE_D)
@@ -68,8 +75,8 @@ constexpr TileConfig decode_tile_config(int head_dim) {
             FLASHGEN_V2_DEC_TUNE_stages, FLASHGEN_V2_DEC_TUNE_ctas_per_sm, FLASHGEN_V2_DEC_TUNE_syncs};
   }
 #endif
-  if (head_dim <= 64) return {64, 128, 4, 3, 2, 1};
-  if (head_dim <= 128) return {64, 64, 4, 3, 2, 1};
+  if (head_dim <= 64) return {64, 128, 4, 2, 2, 1};
+  if (head_dim <= 128) return {64, 128, 4, 1, 2, 2};
   return {64, 64, 4, 1, 2, 2};
 }
 
