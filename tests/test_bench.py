@@ -153,6 +153,23 @@ def test_jsonl_round_trip_and_tables(tmp_path):
     assert "v2/sdpa-cudnn" in table and "1.25" in table
 
 
+def test_tables_drop_a_column_unsupported_on_every_config_of_a_mode():
+    att = sweeps.Config("attention", 4, 4096, 4096, 16, 16, 128, False, "bf16")
+    dec = sweeps.Config("decode", 16, 1, 8192, 32, 8, 128, False, "bf16")
+
+    def rec(cfg, mode, impl, status, **kw):
+        return dict({"record": "result", "label": cfg.label, "config": cfg.as_dict(), "mode": mode, "reason": "",
+                     "impl": impl, "family": "flashgen", "status": status}, **kw)
+    recs = [rec(att, "fwd", "flashgen-v2", "ok", time_ms=1.0, tflops=500.0, pct_matmul=70.0),
+            rec(att, "fwd", "flashgen-v2-nosplit", "unsupported"),
+            rec(dec, "decode", "flashgen-v2", "ok", time_ms=1.0, kv_tb_s=3.5, pct_copy=83.0),
+            rec(dec, "decode", "flashgen-v2-nosplit", "ok", time_ms=2.0, kv_tb_s=1.9, pct_copy=45.0)]
+    table = report.format_tables(None, recs)
+    fwd, decode = table.split("== decode")[0], table.split("== decode")[1]
+    assert "flashgen-v2-nosplit" not in fwd and "unsup" not in fwd
+    assert "flashgen-v2-nosplit" in decode
+
+
 def test_table_header_keeps_the_commit_and_its_provenance_note():
     """A full SHA is cut to 12 characters; a note after it (gpu_check flags a SHA read from the device's .git,
     which was seen stale) must survive the cut."""

@@ -2,7 +2,8 @@
 
 GPU cells: TFLOP/s (percent of the matmul rate measured in the same run); decode cells: KV TB/s (percent of the
 copy bandwidth). CPU cells: milliseconds and peak extra MiB. A second table gives flashgen / peer speed ratios.
-A cell that did not run shows its status: 'wrong', 'n/i' (not implemented), 'unsup', 'skip', 'ERR'.
+A cell that did not run shows its status: 'wrong', 'n/i' (not implemented), 'unsup', 'skip', 'ERR'; an
+implementation unsupported on every config of a mode gets no column in that mode's table.
 """
 
 from __future__ import annotations
@@ -116,7 +117,10 @@ def format_tables(header: Optional[dict], results: Iterable[dict]) -> str:
                 if col not in ratio_cols:
                     ratio_cols.append(col)
                 ratio_cells[(r["label"], col)] = f"{ratio:.2f}"
-        cols = [i for i in impls if any((row, i) in cells for row in rows)]
+        # An implementation that does not take this mode at all (e.g. flashgen-v2-nosplit outside decoding) gets no
+        # column of 'unsup' cells; one that skips only some configs keeps its column.
+        cols = [i for i in impls if any((row, i) in cells for row in rows) and
+                not all(r["status"] == "unsupported" for r in recs if r["impl"] == i)]
         lines += ["", f"== {mode}: {unit} =="] + _grid(rows, cols, cells, "config")
         if ratio_cols:
             lines += ["", f"== {mode}: flashgen / peer speed (peer time / flashgen time; > 1 = flashgen faster) =="]
