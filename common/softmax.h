@@ -7,49 +7,10 @@
 #pragma once
 
 #include <cmath>
-#include <cstdint>
-#include <cstring>
 
 #include "config.h"
 
 namespace flashgen {
-
-// exp2 on the FP32 and integer pipes instead of the MUFU (FlashAttention-4 offloads part of a tile's exponentials
-// this way, since the MUFU issues 16 per clock per SM against 128 for FMA): 2^x = 2^floor(x) * p(x - floor(x)),
-// p a degree-3 fit of 2^f on [0, 1] with p(0) = 1, max relative error 8.6e-5 (a twentieth of a bf16 ulp, a fifth
-// of an fp16 ulp). Adding 1.5 * 2^23 rounded down leaves floor(x) in the low mantissa bits of t; shifted into the
-// exponent field it scales p. x is clamped to -126.5 first, so -inf (a masked score) gives a positive value below
-// 2^-126, which the kernels' flush-to-zero arithmetic reads as 0 (a fully masked row still sums to l == 0), and the
-// exponent field never wraps. For x <= 9 (the kernels' exponents stay <= kLazyRescaleLog2 = 8).
-FH_HD float exp2_poly(float x) {
-  constexpr float kMagic = 12582912.f;  // 1.5 * 2^23: its ulp is 1
-  constexpr float kC1 = 0.69511634f, kC2 = 0.22764701f, kC3 = 0.0770652f;
-  x = fmaxf(x, -126.5f);
-#if defined(__CUDA_ARCH__)
-  const float t = __fadd_rd(x, kMagic);  // kMagic + floor(x), exactly
-#else
-  const float t = std::floor(x) + kMagic;
-#endif
-  const float f = x - (t - kMagic);  // [0, 1), exact
-  const float p = fmaf(fmaf(fmaf(kC3, f, kC2), f, kC1), f, 1.f);
-  int32_t pb, tb;
-#if defined(__CUDA_ARCH__)
-  pb = __float_as_int(p);
-  tb = __float_as_int(t);
-#else
-  std::memcpy(&pb, &p, 4);
-  std::memcpy(&tb, &t, 4);
-#endif
-  // tb = bits(kMagic) + floor(x); bits(kMagic) << 23 wraps to 0, so tb << 23 == floor(x) << 23.
-  const int32_t rb = static_cast<int32_t>(static_cast<uint32_t>(pb) + (static_cast<uint32_t>(tb) << 23));
-#if defined(__CUDA_ARCH__)
-  return __int_as_float(rb);
-#else
-  float r;
-  std::memcpy(&r, &rb, 4);
-  return r;
-#endif
-}
 
 struct RowState {
   float m = -INFINITY;  // running max of scores seen so far (score domain)

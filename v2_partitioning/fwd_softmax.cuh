@@ -84,14 +84,6 @@ __device__ __forceinline__ void apply_mask(float (&s)[kMAtoms][kNTiles][4], cons
 // of O (kNTilesO x 4 FMULs per row per tile, 128 per thread at d128) is skipped when no row of the warp needs it.
 constexpr float kLazyRescaleLog2 = 8.f;
 
-// Every kExp2PolyEvery-th n8 column tile of S takes its exponentials from common/softmax.h's exp2_poly (FMA and
-// integer pipes) instead of the MUFU, so the two pipes share the tile's exp2 work; 0 = all on the MUFU. A tuning
-// knob (tools/tune.sh builds pass -DFLASHGEN_V2_EXP2_POLY_EVERY=n): bench/NOTES.md, "Forward: where the time goes".
-#ifndef FLASHGEN_V2_EXP2_POLY_EVERY
-#define FLASHGEN_V2_EXP2_POLY_EVERY 0
-#endif
-constexpr int kExp2PolyEvery = FLASHGEN_V2_EXP2_POLY_EVERY;
-
 // One online-softmax step (FA2 Sec. 3.1): where a row's max rose by more than kLazyRescaleLog2, raise its
 // running max and rescale that row of O and l by alpha; then turn s into unnormalized probabilities
 // exp2(s*scale_log2 - m*scale_log2) and add them to the thread's partial l (the quad's partials are summed once,
@@ -140,8 +132,7 @@ __device__ __forceinline__ void softmax_step(float (&s)[kMAtoms][kNTiles][4], fl
       for (int j = 0; j < kNTiles; ++j)
 #pragma unroll
         for (int c = 0; c < 2; ++c) {
-          const float x = fmaf(s[a][j][half * 2 + c], scale_log2, -m_scaled);
-          const float p = (kExp2PolyEvery > 0 && j % kExp2PolyEvery == kExp2PolyEvery - 1) ? exp2_poly(x) : exp2f(x);
+          const float p = exp2f(fmaf(s[a][j][half * 2 + c], scale_log2, -m_scaled));
           s[a][j][half * 2 + c] = p;
           sum += p;
         }

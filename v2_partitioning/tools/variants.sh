@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Build v2 variants that differ only in compile definitions, then time them one after another, twice in rotation
 # (A B C A B C), each process timing SDPA flash next to its variant (time_v2.py), and run the forward GPU tests on
-# the variants named in TEST_VARIANTS. A variant is name=DEFINES, e.g.
-#   bash v2_partitioning/tools/variants.sh base= poly4=-DFLASHGEN_V2_EXP2_POLY_EVERY=4
+# the variants named in TEST_VARIANTS. A variant is name=DEFINES (nvcc flags for every CUDA source), e.g.
+#   bash v2_partitioning/tools/variants.sh base= alt=-DMY_KERNEL_SWITCH=1
+# (how the exp2 offload of results/2026-11-30-v2-fwd-tune5-exp2-poly.jsonl was timed; bench/NOTES.md).
 # Env: DTYPES (default "bf16;fp16"), TIMER_ARGS (default "--head-dims 64 128 256 --seqlens 2048 8192 --rep 50"),
 # TEST_VARIANTS (default: all but the first), ROUNDS (default 2). Output: ${OUT:-.}/variants.jsonl, one line per
 # (variant, round, config) with "variant" and "round" added; test summaries on stdout.
