@@ -63,30 +63,8 @@ struct RowState {
 };
 
 // Merge of already-normalized partial outputs by their LSE (split-KV combine): O = sum_i exp(lse_i - lse) * O_i.
-// Returns the merged lse; an all-empty pair stays +inf with zero weights.
-FH_HD float merge_lse(float lse_a, float lse_b, float* wa, float* wb) {
-  const bool empty_a = lse_a == INFINITY, empty_b = lse_b == INFINITY;
-  if (empty_a && empty_b) {
-    *wa = 0.f;
-    *wb = 0.f;
-    return INFINITY;
-  }
-  if (empty_a || empty_b) {
-    *wa = empty_a ? 0.f : 1.f;
-    *wb = empty_b ? 0.f : 1.f;
-    return empty_a ? lse_b : lse_a;
-  }
-  const float mx = fmaxf(lse_a, lse_b);
-  const float ea = exp2f((lse_a - mx) * kLog2e), eb = exp2f((lse_b - mx) * kLog2e);
-  const float sum = ea + eb;
-  *wa = ea / sum;
-  *wb = eb / sum;
-  return mx + log2f(sum) * kLn2;
-}
-
-// The same merge over many partials at once (split-KV combine with all LSEs in hand): with m the largest
-// partial_log_weight and S = sum_i exp(partial_log_weight_i - m), the merged LSE is merged_lse(m, S) and partial i
-// weighs merge_weight(lse_i, merged). Empty partials (LSE +inf) weigh 0; all empty gives +inf.
+// With m the largest partial_log_weight and S = sum_i merge_weight(lse_i, m), the merged LSE is merged_lse(m, S) and
+// partial i weighs merge_weight(lse_i, merged). Empty partials (LSE +inf) weigh 0; all empty gives +inf.
 FH_HD float partial_log_weight(float lse) { return lse == INFINITY ? -INFINITY : lse; }
 FH_HD float merged_lse(float max_log_weight, float sum_exp) {
   return max_log_weight == -INFINITY ? INFINITY : max_log_weight + log2f(sum_exp) * kLn2;

@@ -1,7 +1,7 @@
 // Split-KV (decoding): the key blocks a query tile visits are cut into num_splits contiguous shares, one CTA
 // each; every CTA writes its share's output normalized by its own sum plus that share's LSE, and a combine pass
-// merges the shares with merge_lse (common/softmax.h). Shared by the GPU host (how many splits) and the kernels
-// (which share a CTA owns); tested on the host in tests/cpp/test_common.cpp.
+// merges the shares (common/softmax.h: merged_lse, merge_weight). Shared by the GPU host (how many splits) and the
+// kernels (which share a CTA owns); tested on the host in tests/cpp/test_common.cpp.
 #pragma once
 
 #include "common/mask.h"

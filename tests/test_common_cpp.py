@@ -35,7 +35,8 @@ __global__ void instantiate_common(AttnParams p, float* out) {
   const bool keep = dropout_keep(p.seed, p.offset, 0, threadIdx.x, 0, dropout_threshold(p.p_dropout));
   const float x = logit_of(1.f, p.softmax_scale, p.softcap, alibi_slope(p, 0, 0), 0, 0, 4, 4) +
                   alibi_slope_in_score_domain(1.f, p.softmax_scale, p.softcap) + softcap_grad(0.5f);
-  out[threadIdx.x] = m.lse(p.scale_log2) + st.inv_sum() + merge_lse(1.f, 2.f, &wa, &wb) + r.end + c.begin + full +
+  const float merged = merged_lse(partial_log_weight(1.f), merge_weight(2.f, 1.f));
+  out[threadIdx.x] = m.lse(p.scale_log2) + st.inv_sum() + merged + r.end + c.begin + full +
                      keep + x + static_cast<float>(lse_offset(p, s, 0, 0)) + dropout_keep_scale(p.p_dropout);
 }
 """
