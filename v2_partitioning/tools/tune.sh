@@ -10,7 +10,13 @@
 #   and SDPA flash, eager and CUDA graph) at batch 16 (8k, 32k keys) and batch 1 (32k, 128k keys)
 # Output: ${OUT:-.}/tune_<kind>.jsonl, one line per (candidate, seqlen, causal) with "tile" added; TUNE_SEQLENS
 # (default "2048 8192") picks the seqlens. Builds print ptxas -v into /tmp/flashgen_tune_*.build.log.
+# TUNE_TESTS="tests/test_v2_fwd.py" runs those GPU tests before any timing on the candidates matching the glob
+# TUNE_TEST_GLOB (default all; bf16 and the candidate's bucket are built, the other tests skip). Every test run
+# and timing runs under `timeout` (TUNE_TIMEOUT s, default 180): a kernel that hangs costs one candidate.
+# TUNE_CUDAFLAGS adds compile definitions to every candidate (a switch timed across tiles).
 set -uo pipefail
+export FLASHGEN_CUDA_ARCHS=${FLASHGEN_CUDA_ARCHS:-90a}  # the H200's code only, as tools/gpu_check.sh builds
+export CMAKE_BUILD_PARALLEL_LEVEL=${CMAKE_BUILD_PARALLEL_LEVEL:-$(nproc)}
 kind=$1
 shift
 case $kind in
@@ -30,15 +36,28 @@ for cand in "$@"; do
   if [ ${#vals[@]} -ne ${#fields[@]} ]; then echo "$cand: want ${#fields[@]} fields (${fields[*]})"; exit 2; fi
   defs="-DFLASHGEN_V2_${KIND}_TUNE_D=$d"
   for i in "${!fields[@]}"; do defs+=" -DFLASHGEN_V2_${KIND}_TUNE_${fields[$i]}=${vals[$i]}"; done
+  defs+=" ${TUNE_CUDAFLAGS:-}"
   dir=$(dir_of "$cand")
   # pip install --target leaves an existing package in place (it warns and skips without --upgrade): a candidate
-  # built by an earlier call on the same machine would be timed again instead of this build. The build dir stays.
-  rm -rf "$dir"
+  # built by an earlier call on the same machine would be timed again instead of this build. The build dir goes
+  # too: CMake keeps the CUDA flags of its first configure, so a reused one ignores new definitions (a
+  # TUNE_CUDAFLAGS candidate was once timed with the previous run's flags that way).
+  rm -rf "$dir" "$dir.build"
   FLASHGEN_PTXAS_VERBOSE=1 CUDAFLAGS="$defs" python3 -m pip install --no-build-isolation --no-deps -v \
     --target "$dir" -C build-dir="$dir.build" -C cmake.define.FLASHGEN_DTYPES=bf16 \
     -C cmake.define.FLASHGEN_V2_HEAD_DIMS="$d" -C build.verbose=true . > "$dir.build.log" 2>&1 &
 done
 wait
+if [ -n "${TUNE_TESTS:-}" ]; then
+  for cand in "$@"; do
+    dir=$(dir_of "$cand")
+    [ -d "$dir/flashgen" ] || continue
+    case "$cand" in ${TUNE_TEST_GLOB:-*}) ;; *) continue ;; esac
+    echo "$cand tests: $(PYTHONPATH="$dir" timeout "${TUNE_TIMEOUT:-180}" python3 -m pytest $TUNE_TESTS -m gpu -q \
+      -p no:cacheprovider 2>&1 | tee "$dir.tests.log" | tail -n 1)"
+    grep -E "^(FAILED|ERROR)" "$dir.tests.log" | head -5
+  done
+fi
 for cand in "$@"; do
   d=${cand%%:*}
   dir=$(dir_of "$cand")
@@ -54,7 +73,7 @@ for cand in "$@"; do
     runs=("--seqlens ${TUNE_SEQLENS:-2048 8192}")
   fi
   for run in "${runs[@]}"; do
-    PYTHONPATH="$dir" python3 "$timer" --head-dims "$d" $run --rep 50 | grep '^{' |
+    PYTHONPATH="$dir" timeout "${TUNE_TIMEOUT:-180}" python3 "$timer" --head-dims "$d" $run --rep 50 | grep '^{' |
       sed "s/^{/{\"tile\": \"${cand#*:}\", /" | tee -a "$out"
   done
 done

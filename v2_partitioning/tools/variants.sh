@@ -8,13 +8,18 @@
 # TEST_VARIANTS (default: all but the first), ROUNDS (default 2). Output: ${OUT:-.}/variants.jsonl, one line per
 # (variant, round, config) with "variant" and "round" added; test summaries on stdout.
 set -uo pipefail
+# sm_90a only and every core, as tools/gpu_check.sh builds, and tests and timings under `timeout` (TIMEOUT s,
+# default 180): a call that built two variants for sm_80 and sm_90a with CMake's default parallelism, then ran
+# the tests of a variant whose GPU tests stall, ended at the 600 s device limit with nothing written.
+export FLASHGEN_CUDA_ARCHS=${FLASHGEN_CUDA_ARCHS:-90a}
+export CMAKE_BUILD_PARALLEL_LEVEL=${CMAKE_BUILD_PARALLEL_LEVEL:-$(nproc)}
 out=${OUT:-.}/variants.jsonl
 : > "$out"
 names=()
 for v in "$@"; do
   name=${v%%=*}; defs=${v#*=}; names+=("$name")
   dir=/tmp/flashgen_variant_$name
-  rm -rf "$dir"
+  rm -rf "$dir" "$dir.build"  # a reused build dir keeps the CUDA flags of its first configure
   CUDAFLAGS="$defs" python3 -m pip install --no-build-isolation --no-deps --target "$dir" -C build-dir="$dir.build" \
     -C cmake.define.FLASHGEN_DTYPES="${DTYPES:-bf16;fp16}" . > "$dir.build.log" 2>&1 &
 done
@@ -24,12 +29,12 @@ for name in "${names[@]}"; do
   [ -d "$dir/flashgen" ] || { echo "$name: build failed"; grep -E "error" "$dir.build.log" | head -5; }
 done
 for name in ${TEST_VARIANTS:-${names[@]:1}}; do
-  echo "$name tests: $(PYTHONPATH=/tmp/flashgen_variant_$name python3 -m pytest tests/test_v2_fwd.py tests/test_grouped_decode.py \
-    -m gpu -q -p no:cacheprovider 2>&1 | tail -n 1)"
+  echo "$name tests: $(PYTHONPATH=/tmp/flashgen_variant_$name timeout "${TIMEOUT:-180}" python3 -m pytest \
+    tests/test_v2_fwd.py tests/test_grouped_decode.py -m gpu -q -p no:cacheprovider 2>&1 | tail -n 1)"
 done
 for round in $(seq 1 "${ROUNDS:-2}"); do
   for name in "${names[@]}"; do
-    PYTHONPATH=/tmp/flashgen_variant_$name python3 v2_partitioning/tools/time_v2.py \
+    PYTHONPATH=/tmp/flashgen_variant_$name timeout "${TIMEOUT:-180}" python3 v2_partitioning/tools/time_v2.py \
       ${TIMER_ARGS:---head-dims 64 128 256 --seqlens 2048 8192 --rep 50} | grep '^{' |
       sed "s/^{/{\"variant\": \"$name\", \"round\": $round, /" >> "$out"
   done
