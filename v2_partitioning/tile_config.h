@@ -42,12 +42,21 @@ constexpr int kMaxRegsPerThread = 255;
 //     1.01-1.04, d128 1.06-1.10 vs 1.03-1.07.
 // Tuning builds (v2_partitioning/tools/tune.sh) replace the tile of bucket FLASHGEN_V2_FWD_TUNE_D with compile
 // definitions FLASHGEN_V2_FWD_TUNE_<field> (nvcc reads commas in -D as separators); release builds set none.
+// The bucket a head dim runs in is the smallest of 64, 128, 256 that holds it; a tuning build's tile replaces the
+// tile of bucket tuned_d only.
+constexpr bool in_tuned_bucket(int head_dim, int tuned_d) {
+  return head_dim <= tuned_d && (tuned_d == 64 || 2 * head_dim > tuned_d);
+}
+// The tile a tuning build gives, from its FLASHGEN_V2_<KIND>_TUNE_<field> definitions (KIND FWD or DEC).
+#define FLASHGEN_V2_TUNED_TILE(KIND)                                                                              \
+  TileConfig {                                                                                                    \
+    FLASHGEN_V2_##KIND##_TUNE_block_m, FLASHGEN_V2_##KIND##_TUNE_block_n, FLASHGEN_V2_##KIND##_TUNE_num_warps,   \
+        FLASHGEN_V2_##KIND##_TUNE_stages, FLASHGEN_V2_##KIND##_TUNE_ctas_per_sm, FLASHGEN_V2_##KIND##_TUNE_syncs \
+  }
+
 constexpr TileConfig tile_config(int head_dim) {
 #if defined(FLASHGEN_V2_FWD_TUNE_D)
-  if (head_dim <= FLASHGEN_V2_FWD_TUNE_D && (FLASHGEN_V2_FWD_TUNE_D == 64 || 2 * head_dim > FLASHGEN_V2_FWD_TUNE_D)) {
-    return {FLASHGEN_V2_FWD_TUNE_block_m, FLASHGEN_V2_FWD_TUNE_block_n, FLASHGEN_V2_FWD_TUNE_num_warps,
-            FLASHGEN_V2_FWD_TUNE_stages, FLASHGEN_V2_FWD_TUNE_ctas_per_sm, FLASHGEN_V2_FWD_TUNE_syncs};
-  }
+  if (in_tuned_bucket(head_dim, FLASHGEN_V2_FWD_TUNE_D)) return FLASHGEN_V2_TUNED_TILE(FWD);
 #endif
   if (head_dim <= 64) return {128, 128, 4, 2, 2, 1};
   if (head_dim <= 128) return {128, 64, 4, 2, 2, 1};
@@ -70,10 +79,7 @@ constexpr TileConfig tile_config(int head_dim) {
 // Tuning builds (tools/tune.sh dec) replace the decode tile of bucket FLASHGEN_V2_DEC_TUNE_D the same way.
 constexpr TileConfig decode_tile_config(int head_dim) {
 #if defined(FLASHGEN_V2_DEC_TUNE_D)
-  if (head_dim <= FLASHGEN_V2_DEC_TUNE_D && (FLASHGEN_V2_DEC_TUNE_D == 64 || 2 * head_dim > FLASHGEN_V2_DEC_TUNE_D)) {
-    return {FLASHGEN_V2_DEC_TUNE_block_m, FLASHGEN_V2_DEC_TUNE_block_n, FLASHGEN_V2_DEC_TUNE_num_warps,
-            FLASHGEN_V2_DEC_TUNE_stages, FLASHGEN_V2_DEC_TUNE_ctas_per_sm, FLASHGEN_V2_DEC_TUNE_syncs};
-  }
+  if (in_tuned_bucket(head_dim, FLASHGEN_V2_DEC_TUNE_D)) return FLASHGEN_V2_TUNED_TILE(DEC);
 #endif
   if (head_dim <= 64) return {64, 128, 4, 2, 2, 1};
   if (head_dim <= 128) return {64, 128, 4, 1, 2, 2};
@@ -136,7 +142,7 @@ struct BwdTileConfig {
 // set none.
 constexpr BwdTileConfig bwd_tile_config(int head_dim) {
 #if defined(FLASHGEN_V2_BWD_TUNE_D)
-  if (head_dim <= FLASHGEN_V2_BWD_TUNE_D && (FLASHGEN_V2_BWD_TUNE_D == 64 || 2 * head_dim > FLASHGEN_V2_BWD_TUNE_D)) {
+  if (in_tuned_bucket(head_dim, FLASHGEN_V2_BWD_TUNE_D)) {
     return {FLASHGEN_V2_BWD_TUNE_block_m,     FLASHGEN_V2_BWD_TUNE_block_n,    FLASHGEN_V2_BWD_TUNE_num_warps,
             FLASHGEN_V2_BWD_TUNE_sdp_warps_m, FLASHGEN_V2_BWD_TUNE_kv_warps_d, FLASHGEN_V2_BWD_TUNE_dq_warps_d,
             FLASHGEN_V2_BWD_TUNE_dq_split,    FLASHGEN_V2_BWD_TUNE_split_mods, FLASHGEN_V2_BWD_TUNE_late_dq_red};
