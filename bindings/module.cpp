@@ -13,24 +13,21 @@
 #endif
 
 #include "build_info_gen.h"
+#include "common/generation.h"
 #include "common/params.h"
 #include "common/status.h"
+#include "common/workspace.h"
 #include "cpu/cpu_api.h"
-#if defined(FLASHGEN_HAS_V1)
-#include "v1_tiling/v1_api.h"
-#endif
-#if defined(FLASHGEN_HAS_V2)
-#include "v2_partitioning/v2_api.h"
-#endif
-#if defined(FLASHGEN_HAS_V3)
-#include "v3_hopper/v3_api.h"
-#endif
+#include "generations_gen.h"  // FLASHGEN_GPU_GENERATIONS(X) and the headers of their ops tables
 
 namespace py = pybind11;
 using flashgen::AttnBwdParams;
 using flashgen::AttnParams;
+using flashgen::GenerationOps;
 using flashgen::Status;
 using flashgen::StatusCode;
+using flashgen::WorkspaceId;
+using flashgen::WorkspaceSpec;
 
 namespace {
 
@@ -53,8 +50,7 @@ class NvtxRange {
  public:
   NvtxRange(const std::string& generation, const char* kind, const AttnParams& p) {
 #if defined(FLASHGEN_NVTX)
-    static const char* kDtypeNames[] = {"fp32", "fp16", "bf16"};
-    std::string name = "flashgen/" + generation + "/" + kind + " " + kDtypeNames[static_cast<int>(p.dtype)] + " d" +
+    std::string name = "flashgen/" + generation + "/" + kind + " " + flashgen::dtype_name(p.dtype) + " d" +
                        std::to_string(p.head_dim);
     if (p.window_left < 0 && p.window_right == 0) {
       name += " causal";
@@ -76,58 +72,39 @@ class NvtxRange {
   NvtxRange& operator=(const NvtxRange&) = delete;
 };
 
-Status run_fwd(const std::string& generation, const AttnParams& p, std::uintptr_t stream) {
-  void* st = reinterpret_cast<void*>(stream);
-  (void)st;
-  if (generation == "cpu") return flashgen::cpu::fwd(p);
-#if defined(FLASHGEN_HAS_V1)
-  if (generation == "v1") return flashgen::v1::fwd(p, st);
-#endif
-#if defined(FLASHGEN_HAS_V2)
-  if (generation == "v2") return flashgen::v2::fwd(p, st);
-#endif
-#if defined(FLASHGEN_HAS_V3)
-  if (generation == "v3") return flashgen::v3::fwd(p, st);
-#endif
-  return Status::not_implemented("generation '" + generation + "' forward was not compiled into this build");
-}
-
-Status run_bwd(const std::string& generation, const AttnBwdParams& p, std::uintptr_t stream) {
-  void* st = reinterpret_cast<void*>(stream);
-  (void)st;
-  if (generation == "cpu") return flashgen::cpu::bwd(p);
-#if defined(FLASHGEN_HAS_V1)
-  if (generation == "v1") return flashgen::v1::bwd(p, st);
-#endif
-#if defined(FLASHGEN_HAS_V2)
-  if (generation == "v2") return flashgen::v2::bwd(p, st);
-#endif
-#if defined(FLASHGEN_HAS_V3)
-  if (generation == "v3") return flashgen::v3::bwd(p, st);
-#endif
-  return Status::not_implemented("generation '" + generation + "' backward was not compiled into this build");
-}
-
-// Floats of dq_accum (common/params.h) that generation's backward needs for p; 0 when it uses none.
-int64_t bwd_dq_accum_floats(const std::string& generation, const AttnBwdParams& p) {
-  (void)p;
-#if defined(FLASHGEN_HAS_V2)
-  if (generation == "v2") return flashgen::v2::bwd_dq_accum_floats(p);
-#endif
-  return 0;
-}
-
-// Split-KV plan of generation's forward for p: (num_splits, oaccum floats, lse_accum floats); num_splits 0 when
-// the generation has no decode path for p (see AttnParams::num_splits).
-py::tuple fwd_split_plan(const std::string& generation, const AttnParams& p) {
-  (void)generation, (void)p;
-#if defined(FLASHGEN_HAS_V2)
-  if (generation == "v2") {
-    const flashgen::v2::SplitPlan plan = flashgen::v2::fwd_split_plan(p);
-    return py::make_tuple(plan.num_splits, plan.oaccum_floats, plan.lse_floats);
+// Every generation compiled into this build, by name: the CPU backend and the generated registry's GPU generations.
+const GenerationOps* find_ops(const std::string& generation) {
+#define FG_OPS_ENTRY(ns) &flashgen::ns::ops(),
+  static const GenerationOps* const kAll[] = {&flashgen::cpu::ops(), FLASHGEN_GPU_GENERATIONS(FG_OPS_ENTRY)};
+#undef FG_OPS_ENTRY
+  for (const GenerationOps* ops : kAll) {
+    if (generation == ops->name) return ops;
   }
-#endif
-  return py::make_tuple(0, 0, 0);
+  return nullptr;
+}
+
+const GenerationOps& ops_or_throw(const std::string& generation) {
+  const GenerationOps* ops = find_ops(generation);
+  if (ops == nullptr) throw NotImplemented("generation '" + generation + "' was not compiled into this build");
+  return *ops;
+}
+
+// A workspace spec as Python sees it: ((name, floats, zeroed), ...) for the workspaces asked for.
+py::tuple workspaces_to_py(const WorkspaceSpec& spec) {
+  py::list out;
+  for (int i = 0; i < flashgen::kNumWorkspaces; ++i) {
+    if (spec.floats[i] > 0) {
+      out.append(py::make_tuple(flashgen::workspace_name(static_cast<WorkspaceId>(i)), spec.floats[i], spec.zeroed[i]));
+    }
+  }
+  return py::tuple(out);
+}
+
+int workspace_index(const std::string& name) {
+  for (int i = 0; i < flashgen::kNumWorkspaces; ++i) {
+    if (name == flashgen::workspace_name(static_cast<WorkspaceId>(i))) return i;
+  }
+  throw py::value_error("workspace: no workspace named '" + name + "'");
 }
 
 py::dict build_info() {
@@ -174,7 +151,8 @@ PYBIND11_MODULE(_C, m) {
   py::enum_<flashgen::DType>(m, "DType")
       .value("float32", flashgen::DType::kFloat32)
       .value("float16", flashgen::DType::kFloat16)
-      .value("bfloat16", flashgen::DType::kBFloat16);
+      .value("bfloat16", flashgen::DType::kBFloat16)
+      .value("float8_e4m3fn", flashgen::DType::kFloat8E4M3);
 
   py::class_<AttnParams>(m, "AttnParams")
       .def(py::init<>())
@@ -187,9 +165,14 @@ PYBIND11_MODULE(_C, m) {
       FG_RW(AttnParams, lse_batch_stride) FG_RW(AttnParams, lse_head_stride)
       FG_RW(AttnParams, batch) FG_RW(AttnParams, seqlen_q) FG_RW(AttnParams, seqlen_k)
       FG_RW(AttnParams, num_heads) FG_RW(AttnParams, num_heads_k) FG_RW(AttnParams, head_dim)
-      FG_RW(AttnParams, dtype)
+      FG_RW(AttnParams, dtype) FG_RW(AttnParams, out_dtype)
+      FG_PTR(AttnParams, q_descale, const float*) FG_PTR(AttnParams, k_descale, const float*)
+      FG_PTR(AttnParams, v_descale, const float*)
+      FG_RW(AttnParams, q_descale_batch_stride) FG_RW(AttnParams, q_descale_head_stride)
+      FG_RW(AttnParams, k_descale_batch_stride) FG_RW(AttnParams, k_descale_head_stride)
+      FG_RW(AttnParams, v_descale_batch_stride) FG_RW(AttnParams, v_descale_head_stride)
       FG_RW(AttnParams, softmax_scale) FG_RW(AttnParams, scale_log2) FG_RW(AttnParams, softcap)
-      FG_RW(AttnParams, window_left) FG_RW(AttnParams, window_right) FG_RW(AttnParams, is_causal)
+      FG_RW(AttnParams, window_left) FG_RW(AttnParams, window_right)
       FG_PTR(AttnParams, cu_seqlens_q, const int*) FG_PTR(AttnParams, cu_seqlens_k, const int*)
       FG_PTR(AttnParams, seqused_k, const int*) FG_PTR(AttnParams, kv_batch_idx, const int*)
       FG_PTR(AttnParams, alibi_slopes, const float*) FG_RW(AttnParams, alibi_batch_stride)
@@ -200,8 +183,22 @@ PYBIND11_MODULE(_C, m) {
       FG_RW(AttnParams, block_mask_head_stride) FG_RW(AttnParams, block_mask_row_stride)
       FG_RW(AttnParams, sparse_block_m) FG_RW(AttnParams, sparse_block_n)
       FG_RW(AttnParams, num_threads) FG_RW(AttnParams, num_sms)
-      FG_RW(AttnParams, num_splits) FG_PTR(AttnParams, oaccum, float*) FG_PTR(AttnParams, lse_accum, float*)
-      FG_RW(AttnParams, oaccum_floats) FG_RW(AttnParams, lse_accum_floats);
+      FG_RW(AttnParams, num_splits)
+      .def(
+          "set_workspace",
+          [](AttnParams& s, const std::string& name, std::uintptr_t ptr, int64_t floats) {
+            const int i = workspace_index(name);
+            s.ws.ptr[i] = reinterpret_cast<float*>(ptr);
+            s.ws.floats[i] = floats;
+          },
+          py::arg("name"), py::arg("ptr"), py::arg("floats"), "Point workspace `name` at ptr (fp32, `floats` long).")
+      .def(
+          "workspace",
+          [](const AttnParams& s, const std::string& name) {
+            const int i = workspace_index(name);
+            return py::make_tuple(reinterpret_cast<std::uintptr_t>(s.ws.ptr[i]), s.ws.floats[i]);
+          },
+          py::arg("name"), "(pointer, floats) of workspace `name`.");
 
   py::class_<AttnBwdParams, AttnParams>(m, "AttnBwdParams")
       .def(py::init<>())
@@ -211,17 +208,17 @@ PYBIND11_MODULE(_C, m) {
       FG_RW(AttnBwdParams, dq_batch_stride) FG_RW(AttnBwdParams, dq_row_stride) FG_RW(AttnBwdParams, dq_head_stride)
       FG_RW(AttnBwdParams, dk_batch_stride) FG_RW(AttnBwdParams, dk_row_stride) FG_RW(AttnBwdParams, dk_head_stride)
       FG_RW(AttnBwdParams, dv_batch_stride) FG_RW(AttnBwdParams, dv_row_stride) FG_RW(AttnBwdParams, dv_head_stride)
-      FG_PTR(AttnBwdParams, dsoftmax_sum, float*) FG_PTR(AttnBwdParams, dq_accum, float*)
-      FG_RW(AttnBwdParams, dq_accum_floats) FG_RW(AttnBwdParams, deterministic);
+      FG_RW(AttnBwdParams, deterministic);
 
   m.def(
       "fwd",
       [](const std::string& generation, const AttnParams& p, std::uintptr_t stream) {
+        const GenerationOps& ops = ops_or_throw(generation);
         Status s;
         {
           py::gil_scoped_release release;
           NvtxRange range(generation, "fwd", p);
-          s = run_fwd(generation, p, stream);
+          s = ops.fwd(p, reinterpret_cast<void*>(stream));
         }
         raise_if_failed(s);
       },
@@ -230,19 +227,34 @@ PYBIND11_MODULE(_C, m) {
   m.def(
       "bwd",
       [](const std::string& generation, const AttnBwdParams& p, std::uintptr_t stream) {
+        const GenerationOps& ops = ops_or_throw(generation);
+        if (ops.bwd == nullptr) throw NotImplemented("generation '" + generation + "' has no backward");
         Status s;
         {
           py::gil_scoped_release release;
           NvtxRange range(generation, "bwd", p);
-          s = run_bwd(generation, p, stream);
+          s = ops.bwd(p, reinterpret_cast<void*>(stream));
         }
         raise_if_failed(s);
       },
       py::arg("generation"), py::arg("params"), py::arg("stream") = 0, "Run a generation's backward.");
-  m.def("bwd_dq_accum_floats", &bwd_dq_accum_floats, py::arg("generation"), py::arg("params"),
-        "Floats of the zeroed dq_accum workspace the generation's backward needs for params (0: none).");
-  m.def("fwd_split_plan", &fwd_split_plan, py::arg("generation"), py::arg("params"),
-        "Split-KV decoding plan of the generation's forward for params: (num_splits, oaccum floats, lse_accum "
-        "floats); num_splits 0 when it has no decode path for them.");
+  m.def(
+      "fwd_plan",
+      [](const std::string& generation, const AttnParams& p) {
+        const GenerationOps& ops = ops_or_throw(generation);
+        const flashgen::FwdPlan plan = ops.plan_fwd ? ops.plan_fwd(p) : flashgen::FwdPlan{};
+        return py::make_tuple(plan.num_splits, workspaces_to_py(plan.workspaces));
+      },
+      py::arg("generation"), py::arg("params"),
+      "The generation's forward plan for params: (num_splits, ((workspace, floats, zeroed), ...)); num_splits 0 "
+      "when it has no split-KV path for them.");
+  m.def(
+      "bwd_workspaces",
+      [](const std::string& generation, const AttnBwdParams& p) {
+        const GenerationOps& ops = ops_or_throw(generation);
+        return workspaces_to_py(ops.bwd_workspaces ? ops.bwd_workspaces(p) : WorkspaceSpec{});
+      },
+      py::arg("generation"), py::arg("params"),
+      "The workspaces the generation's backward needs for params: ((workspace, floats, zeroed), ...).");
   m.def("build_info", &build_info, "What this build compiled: instances (generation, kind, dtype, head dim), archs, CUDA.");
 }

@@ -5,6 +5,7 @@
 #pragma once
 
 #include "config.h"
+#include "workspace.h"
 
 namespace flashgen {
 
@@ -29,7 +30,16 @@ struct AttnParams {
   int num_heads = 0;
   int num_heads_k = 0;   // num_heads % num_heads_k == 0 (GQA/MQA)
   int head_dim = 0;      // the real head dim
-  DType dtype = DType::kBFloat16;
+  DType dtype = DType::kBFloat16;      // q, k, v
+  DType out_dtype = DType::kBFloat16;  // o (and the gradients' dtype is dtype): differs from dtype for FP8 inputs
+
+  // ---- FP8 descaling: fp32 factors per (batch, kv head) that turn stored q/k/v into real values; null = 1 ----
+  const float* q_descale = nullptr;
+  const float* k_descale = nullptr;
+  const float* v_descale = nullptr;
+  int64_t q_descale_batch_stride = 0, q_descale_head_stride = 0;
+  int64_t k_descale_batch_stride = 0, k_descale_head_stride = 0;
+  int64_t v_descale_batch_stride = 0, v_descale_head_stride = 0;
 
   // ---- score ----
   float softmax_scale = 0.f;
@@ -39,7 +49,6 @@ struct AttnParams {
   // ---- mask: window (left, right) inclusive, -1 = unbounded; causal is (left, 0) ----
   int window_left = -1;
   int window_right = -1;
-  bool is_causal = false;  // informational; the window already encodes it
 
   // ---- varlen / KV cache ----
   const int* cu_seqlens_q = nullptr;  // (batch + 1) int32 offsets into the stacked rows, or null
@@ -69,17 +78,13 @@ struct AttnParams {
   int num_threads = 0;  // CPU backend: worker threads, 0 = hardware concurrency
   int num_sms = 0;      // GPU: multiprocessor count (split-KV / persistent heuristics)
 
-  // ---- split-KV decoding (common/split_kv.h); the caller plans it with the binding's fwd_split_plan ----
-  // num_splits 0: not planned (the generation's prefill kernels, no split). >= 1: the plan's count; above 1 the
-  // caller allocates (no zeroing needed) the fp32 workspaces, element (split s, batch b, head h, row r):
-  //   oaccum    ((s * batch + b) * num_heads + h) * seqlen_q + r) * head-dim bucket + col: O of split s
-  //             normalized by its own sum;  lse_accum  ((s * batch + b) * num_heads + h) * seqlen_q + r: its LSE.
-  // oaccum_floats / lse_accum_floats: the sizes allocated, checked against the plan before any launch.
+  // ---- split-KV decoding (common/split_kv.h) ----
+  // 0: not planned (the generation's prefill kernels). >= 1: the count the generation's plan gave (ops table,
+  // common/generation.h), with the workspaces that plan asked for below.
   int num_splits = 0;
-  float* oaccum = nullptr;
-  float* lse_accum = nullptr;
-  int64_t oaccum_floats = 0;
-  int64_t lse_accum_floats = 0;
+
+  // ---- workspaces the generation asked for (common/workspace.h), allocated by the caller ----
+  Workspaces ws;
 };
 
 struct AttnBwdParams : AttnParams {
@@ -92,16 +97,6 @@ struct AttnBwdParams : AttnParams {
   int64_t dk_batch_stride = 0, dk_row_stride = 0, dk_head_stride = 0;
   int64_t dv_batch_stride = 0, dv_row_stride = 0, dv_head_stride = 0;
 
-  // Workspaces the caller allocates (python/flashgen/_ops.py backward). b is the batch entry, or the sequence
-  // index with varlen, where seqlen_q is the padded max, so the layouts are dense either way.
-  //   dsoftmax_sum: D = rowsum(dO * O) fp32, element (b, h, row) at (b * num_heads + h) * seqlen_q + row;
-  //                 at least batch * num_heads * (seqlen_q + 128) floats.
-  //   dq_accum:     ZEROED fp32 dQ accumulator (before softmax_scale) of dq_accum_floats floats, in the layout of
-  //                 the generation that runs (the binding's bwd_dq_accum_floats gives the size). v2: rows
-  //                 and columns padded to its tiles, see v2_partitioning/tile_config.h (dq_accum_floats).
-  float* dsoftmax_sum = nullptr;
-  float* dq_accum = nullptr;
-  int64_t dq_accum_floats = 0;
   bool deterministic = false;
 };
 

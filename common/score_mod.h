@@ -1,4 +1,4 @@
-// Score modifiers applied between Q K^T and the softmax, in flash_attn 2.x's order:
+// Score modifiers applied between Q K^T and the softmax, in flash_attn 2.x's order (common/score.h chains them):
 //   logit = softcap * tanh(softmax_scale * q.k / softcap)   (softcap > 0; else softmax_scale * q.k)
 //   logit += -slope * |i + seqlen_k - seqlen_q - j|         (ALiBi, bottom-right aligned like the mask)
 #pragma once
@@ -21,21 +21,12 @@ FH_HD float alibi_slope(const AttnParams& p, int b, int h) {
   return p.alibi_slopes ? p.alibi_slopes[b * p.alibi_batch_stride + h] : 0.f;
 }
 
-// ALiBi slope in the domain the kernel keeps scores in (see softmax.h): with softcap the scores are logits, so
-// the slope applies as is; without softcap they are raw q.k, and a logit bias b is b / softmax_scale there.
-FH_HD float alibi_slope_in_score_domain(float slope, float softmax_scale, float softcap) {
-  return softcap > 0.f ? slope : slope / softmax_scale;
-}
+// ALiBi slope in the domain the kernel keeps scores in (see softmax.h): a logit bias b is b * log2(e) / scale_log2
+// there, i.e. b itself with softcap (scale_log2 = log2 e, scores are logits) and b / softmax_scale without (raw q.k).
+// Written as the kernels compute it, so every generation and the CPU backend get the same float.
+FH_HD float alibi_slope_in_score_domain(float slope, float scale_log2) { return slope * (kLog2e / scale_log2); }
 
 // Backward chain rule of softcap: with t = tanh(x / softcap), d(softcap * t) / dx = 1 - t^2.
 FH_HD float softcap_grad(float t) { return 1.f - t * t; }
-
-// The full modifier chain on one raw score q.k, giving the logit in natural-log units.
-FH_HD float logit_of(float qk, float softmax_scale, float softcap, float slope, int row, int col, int seqlen_q,
-                     int seqlen_k) {
-  float x = apply_softcap(qk * softmax_scale, softcap);
-  if (slope != 0.f) x += alibi_bias(slope, row, col, seqlen_q, seqlen_k);
-  return x;
-}
 
 }  // namespace flashgen

@@ -86,12 +86,12 @@ FG_INLINE void write_probs(const AttnParams& p, const HeadProblem& hp, const Pac
       if (computed) {
         const float neg_max = -st[r].max_scaled(p.scale_log2);
         const float inv = st[r].inv_sum();
-        for (int j = 0; j < kBlockN; ++j) sr[j] = exp2_vec(sr[j] * p.scale_log2 + neg_max) * inv;
+        for (int j = 0; j < kBlockN; ++j) sr[j] = exp2_vec(score_exponent(sr[j], p.scale_log2, -neg_max)) * inv;
       } else {
         std::fill(sr, sr + kBlockN, 0.f);
       }
-      if (hp.dropout) {
-        dropout_row(p, hp, m0 + r, n0, w.keep.data());
+      if (hp.path.dropout) {
+        dropout_row(hp, m0 + r, n0, w.keep.data());
         for (int j = 0; j < kBlockN; ++j) sr[j] = w.keep[j] != 0.f ? sr[j] : -sr[j];
       }
       std::copy(sr, sr + cols, base + static_cast<int64_t>(m0 + r) * p.p_row_stride + n0);
@@ -129,8 +129,8 @@ FG_CPU_KERNEL void fwd_unit(const AttnParams& p, const PackedKV& kv, const FwdUn
       }
       st[r].add(row_exp2_sum(sr, p.scale_log2, -st[r].max_scaled(p.scale_log2)));
       // Dropout zeroes P after l has counted it: the LSE is the undropped softmax's.
-      if (hp.dropout) {
-        dropout_row(p, hp, m0 + r, n0, w.keep.data());
+      if (hp.path.dropout) {
+        dropout_row(hp, m0 + r, n0, w.keep.data());
         for (int j = 0; j < kBlockN; ++j) sr[j] *= w.keep[j];
       }
     }

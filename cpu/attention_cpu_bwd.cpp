@@ -69,10 +69,10 @@ FG_INLINE void bwd_tile(const AttnBwdParams& p, const HeadProblem& hp, int m0, i
     float* sr = w.s.data() + r * kBlockN;
     float* pdr = w.pd.data() + r * kBlockN;
     const float lse_log2 = lse[r] * kLog2e;
-    for (int j = 0; j < kBlockN; ++j) sr[j] = exp2_vec(sr[j] * p.scale_log2 - lse_log2);
-    if (hp.dropout) {
+    for (int j = 0; j < kBlockN; ++j) sr[j] = exp2_vec(score_exponent(sr[j], p.scale_log2, lse_log2));
+    if (hp.path.dropout) {
       float* keep = w.keep.data() + r * kBlockN;
-      dropout_row(p, hp, m0 + r, n0, keep);
+      dropout_row(hp, m0 + r, n0, keep);
       for (int j = 0; j < kBlockN; ++j) pdr[j] = sr[j] * keep[j] * keep_scale;
     } else {
       std::copy(sr, sr + kBlockN, pdr);
@@ -87,7 +87,7 @@ FG_INLINE void bwd_tile(const AttnBwdParams& p, const HeadProblem& hp, int m0, i
     const float* sr = w.s.data() + r * kBlockN;
     float* dpr = w.dp.data() + r * kBlockN;
     const float dr = dsum[m0 + r];
-    if (hp.dropout) {
+    if (hp.path.dropout) {
       const float* keep = w.keep.data() + r * kBlockN;
       for (int j = 0; j < kBlockN; ++j) dpr[j] = sr[j] * (dpr[j] * keep[j] * keep_scale - dr) * p.softmax_scale;
     } else {

@@ -2,6 +2,7 @@
 // run the same math the kernels run. Multithreaded across (batch, head, query block), fp32 accumulation.
 #pragma once
 
+#include "common/generation.h"
 #include "common/params.h"
 #include "common/status.h"
 
@@ -10,7 +11,10 @@ namespace flashgen::cpu {
 // Forward: o and lse (and p_out when set). q/k/v/o in params.dtype (fp32, fp16 or bf16).
 Status fwd(const AttnParams& params);
 
-// Backward: dq, dk, dv from dout, o, lse (recomputing P); dsoftmax_sum is a caller-provided fp32 workspace.
+// Backward: dq, dk, dv from dout, o, lse (recomputing P); its scratch is its own (no workspace).
 Status bwd(const AttnBwdParams& params);
+
+// The ops table the binding looks up (common/generation.h): fwd and bwd, no split plan, no workspaces.
+const GenerationOps& ops();
 
 }  // namespace flashgen::cpu

@@ -15,8 +15,7 @@
 
 #include "common/mask.h"
 #include "common/params.h"
-#include "common/philox.h"
-#include "common/score_mod.h"
+#include "common/score.h"
 #include "common/softmax.h"
 #include "cpu/cpu_convert.h"
 
@@ -32,10 +31,9 @@ namespace flashgen::cpu {
 
 // ---- tile sizes (the whole backend reads these) ----
 constexpr int kBlockM = 64;    // query rows per tile (forward work unit, backward inner step)
-constexpr int kBlockN = 64;    // keys per tile; a multiple of 4 so dropout draws one Philox call per 4 columns
+constexpr int kBlockN = 64;    // keys per tile; even, so dropout's Philox draws (one per column pair) stay whole
 constexpr int kRowGroup = 4;   // query rows sharing each K^T load in the Q K^T microkernel (16 zmm accumulators)
-constexpr int kPhiloxCols = 4; // columns per Philox4x32 draw
-static_assert(kBlockN % kPhiloxCols == 0, "a tile must cover whole Philox draws");
+static_assert(kBlockN % 2 == 0, "a tile must cover whole column pairs of the dropout draw");
 
 // ---- exp2 that vectorizes: 2^x = 2^n * 2^f, n = round(x), f in [-0.5, 0.5], degree-6 polynomial ----
 // Max relative error 1e-7 (about 1 ulp) over the range, measured against float64; x < -126 gives 0 (the
@@ -113,7 +111,7 @@ FG_INLINE float row_max(const float* s) {
 
 // s <- exp2(s * scale_log2 + neg_max) (RowState::prob's exponent, vectorized) and return the row's sum.
 FG_INLINE float row_exp2_sum(float* s, float scale_log2, float neg_max) {
-  for (int j = 0; j < kBlockN; ++j) s[j] = exp2_vec(s[j] * scale_log2 + neg_max);
+  for (int j = 0; j < kBlockN; ++j) s[j] = exp2_vec(score_exponent(s[j], scale_log2, -neg_max));
   Vec16 acc;
   vload(acc, s);
   for (int v = 1; v < kKeyVecs; ++v) {
@@ -234,30 +232,24 @@ FG_INLINE void load_tile_t(const void* base, DType dtype, int64_t base_offset, i
   }
 }
 
-// ---- one (batch, head) problem: the sequence, its mask and score modifiers, resolved once ----
+// ---- one (batch, head) problem: the sequence, its mask and score path (common/score.h), resolved once ----
 struct HeadProblem {
   SeqInfo seq;
   MaskSpec mask;
+  ScorePath path;
   int batch;
   int head;
   int head_k;             // kv head: head / (num_heads / num_heads_k)
-  float alibi_score;      // ALiBi slope in the score domain (0 = off)
-  int batch_head;         // batch * num_heads + head: the Philox stream of this head
-  uint32_t dropout_threshold;
-  bool dropout;
 };
 
 FG_INLINE HeadProblem head_problem(const AttnParams& p, int b, int h) {
   HeadProblem hp;
   hp.seq = seq_info(p, b);
   hp.mask = hp.seq.mask(p);
+  hp.path = ScorePath::make(p, b, h, hp.mask.seqlen_q, hp.mask.seqlen_k);
   hp.batch = b;
   hp.head = h;
   hp.head_k = h / (p.num_heads / p.num_heads_k);
-  hp.alibi_score = alibi_slope_in_score_domain(alibi_slope(p, b, h), p.softmax_scale, p.softcap);
-  hp.batch_head = b * p.num_heads + h;
-  hp.dropout = p.p_dropout > 0.f;
-  hp.dropout_threshold = dropout_threshold(p.p_dropout);
   return hp;
 }
 
@@ -277,52 +269,53 @@ FG_INLINE SparseTile sparse_tile(const AttnParams& p, int head, int m0, int m1, 
   return !any ? SparseTile::kOff : (all ? SparseTile::kOn : SparseTile::kMixed);
 }
 
-// The score tile s (rows, kBlockN) from q (rows, padded_dim) and kt (head_dim, kBlockN) for query rows [m0, m0 + rows) and keys [n0, n0 + kBlockN), in the domain
-// that p.scale_log2 maps to log2 units: Q K^T, then softcap (as logits), ALiBi, and -inf where the mask, the
-// sequence end or a block-sparse block hides the pair. cap_grad (optional, same shape, softcap only) receives
-// softcap_grad: d(logit) / d(softmax_scale * q.k) = 1 - tanh^2.
+// The score tile s (rows, kBlockN) from q (rows, padded_dim) and kt (head_dim, kBlockN) for query rows [m0, m0 +
+// rows) and keys [n0, n0 + kBlockN): Q K^T, then the score path's modifiers and mask (common/score.h, the kernels'
+// own per-element code), and -inf where a block-sparse block hides the pair. cap_grad (optional, same shape,
+// softcap only) receives softcap's chain factor d(logit) / d(softmax_scale * q.k) = 1 - tanh^2.
+template <bool kSoftcap, bool kAlibi>
+FG_INLINE void score_mods(const ScorePath& path, int m0, int rows, int n0, float* s, float* cap_grad) {
+  for (int r = 0; r < rows; ++r) {
+    float* sr = s + r * kBlockN;
+    float* gr = cap_grad ? cap_grad + r * kBlockN : nullptr;
+    for (int j = 0; j < kBlockN; ++j) {
+      sr[j] = path.logit_with<kSoftcap, kAlibi>(sr[j], m0 + r, n0 + j, gr ? gr + j : nullptr);
+    }
+  }
+}
+
 FG_INLINE void score_tile(const AttnParams& p, const HeadProblem& hp, const float* q, const float* kt, int m0,
                           int rows, int n0, SparseTile sparse, float* s, float* cap_grad) {
   gemm_q_kt(q, padded_dim(p.head_dim), kt, s, rows, p.head_dim);
-  const int total = rows * kBlockN;
-  if (p.softcap > 0.f) {
-    const float pre = p.softmax_scale / p.softcap;
-    for (int e = 0; e < total; ++e) {
-      const float t = tanhf(s[e] * pre);
-      s[e] = p.softcap * t;
-      if (cap_grad) cap_grad[e] = softcap_grad(t);
+  if (hp.path.softcap > 0.f) {
+    if (hp.path.slope != 0.f) {
+      score_mods<true, true>(hp.path, m0, rows, n0, s, cap_grad);
+    } else {
+      score_mods<true, false>(hp.path, m0, rows, n0, s, cap_grad);
     }
-  }
-  if (hp.alibi_score != 0.f) {
-    for (int r = 0; r < rows; ++r) {
-      float* sr = s + r * kBlockN;
-      for (int j = 0; j < kBlockN; ++j) {
-        sr[j] += alibi_bias(hp.alibi_score, m0 + r, n0 + j, hp.mask.seqlen_q, hp.mask.seqlen_k);
-      }
-    }
+  } else if (hp.path.slope != 0.f) {
+    score_mods<false, true>(hp.path, m0, rows, n0, s, cap_grad);
   }
   const bool full = tile_fully_visible(hp.mask, m0, m0 + rows, n0, n0 + kBlockN);
   if (full && sparse == SparseTile::kOn) return;
   for (int r = 0; r < rows; ++r) {
     float* sr = s + r * kBlockN;
     const int row = m0 + r;
-    const int cb = std::min(std::max(hp.mask.col_begin(row) - n0, 0), kBlockN);
-    const int ce = std::min(std::max(hp.mask.col_end(row) - n0, cb), kBlockN);
-    std::fill(sr, sr + cb, -INFINITY);
-    std::fill(sr + ce, sr + kBlockN, -INFINITY);
-    if (sparse == SparseTile::kMixed) {
-      for (int j = cb; j < ce; ++j) {
-        if (!sparse_visible(p, hp.head, row, n0 + j)) sr[j] = -INFINITY;
-      }
+    const RowLimits lim = row_limits(hp.mask, row);
+    for (int j = 0; j < kBlockN; ++j) {
+      sr[j] = ScorePath::masked(sr[j], n0 + j, lim);
+      if (sparse == SparseTile::kMixed && !sparse_visible(p, hp.head, row, n0 + j)) sr[j] = -INFINITY;
     }
   }
 }
 
-// keep (kBlockN) for one row: 1 where dropout keeps (row, n0 + j), 0 where it drops.
-FG_INLINE void dropout_row(const AttnParams& p, const HeadProblem& hp, int row, int n0, float* keep) {
-  for (int j = 0; j < kBlockN; j += kPhiloxCols) {
-    const Philox4 words = dropout_words(p.seed, p.offset, hp.batch_head, row, n0 + j);
-    for (int w = 0; w < kPhiloxCols; ++w) keep[j + w] = philox_word(words, w) >= hp.dropout_threshold ? 1.f : 0.f;
+// keep (kBlockN) for one row: 1 where dropout keeps (row, n0 + j), 0 where it drops (ScorePath::keep_pair, the
+// kernels' draw: one Philox call per pair of columns, as on the GPU).
+FG_INLINE void dropout_row(const HeadProblem& hp, int row, int n0, float* keep) {
+  for (int j = 0; j < kBlockN; j += 2) {
+    const uint32_t bits = hp.path.keep_pair(row, n0 + j);
+    keep[j] = (bits & 1u) ? 1.f : 0.f;
+    keep[j + 1] = (bits & 2u) ? 1.f : 0.f;
   }
 }
 

@@ -10,13 +10,16 @@ import subprocess
 import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
-SOURCE = ROOT / "tests" / "cpp" / "test_common.cpp"
+SOURCES = {"common": ROOT / "tests" / "cpp" / "test_common.cpp",  # masks, softmax, Philox, split-KV
+           "score": ROOT / "tests" / "cpp" / "test_score.cpp"}   # the score path (common/score.h)
 COMPILE_TIMEOUT_S = 300
 RUN_TIMEOUT_S = 120
 
 DEVICE_SOURCE = r"""
+#include "common/element.cuh"
 #include "common/mask.h"
 #include "common/philox.h"
+#include "common/score.h"
 #include "common/score_mod.h"
 #include "common/softmax.h"
 #include "common/split_kv.h"
@@ -33,8 +36,11 @@ __global__ void instantiate_common(AttnParams p, float* out) {
   const BlockRange c = split_block_range(m_block_range(mask, 0, 64, 64), blockIdx.y, gridDim.y);
   const bool full = tile_fully_visible(mask, 0, 64, 0, 64) && sparse_visible(p, 0, 0, 0);
   const bool keep = dropout_keep(p.seed, p.offset, 0, threadIdx.x, 0, dropout_threshold(p.p_dropout));
-  const float x = logit_of(1.f, p.softmax_scale, p.softcap, alibi_slope(p, 0, 0), 0, 0, 4, 4) +
-                  alibi_slope_in_score_domain(1.f, p.softmax_scale, p.softcap) + softcap_grad(0.5f);
+  const ScorePath path = ScorePath::make(p, 0, 0, 4, 4);
+  float chain = 1.f;
+  const float x = path.exponent(path.score(1.f, 0, 0, row_limits(mask, 0), &chain), 0.5f) + chain +
+                  static_cast<float>(path.keep(0, 1)) + alibi_slope_in_score_domain(1.f, p.scale_log2) +
+                  softcap_grad(0.5f) + to_float<dtype::bf16>(__float2bfloat16(1.f));
   const float merged = merged_lse(partial_log_weight(1.f), merge_weight(2.f, 1.f));
   out[threadIdx.x] = m.lse(p.scale_log2) + st.inv_sum() + merged + r.end + c.begin + full +
                      keep + x + static_cast<float>(lse_offset(p, s, 0, 0)) + dropout_keep_scale(p.p_dropout);
@@ -57,17 +63,18 @@ FLAG_SETS = {
 }
 
 
+@pytest.mark.parametrize("source", list(SOURCES))
 @pytest.mark.parametrize("flags", list(FLAG_SETS))
-def test_common_headers_on_host(tmp_path, flags):
+def test_common_headers_on_host(tmp_path, flags, source):
     if flags == "fma-contract" and not _cpu_has_fma():
         pytest.skip("this CPU has no FMA")
     exe = tmp_path / "test_common"
-    cmd = ["g++", "-std=c++17", *FLAG_SETS[flags], f"-I{ROOT}", "-Wall", "-Wextra", "-Werror", str(SOURCE), "-o",
+    cmd = ["g++", "-std=c++17", *FLAG_SETS[flags], f"-I{ROOT}", "-Wall", "-Wextra", "-Werror", str(SOURCES[source]), "-o",
            str(exe)]
     build = subprocess.run(cmd, capture_output=True, text=True, timeout=COMPILE_TIMEOUT_S)
     assert build.returncode == 0, f"compile failed: {' '.join(cmd)}\n{build.stdout}\n{build.stderr}"
     run = subprocess.run([str(exe)], capture_output=True, text=True, timeout=RUN_TIMEOUT_S)
-    assert run.returncode == 0, f"test_common failed (exit {run.returncode}):\n{run.stdout}\n{run.stderr}"
+    assert run.returncode == 0, f"{SOURCES[source].name} failed (exit {run.returncode}):\n{run.stdout}\n{run.stderr}"
     assert " passed, 0 failed" in run.stdout, run.stdout
 
 

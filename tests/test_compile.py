@@ -5,6 +5,7 @@ import pytest
 import torch
 
 import flashgen
+from flashgen import _library
 
 BACKENDS = ["aot_eager", "inductor"]
 TOLERANCE = 1e-6  # the same kernel runs in both; only the surrounding graph differs
@@ -96,6 +97,16 @@ def test_opcheck_fwd():
     q = torch.randn(2, 9, 4, 16, requires_grad=True)
     k = torch.randn(2, 11, 2, 16, requires_grad=True)
     v = torch.randn(2, 11, 2, 16, requires_grad=True)
-    args = (q, k, v, "cpu", 0.25, -1, 0, 0.0, None, 0.0, None, None, None, 9, 11, None, None, None, 128, 128, True,
-            False)
-    torch.library.opcheck(torch.ops.flashgen.fwd.default, args)
+    args = _library.FwdArgs(generation="cpu", softmax_scale=0.25, window_left=-1, window_right=0, return_probs=True)
+    torch.library.opcheck(torch.ops.flashgen.fwd.default, (q, k, v, *args))
+
+
+def test_opcheck_bwd():
+    """The same for flashgen::bwd, on the forward's own out and lse."""
+    gen = torch.Generator().manual_seed(3)
+    q, k, v = (torch.randn(2, n, h, 16, generator=gen) for n, h in ((9, 4), (11, 2), (11, 2)))
+    fwd_args = _library.FwdArgs(generation="cpu", softmax_scale=0.25, window_left=-1, window_right=0)
+    out, lse, _ = torch.ops.flashgen.fwd.default(q, k, v, *fwd_args)
+    dout = torch.randn(out.shape, generator=gen)
+    torch.library.opcheck(torch.ops.flashgen.bwd.default,
+                          (dout, q, k, v, out, lse, *_library.BwdArgs.of(fwd_args)))

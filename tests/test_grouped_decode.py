@@ -132,7 +132,7 @@ def test_fold_view_maps_rows_to_heads(layout):
                 assert torch.equal(folded[b, i, j], t[b, 0, j * 3 + i]), (b, i, j)
 
 
-# ---- v2's split-KV decode instance (FLASHGEN_V2_DECODE=1): the plan and its checks are host code, tested here on
+# ---- v2's split-KV decode instance (FLASHGEN_SPLIT_KV=1): the plan and its checks are host code, tested here on
 # any machine whose build has v2; the kernels on the GPU tier ----
 
 def _has_v2(head_dim: int = 128) -> bool:
@@ -151,38 +151,50 @@ def _params(*, batch=16, seqlen_q=4, seqlen_k=32768, heads=8, head_dim=128, num_
     p.dtype = _native.C.DType.bfloat16
     p.num_sms = num_sms
     for name, value in extra.items():
-        setattr(p, name, value)
+        if name == "workspaces":  # {name: floats}, at a fake aligned address (the checks run before any launch)
+            for ws, floats in value.items():
+                p.set_workspace(ws, 512, floats)
+        else:
+            setattr(p, name, value)
     return p
 
 
 @pytest.mark.parametrize("env, splits", [(None, 2), ("1", 2), ("0", 0)], ids=["default-on", "on", "off"])
 def test_decode_instance_is_on_unless_switched_off(env, splits, monkeypatch):
-    """The plan is asked for unless FLASHGEN_V2_DECODE=0; a split plan gets one workspace: the partial outputs, then
-    the partial LSEs right after them."""
+    """The plan is asked for unless FLASHGEN_SPLIT_KV=0; its workspaces share one allocation, each 16-byte aligned
+    (common/workspace.h)."""
     if env is None:
         monkeypatch.delenv(_ops.DECODE_ENV, raising=False)
     else:
         monkeypatch.setenv(_ops.DECODE_ENV, env)
-    monkeypatch.setattr(_native.C, "fwd_split_plan", lambda generation, p: (2, 64, 8), raising=False)
+    plan = (2, (("oaccum", 64, False), ("lse_accum", 7, False)))
+    monkeypatch.setattr(_native.C, "fwd_plan", lambda generation, p: plan, raising=False)
     p = _native.C.AttnParams()
-    workspace = _ops._plan_split_kv("v2", p, torch.device("cpu"))
+    workspace = _ops._plan_forward("v2", p, torch.device("cpu"))
     assert p.num_splits == splits
     if splits:
-        assert workspace.numel() == 72 and workspace.dtype == torch.float32
-        assert (p.oaccum, p.lse_accum) == (workspace.data_ptr(), workspace.data_ptr() + 4 * 64)
-        assert (p.oaccum_floats, p.lse_accum_floats) == (64, 8)
+        (buffer,) = workspace
+        assert buffer.numel() == 64 + 8 and buffer.dtype == torch.float32  # 7 floats rounded up to 16 bytes
+        assert p.workspace("oaccum") == (buffer.data_ptr(), 64)
+        assert p.workspace("lse_accum") == (buffer.data_ptr() + 4 * 64, 7)
     else:
         assert workspace is None
+
+
+def _plan(generation, p):
+    """(num_splits, {workspace: floats}) of the generation's forward plan."""
+    splits, spec = _native.C.fwd_plan(generation, p)
+    return splits, {name: floats for name, floats, _ in spec}
 
 
 @pytest.mark.skipif(not _has_v2(), reason="v2 not compiled into this build")
 def test_split_plan_for_the_bench_decode_shape():
     # bench/NOTES.md's decode case after the fold: 16 x 8 KV heads, 4 rows each, 32k keys, d128, 132 SMs.
     # 128 one-block tiles on 264 slots (2 CTAs/SM), 256 blocks of 128 keys: 2 splits (tests/cpp/test_common.cpp).
-    splits, o_floats, lse_floats = _native.C.fwd_split_plan("v2", _params())
-    assert (splits, lse_floats, o_floats) == (2, 2 * 16 * 8 * 4, 2 * 16 * 8 * 4 * 128)
+    splits, spec = _plan("v2", _params())
+    assert (splits, spec) == (2, {"lse_accum": 2 * 16 * 8 * 4, "oaccum": 2 * 16 * 8 * 4 * 128})
     # Enough tiles for a wave: the decode instance, unsplit, no workspace.
-    assert tuple(_native.C.fwd_split_plan("v2", _params(batch=64))) == (1, 0, 0)
+    assert _plan("v2", _params(batch=64)) == (1, {})
 
 
 @pytest.mark.skipif(not _has_v2(), reason="v2 not compiled into this build")
@@ -190,17 +202,17 @@ def test_split_plan_for_the_bench_decode_shape():
                                    dict(num_sms=0), dict(p_out=512)],
                          ids=["seqlen_q-65", "dropout", "varlen", "no-keys", "no-sm-count", "probs"])
 def test_split_plan_declines(extra):
-    assert _native.C.fwd_split_plan("v2", _params(**extra))[0] == 0, f"planned a split for {extra}"
-    assert _native.C.fwd_split_plan("cpu", _params())[0] == 0
+    assert _plan("v2", _params(**extra))[0] == 0, f"planned a split for {extra}"
+    assert _plan("cpu", _params())[0] == 0
 
 
 @pytest.mark.skipif(not _has_v2(), reason="v2 not compiled into this build")
 @pytest.mark.parametrize("extra, message", [
     (dict(num_splits=2, seqlen_q=200), "does not run v2's decode instance"),
-    (dict(num_splits=3), "expected fwd_split_plan's 2, got 3"),
-    (dict(num_splits=2), "2 splits need 131072 and 1024 floats"),
-    (dict(num_splits=2, oaccum=512, lse_accum=512, oaccum_floats=131072, lse_accum_floats=1023),
-     "got 131072 and 1023"),
+    (dict(num_splits=3), "expected the forward plan's 2, got 3"),
+    (dict(num_splits=2), "oaccum: v2 needs 131072 floats for this problem, got 0"),
+    (dict(num_splits=2, workspaces=dict(oaccum=131072, lse_accum=1023)),
+     "lse_accum: v2 needs 1024 floats for this problem, got 1023"),
 ], ids=["not-decode", "not-the-plan", "no-workspace", "workspace-too-small"])
 def test_split_checks_refuse_before_launch(extra, message):
     with pytest.raises(ValueError, match=message):

@@ -7,7 +7,7 @@ set -uo pipefail
 OUT=${OUT:-$PWD/.device_out}; mkdir -p "$OUT"
 export FLASHGEN_CUDA_ARCHS=90a CMAKE_BUILD_PARALLEL_LEVEL=$(nproc) PYTHONUNBUFFERED=1
 t0=$(date +%s)
-python3 -m pip install --no-build-isolation --no-deps -C cmake.define.FLASHGEN_DTYPES=bf16 . > "$OUT/build.log" 2>&1
+python3 -m pip install --no-build-isolation --no-deps -C cmake.define.FLASHGEN_V2_DTYPES=bf16 . > "$OUT/build.log" 2>&1
 echo "build rc=$? in $(( $(date +%s) - t0 )) s" | tee "$OUT/summary.txt"
 step() {  # step <name> <seconds> <tool> <files> <expr>
   local s=$(date +%s)

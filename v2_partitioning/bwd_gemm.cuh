@@ -1,6 +1,6 @@
 // Warp-level GEMM glue for the backward: ldmatrix addressing of swizzled tiles with a warp column offset, one
 // generic warp GEMM over fragment loaders, and the elementwise step S, dP -> P (dropout applied), dS.
-// Fragment layouts are mma.cuh's; FragCoord (fwd_softmax.cuh) maps fragment elements to sequence coordinates.
+// Fragment layouts are mma.cuh's; FragCoord (frag_score.cuh) maps fragment elements to sequence coordinates.
 //
 // Two lane patterns cover every operand (PTX ISA, ldmatrix; lane i addresses row i % 8 of matrix i / 8):
 //   P1: row lane % 16,                   chunk lo = lane / 16        A stored (m, k) -> ldmatrix
@@ -13,9 +13,8 @@
 #include <cstdint>
 
 #include "common/mask.h"
-#include "common/philox.h"
-#include "common/score_mod.h"
-#include "v2_partitioning/fwd_softmax.cuh"
+#include "common/score.h"
+#include "v2_partitioning/frag_score.cuh"
 #include "v2_partitioning/mma.cuh"
 #include "v2_partitioning/smem_copy.cuh"
 
@@ -81,40 +80,11 @@ __device__ __forceinline__ void zero_acc(float (&acc)[kAtoms][kTiles][4]) {
       for (int e = 0; e < 4; ++e) acc[a][j][e] = 0.f;
 }
 
-// Dropout keep bits of a row fragment (bit 2j + c: element (j, c) kept), the forward's Philox draw
-// (fwd_softmax.cuh apply_dropout): columns 2t, 2t+1 of an n8 tile share one call. Calls run one at a time
-// (unroll 1), as in the forward, so the Philox chains do not all live at once.
-template <int kAtoms, int kTiles>
-__device__ __forceinline__ void dropout_keep_bits(uint32_t (&keep)[kAtoms][2], const FragCoord& fc, uint64_t seed,
-                                                  uint64_t offset, int batch_head, uint32_t threshold) {
-#pragma unroll
-  for (int a = 0; a < kAtoms; ++a)
-#pragma unroll
-    for (int half = 0; half < 2; ++half) {
-      const int row = fc.row(a, half);
-      uint32_t bits = 0;
-#pragma unroll 1
-      for (int j = 0; j < kTiles; ++j) {
-        const int col = fc.col(j, 0);
-        const Philox4 w = dropout_words(seed, offset, batch_head, row, col);
-        const bool hi = (col & 2) != 0;
-        const uint32_t k0 = (hi ? w.z : w.x) >= threshold, k1 = (hi ? w.w : w.y) >= threshold;
-        bits |= (k0 | (k1 << 1)) << (2 * j);
-      }
-      keep[a][half] = bits;
-    }
-}
-
-// What the elementwise step needs besides the fragments, per CTA and query block.
-struct GradStepArgs {
-  float softmax_scale, softcap, slope_score, scale_log2, keep_scale;
-  bool has_softcap, has_alibi, has_dropout, need_mask;
-};
-
 // S (raw q.k) and dP = dO V^T of one warp -> s holds P with dropout applied (P * keep / (1 - p)), dp holds dS of
-// the logits times the softcap chain factor (1 - tanh^2), both fp32 in C-fragment layout:
-//   x = mods(s) (forward order: softcap, ALiBi, mask);  P = exp2(x * scale_log2 - lse * log2 e)
-//   dS = P * (dP * keep / (1 - p) - D) * (1 - t^2)      (t = tanh of the softcap, else the factor is 1)
+// the logits times the softcap chain factor (1 - tanh^2), both fp32 in C-fragment layout, by the forward's score
+// path (common/score.h: modifiers, mask, exponent, keep bit):
+//   x = path.score(s);  P = exp2(x * scale_log2 - lse * log2 e)
+//   dS = P * (dP * keep / (1 - p) - D) * chain      (chain = 1 - tanh^2 of the softcap, else 1)
 // softmax_scale is applied to dK and dQ once, outside. Empty rows (lse = +inf) and masked entries give P = 0 and
 // dS = 0. lse_log2 and dsum hold lse * log2 e and D of each fragment row (row a*16 + g + 8 * half).
 // kMods = false compiles out softcap, ALiBi and dropout, kMask = false the column limits (a fully visible tile):
@@ -124,35 +94,31 @@ template <bool kMods, bool kMask, int kAtoms, int kTiles>
 __device__ __forceinline__ void scores_to_grads(float (&s)[kAtoms][kTiles][4], float (&dp)[kAtoms][kTiles][4],
                                                 const float (&lse_log2)[kAtoms][2], const float (&dsum)[kAtoms][2],
                                                 const uint32_t (&keep)[kAtoms][2], const FragCoord& fc,
-                                                const MaskSpec& mask, const GradStepArgs& g) {
+                                                const MaskSpec& mask, const ScorePath& path, float keep_scale,
+                                                bool need_mask) {
 #pragma unroll
   for (int a = 0; a < kAtoms; ++a)
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
       const int row = fc.row(a, half);
-      const int begin = mask.col_begin(row), end = mask.col_end(row);
+      const RowLimits lim = row_limits(mask, row);
 #pragma unroll
       for (int j = 0; j < kTiles; ++j)
 #pragma unroll
         for (int c = 0; c < 2; ++c) {
           const int e = half * 2 + c;
+          const int col = fc.col(j, c);
           float x = s[a][j][e];
           float chain = 1.f;
-          if (kMods && g.has_softcap) {
-            x = apply_softcap(x * g.softmax_scale, g.softcap);
-            const float t = x / g.softcap;
-            chain = softcap_grad(t);
-          }
-          const int col = fc.col(j, c);
-          if (kMods && g.has_alibi) x += alibi_bias(g.slope_score, row, col, mask.seqlen_q, mask.seqlen_k);
-          if (kMask && g.need_mask && (col < begin || col >= end)) x = -INFINITY;
-          const float p = exp2f(fmaf(x, g.scale_log2, -lse_log2[a][half]));
+          if (kMods) x = path.logit(x, row, col, &chain);
+          if (kMask && need_mask) x = ScorePath::masked(x, col, lim);
+          const float p = exp2f(path.exponent(x, lse_log2[a][half]));
           float dpv = dp[a][j][e];
           float pv = p;
-          if (kMods && g.has_dropout) {
+          if (kMods && path.dropout) {
             const bool kept = (keep[a][half] >> (2 * j + c)) & 1u;
-            dpv = kept ? dpv * g.keep_scale : 0.f;
-            pv = kept ? p * g.keep_scale : 0.f;
+            dpv = kept ? dpv * keep_scale : 0.f;
+            pv = kept ? p * keep_scale : 0.f;
           }
           dp[a][j][e] = kMods ? p * (dpv - dsum[a][half]) * chain : p * (dpv - dsum[a][half]);
           s[a][j][e] = pv;

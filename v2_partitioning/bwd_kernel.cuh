@@ -13,12 +13,12 @@
 
 #include "common/mask.h"
 #include "common/params.h"
-#include "common/philox.h"
-#include "common/score_mod.h"
+#include "common/score.h"
+#include "common/workspace.h"
 #include "v2_partitioning/bwd_gemm.cuh"
 #include "v2_partitioning/bwd_prepost.cuh"
 #include "v2_partitioning/bwd_traits.cuh"
-#include "v2_partitioning/fwd_softmax.cuh"
+#include "v2_partitioning/frag_score.cuh"
 #include "v2_partitioning/smem_copy.cuh"
 
 namespace flashgen {
@@ -29,6 +29,8 @@ namespace v2 {
 // same m_block_range every CTA uses), then raises it: the additions into one query block happen in key-block
 // order. A CTA waits only on lower key blocks of its (batch, kv head), which have lower linear block indices and
 // were scheduled first, and they never wait on it: no cycle, no deadlock (FA3's semaphore scheme).
+constexpr unsigned kSemaphorePollNs = 64;  // back-off between polls of a dQ counter (deterministic mode)
+
 template <int kHeadDim>
 FH_HD int64_t dq_semaphore_offset(const AttnParams& p) {
   return static_cast<int64_t>(p.batch) * p.num_heads * dq_accum_rows(p.seqlen_q) * kHeadDim;  // tile_config.h
@@ -110,7 +112,7 @@ __global__ void __launch_bounds__(T::kNThreads, 1) bwd_kernel(const __grid_const
                        static_cast<int64_t>(n_begin) * p.v_row_stride;
   const int64_t do_seq = q_side_offset(p, batch, p.do_batch_stride, p.do_row_stride);
 
-  int* sem = reinterpret_cast<int*>(p.dq_accum + dq_semaphore_offset<T::kHeadDim>(p));  // deterministic mode only
+  int* sem = reinterpret_cast<int*>(p.ws.get(WorkspaceId::kDqAccum) + dq_semaphore_offset<T::kHeadDim>(p));  // deterministic mode only
   const int m_blocks_max = ceil_div(p.seqlen_q, T::kBlockM);
 
   // Step i's (query head, query block), head-major; advanced by one per step (no division in the loop).
@@ -138,7 +140,7 @@ __global__ void __launch_bounds__(T::kNThreads, 1) bwd_kernel(const __grid_const
       const int r = tid % T::kBlockM;
       const bool in = m_begin + r < seq.seqlen_q;
       const float* src = tid < T::kBlockM ? p.lse + lse_offset(p, seq, batch, head)
-                                          : p.dsoftmax_sum + bwd_row_index(p, batch, head);
+                                          : p.ws.get(WorkspaceId::kDSum) + bwd_row_index(p, batch, head);
       cp_async_4(smem_u32(s_lse + (tid / T::kBlockM) * 2 * T::kBlockM + stage * T::kBlockM + r),
                  in ? src + m_begin + r : src, in);
     }
@@ -185,16 +187,9 @@ __global__ void __launch_bounds__(T::kNThreads, 1) bwd_kernel(const __grid_const
   constexpr int kVMinusK = (T::kSmemV - T::kSmemK) * kEl;
   constexpr int kDsMinusP = (T::kSmemDs - T::kSmemP) * kEl;
 
-  GradStepArgs ga;
-  ga.softmax_scale = p.softmax_scale;
-  ga.softcap = p.softcap;
-  ga.scale_log2 = p.scale_log2;
-  ga.keep_scale = dropout_keep_scale(p.p_dropout);
-  ga.has_softcap = p.softcap > 0.f;
-  ga.has_dropout = p.p_dropout > 0.f;
-  ga.slope_score = 0.f;  // per query head, set each step (kMods)
-  ga.has_alibi = false;
-  const uint32_t threshold = dropout_threshold(p.p_dropout);
+  // The score path (common/score.h); its per-head parts (ALiBi slope, Philox stream) are set each step (kMods).
+  ScorePath path = ScorePath::make(p, batch, head_k * group, seq.seqlen_q, seq.seqlen_k);
+  const float keep_scale = dropout_keep_scale(p.p_dropout);
   int head = head_k * group, m_block = mr.begin;           // step i
   int next_head = head, next_m_block = m_block;            // step i + 1
   next_step(next_head, next_m_block);
@@ -242,23 +237,20 @@ __global__ void __launch_bounds__(T::kNThreads, 1) bwd_kernel(const __grid_const
 
     // Elementwise: P (dropout applied) and dS, then both to shared memory.
     const FragCoord fc{row0, n_begin + sdp_wn * T::kSdpWarpCols + 2 * (lane % 4)};
-    uint32_t keep[T::kSdpAtoms][2];
-    if (kMods && ga.has_dropout) {
-      dropout_keep_bits<T::kSdpAtoms, T::kSdpTiles>(keep, fc, p.seed, p.offset, batch * p.num_heads + head,
-                                                    threshold);
-    }
     if constexpr (kMods) {
-      const float slope = alibi_slope(p, batch, head) * (kLog2e / p.scale_log2);
-      ga.slope_score = slope;
-      ga.has_alibi = slope != 0.f;
+      const ScorePath head_path = ScorePath::make(p, batch, head, seq.seqlen_q, seq.seqlen_k);
+      path.slope = head_path.slope;
+      path.batch_head = head_path.batch_head;
     }
-    ga.need_mask = !tile_fully_visible(mask, m_begin, m_begin + T::kBlockM, n_begin, n_begin + T::kBlockN);
-    if (kMods && (ga.has_softcap || ga.has_alibi || ga.has_dropout)) {
-      scores_to_grads<true, true>(acc_s, acc_dp, lse_log2, dsum, keep, fc, mask, ga);
-    } else if (ga.need_mask) {
-      scores_to_grads<false, true>(acc_s, acc_dp, lse_log2, dsum, keep, fc, mask, ga);
+    uint32_t keep[T::kSdpAtoms][2];
+    if (kMods && path.dropout) dropout_keep_bits<T::kSdpAtoms, T::kSdpTiles>(keep, fc, path);
+    const bool need_mask = !tile_fully_visible(mask, m_begin, m_begin + T::kBlockM, n_begin, n_begin + T::kBlockN);
+    if (kMods && (path.has_mods() || path.dropout)) {
+      scores_to_grads<true, true>(acc_s, acc_dp, lse_log2, dsum, keep, fc, mask, path, keep_scale, need_mask);
+    } else if (need_mask) {
+      scores_to_grads<false, true>(acc_s, acc_dp, lse_log2, dsum, keep, fc, mask, path, keep_scale, need_mask);
     } else {
-      scores_to_grads<false, false>(acc_s, acc_dp, lse_log2, dsum, keep, fc, mask, ga);
+      scores_to_grads<false, false>(acc_s, acc_dp, lse_log2, dsum, keep, fc, mask, path, keep_scale, need_mask);
     }
     store_frag<Tag, T::kBlockN>(smem + T::kSmemP, acc_s, sdp_wm * T::kSdpWarpRows, sdp_wn * T::kSdpWarpCols, lane,
                                 1.f);
@@ -281,12 +273,12 @@ __global__ void __launch_bounds__(T::kNThreads, 1) bwd_kernel(const __grid_const
     if (p.deterministic) {
       if (tid == 0) {
         const int expected = visitors_before(mask, n_block, m_block, T::kBlockN, T::kBlockM);
-        while (load_acquire(my_sem) < expected) __nanosleep(64);
+        while (load_acquire(my_sem) < expected) __nanosleep(kSemaphorePollNs);
       }
       __syncthreads();
     }
     // This warp's share of the query block in dq_accum (fragment order, BwdTraits::dq_frag_offset).
-    float* g_warp = p.dq_accum + (dq_accum_index(p, batch, head) + m_begin) * T::kHeadDim +
+    float* g_warp = p.ws.get(WorkspaceId::kDqAccum) + (dq_accum_index(p, batch, head) + m_begin) * T::kHeadDim +
                     (dq_wd * T::kDqWarpsM + dq_wm) * T::kDqWarpFloats;
     // dK += dS^T Q (sum over the query block's rows).
     auto gemm_dk = [&] {

@@ -1,5 +1,5 @@
 // The two small kernels around the v2 backward's main loop (FA2 Alg. 2, lines 4 and the dQ write-out):
-//   preprocess : D = rowsum(dO * O) in fp32 per (batch, head, row), into p.dsoftmax_sum;
+//   preprocess : D = rowsum(dO * O) in fp32 per (batch, head, row), into p.ws.get(WorkspaceId::kDSum);
 //   postprocess: dQ = softmax_scale * dq_accum, fp32 -> the input dtype, 16-byte stores.
 // Partition of both: grid (row blocks, num_heads, batch) -> threads over (row, 16-byte chunk), 8 threads per row
 // in the preprocess (shuffle-reduced). Workspace layouts: AttnBwdParams (common/params.h), bwd_row_index and
@@ -50,7 +50,7 @@ __global__ void __launch_bounds__(kPrepostThreads) bwd_preprocess_kernel(const _
   const Element* g_o = static_cast<const Element*>(p.o) + seq.o_offset + head * p.o_head_stride;
   const Element* g_do = static_cast<const Element*>(p.dout) +
                         q_side_offset(p, batch, p.do_batch_stride, p.do_row_stride) + head * p.do_head_stride;
-  float* g_dsum = p.dsoftmax_sum + bwd_row_index(p, batch, head);
+  float* g_dsum = p.ws.get(WorkspaceId::kDSum) + bwd_row_index(p, batch, head);
   const int sub = threadIdx.x % kPreThreadsPerRow;
   constexpr int kRowsPerPass = kPrepostThreads / kPreThreadsPerRow;
 #pragma unroll 1
@@ -83,7 +83,7 @@ __global__ void __launch_bounds__(kPrepostThreads) bwd_postprocess_kernel(const 
   const int seqlen_q = p.cu_seqlens_q ? p.cu_seqlens_q[batch + 1] - p.cu_seqlens_q[batch] : p.seqlen_q;
   const int m_begin = blockIdx.x * kPostRows;
   if (m_begin >= seqlen_q) return;
-  const float* g_acc = p.dq_accum + dq_accum_index(p, batch, head) * T::kHeadDim;  // (dq_accum_rows, kHeadDim)
+  const float* g_acc = p.ws.get(WorkspaceId::kDqAccum) + dq_accum_index(p, batch, head) * T::kHeadDim;  // (dq_accum_rows, kHeadDim)
   Element* g_dq = static_cast<Element*>(p.dq) + q_side_offset(p, batch, p.dq_batch_stride, p.dq_row_stride) +
                   head * p.dq_head_stride;
   const int chunks = p.head_dim / 8;

@@ -20,7 +20,8 @@ namespace v2 {
 
 constexpr int kCombineWarps = 4;  // rows per CTA
 constexpr int kCombineUnroll = 4;  // splits whose partial outputs a lane loads before it accumulates them
-static_assert(kMaxSplits <= 4 * 32, "a lane holds at most 4 split LSEs");
+constexpr int kLseSlots = kMaxSplits / 32;  // split LSEs per lane: lane i holds splits i, i + 32, ...
+static_assert(kLseSlots * 32 == kMaxSplits, "the split LSEs fill whole lanes");
 
 template <typename Tag, int kBucket>
 __global__ void __launch_bounds__(kCombineWarps * 32) combine_kernel(const __grid_constant__ AttnParams p) {
@@ -34,26 +35,26 @@ __global__ void __launch_bounds__(kCombineWarps * 32) combine_kernel(const __gri
   const int64_t split_stride = static_cast<int64_t>(p.batch) * p.num_heads * p.seqlen_q;
   const int64_t row_index = (static_cast<int64_t>(batch) * p.num_heads + head) * p.seqlen_q + row;
 
-  float lse_s[4];
+  float lse_s[kLseSlots];
   float max_w = -INFINITY;
 #pragma unroll
-  for (int j = 0; j < 4; ++j) {
+  for (int j = 0; j < kLseSlots; ++j) {
     const int s = lane + 32 * j;
-    lse_s[j] = s < num_splits ? p.lse_accum[s * split_stride + row_index] : INFINITY;
+    lse_s[j] = s < num_splits ? p.ws.get(WorkspaceId::kLseAccum)[s * split_stride + row_index] : INFINITY;
     max_w = fmaxf(max_w, partial_log_weight(lse_s[j]));
   }
 #pragma unroll
   for (int offset = 16; offset > 0; offset /= 2) max_w = fmaxf(max_w, __shfl_xor_sync(0xffffffffu, max_w, offset));
   float sum = 0.f;
 #pragma unroll
-  for (int j = 0; j < 4; ++j) {
+  for (int j = 0; j < kLseSlots; ++j) {
     sum += max_w == -INFINITY ? 0.f : exp2f((partial_log_weight(lse_s[j]) - max_w) * kLog2e);
   }
 #pragma unroll
   for (int offset = 16; offset > 0; offset /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, offset);
   const float lse = merged_lse(max_w, sum);
 #pragma unroll
-  for (int j = 0; j < 4; ++j) {
+  for (int j = 0; j < kLseSlots; ++j) {
     const int s = lane + 32 * j;
     if (s < num_splits) weights[warp][s] = merge_weight(lse_s[j], lse);
   }
@@ -65,7 +66,7 @@ __global__ void __launch_bounds__(kCombineWarps * 32) combine_kernel(const __gri
 #pragma unroll
   for (int e = 0; e < 8; ++e) acc[e] = 0.f;
   if (owns) {
-    const float* base = p.oaccum + row_index * kBucket + col;
+    const float* base = p.ws.get(WorkspaceId::kOAccum) + row_index * kBucket + col;
     for (int s0 = 0; s0 < num_splits; s0 += kCombineUnroll) {
       float4 lo[kCombineUnroll], hi[kCombineUnroll];
 #pragma unroll

@@ -8,7 +8,7 @@
 // syncs == 1 (tile_config.h), K and V both kStages - 1 tiles ahead behind one barrier per tile.
 // Decode instance (T::kDecode, tile_config.h decode_tile_config): blockIdx.x also carries the split s of
 // p.num_splits; the CTA visits share s of the key blocks (common/split_kv.h) and, with more than one split,
-// writes O normalized by its own sum and its LSE to p.oaccum / p.lse_accum for fwd_combine.cuh to merge.
+// writes O normalized by its own sum and its LSE to the oaccum / lse_accum workspaces for fwd_combine.cuh.
 // Loop invariant (after tile i): o = sum_{j<=i} exp2(S_j*scale_log2 - m*scale_log2) V_j (dropout applied) and
 // l = the same sum of undropped probabilities, m = the running max: the max of all scores seen, or below it by at
 // most kLazyRescaleLog2 / scale_log2 (lazy rescaling, fwd_softmax.cuh); O = o / l once at the end.
@@ -18,10 +18,10 @@
 
 #include "common/mask.h"
 #include "common/params.h"
-#include "common/philox.h"
-#include "common/score_mod.h"
+#include "common/score.h"
 #include "common/softmax.h"
 #include "common/split_kv.h"
+#include "common/workspace.h"
 #include "v2_partitioning/fwd_softmax.cuh"
 #include "v2_partitioning/kernel_traits.cuh"
 #include "v2_partitioning/mma.cuh"
@@ -37,7 +37,7 @@ namespace v2 {
 template <typename T>
 __device__ __forceinline__ void gemm_qk(float (&s)[T::kMAtoms][T::kNTilesS][4], const SwizzledBases& q_addr,
                                         const SwizzledBases& k_addr, uint32_t k_stage_bytes) {
-  constexpr int kRowBytes = T::kHeadDim * 2;
+  constexpr int kRowBytes = T::kHeadDim * sizeof(typename T::Element);
 #pragma unroll
   for (int kk = 0; kk < T::kHeadDim / 16; ++kk) {
     uint32_t qa[T::kMAtoms][4];
@@ -64,7 +64,7 @@ __device__ __forceinline__ void gemm_pv(float (&o)[T::kMAtoms][T::kNTilesO][4],
                                         const float (&s)[T::kMAtoms][T::kNTilesS][4], const SwizzledBases& v_addr,
                                         uint32_t v_stage_bytes) {
   using Tag = typename T::DTag;
-  constexpr int kRowBytes = T::kHeadDim * 2;
+  constexpr int kRowBytes = T::kHeadDim * sizeof(typename T::Element);
 #pragma unroll
   for (int kk = 0; kk < T::kBlockN / 16; ++kk) {
     uint32_t pa[T::kMAtoms][4];
@@ -185,13 +185,9 @@ __global__ void __launch_bounds__(T::kNThreads, T::kMinBlocksPerSm) fwd_kernel(c
     }
 
   const float scale_log2 = p.scale_log2;
-  // ALiBi slope in the softmax's score domain (logit * log2(e) / scale_log2: 1/softmax_scale without softcap).
-  const float slope_score = alibi_slope(p, batch, head) * (kLog2e / scale_log2);
-  const bool has_mods = p.softcap > 0.f || slope_score != 0.f;
-  const bool has_dropout = p.p_dropout > 0.f;
-  const uint32_t threshold = dropout_threshold(p.p_dropout);
-  const int batch_head = batch * p.num_heads + head;
-  constexpr int kRowBytes = T::kHeadDim * 2;
+  const ScorePath path = ScorePath::make(p, batch, head, seq.seqlen_q, seq.seqlen_k);  // common/score.h
+  const bool has_mods = path.has_mods();
+  constexpr int kRowBytes = T::kHeadDim * sizeof(typename T::Element);
   const SwizzledBases q_addr(smem_u32(s_q), warp * T::kWarpRows + (lane & 15), lane >> 4, kRowBytes);
   const SwizzledBases k_addr(smem_u32(s_k), ((lane >> 4) << 3) + (lane & 7), (lane >> 3) & 1, kRowBytes);
   const SwizzledBases v_addr(smem_u32(s_v), (((lane >> 3) & 1) << 3) + (lane & 7), lane >> 4, kRowBytes);
@@ -231,12 +227,12 @@ __global__ void __launch_bounds__(T::kNThreads, T::kMinBlocksPerSm) fwd_kernel(c
     }
 
     const FragCoord fc{m_begin + warp * T::kWarpRows + lane / 4, n_begin + 2 * (lane % 4)};
-    if (has_mods) apply_score_mods(s, fc, p.softmax_scale, p.softcap, slope_score, seq.seqlen_q, seq.seqlen_k);
+    if (has_mods) apply_score_mods(s, fc, path);
     if (!tile_fully_visible(mask, m_begin, m_begin + T::kBlockM, n_begin, n_begin + T::kBlockN)) {
       apply_mask(s, fc, mask);
     }
     softmax_step(s, acc_o, rows, scale_log2);
-    if (has_dropout) apply_dropout(s, fc, p.seed, p.offset, batch_head, threshold);
+    if (path.dropout) apply_dropout(s, fc, path);
     gemm_pv<T>(acc_o, s, v_addr, stage * kStageBytes);
   }
 
@@ -253,12 +249,12 @@ __global__ void __launch_bounds__(T::kNThreads, T::kMinBlocksPerSm) fwd_kernel(c
         for (int half = 0; half < 2; ++half) {
           const int row = m_begin + warp * T::kWarpRows + a * 16 + half * 8 + row_in_warp;
           if (row >= seq.seqlen_q) continue;
-          float* dst = p.oaccum + (row0 + row) * T::kHeadDim + 2 * (lane % 4);
+          float* dst = p.ws.get(WorkspaceId::kOAccum) + (row0 + row) * T::kHeadDim + 2 * (lane % 4);
 #pragma unroll
           for (int j = 0; j < T::kNTilesO; ++j) {
             *reinterpret_cast<float2*>(dst + j * 8) = make_float2(acc_o[a][j][half * 2], acc_o[a][j][half * 2 + 1]);
           }
-          if (lane % 4 == 0) p.lse_accum[row0 + row] = rows[a][half].lse(scale_log2);
+          if (lane % 4 == 0) p.ws.get(WorkspaceId::kLseAccum)[row0 + row] = rows[a][half].lse(scale_log2);
         }
       return;
     }

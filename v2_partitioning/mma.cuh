@@ -11,20 +11,10 @@
 
 #include <cstdint>
 
+#include "common/element.cuh"
+
 namespace flashgen {
 namespace v2 {
-
-// Element tags named like the build's dtype tokens (fp16, bf16), so a generated TU can write dtype::@DTYPE@.
-namespace dtype {
-struct fp16 {
-  using type = __half;
-  static constexpr DType kDType = DType::kFloat16;
-};
-struct bf16 {
-  using type = __nv_bfloat16;
-  static constexpr DType kDType = DType::kBFloat16;
-};
-}  // namespace dtype
 
 // D = A * B + D, one m16n8k16 tile; A row-major, B column-major ("row.col"), fp32 accumulators.
 template <typename Tag>
@@ -80,13 +70,6 @@ __device__ __forceinline__ uint32_t pack2<dtype::fp16>(float x, float y) {
   __half2 h = __floats2half2_rn(x, y);
   return *reinterpret_cast<uint32_t*>(&h);
 }
-
-template <typename Tag>
-__device__ __forceinline__ float to_float(typename Tag::type x);
-template <>
-__device__ __forceinline__ float to_float<dtype::bf16>(__nv_bfloat16 x) { return __bfloat162float(x); }
-template <>
-__device__ __forceinline__ float to_float<dtype::fp16>(__half x) { return __half2float(x); }
 
 __device__ __forceinline__ uint32_t smem_u32(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));

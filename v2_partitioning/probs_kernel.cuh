@@ -1,4 +1,5 @@
-// return_attn_probs slow path: P[b, h, i, j] = exp(logit(i, j) - lse[i]) in fp32, dropped entries negated, masked
+// return_attn_probs slow path: P[b, h, i, j] = exp(logit(i, j) - lse[i]) in fp32 by the score path of
+// common/score.h (the kernels' own), dropped entries negated, masked
 // entries 0, written after the forward kernel on the same stream (it reads that kernel's LSE).
 // Algorithm: direct evaluation, one thread per (row, key) with an fp32 dot product from global memory; meant for
 // the small shapes tests use (O(seqlen_q * seqlen_k * head_dim) global reads), not for speed.
@@ -7,11 +8,10 @@
 
 #include <cstdint>
 
+#include "common/element.cuh"
 #include "common/mask.h"
 #include "common/params.h"
-#include "common/philox.h"
-#include "common/score_mod.h"
-#include "v2_partitioning/mma.cuh"
+#include "common/score.h"
 
 namespace flashgen {
 namespace v2 {
@@ -30,22 +30,20 @@ __global__ void __launch_bounds__(kProbsThreads) probs_kernel(const __grid_const
                      static_cast<int64_t>(row) * p.q_row_stride;  // (head_dim,)
   const Element* k = static_cast<const Element*>(p.k) + seq.k_offset + head_k * p.k_head_stride;  // (seqlen_k, d)
   const float lse_log2 = p.lse[lse_offset(p, seq, batch, head) + row] * kLog2e;
-  const float slope_score = alibi_slope(p, batch, head) * (kLog2e / p.scale_log2);
-  const uint32_t threshold = dropout_threshold(p.p_dropout);
+  const ScorePath path = ScorePath::make(p, batch, head, seq.seqlen_q, seq.seqlen_k);  // common/score.h
   float* out = static_cast<float*>(p.p_out) + batch * p.p_batch_stride + head * p.p_head_stride +
                static_cast<int64_t>(row) * p.p_row_stride;  // (seqlen_k,) of the padded (b, h, sq, sk) tensor
+  const RowLimits lim = row_limits(mask, row);
   for (int col = threadIdx.x; col < p.seqlen_k; col += kProbsThreads) {
     float prob = 0.f;
     if (mask.visible(row, col)) {
-      float s = 0.f;
+      float qk = 0.f;
       const Element* kr = k + static_cast<int64_t>(col) * p.k_row_stride;
-      for (int d = 0; d < p.head_dim; ++d) s = fmaf(to_float<Tag>(q[d]), to_float<Tag>(kr[d]), s);
-      if (p.softcap > 0.f) s = apply_softcap(s * p.softmax_scale, p.softcap);
-      if (slope_score != 0.f) s += alibi_bias(slope_score, row, col, seq.seqlen_q, seq.seqlen_k);
-      prob = lse_log2 == INFINITY ? 0.f : exp2f(s * p.scale_log2 - lse_log2);
+      for (int d = 0; d < p.head_dim; ++d) qk = fmaf(to_float<Tag>(q[d]), to_float<Tag>(kr[d]), qk);
+      const float x = path.score(qk, row, col, lim);
+      prob = lse_log2 == INFINITY ? 0.f : exp2f(path.exponent(x, lse_log2));
     }
-    const bool keep = p.p_dropout <= 0.f ||
-                      dropout_keep(p.seed, p.offset, batch * p.num_heads + head, row, col, threshold);
+    const bool keep = !path.dropout || path.keep(row, col);
     out[col] = keep ? prob : -prob;
   }
 }

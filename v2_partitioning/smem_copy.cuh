@@ -72,12 +72,13 @@ __device__ __forceinline__ void load_tile_async(Element* smem, const Element* gm
   const int chunk = tid % kChunks;
   const int row0 = tid / kChunks;
   const uint32_t smem_base = smem_u32(smem);  // pass offsets fold to immediates when kRowsPerPass % 8 == 0
+  constexpr int kElemBytes = sizeof(Element);
   if (rows_valid >= kRows && head_dim == kHeadDim) {
     const Element* src = gmem + static_cast<int64_t>(row0) * row_stride + chunk * 8;
     const int64_t pass_stride = kRowsPerPass * row_stride;
 #pragma unroll
     for (int pass = 0; pass < kRows / kRowsPerPass; ++pass) {
-      cp_async_16(smem_base + swizzled_offset<kHeadDim>(row0 + pass * kRowsPerPass, chunk) * 2, src, true);
+      cp_async_16(smem_base + swizzled_offset<kHeadDim>(row0 + pass * kRowsPerPass, chunk) * kElemBytes, src, true);
       src += pass_stride;
     }
     return;
@@ -88,7 +89,7 @@ __device__ __forceinline__ void load_tile_async(Element* smem, const Element* gm
     const int row = row0 + pass * kRowsPerPass;
     const bool pred = col_ok && row < rows_valid;
     const Element* src = pred ? gmem + static_cast<int64_t>(row) * row_stride + chunk * 8 : gmem;
-    cp_async_16(smem_base + swizzled_offset<kHeadDim>(row, chunk) * 2, src, pred);
+    cp_async_16(smem_base + swizzled_offset<kHeadDim>(row, chunk) * kElemBytes, src, pred);
   }
 }
 

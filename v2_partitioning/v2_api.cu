@@ -6,12 +6,14 @@
 #include <cstdint>
 #include <string>
 
+#include "common/element.cuh"
+#include "common/generation.h"
 #include "common/params.h"
 #include "common/split_kv.h"
 #include "common/status.h"
+#include "common/workspace.h"
 #include "v2_instances.h"
 #include "v2_partitioning/launch.h"
-#include "v2_partitioning/mma.cuh"
 #include "v2_partitioning/tile_config.h"
 #include "v2_partitioning/v2_api.h"
 
@@ -27,8 +29,6 @@ constexpr uintptr_t kVectorBytes = 16;
 #define FG_V2_IS_bwd 0
 #define FG_V2_CAT(a, b) a##b
 #define FG_V2_KIND_IS(kind, want) (FG_V2_CAT(FG_V2_IS_, kind) == FG_V2_CAT(FG_V2_IS_, want))
-
-const char* dtype_name(DType d) { return d == DType::kFloat16 ? "fp16" : d == DType::kBFloat16 ? "bf16" : "fp32"; }
 
 // Smallest compiled bucket >= head_dim of kind (fwd = 1, bwd = 0, as FG_V2_IS_*) for dtype, or 0.
 int bucket_of(int want_fwd, DType dtype, int head_dim) {
@@ -102,27 +102,44 @@ Status check_shared(const AttnParams& p, bool forward, int* bucket) {
   return Status::ok();
 }
 
-}  // namespace
+constexpr int kMaxTilesForSplit = 1 << 30;  // beyond this many query tiles the split count's int math overflows
 
-SplitPlan fwd_split_plan(const AttnParams& p) {
-  SplitPlan plan;
+// The decode instance's plan (AttnParams::num_splits): dense queries that fit one of its tiles (one token, or a
+// folded GQA group), without the features whose outputs it does not write (probabilities) or whose RNG it does not
+// split (dropout). Workspaces (fwd_kernel.cuh / fwd_combine.cuh), element (split s, batch b, head h, row r):
+//   oaccum    (((s * batch + b) * num_heads + h) * seqlen_q + r) * bucket + col: O of split s over its own sum
+//   lse_accum  ((s * batch + b) * num_heads + h) * seqlen_q + r: its LSE
+FwdPlan plan_fwd(const AttnParams& p) {
+  FwdPlan plan;
   const int bucket = fwd_bucket(p.dtype, p.head_dim);
   if (bucket == 0) return plan;
   const TileConfig c = decode_tile_config(bucket);
-  // The decode instance: dense queries that fit one of its tiles (one token, or a folded GQA group), without the
-  // features whose outputs it does not write (probabilities) or whose RNG it does not split (dropout).
   if (p.batch < 1 || p.seqlen_q < 1 || p.seqlen_q > c.block_m || p.seqlen_k < 1 || p.cu_seqlens_q != nullptr ||
       p.p_dropout > 0.f || p.p_out != nullptr || p.block_mask != nullptr || p.num_sms < 1) {
     return plan;
   }
   const int64_t tiles = static_cast<int64_t>(p.num_heads) * p.batch;  // one query block each
-  plan.num_splits = tiles > (1 << 30) ? 1 : split_kv_count(static_cast<int>(tiles), p.num_sms * c.ctas_per_sm,
-                                                           ceil_div(p.seqlen_k, c.block_n));
+  plan.num_splits = tiles > kMaxTilesForSplit
+                        ? 1
+                        : split_kv_count(static_cast<int>(tiles), p.num_sms * c.ctas_per_sm,
+                                         ceil_div(p.seqlen_k, c.block_n));
   if (plan.num_splits > 1) {
-    plan.lse_floats = plan.num_splits * tiles * p.seqlen_q;
-    plan.oaccum_floats = plan.lse_floats * bucket;
+    const int64_t lse_floats = plan.num_splits * tiles * p.seqlen_q;
+    plan.workspaces.need(WorkspaceId::kLseAccum, lse_floats, /*zero=*/false);
+    plan.workspaces.need(WorkspaceId::kOAccum, lse_floats * bucket, /*zero=*/false);
   }
   return plan;
+}
+
+// The backward's workspaces: D per (batch or sequence, head, row) at bwd_prepost.cuh's bwd_row_index (seqlen_q is
+// the padded max with varlen), and the zeroed dq_accum in tile_config.h's layout.
+WorkspaceSpec bwd_workspaces(const AttnBwdParams& p) {
+  WorkspaceSpec spec;
+  const int bucket = bwd_bucket(p.dtype, p.head_dim);
+  if (bucket == 0) return spec;
+  spec.need(WorkspaceId::kDSum, static_cast<int64_t>(p.batch) * p.num_heads * p.seqlen_q, /*zero=*/false);
+  spec.need(WorkspaceId::kDqAccum, dq_accum_floats(p.batch, p.num_heads, p.seqlen_q, bucket), /*zero=*/true);
+  return spec;
 }
 
 Status fwd(const AttnParams& p, void* stream) {
@@ -130,22 +147,17 @@ Status fwd(const AttnParams& p, void* stream) {
   const Status shared = check_shared(p, /*forward=*/true, &bucket);
   if (!shared.is_ok()) return shared;
   if (p.num_splits != 0) {
-    const SplitPlan plan = fwd_split_plan(p);
+    const FwdPlan plan = plan_fwd(p);
     if (plan.num_splits == 0) {
       return Status::invalid("num_splits: this problem does not run v2's decode instance; leave num_splits 0 "
-                             "unless fwd_split_plan gave a count");
+                             "unless the forward plan gave a count");
     }
     if (p.num_splits != plan.num_splits) {  // the workspace sizes below hold for the plan's count only
-      return Status::invalid("num_splits: expected fwd_split_plan's " + std::to_string(plan.num_splits) + ", got " +
-                             std::to_string(p.num_splits));
+      return Status::invalid("num_splits: expected the forward plan's " + std::to_string(plan.num_splits) +
+                             ", got " + std::to_string(p.num_splits));
     }
-    if (p.num_splits > 1 && (p.oaccum == nullptr || p.lse_accum == nullptr || p.oaccum_floats < plan.oaccum_floats ||
-                             p.lse_accum_floats < plan.lse_floats)) {
-      return Status::invalid("oaccum/lse_accum: " + std::to_string(p.num_splits) + " splits need " +
-                             std::to_string(plan.oaccum_floats) + " and " + std::to_string(plan.lse_floats) +
-                             " floats (fwd_split_plan), got " + std::to_string(p.oaccum_floats) + " and " +
-                             std::to_string(p.lse_accum_floats));
-    }
+    const std::string ws = check_workspaces(plan.workspaces, p.ws, "v2");
+    if (!ws.empty()) return Status::invalid(ws);
   }
   if (p.p_out != nullptr && p.cu_seqlens_q != nullptr) {
     return Status::not_implemented("return_attn_probs: v2 returns probabilities for dense (non-varlen) inputs only");
@@ -160,11 +172,6 @@ Status fwd(const AttnParams& p, void* stream) {
   return Status::not_implemented("v2 forward: no instance for bucket " + std::to_string(bucket));
 }
 
-int64_t bwd_dq_accum_floats(const AttnBwdParams& p) {
-  const int bucket = bwd_bucket(p.dtype, p.head_dim);
-  return bucket == 0 ? 0 : dq_accum_floats(p.batch, p.num_heads, p.seqlen_q, bucket);
-}
-
 Status bwd(const AttnBwdParams& p, void* stream) {
   int bucket = 0;
   const Status shared = check_shared(p, /*forward=*/false, &bucket);
@@ -175,23 +182,14 @@ Status bwd(const AttnBwdParams& p, void* stream) {
   if (p.dout == nullptr || p.dq == nullptr || p.dk == nullptr || p.dv == nullptr) {
     return Status::invalid("dout/dq/dk/dv: null data pointer");
   }
-  if (p.dsoftmax_sum == nullptr || p.dq_accum == nullptr) {
-    return Status::invalid("dsoftmax_sum/dq_accum: v2 backward needs both workspaces (common/params.h)");
-  }
   for (const Status& s : {check_aligned("dout", p.dout, p.do_batch_stride, p.do_row_stride, p.do_head_stride),
                           check_aligned("dq", p.dq, p.dq_batch_stride, p.dq_row_stride, p.dq_head_stride),
                           check_aligned("dk", p.dk, p.dk_batch_stride, p.dk_row_stride, p.dk_head_stride),
                           check_aligned("dv", p.dv, p.dv_batch_stride, p.dv_row_stride, p.dv_head_stride)}) {
     if (!s.is_ok()) return s;
   }
-  if (reinterpret_cast<uintptr_t>(p.dq_accum) % kVectorBytes != 0) {
-    return Status::invalid("dq_accum: v2 needs a 16-byte aligned workspace");
-  }
-  const int64_t need = dq_accum_floats(p.batch, p.num_heads, p.seqlen_q, bucket);
-  if (p.dq_accum_floats < need) {
-    return Status::invalid("dq_accum_floats: v2 needs " + std::to_string(need) + " floats of dq_accum for this " +
-                           "problem (bwd_dq_accum_floats), got " + std::to_string(p.dq_accum_floats));
-  }
+  const std::string ws = check_workspaces(bwd_workspaces(p), p.ws, "v2");
+  if (!ws.empty()) return Status::invalid(ws);
   // Nothing to launch only when no gradient element exists; with seqlen_q == 0 the kernel still writes dK = dV = 0.
   if (p.batch == 0 || (p.seqlen_q == 0 && p.seqlen_k == 0)) return Status::ok();
 
@@ -202,6 +200,13 @@ Status bwd(const AttnBwdParams& p, void* stream) {
   FLASHGEN_V2_INSTANCES(FG_V2_LAUNCH)
 #undef FG_V2_LAUNCH
   return Status::not_implemented("v2 backward: no instance for bucket " + std::to_string(bucket));
+}
+
+}  // namespace
+
+const GenerationOps& ops() {
+  static const GenerationOps table{"v2", &fwd, &bwd, &plan_fwd, &bwd_workspaces};
+  return table;
 }
 
 }  // namespace v2

@@ -4,22 +4,96 @@ Registering the launches as custom ops lets `torch.compile(fullgraph=True)` trac
 breaks: the fake implementations give the shapes and dtypes of (out, lse, probs) and (dq, dk, dv) without running
 anything. Inputs arrive validated and already dispatched (interface.py); the real implementations only call _ops.
 
+The ops' arguments after the tensors q, k, v (and dout, out, lse for the backward) are defined once, as the named
+fields of `FwdArgs` / `BwdArgs` below: the op schemas are generated from those fields (names, types, order), callers
+build an `FwdArgs(...)` by name and pass `*args`, and the implementations unpack the same structure. Adding an
+argument is adding a field (with a default).
+
 Dropout's Philox seed and offset travel as `rng_state`, an int64 CPU tensor (seed, offset) drawn from torch's CPU
-generator; reading it is a CPU read, never a device synchronization. No string annotations here: torch.library
-infers the op schema from these signatures.
+generator; reading it is a CPU read, never a device synchronization.
 """
 
-from typing import Optional, Tuple
+import inspect
+from typing import NamedTuple, Optional, Tuple
 
 import torch
 
 from . import _ops, nvtx
 
-_DTYPE_NAMES = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16"}
-_NUM_NON_GRAD_INPUTS = 19  # inputs of flashgen::fwd after q, k, v
+_DTYPE_NAMES = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16", torch.float8_e4m3fn: "e4m3"}
 
 Tensor = torch.Tensor
 _NO_PROBS_SHAPE = (0,)  # probs not requested (or varlen): an empty fp32 tensor stands in for None
+
+
+class FwdArgs(NamedTuple):
+    """flashgen::fwd's arguments after q, k, v."""
+
+    generation: str
+    softmax_scale: float
+    window_left: int = -1
+    window_right: int = -1
+    softcap: float = 0.0
+    alibi_slopes: Optional[Tensor] = None
+    dropout_p: float = 0.0
+    rng_state: Optional[Tensor] = None
+    cu_seqlens_q: Optional[Tensor] = None
+    cu_seqlens_k: Optional[Tensor] = None
+    max_seqlen_q: int = 0          # used with varlen only
+    max_seqlen_k: int = 0
+    seqused_k: Optional[Tensor] = None
+    kv_batch_idx: Optional[Tensor] = None
+    block_mask: Optional[Tensor] = None
+    block_m: int = 128
+    block_n: int = 128
+    return_probs: bool = False
+    deterministic: bool = False    # not used by the forward; recorded for the backward
+    q_descale: Optional[Tensor] = None  # FP8 inputs: fp32 (batch, num_heads_k) factors; None = 1
+    k_descale: Optional[Tensor] = None
+    v_descale: Optional[Tensor] = None
+
+
+class BwdArgs(NamedTuple):
+    """flashgen::bwd's arguments after dout, q, k, v, out, lse: the forward's, less what the backward never takes."""
+
+    generation: str
+    softmax_scale: float
+    window_left: int = -1
+    window_right: int = -1
+    softcap: float = 0.0
+    alibi_slopes: Optional[Tensor] = None
+    dropout_p: float = 0.0
+    rng_state: Optional[Tensor] = None
+    cu_seqlens_q: Optional[Tensor] = None
+    cu_seqlens_k: Optional[Tensor] = None
+    max_seqlen_q: int = 0
+    max_seqlen_k: int = 0
+    block_mask: Optional[Tensor] = None
+    block_m: int = 128
+    block_n: int = 128
+    deterministic: bool = False
+
+    @classmethod
+    def of(cls, fwd_args: FwdArgs) -> "BwdArgs":
+        """The backward's arguments of a forward call (by field name)."""
+        return cls(**{name: getattr(fwd_args, name) for name in cls._fields})
+
+
+FWD_TENSORS = ("q", "k", "v")
+BWD_TENSORS = ("dout", "q", "k", "v", "out", "lse")
+
+# Fields that carry tensors: what autograd saves for the backward.
+_FWD_TENSOR_FIELDS = tuple(n for n, t in FwdArgs.__annotations__.items() if t in (Tensor, Optional[Tensor]))
+
+
+def _with_signature(fn, tensors, fields, returns):
+    """Give `fn(*args)` the explicit signature torch.library infers the op schema from: the tensor names, then the
+    fields of the NamedTuple `fields` in order, with their annotations (no defaults: callers pass every argument)."""
+    params = [inspect.Parameter(n, inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=Tensor) for n in tensors]
+    params += [inspect.Parameter(n, inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=t)
+               for n, t in fields.__annotations__.items()]
+    fn.__signature__ = inspect.Signature(params, return_annotation=returns)
+    return fn
 
 
 def _seed_offset(rng_state: Optional[Tensor]) -> Tuple[int, int]:
@@ -35,68 +109,68 @@ def _probs_shape(q: Tensor, k: Tensor, varlen: bool, return_probs: bool) -> Tupl
     return (q.shape[0], q.shape[2], q.shape[1], k.shape[1])
 
 
-def fwd_impl(q: Tensor, k: Tensor, v: Tensor, generation: str, softmax_scale: float, window_left: int,
-             window_right: int, softcap: float, alibi_slopes: Optional[Tensor], dropout_p: float,
-             rng_state: Optional[Tensor], cu_seqlens_q: Optional[Tensor], cu_seqlens_k: Optional[Tensor],
-             max_seqlen_q: int, max_seqlen_k: int, seqused_k: Optional[Tensor], kv_batch_idx: Optional[Tensor],
-             block_mask: Optional[Tensor], block_m: int, block_n: int, return_probs: bool, deterministic: bool
-             ) -> Tuple[Tensor, Tensor, Tensor]:
+def run_fwd(q: Tensor, k: Tensor, v: Tensor, a: FwdArgs) -> Tuple[Tensor, Tensor, Tensor]:
     """What flashgen::fwd runs. interface.py calls it directly in eager mode when no gradient is needed: the
     custom-op dispatch (autograd wrapper, redispatch) cost about 40 us per call on the CI-class CPU."""
-    seed, offset = _seed_offset(rng_state)
-    varlen = cu_seqlens_q is not None
+    seed, offset = _seed_offset(a.rng_state)
+    varlen = a.cu_seqlens_q is not None
     out, lse, probs = _ops.forward(
-        generation, q, k, v, softmax_scale=softmax_scale, window_size=(window_left, window_right), softcap=softcap,
-        alibi_slopes=alibi_slopes, dropout_p=dropout_p, seed=seed, offset=offset, cu_seqlens_q=cu_seqlens_q,
-        cu_seqlens_k=cu_seqlens_k, max_seqlen_q=max_seqlen_q if varlen else None,
-        max_seqlen_k=max_seqlen_k if varlen else None, seqused_k=seqused_k, kv_batch_idx=kv_batch_idx,
-        block_mask=block_mask, block_size=(block_m, block_n), return_probs=return_probs and not varlen)
+        a.generation, q, k, v, softmax_scale=a.softmax_scale, window_size=(a.window_left, a.window_right),
+        softcap=a.softcap, alibi_slopes=a.alibi_slopes, dropout_p=a.dropout_p, seed=seed, offset=offset,
+        cu_seqlens_q=a.cu_seqlens_q, cu_seqlens_k=a.cu_seqlens_k, max_seqlen_q=a.max_seqlen_q if varlen else None,
+        max_seqlen_k=a.max_seqlen_k if varlen else None, seqused_k=a.seqused_k, kv_batch_idx=a.kv_batch_idx,
+        block_mask=a.block_mask, block_size=(a.block_m, a.block_n), return_probs=a.return_probs and not varlen)
     if probs is None:
         probs = q.new_empty(_NO_PROBS_SHAPE, dtype=torch.float32)
     return out, lse, probs
 
 
+def fwd_impl(q, k, v, *args):
+    return run_fwd(q, k, v, FwdArgs(*args))
+
+
+_with_signature(fwd_impl, FWD_TENSORS, FwdArgs, Tuple[Tensor, Tensor, Tensor])
+
 # Forward of `generation`: (out like q, lse fp32, probs fp32 (batch, num_heads, seqlen_q, seqlen_k) or empty).
-# deterministic is not used by the forward; it is recorded for the backward (flashgen::bwd).
 fwd = torch.library.custom_op("flashgen::fwd", fwd_impl, mutates_args=())
 
 
 @fwd.register_fake
-def _fwd_fake(q, k, v, generation, softmax_scale, window_left, window_right, softcap, alibi_slopes, dropout_p,
-              rng_state, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_k, kv_batch_idx,
-              block_mask, block_m, block_n, return_probs, deterministic):
-    varlen = cu_seqlens_q is not None
+def _fwd_fake(q, k, v, *args):
+    a = FwdArgs(*args)
+    varlen = a.cu_seqlens_q is not None
     out = torch.empty_like(q)
-    lse = q.new_empty(_ops.lse_shape(q, cu_seqlens_q), dtype=torch.float32)
-    probs = q.new_empty(_probs_shape(q, k, varlen, return_probs), dtype=torch.float32)
+    lse = q.new_empty(_ops.lse_shape(q, a.cu_seqlens_q), dtype=torch.float32)
+    probs = q.new_empty(_probs_shape(q, k, varlen, a.return_probs), dtype=torch.float32)
     return out, lse, probs
 
 
-def bwd_impl(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, generation: str,
-             softmax_scale: float, window_left: int, window_right: int, softcap: float, alibi_slopes: Optional[Tensor],
-             dropout_p: float, rng_state: Optional[Tensor], cu_seqlens_q: Optional[Tensor],
-             cu_seqlens_k: Optional[Tensor], max_seqlen_q: int, max_seqlen_k: int, block_mask: Optional[Tensor],
-             block_m: int, block_n: int, deterministic: bool) -> Tuple[Tensor, Tensor, Tensor]:
+def run_bwd(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor,
+            a: BwdArgs) -> Tuple[Tensor, Tensor, Tensor]:
     """What flashgen::bwd runs: (dq, dk, dv) of `generation` in the layouts and dtype of q, k, v."""
-    seed, offset = _seed_offset(rng_state)
-    varlen = cu_seqlens_q is not None
+    seed, offset = _seed_offset(a.rng_state)
+    varlen = a.cu_seqlens_q is not None
     if dout.stride(-1) != 1:
         dout = dout.contiguous()
     return _ops.backward(
-        generation, dout, q, k, v, out, lse, softmax_scale=softmax_scale, window_size=(window_left, window_right),
-        softcap=softcap, alibi_slopes=alibi_slopes, dropout_p=dropout_p, seed=seed, offset=offset,
-        cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, max_seqlen_q=max_seqlen_q if varlen else None,
-        max_seqlen_k=max_seqlen_k if varlen else None, block_mask=block_mask, block_size=(block_m, block_n),
-        deterministic=deterministic)
+        a.generation, dout, q, k, v, out, lse, softmax_scale=a.softmax_scale,
+        window_size=(a.window_left, a.window_right), softcap=a.softcap, alibi_slopes=a.alibi_slopes,
+        dropout_p=a.dropout_p, seed=seed, offset=offset, cu_seqlens_q=a.cu_seqlens_q, cu_seqlens_k=a.cu_seqlens_k,
+        max_seqlen_q=a.max_seqlen_q if varlen else None, max_seqlen_k=a.max_seqlen_k if varlen else None,
+        block_mask=a.block_mask, block_size=(a.block_m, a.block_n), deterministic=a.deterministic)
 
+
+def bwd_impl(dout, q, k, v, out, lse, *args):
+    return run_bwd(dout, q, k, v, out, lse, BwdArgs(*args))
+
+
+_with_signature(bwd_impl, BWD_TENSORS, BwdArgs, Tuple[Tensor, Tensor, Tensor])
 
 bwd = torch.library.custom_op("flashgen::bwd", bwd_impl, mutates_args=())
 
 
 @bwd.register_fake
-def _bwd_fake(dout, q, k, v, out, lse, generation, softmax_scale, window_left, window_right, softcap, alibi_slopes,
-              dropout_p, rng_state, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, block_mask, block_m,
-              block_n, deterministic):
+def _bwd_fake(dout, q, k, v, out, lse, *args):
     return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
 
 
@@ -105,27 +179,23 @@ def _bwd_fake(dout, q, k, v, out, lse, generation, softmax_scale, window_left, w
 # whatever the caller passes, including the same tensor as q, k and v (self-attention).
 
 def _setup_context(ctx, inputs, output):
-    (q, k, v, generation, softmax_scale, window_left, window_right, softcap, alibi_slopes, dropout_p, rng_state,
-     cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_k, kv_batch_idx, block_mask, block_m, block_n,
-     return_probs, deterministic) = inputs
+    q, k, v = inputs[:len(FWD_TENSORS)]
+    a = FwdArgs(*inputs[len(FWD_TENSORS):])
     out, lse, probs = output
-    ctx.save_for_backward(q, k, v, out, lse, alibi_slopes, rng_state, cu_seqlens_q, cu_seqlens_k, block_mask)
-    ctx.args = (generation, softmax_scale, window_left, window_right, softcap, dropout_p, max_seqlen_q, max_seqlen_k,
-                block_m, block_n, deterministic)
+    # Tensors go through save_for_backward (version-checked); the rest of the arguments stay plain values.
+    ctx.save_for_backward(q, k, v, out, lse, *(getattr(a, n) for n in _FWD_TENSOR_FIELDS))
+    ctx.args = a._replace(**{n: None for n in _FWD_TENSOR_FIELDS})
     ctx.mark_non_differentiable(lse, probs)
 
 
 def _backward(ctx, dout, _dlse, _dprobs, launch=None):
     """launch: flashgen::bwd (default; traceable by torch.compile) or bwd_impl (the eager Function)."""
-    q, k, v, out, lse, alibi_slopes, rng_state, cu_seqlens_q, cu_seqlens_k, block_mask = ctx.saved_tensors
-    (generation, softmax_scale, window_left, window_right, softcap, dropout_p, max_seqlen_q, max_seqlen_k, block_m,
-     block_n, deterministic) = ctx.args
-    with nvtx.annotate(q.is_cuda, generation, "bwd", _DTYPE_NAMES[q.dtype], q.shape[-1], (window_left, window_right),
-                       cu_seqlens_q is not None):
-        dq, dk, dv = (launch or bwd)(dout, q, k, v, out, lse, generation, softmax_scale, window_left, window_right,
-                                     softcap, alibi_slopes, dropout_p, rng_state, cu_seqlens_q, cu_seqlens_k,
-                                     max_seqlen_q, max_seqlen_k, block_mask, block_m, block_n, deterministic)
-    return (dq, dk, dv) + (None,) * _NUM_NON_GRAD_INPUTS
+    q, k, v, out, lse, *saved = ctx.saved_tensors
+    a = ctx.args._replace(**dict(zip(_FWD_TENSOR_FIELDS, saved)))
+    with nvtx.annotate(q.is_cuda, a.generation, "bwd", _DTYPE_NAMES[q.dtype], q.shape[-1],
+                       (a.window_left, a.window_right), a.cu_seqlens_q is not None):
+        dq, dk, dv = (launch or bwd)(dout, q, k, v, out, lse, *BwdArgs.of(a))
+    return (dq, dk, dv) + (None,) * len(FwdArgs._fields)
 
 
 fwd.register_autograd(_backward, setup_context=_setup_context)
@@ -133,8 +203,8 @@ fwd.register_autograd(_backward, setup_context=_setup_context)
 
 class EagerFwd(torch.autograd.Function):
     """Eager training path: flashgen::fwd's implementation, context and backward (the functions above), without the
-    custom-op dispatch. torch's autograd wrapper for custom ops rebuilds the 22-argument schema's defaults on every
-    call (torch._library.utils.fill_defaults: 150 of the 250 us per call on the 2-core CI machine, tiny input).
+    custom-op dispatch. torch's autograd wrapper for custom ops rebuilds the schema's defaults on every call
+    (torch._library.utils.fill_defaults: 150 of the 250 us per call on the 2-core CI machine, tiny input).
     torch.compile keeps tracing flashgen::fwd (interface.py picks): it refuses Function.apply when one tensor is
     passed as q, k and v."""
 

@@ -17,7 +17,10 @@ import torch
 from . import _native
 
 _DTYPES = {dtype: getattr(_native.C.DType, name) for dtype, name in (
-    (torch.float32, "float32"), (torch.float16, "float16"), (torch.bfloat16, "bfloat16"))}
+    (torch.float32, "float32"), (torch.float16, "float16"), (torch.bfloat16, "bfloat16"),
+    (torch.float8_e4m3fn, "float8_e4m3fn"))}
+_FLOAT_BYTES = 4
+_WORKSPACE_ALIGN_FLOATS = 4  # 16 bytes: every workspace starts aligned inside the one allocation
 _LOG2E = math.log2(math.e)
 
 
@@ -76,13 +79,13 @@ def _fill(p, q, k, v, o, lse, *, softmax_scale, window_size, softcap, alibi_slop
     p.num_heads_k = k_shape[-2]
     p.head_dim = q_shape[-1]
     p.dtype = _DTYPES[q.dtype]
+    p.out_dtype = _DTYPES[o.dtype]
     p.softmax_scale = float(softmax_scale)
     # With softcap the kernels apply softmax_scale inside tanh and keep logits, so the softmax runs in log2(e) units.
     p.scale_log2 = _LOG2E if softcap > 0 else float(softmax_scale) * _LOG2E
     p.softcap = float(softcap)
     window_left, window_right = int(window_size[0]), int(window_size[1])
     p.window_left, p.window_right = window_left, window_right
-    p.is_causal = window_left < 0 and window_right == 0
     if varlen_q:  # pointers default to 0 (nullptr) in a fresh AttnParams
         p.cu_seqlens_q = cu_seqlens_q.data_ptr()
     if varlen_k:
@@ -115,29 +118,44 @@ def lse_shape(q: torch.Tensor, cu_seqlens_q: Optional[torch.Tensor]) -> Tuple[in
     return (q.shape[0], q.shape[2], q.shape[1])  # (batch, num_heads, seqlen_q)
 
 
-# v2's decode instance (split-KV, common/split_kv.h) runs where fwd_split_plan takes the call (dense queries,
-# seqlen_q <= 64, no dropout or probabilities); FLASHGEN_V2_DECODE=0 turns it off (the prefill instance runs those
-# calls too), e.g. to compare the two (v2_partitioning/tools/time_decode.py, bench impl flashgen-v2-nosplit).
-DECODE_ENV = "FLASHGEN_V2_DECODE"
+# A generation's split-KV decode path (v2's decode instance: common/split_kv.h) runs where its forward plan takes the
+# call (v2: dense queries, seqlen_q <= 64, no dropout or probabilities); FLASHGEN_SPLIT_KV=0 turns it off for every
+# generation (the prefill kernels run those calls too), e.g. to compare the two (v2_partitioning/tools/
+# time_decode.py, bench impl flashgen-v2-nosplit).
+DECODE_ENV = "FLASHGEN_SPLIT_KV"
 
 
-def _plan_split_kv(generation: str, p, device: torch.device):
-    """Ask `generation` for a split-KV plan; set it on p and return the workspace (kept alive by the caller)."""
+def _allocate_workspaces(p, spec, device: torch.device):
+    """Allocate the workspaces a generation asked for (((name, floats, zeroed), ...), common/workspace.h) and point
+    p at them: one allocation for those that need no zeroing and one zeroed, each workspace 16-byte aligned inside.
+    Returns the tensors, which the caller keeps alive until the launch is queued."""
+    buffers = []
+    for zeroed in (False, True):
+        wanted = [(name, floats) for name, floats, z in spec if z == zeroed]
+        if not wanted:
+            continue
+        offsets, total = [], 0
+        for _, floats in wanted:
+            offsets.append(total)
+            total += -(-floats // _WORKSPACE_ALIGN_FLOATS) * _WORKSPACE_ALIGN_FLOATS
+        buffer = (torch.zeros if zeroed else torch.empty)(total, dtype=torch.float32, device=device)
+        base = buffer.data_ptr()
+        for (name, floats), offset in zip(wanted, offsets):
+            p.set_workspace(name, base + _FLOAT_BYTES * offset, floats)
+        buffers.append(buffer)
+    return buffers
+
+
+def _plan_forward(generation: str, p, device: torch.device):
+    """Ask `generation` for its forward plan; set the split count and workspaces on p and return the workspace
+    tensors (kept alive by the caller)."""
     if os.environ.get(DECODE_ENV, "1") == "0":
         return None
-    num_splits, oaccum_floats, lse_floats = _native.C.fwd_split_plan(generation, p)
+    num_splits, spec = _native.C.fwd_plan(generation, p)
     if num_splits < 1:
         return None
     p.num_splits = num_splits
-    if num_splits == 1:
-        return None
-    # One allocation for both: the fp32 partial outputs, then the partial LSEs (oaccum_floats is a multiple of the
-    # head-dim bucket, so the LSEs start 16-byte aligned).
-    workspace = torch.empty(oaccum_floats + lse_floats, dtype=torch.float32, device=device)
-    p.oaccum = workspace.data_ptr()
-    p.lse_accum = p.oaccum + 4 * oaccum_floats
-    p.oaccum_floats, p.lse_accum_floats = oaccum_floats, lse_floats
-    return workspace
+    return _allocate_workspaces(p, spec, device) if spec else None
 
 
 def _grouped_decode(q, k, cu_seqlens_q, window_size, alibi_slopes, dropout_p, block_mask, return_probs) -> int:
@@ -196,7 +214,7 @@ def forward(generation: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, 
           alibi_slopes=alibi_slopes, dropout_p=dropout_p, seed=seed, offset=offset, cu_seqlens_q=cu_seqlens_q,
           cu_seqlens_k=cu_seqlens_k, max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k, seqused_k=seqused_k,
           kv_batch_idx=kv_batch_idx, block_mask=block_mask, block_size=block_size, probs=probs, batch=batch)
-    workspace = _plan_split_kv(generation, p, q.device) if q.is_cuda else None
+    workspace = _plan_forward(generation, p, q.device) if q.is_cuda else None
     _native.C.fwd(generation, p, _stream_of(q))
     del workspace  # freed in stream order: the caching allocator reuses it only after the kernels queued here
     return o, lse, probs
@@ -225,16 +243,10 @@ def backward(generation: str, dout: torch.Tensor, q: torch.Tensor, k: torch.Tens
     p.dq_batch_stride, p.dq_row_stride, p.dq_head_stride = _strides(dq, varlen_q)
     p.dk_batch_stride, p.dk_row_stride, p.dk_head_stride = _strides(dk, varlen_k)
     p.dv_batch_stride, p.dv_row_stride, p.dv_head_stride = _strides(dv, varlen_k)
-    # Workspaces (documented on AttnBwdParams in common/params.h): D = rowsum(dO * O) per (sequence, head, row),
-    # rows rounded up by 128 so every generation can use it, and the zeroed fp32 dQ accumulator in the layout and
-    # size the generation asks for (v2: padded to its tiles, then its deterministic mode's counters).
-    rows = (cu_seqlens_q.numel() - 1) * (p.seqlen_q + 128) if varlen_q else batch * (p.seqlen_q + 128)
-    dsum = torch.empty(rows * p.num_heads, dtype=torch.float32, device=q.device)
-    p.dsoftmax_sum = dsum.data_ptr()
-    accum_floats = _native.C.bwd_dq_accum_floats(generation, p)
-    if accum_floats > 0:
-        dq_accum = torch.zeros(accum_floats, dtype=torch.float32, device=q.device)
-        p.dq_accum, p.dq_accum_floats = dq_accum.data_ptr(), accum_floats
+    # The workspaces the generation asks for (common/workspace.h; v2: D = rowsum(dO * O) and the zeroed dQ
+    # accumulator, in its own layouts).
     p.deterministic = bool(deterministic)
+    workspace = _allocate_workspaces(p, _native.C.bwd_workspaces(generation, p), q.device)
     _native.C.bwd(generation, p, _stream_of(q))
+    del workspace  # freed in stream order, after the kernels queued here
     return dq, dk, dv

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import Dict, FrozenSet, List, Optional, Sequence, Tuple
+from typing import Dict, FrozenSet, List, Mapping, Optional, Sequence, Tuple
 
 from ._native import BuildInfo
 
@@ -34,21 +34,34 @@ AUTO = "auto"
 
 @dataclasses.dataclass(frozen=True)
 class GenerationSpec:
-    """What one generation needs and implements. compute_capability bounds are inclusive; None = unbounded."""
+    """What one generation needs and implements. compute_capability bounds are inclusive; None = unbounded.
+
+    `implements` and `head_dim_multiple` hold for every dtype in `dtypes` unless the `..._by_dtype` maps say
+    otherwise for a dtype (FP8 runs fewer features than bf16, and its 16-byte rows hold 16 elements, not 8)."""
 
     name: str
     device_type: str                                   # 'cuda' or 'cpu'
-    dtypes: FrozenSet[str]                              # dtype names as in build_info: 'fp32', 'fp16', 'bf16'
+    dtypes: FrozenSet[str]                              # dtype names as in build_info: 'fp32', 'fp16', 'bf16', 'e4m3'
     implements: FrozenSet[str]                          # features from FEATURES; 'forward' = the plain forward
     min_capability: Optional[Tuple[int, int]] = None
     max_capability: Optional[Tuple[int, int]] = None
     head_dim_multiple: int = 1                          # head dims are zero-padded up to a multiple of this
     alignment_bytes: int = 1                            # data pointers and non-last strides, in bytes
+    implements_by_dtype: Mapping[str, FrozenSet[str]] = dataclasses.field(default_factory=dict)
+    head_dim_multiple_by_dtype: Mapping[str, int] = dataclasses.field(default_factory=dict)
+
+    def implements_for(self, dtype: str) -> FrozenSet[str]:
+        """The features this generation implements for `dtype`."""
+        return self.implements_by_dtype.get(dtype, self.implements)
+
+    def head_dim_multiple_for(self, dtype: str) -> int:
+        return self.head_dim_multiple_by_dtype.get(dtype, self.head_dim_multiple)
 
 
-# The one table of what each generation implements today. Edit it when a kernel lands (and its tests pass).
 _GPU_HEAD_DIM_MULTIPLE = 8  # 16-byte vector loads of fp16/bf16 rows
 _GPU_ALIGNMENT_BYTES = 16   # cp.async / TMA need 16-byte aligned rows
+
+
 class _Table(dict):
     """GENERATIONS: a dict that forgets the memoized choices (`choose_for`) whenever an entry changes."""
 
@@ -61,6 +74,8 @@ class _Table(dict):
         choose_for.cache_clear()
 
 
+# The one table of what each generation implements today, per dtype where that differs (implements_by_dtype). Edit
+# it when a kernel lands and its tests pass.
 GENERATIONS: Dict[str, GenerationSpec] = _Table({
     "v1": GenerationSpec("v1", "cuda", frozenset({"fp16"}), frozenset(), min_capability=(7, 5),
                          head_dim_multiple=_GPU_HEAD_DIM_MULTIPLE, alignment_bytes=_GPU_ALIGNMENT_BYTES),
@@ -147,15 +162,19 @@ def _reasons(spec: GenerationSpec, problem: Problem, built: BuildInfo) -> Tuple[
     if problem.dtype not in spec.dtypes:
         device_bound = True
         reasons.append(f"{spec.name} supports dtypes {sorted(spec.dtypes)}, not {problem.dtype}")
-    if "forward" not in spec.implements:
-        reasons.append(f"{spec.name} forward is not implemented yet")
+    implements = spec.implements_for(problem.dtype)
+    if "forward" not in implements:
+        reasons.append(f"{spec.name} forward is not implemented yet" if problem.dtype not in spec.implements_by_dtype
+                       else f"{spec.name} forward for {problem.dtype} is not implemented yet")
     else:
-        for feature in sorted(problem.features - spec.implements):
-            reasons.append(f"{feature} is not implemented in {spec.name} yet")
+        for feature in sorted(problem.features - implements):
+            reasons.append(f"{feature} is not implemented in {spec.name} for {problem.dtype} yet"
+                           if problem.dtype in spec.implements_by_dtype
+                           else f"{feature} is not implemented in {spec.name} yet")
     if spec.name not in built.generations:
         reasons.append(f"{spec.name} is not compiled into this build (build_info)")
     elif not reasons:
-        head_dim = _round_up(problem.head_dim, spec.head_dim_multiple)
+        head_dim = _round_up(problem.head_dim, spec.head_dim_multiple_for(problem.dtype))
         kinds = ("fwd", "bwd") if "backward" in problem.features else ("fwd",)
         for kind in kinds:
             if not built.has(spec.name, kind, problem.dtype, head_dim):
@@ -202,9 +221,9 @@ def format_reasons(reasons: Dict[str, List[str]]) -> str:
     return "\n".join(f"  {name}: {'; '.join(r) if r else 'can run'}" for name, r in reasons.items())
 
 
-def _choice(name: str, why: str) -> Choice:
+def _choice(name: str, why: str, dtype: str) -> Choice:
     spec = GENERATIONS[name]
-    return Choice(name, why, spec.head_dim_multiple, spec.alignment_bytes)
+    return Choice(name, why, spec.head_dim_multiple_for(dtype), spec.alignment_bytes)
 
 
 def choose(problem: Problem, built: BuildInfo, requested: str = AUTO) -> Choice:
@@ -222,11 +241,11 @@ def choose(problem: Problem, built: BuildInfo, requested: str = AUTO) -> Choice:
             error = ValueError if device_bound else NotImplementedError
             raise error(f"version={requested!r} cannot run this problem ({_describe(problem)}): "
                         + "; ".join(reasons))
-        return _choice(requested, f"requested version={requested!r}")
+        return _choice(requested, f"requested version={requested!r}", problem.dtype)
     order, rule = preference(problem)
     for name in order:
         if not _reasons(GENERATIONS[name], problem, built)[0]:
-            return _choice(name, rule)
+            return _choice(name, rule, problem.dtype)
     raise NotImplementedError(f"no flashgen generation can run this problem ({_describe(problem)}); rule: {rule}\n"
                               + format_reasons(explain(problem, built)))
 

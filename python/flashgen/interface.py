@@ -143,11 +143,14 @@ def _attention(q, k, v, *, dropout_p, softmax_scale, causal, window_size, softca
         launch = _library.EagerFwd.apply if "backward" in features else _library.fwd_impl
     with nvtx.annotate(q.is_cuda, choice.generation, "fwd", validate.DTYPE_NAMES[q.dtype], head_dim,
                        (window_left, window_right), varlen):
-        out, lse, probs = launch(
-            q, k, v, choice.generation, float(softmax_scale), int(window_left), int(window_right), float(softcap),
-            alibi_slopes, float(dropout_p), rng_state, cu_seqlens_q, cu_seqlens_k, int(max_seqlen_q),
-            int(max_seqlen_k), None, None, block_mask, int(block_size[0]), int(block_size[1]), bool(return_probs),
-            bool(deterministic))
+        args = _library.FwdArgs(
+            generation=choice.generation, softmax_scale=float(softmax_scale), window_left=int(window_left),
+            window_right=int(window_right), softcap=float(softcap), alibi_slopes=alibi_slopes,
+            dropout_p=float(dropout_p), rng_state=rng_state, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
+            max_seqlen_q=int(max_seqlen_q), max_seqlen_k=int(max_seqlen_k), block_mask=block_mask,
+            block_m=int(block_size[0]), block_n=int(block_size[1]), return_probs=bool(return_probs),
+            deterministic=bool(deterministic))
+        out, lse, probs = launch(q, k, v, *args)
     if out.shape[-1] != head_dim:
         out = out[..., :head_dim]
     return out, lse, (probs if return_probs and not varlen else None)
@@ -334,9 +337,11 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     # straight to _ops.forward (no op dispatch, no grad-mode switch: nothing it returns is tracked by autograd).
     if torch.compiler.is_compiling():
         with torch.no_grad():
-            out, lse, _ = _library.fwd(qp, kc, vc, choice.generation, float(softmax_scale), int(window_left),
-                                       int(window_right), float(softcap), alibi_slopes, 0.0, None, None, None, seqlen_q,
-                                       k_cache.shape[1], seqused_k, cache_batch_idx, None, 0, 0, False, False)
+            args = _library.FwdArgs(
+                generation=choice.generation, softmax_scale=float(softmax_scale), window_left=int(window_left),
+                window_right=int(window_right), softcap=float(softcap), alibi_slopes=alibi_slopes,
+                seqused_k=seqused_k, kv_batch_idx=cache_batch_idx)
+            out, lse, _ = _library.fwd(qp, kc, vc, *args)
     else:
         with nvtx.annotate(q.is_cuda, choice.generation, "fwd", validate.DTYPE_NAMES[q.dtype], head_dim,
                            (window_left, window_right)):

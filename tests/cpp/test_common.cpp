@@ -304,7 +304,8 @@ void test_score_mod() {
   CHECK(flashgen::apply_softcap(7.f, 0.f) == 7.f, "softcap off changes the logit");
   CHECK(flashgen::alibi_bias(0.5f, 2, 10, 4, 10) == -0.5f * 2, "alibi %g", flashgen::alibi_bias(0.5f, 2, 10, 4, 10));
   CHECK(std::fabs(flashgen::softcap_grad(t) - (1 - t * t)) < 1e-7f, "softcap_grad");
-  CHECK(flashgen::alibi_slope_in_score_domain(0.5f, 0.25f, 0.f) == 2.f, "alibi slope in raw q.k units");
+  CHECK(flashgen::alibi_slope_in_score_domain(0.5f, 0.25f * flashgen::kLog2e) == 2.f, "alibi slope in raw q.k units");
+  CHECK(flashgen::alibi_slope_in_score_domain(0.5f, flashgen::kLog2e) == 0.5f, "alibi slope in logit units (softcap)");
 }
 
 }  // namespace

@@ -44,7 +44,7 @@ for cand in "$@"; do
   # TUNE_CUDAFLAGS candidate was once timed with the previous run's flags that way).
   rm -rf "$dir" "$dir.build"
   FLASHGEN_PTXAS_VERBOSE=1 CUDAFLAGS="$defs" python3 -m pip install --no-build-isolation --no-deps -v \
-    --target "$dir" -C build-dir="$dir.build" -C cmake.define.FLASHGEN_DTYPES=bf16 \
+    --target "$dir" -C build-dir="$dir.build" -C cmake.define.FLASHGEN_V2_DTYPES=bf16 \
     -C cmake.define.FLASHGEN_V2_HEAD_DIMS="$d" -C build.verbose=true . > "$dir.build.log" 2>&1 &
 done
 wait

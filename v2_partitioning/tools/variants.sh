@@ -21,7 +21,7 @@ for v in "$@"; do
   dir=/tmp/flashgen_variant_$name
   rm -rf "$dir" "$dir.build"  # a reused build dir keeps the CUDA flags of its first configure
   CUDAFLAGS="$defs" python3 -m pip install --no-build-isolation --no-deps --target "$dir" -C build-dir="$dir.build" \
-    -C cmake.define.FLASHGEN_DTYPES="${DTYPES:-bf16;fp16}" . > "$dir.build.log" 2>&1 &
+    -C cmake.define.FLASHGEN_V2_DTYPES="${DTYPES:-bf16;fp16}" . > "$dir.build.log" 2>&1 &
 done
 wait
 for name in "${names[@]}"; do

@@ -121,7 +121,7 @@ class FlashgenImpl(Impl):
 
 
 class FlashgenNoSplitImpl(FlashgenImpl):
-    """v2 with its split-KV decode instance turned off (FLASHGEN_V2_DECODE=0, python/flashgen/_ops.py), on decode
+    """v2 with its split-KV decode instance turned off (FLASHGEN_SPLIT_KV=0, python/flashgen/_ops.py), on decode
     configs only: the prefill instance on the same calls, so one run shows what the decode instance buys."""
 
     def __init__(self, build):

@@ -1,0 +1,17 @@
+// The CPU backend's ops table (common/generation.h).
+#include "cpu/cpu_api.h"
+
+namespace flashgen::cpu {
+namespace {
+
+Status fwd_on_stream(const AttnParams& p, void* /*stream*/) { return fwd(p); }
+Status bwd_on_stream(const AttnBwdParams& p, void* /*stream*/) { return bwd(p); }
+
+}  // namespace
+
+const GenerationOps& ops() {
+  static const GenerationOps table{"cpu", &fwd_on_stream, &bwd_on_stream, nullptr, nullptr};
+  return table;
+}
+
+}  // namespace flashgen::cpu

@@ -1,0 +1,120 @@
+// Register-layout glue between the mma C fragment and common/score.h: where each fragment element sits in the
+// sequence, and the score path (modifiers, mask, dropout keep bits) iterated over one warp's fragment. The
+// forward (fwd_softmax.cuh, fwd_kernel.cuh) and the backward (bwd_gemm.cuh) both call these; the per-element math
+// is common/score.h's ScorePath, which the CPU backend runs too.
+// Fragment: s[a][j][c] is (row a*16 + g + 8*(c/2), column j*8 + 2t + c%2) of the warp's (rows, cols) tile, with
+// g = lane / 4, t = lane % 4; a row's values live in the 4 lanes of one quad.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+
+#include "common/mask.h"
+#include "common/score.h"
+
+namespace flashgen {
+namespace v2 {
+
+// Max / sum over the 4 lanes of a quad (the lanes that share a row of the C fragment).
+__device__ __forceinline__ float quad_max(float x) {
+  x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 1));
+  return fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 2));
+}
+__device__ __forceinline__ float quad_sum(float x) {
+  x += __shfl_xor_sync(0xffffffffu, x, 1);
+  return x + __shfl_xor_sync(0xffffffffu, x, 2);
+}
+
+// Where this thread's fragment elements sit in the sequence: row of (a, half) and column of (j, c).
+struct FragCoord {
+  int row0;  // sequence row of a = 0, half 0 (= m_begin + warp * kWarpRows + g)
+  int col0;  // sequence column of j = 0, c = 0 (= n_begin + 2t)
+  __device__ __forceinline__ int row(int a, int half) const { return row0 + a * 16 + half * 8; }
+  __device__ __forceinline__ int col(int j, int c) const { return col0 + j * 8 + c; }
+};
+
+// Step 1 of the score path (softcap, then ALiBi) on every element, for the modifiers known to be on.
+template <bool kSoftcap, bool kAlibi, int kMAtoms, int kNTiles>
+__device__ __forceinline__ void apply_score_mods_with(float (&s)[kMAtoms][kNTiles][4], const FragCoord& fc,
+                                                      const ScorePath& path) {
+#pragma unroll
+  for (int a = 0; a < kMAtoms; ++a)
+#pragma unroll
+    for (int j = 0; j < kNTiles; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        s[a][j][e] = path.logit_with<kSoftcap, kAlibi>(s[a][j][e], fc.row(a, e >> 1), fc.col(j, e & 1));
+      }
+}
+
+// Step 1 with the modifiers chosen once per tile (uniform branches); the caller skips it when !path.has_mods().
+template <int kMAtoms, int kNTiles>
+__device__ __forceinline__ void apply_score_mods(float (&s)[kMAtoms][kNTiles][4], const FragCoord& fc,
+                                                 const ScorePath& path) {
+  if (path.softcap > 0.f) {
+    if (path.slope != 0.f) {
+      apply_score_mods_with<true, true>(s, fc, path);
+    } else {
+      apply_score_mods_with<true, false>(s, fc, path);
+    }
+  } else {
+    apply_score_mods_with<false, true>(s, fc, path);
+  }
+}
+
+// Step 2: elements outside the row's visible columns become -inf (window, causal, seqlen_k tail).
+template <int kMAtoms, int kNTiles>
+__device__ __forceinline__ void apply_mask(float (&s)[kMAtoms][kNTiles][4], const FragCoord& fc,
+                                           const MaskSpec& mask) {
+#pragma unroll
+  for (int a = 0; a < kMAtoms; ++a)
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const RowLimits lim = row_limits(mask, fc.row(a, half));
+#pragma unroll
+      for (int j = 0; j < kNTiles; ++j)
+#pragma unroll
+        for (int c = 0; c < 2; ++c) s[a][j][half * 2 + c] = ScorePath::masked(s[a][j][half * 2 + c], fc.col(j, c), lim);
+    }
+}
+
+// Step 4: dropout keep bits of a row fragment (bit 2j + c: element (j, c) kept). A thread's columns 2t, 2t+1 of an
+// n8 tile share one Philox draw (ScorePath::keep_pair). The draws run one at a time (unroll 1) into a bit mask
+// per row: unrolled, ptxas interleaved all kNTiles Philox chains and spilled 1.2 KB at d64 (ptxas -v, 2 x 16
+// chains per row pair).
+template <int kAtoms, int kTiles>
+__device__ __forceinline__ void dropout_keep_bits(uint32_t (&keep)[kAtoms][2], const FragCoord& fc,
+                                                  const ScorePath& path) {
+  static_assert(2 * kTiles <= 32, "one keep bit per element of a row fragment must fit 32 bits");
+#pragma unroll
+  for (int a = 0; a < kAtoms; ++a)
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const int row = fc.row(a, half);
+      uint32_t bits = 0;
+#pragma unroll 1
+      for (int j = 0; j < kTiles; ++j) bits |= path.keep_pair(row, fc.col(j, 0)) << (2 * j);
+      keep[a][half] = bits;
+    }
+}
+
+// Dropout on the forward's probabilities (after they entered l, so the LSE is of the undropped softmax): dropped
+// elements become 0; the 1/(1-p) scale is applied to O once at the end.
+template <int kMAtoms, int kNTiles>
+__device__ __forceinline__ void apply_dropout(float (&s)[kMAtoms][kNTiles][4], const FragCoord& fc,
+                                              const ScorePath& path) {
+  uint32_t keep[kMAtoms][2];
+  dropout_keep_bits<kMAtoms, kNTiles>(keep, fc, path);
+#pragma unroll
+  for (int a = 0; a < kMAtoms; ++a)
+#pragma unroll
+    for (int half = 0; half < 2; ++half)
+#pragma unroll
+      for (int j = 0; j < kNTiles; ++j)
+#pragma unroll
+        for (int c = 0; c < 2; ++c)
+          if (!((keep[a][half] >> (2 * j + c)) & 1u)) s[a][j][half * 2 + c] = 0.f;
+}
+
+}  // namespace v2
+}  // namespace flashgen
