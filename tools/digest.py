@@ -2,7 +2,8 @@
 
 A change meant to compute the same numbers (a restructuring, a different load order) is checked by running this under
 each build and comparing the lines: one line per case, the case, then a SHA-256 of the forward's out and lse and,
-for cases with a backward, of dq, dk, dv. Inputs are drawn on the CPU from a fixed seed and dropout's seed from
+for cases with a backward, of dq, dk, dv (deterministic mode: the default adds dQ with atomics in no fixed
+order, which differs run to run). Inputs are drawn on the CPU from a fixed seed and dropout's seed from
 torch.manual_seed, so every build sees the same. Public API only, so builds of different commits can be compared.
 
     PYTHONPATH=<build> python tools/digest.py [--generation v2] > digest_<build>.txt
@@ -71,7 +72,7 @@ def run_case(case, dtype, generation):
         for t in (q, k, v):
             t.requires_grad_(backward)
         out, lse, _ = flashgen.flash_attn_varlen_func(q, k, v, cu, cu, max(lens), max(lens), return_attn_probs=True,
-                                                      version=generation, **kw)
+                                                      deterministic=True, version=generation, **kw)
     else:
         q, k, v = rand(b, sq, h, d, scale=q_scale), rand(b, sk, hk, d), rand(b, sk, hk, d)
         # a drift along the keys: for about half the rows the scores rise in the order the kernel visits the keys,
@@ -79,7 +80,8 @@ def run_case(case, dtype, generation):
         k = k + (torch.linspace(-2, 2, sk).view(1, sk, 1, 1) * q_scale).to(device="cuda", dtype=dtype)
         for t in (q, k, v):
             t.requires_grad_(backward)
-        out, lse, _ = flashgen.flash_attn_func(q, k, v, return_attn_probs=True, version=generation, **kw)
+        out, lse, _ = flashgen.flash_attn_func(q, k, v, return_attn_probs=True, deterministic=True,
+                                               version=generation, **kw)
     parts = [_sha(out, lse)]
     if backward:
         dout = rand(*out.shape)

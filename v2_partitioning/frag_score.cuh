@@ -48,18 +48,14 @@ __device__ __forceinline__ void apply_score_mods_with(float (&s)[kMAtoms][kNTile
 }
 
 // Step 1 with the modifiers chosen once per tile (uniform branches); the caller skips it when !path.has_mods().
+// With both on, the path's two steps run as two passes in its order (softcap, then ALiBi): the same numbers as one
+// pass of logit_with<true, true> but for FMA contraction, without a third unrolled copy of the loop in the kernel
+// (the one-pass version grew the decode instance by 430 instructions; bench/NOTES.md, session 9).
 template <int kMAtoms, int kNTiles>
 __device__ __forceinline__ void apply_score_mods(float (&s)[kMAtoms][kNTiles][4], const FragCoord& fc,
                                                  const ScorePath& path) {
-  if (path.softcap > 0.f) {
-    if (path.slope != 0.f) {
-      apply_score_mods_with<true, true>(s, fc, path);
-    } else {
-      apply_score_mods_with<true, false>(s, fc, path);
-    }
-  } else {
-    apply_score_mods_with<false, true>(s, fc, path);
-  }
+  if (path.softcap > 0.f) apply_score_mods_with<true, false>(s, fc, path);
+  if (path.slope != 0.f) apply_score_mods_with<false, true>(s, fc, path);
 }
 
 // Step 2: elements outside the row's visible columns become -inf (window, causal, seqlen_k tail).
