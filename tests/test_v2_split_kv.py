@@ -1,0 +1,338 @@
+"""v2's split-KV decode instance (v2 only: common/split_kv.h's plan as v2_api.cu's fwd_split_plan applies it, the
+decode kernel and its combine). The plan and its checks are host code, tested on any machine whose build has v2; the
+kernels on the GPU tier. FLASHGEN_V2_DECODE=0 turns the instance off (the prefill instance runs those calls).
+
+No expected count is typed in: build_info exports no tile data and the split count depends on the device's SM count,
+so the tests read the decode tile back through the plan (`_decode_tile`) and compute the expected counts with
+`split_kv_count`, the rule of common/split_kv.h written again here from its comment.
+"""
+
+import functools
+import math
+
+import pytest
+import torch
+
+import flashgen
+from flashgen import _native, _ops, testing
+from flashgen.reference import attention_ref
+
+K_MAX_SPLITS = 128  # common/split_kv.h kMaxSplits: the most partial results the combine merges per row
+
+
+def split_kv_count(tiles: int, slots: int, n_blocks: int, max_splits: int = K_MAX_SPLITS) -> int:
+    """common/split_kv.h's rule, from its comment: 1 when the tiles fill at least 80% of a wave of `slots` CTAs (or
+    there is one key block); else, among the split counts s <= min(max_splits, n_blocks, slots) that change the
+    blocks per split, the fewest whose wave efficiency (tiles * s CTAs over the slots of the waves they occupy) is
+    within 85% of the best."""
+    if tiles <= 0 or slots <= 0 or n_blocks <= 1 or 5 * tiles >= 4 * slots:
+        return 1
+
+    def efficiency(s):
+        ctas = tiles * s
+        return ctas / (math.ceil(ctas / slots) * slots)
+
+    counts = [s for s in range(1, min(max_splits, n_blocks, slots) + 1)
+              if s == 1 or math.ceil(n_blocks / s) != math.ceil(n_blocks / (s - 1))]
+    best = max(efficiency(s) for s in counts)
+    return min(s for s in counts if efficiency(s) >= 0.85 * best)
+
+
+def _has_v2(head_dim: int = 128) -> bool:
+    return _native.build_info().has("v2", "fwd", "bf16", head_dim)
+
+
+def _params(*, batch=16, seqlen_q=4, seqlen_k=32768, heads=8, head_dim=128, num_sms=132, **extra):
+    """AttnParams of a dense bf16 problem with fake 16-byte aligned pointers (host checks only, never launched)."""
+    p = _native.C.AttnParams()
+    p.q = p.k = p.v = p.o = p.lse = 256
+    p.batch, p.seqlen_q, p.seqlen_k, p.head_dim = batch, seqlen_q, seqlen_k, head_dim
+    p.num_heads = p.num_heads_k = heads
+    p.q_batch_stride = p.k_batch_stride = p.v_batch_stride = p.o_batch_stride = 1 << 20
+    p.q_row_stride = p.k_row_stride = p.v_row_stride = p.o_row_stride = heads * head_dim
+    p.q_head_stride = p.k_head_stride = p.v_head_stride = p.o_head_stride = head_dim
+    p.dtype = _native.C.DType.bfloat16
+    p.num_sms = num_sms
+    for name, value in extra.items():
+        setattr(p, name, value)
+    return p
+
+
+def _plan(**kw):
+    return tuple(_native.C.fwd_split_plan("v2", _params(**kw)))
+
+
+PROBE_KEYS = 2048  # at most K_MAX_SPLITS key blocks for any block_n >= 16 (the mma's k)
+PROBE_TILES = (60, 8)  # batch x heads = 480 tiles: unsplit on up to 600 / ctas_per_sm SMs, distinct for 1..24 CTAs
+
+
+@functools.lru_cache(maxsize=None)
+def _decode_tile(head_dim: int = 128):
+    """(block_m, block_n, ctas_per_sm) of v2's decode tile for head_dim's bucket, read back through the plan:
+    - block_m: the plan takes a call whose rows fit one query tile, so the most rows it takes;
+    - block_n: one tile on more slots than key blocks gets one split per key block (the best efficiency is then
+      every block its own CTA, and no count between n_blocks / 2 and n_blocks changes the blocks per split), so
+      PROBE_KEYS keys give PROBE_KEYS / block_n splits;
+    - ctas_per_sm: 480 tiles stay unsplit while 5 * 480 >= 4 * num_sms * ctas_per_sm, i.e. up to 600 // ctas_per_sm
+      SMs."""
+    block_m = max(rows for rows in range(1, 513) if _plan(seqlen_q=rows, head_dim=head_dim)[0] > 0)
+    splits = _plan(batch=1, heads=1, seqlen_q=1, seqlen_k=PROBE_KEYS, num_sms=1000, head_dim=head_dim)[0]
+    assert splits > 1 and PROBE_KEYS % splits == 0, f"one tile over {PROBE_KEYS} keys: {splits} splits"
+    block_n = PROBE_KEYS // splits
+    batch, heads = PROBE_TILES
+    tiles = batch * heads
+    unsplit = max(n for n in range(1, 5 * tiles // 4 + 1)
+                  if _plan(batch=batch, heads=heads, seqlen_q=1, num_sms=n, head_dim=head_dim)[0] == 1)
+    ctas = [c for c in range(1, 25) if 5 * tiles // (4 * c) == unsplit]
+    assert len(ctas) == 1, f"{tiles} tiles unsplit up to {unsplit} SMs: CTAs per SM {ctas}"
+    return block_m, block_n, ctas[0]
+
+
+def _expected_plan(*, batch, heads, seqlen_q, seqlen_k, num_sms, head_dim=128, bucket=128):
+    """(num_splits, oaccum floats, lse floats) by split_kv_count over the probed tile: one query tile per (batch, head),
+    each split a partial output row of `bucket` floats and a partial LSE per row."""
+    _, block_n, ctas_per_sm = _decode_tile(head_dim)
+    tiles = batch * heads
+    splits = split_kv_count(tiles, num_sms * ctas_per_sm, math.ceil(seqlen_k / block_n))
+    if splits == 1:
+        return 1, 0, 0
+    return splits, splits * tiles * seqlen_q * bucket, splits * tiles * seqlen_q
+
+
+def test_split_kv_count_spec_on_hand_worked_cases():
+    """This file's rule against the cases tests/cpp/test_common.cpp works out by hand for split_kv_count."""
+    assert split_kv_count(128, 264, 512) == 2
+    assert split_kv_count(16, 264, 512) == 14
+    assert split_kv_count(212, 264, 512) == 1
+    assert split_kv_count(1, 264, 1) == 1
+    assert split_kv_count(8, 0, 64) == 1
+    assert split_kv_count(1, 264, 3) == 3
+    assert split_kv_count(1, 100000, 100000) <= K_MAX_SPLITS
+
+
+@pytest.mark.parametrize("env, splits", [(None, 2), ("1", 2), ("0", 0)], ids=["default-on", "on", "off"])
+def test_decode_instance_is_on_unless_switched_off(env, splits, monkeypatch):
+    """The plan is asked for unless FLASHGEN_V2_DECODE=0; a split plan gets one workspace: the partial outputs, then
+    the partial LSEs right after them."""
+    if env is None:
+        monkeypatch.delenv(_ops.DECODE_ENV, raising=False)
+    else:
+        monkeypatch.setenv(_ops.DECODE_ENV, env)
+    monkeypatch.setattr(_native.C, "fwd_split_plan", lambda generation, p: (2, 64, 8), raising=False)
+    p = _native.C.AttnParams()
+    workspace = _ops._plan_split_kv("v2", p, torch.device("cpu"))
+    assert p.num_splits == splits
+    if splits:
+        assert workspace.numel() == 72 and workspace.dtype == torch.float32
+        assert (p.oaccum, p.lse_accum) == (workspace.data_ptr(), workspace.data_ptr() + 4 * 64)
+        assert (p.oaccum_floats, p.lse_accum_floats) == (64, 8)
+    else:
+        assert workspace is None
+
+
+@pytest.mark.skipif(not _has_v2(), reason="v2 not compiled into this build")
+def test_decode_tile_reads_back_as_a_tile():
+    block_m, block_n, ctas_per_sm = _decode_tile()
+    assert block_m % 16 == 0 and block_n % 16 == 0 and ctas_per_sm >= 1, (block_m, block_n, ctas_per_sm)
+
+
+@pytest.mark.skipif(not _has_v2(), reason="v2 not compiled into this build")
+@pytest.mark.parametrize("num_sms", [132, 78, 16])
+@pytest.mark.parametrize("batch", [1, 16, 64])
+def test_split_plan_follows_the_rule(batch, num_sms):
+    """bench/NOTES.md's decode case after the fold (8 KV heads x 4 rows each, 32k keys, d128; batch 16 on an H200's
+    132 SMs), other batches and SM counts: the plan is split_kv_count over the decode tile, at least 1 split and at
+    most one per key block (and K_MAX_SPLITS), and a workspace of one partial output row and LSE per split and row."""
+    shape = dict(batch=batch, heads=8, seqlen_q=4, seqlen_k=32768, num_sms=num_sms)
+    got = _plan(**shape)
+    assert got == _expected_plan(**shape), f"{shape}: plan {got}, the rule gives {_expected_plan(**shape)}"
+    splits = got[0]
+    n_blocks = math.ceil(32768 / _decode_tile()[1])
+    assert 1 <= splits <= min(n_blocks, K_MAX_SPLITS)
+    if splits > 1:
+        assert got[1:] == (splits * batch * 8 * 4 * 128, splits * batch * 8 * 4)
+
+
+@pytest.mark.skipif(not _has_v2(), reason="v2 not compiled into this build")
+def test_split_plan_unsplit_when_the_tiles_fill_a_wave():
+    """Enough tiles for 80% of a wave: the decode instance, unsplit, no workspace."""
+    _, _, ctas_per_sm = _decode_tile()
+    batch = math.ceil(4 * 132 * ctas_per_sm / (5 * 8))
+    assert _plan(batch=batch, num_sms=132) == (1, 0, 0)
+
+
+@pytest.mark.skipif(not _has_v2(), reason="v2 not compiled into this build")
+@pytest.mark.parametrize("case", ["rows-past-the-tile", "dropout", "varlen", "no-keys", "no-sm-count", "probs"])
+def test_split_plan_declines(case):
+    block_m = _decode_tile()[0]
+    assert _plan(seqlen_q=block_m)[0] > 0, f"the plan declined {block_m} rows, the decode tile's"
+    extra = {"rows-past-the-tile": dict(seqlen_q=block_m + 1), "dropout": dict(p_dropout=0.1),
+             "varlen": dict(cu_seqlens_q=512), "no-keys": dict(seqlen_k=0), "no-sm-count": dict(num_sms=0),
+             "probs": dict(p_out=512)}[case]
+    assert _plan(**extra)[0] == 0, f"planned a split for {extra}"
+    assert _native.C.fwd_split_plan("cpu", _params())[0] == 0
+
+
+@pytest.mark.skipif(not _has_v2(), reason="v2 not compiled into this build")
+@pytest.mark.parametrize("case", ["not-decode", "not-the-plan", "no-workspace", "workspace-too-small"])
+def test_split_checks_refuse_before_launch(case):
+    shape = dict(batch=1)  # 8 tiles on 132 SMs: far from a wave, so the plan splits
+    splits, o_floats, lse_floats = _plan(**shape)
+    assert splits > 1, f"the check needs a split plan, got {splits}"
+    extra, message = {
+        "not-decode": (dict(num_splits=splits, seqlen_q=_decode_tile()[0] + 1), "does not run v2's decode instance"),
+        "not-the-plan": (dict(num_splits=splits + 1), f"expected fwd_split_plan's {splits}, got {splits + 1}"),
+        "no-workspace": (dict(num_splits=splits), f"{splits} splits need {o_floats} and {lse_floats} floats"),
+        "workspace-too-small": (dict(num_splits=splits, oaccum=512, lse_accum=512, oaccum_floats=o_floats,
+                                     lse_accum_floats=lse_floats - 1), f"got {o_floats} and {lse_floats - 1}"),
+    }[case]
+    with pytest.raises(ValueError, match=message):
+        _native.C.fwd("v2", _params(**shape, **extra), 0)
+
+
+def _decode_case(device, heads, heads_k, head_dim, seqlen_q, seqlens_k, capacity, dtype=torch.bfloat16, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+
+    def rand(*shape):
+        return torch.randn(*shape, generator=gen).to(device=device, dtype=dtype)
+
+    batch = len(seqlens_k)
+    q = rand(batch, seqlen_q, heads, head_dim)
+    k_cache, v_cache = rand(batch, capacity, heads_k, head_dim), rand(batch, capacity, heads_k, head_dim)
+    return q, k_cache, v_cache, torch.tensor(seqlens_k, dtype=torch.int32, device=device)
+
+
+@pytest.fixture
+def splits_seen(monkeypatch):
+    """Turns the decode instance on and records p.num_splits of every v2 forward launch."""
+    monkeypatch.setenv(_ops.DECODE_ENV, "1")
+    seen = []
+    real = _native.C.fwd
+
+    def spy(generation, p, stream):
+        seen.append(p.num_splits)
+        return real(generation, p, stream)
+
+    monkeypatch.setattr(_native.C, "fwd", spy)
+    return seen
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("head_dim", [64, 128, 256, 72])
+@pytest.mark.parametrize("case", ["gqa-1-token", "mha-1-token", "mha-5-tokens-causal", "mha-64-tokens-window",
+                                  "alibi-softcap"])
+def test_decode_instance_against_oracle(head_dim, case, splits_seen):
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA device")
+    if not _has_v2(head_dim):
+        pytest.skip(f"v2 fwd bf16 d{head_dim} not compiled into this build")
+    heads, heads_k, seqlen_q = {"gqa-1-token": (8, 2, 1), "mha-1-token": (4, 4, 1), "mha-5-tokens-causal": (4, 4, 5),
+                                "mha-64-tokens-window": (2, 2, 64), "alibi-softcap": (4, 2, 1)}[case]
+    # Sequence lengths: empty, shorter than one key block, not a multiple of any block, the whole cache.
+    seqlens_k = [0, 37, 3001, 4096]
+    q, k_cache, v_cache, seqlens = _decode_case("cuda", heads, heads_k, head_dim, seqlen_q, seqlens_k, 4096)
+    kw = dict(cache_seqlens=seqlens, return_softmax_lse=True)
+    if case == "mha-5-tokens-causal":
+        kw["causal"] = True
+    if case == "mha-64-tokens-window":
+        kw["window_size"] = (300, 0)
+    if case == "alibi-softcap":
+        kw.update(alibi_slopes=torch.rand(heads, device="cuda"), softcap=15.0)
+    out, lse = flashgen.flash_attn_with_kvcache(q, k_cache, v_cache, version="v2", **kw)
+    assert splits_seen and splits_seen[-1] > 1, f"expected a split launch, saw num_splits {splits_seen}"
+    ref_kw = {k: v for k, v in kw.items() if k in ("causal", "window_size", "softcap")}
+    if "alibi_slopes" in kw:
+        ref_kw["alibi_slopes"] = kw["alibi_slopes"].cpu()
+    ref, ref_lse = attention_ref(q.cpu(), k_cache.cpu(), v_cache.cpu(), seqused_k=seqlens.cpu(), **ref_kw)
+    naive, _ = attention_ref(q.cpu(), k_cache.cpu(), v_cache.cpu(), seqused_k=seqlens.cpu(), dtype=q.dtype, **ref_kw)
+    testing.check_fa_rule(f"decode {case} d{head_dim}", out.cpu(), ref, naive, 2.0)
+    lse = lse.cpu().double()
+    assert torch.equal(torch.isinf(lse), torch.isinf(ref_lse)), "lse: +inf exactly on the rows with no visible key"
+    finite = torch.isfinite(ref_lse)
+    lse_err = (lse[finite] - ref_lse[finite]).abs().max().item()
+    assert lse_err <= 2e-3, f"decode lse: max error {lse_err:.3e} > 2e-3"
+
+
+@pytest.mark.gpu
+def test_decode_instance_unsplit_and_prefill_agree(splits_seen, monkeypatch):
+    """Many tiles: the decode instance runs unsplit (num_splits 1, O written directly); and the same call with the
+    decode instance off (prefill instance) agrees within the FA rule."""
+    if not torch.cuda.is_available() or not _has_v2():
+        pytest.skip("needs a CUDA device and v2 d128")
+    # 64 sequences x 8 KV heads (each folding 4 query heads into rows) = 512 tiles: a wave on this device?
+    expected = _expected_plan(batch=64, heads=8, seqlen_q=4, seqlen_k=1024, num_sms=_ops._num_sms(torch.cuda.current_device()))[0]
+    assert expected == 1, f"512 tiles do not fill a wave of this device (the rule gives {expected} splits)"
+    q, k_cache, v_cache, seqlens = _decode_case("cuda", 32, 8, 128, 1, [700] * 64, 1024)
+    out = flashgen.flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=seqlens, version="v2")
+    assert splits_seen[-1] == 1, f"expected the unsplit decode instance, saw num_splits {splits_seen}"
+    monkeypatch.setenv(_ops.DECODE_ENV, "0")
+    prefill = flashgen.flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=seqlens, version="v2")
+    assert splits_seen[-1] == 0
+    ref, _ = attention_ref(q.cpu(), k_cache.cpu(), v_cache.cpu(), seqused_k=seqlens.cpu())
+    naive, _ = attention_ref(q.cpu(), k_cache.cpu(), v_cache.cpu(), seqused_k=seqlens.cpu(), dtype=q.dtype)
+    testing.check_fa_rule("unsplit decode instance", out.cpu(), ref, naive, 2.0)
+    testing.check_fa_rule("prefill instance", prefill.cpu(), ref, naive, 2.0)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("append", [False, True], ids=["read-cache", "append-then-read"])
+def test_decode_step_replays_from_a_cuda_graph(append, splits_seen):
+    """Serving stacks capture a decode step once and replay it with new token data and cache lengths: nothing on the
+    path may synchronize or depend on tensor values on the host. The replay must give what the eager call gives for
+    the inputs of that moment, bit for bit (same plan, same kernels)."""
+    if not torch.cuda.is_available() or not _has_v2():
+        pytest.skip("needs a CUDA device and v2 d128")
+    q, k_cache, v_cache, seqlens = _decode_case("cuda", 32, 8, 128, 1, [3001, 17, 4000, 0], 4096)
+    new_k, new_v = (torch.randn(4, 1, 8, 128, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+    kv = dict(k=new_k, v=new_v) if append else {}
+
+    def step():
+        return flashgen.flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=seqlens, version="v2", **kv)
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        step()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        static_out = step()
+    assert splits_seen[-1] > 1, f"expected the split decode instance in the graph, saw num_splits {splits_seen}"
+    for lens in ([5, 4095, 64, 1], [4000, 0, 2048, 3999]):  # new tokens and new cache lengths, written in place
+        q.copy_(torch.randn_like(q))
+        new_k.copy_(torch.randn_like(new_k))
+        new_v.copy_(torch.randn_like(new_v))
+        seqlens.copy_(torch.tensor(lens, dtype=torch.int32))
+        k_before, v_before = k_cache.clone(), v_cache.clone()
+        static_out.fill_(float("nan"))
+        graph.replay()
+        replayed = static_out.clone()
+        if append:
+            assert torch.equal(k_cache[0, lens[0]], new_k[0, 0]), "the replay appended the new key at cache_seqlens"
+        k_cache.copy_(k_before)  # undo the replay's append so the eager call sees the same cache
+        v_cache.copy_(v_before)
+        eager = step()
+        assert torch.equal(replayed, eager), f"cache lengths {lens}: graph replay differs from the eager call"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("key_blocks", [100, K_MAX_SPLITS])
+def test_decode_instance_many_splits(key_blocks, splits_seen):
+    """One sequence and one KV head make one tile, so the plan splits the cache into as many shares as it has key
+    blocks, up to kMaxSplits (and the device's slots): more splits than a warp has lanes (the combine's lanes hold
+    several LSEs each), and with more than a key block unused at the end, the last shares are empty."""
+    if not torch.cuda.is_available() or not _has_v2():
+        pytest.skip("needs a CUDA device and v2 d128")
+    _, block_n, _ = _decode_tile()
+    capacity, unused = key_blocks * block_n, block_n + 22
+    expected_splits = _expected_plan(batch=1, heads=1, seqlen_q=8, seqlen_k=capacity, num_sms=_ops._num_sms(torch.cuda.current_device()))[0]
+    assert expected_splits > 32, f"{key_blocks} key blocks: the rule gives {expected_splits} splits on this device"
+    q, k_cache, v_cache, seqlens = _decode_case("cuda", 8, 1, 128, 1, [capacity - unused], capacity)
+    out, lse = flashgen.flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=seqlens, version="v2",
+                                                return_softmax_lse=True)
+    assert splits_seen[-1] == expected_splits, f"expected {expected_splits} splits, saw {splits_seen}"
+    ref, ref_lse = attention_ref(q.cpu(), k_cache.cpu(), v_cache.cpu(), seqused_k=seqlens.cpu())
+    naive, _ = attention_ref(q.cpu(), k_cache.cpu(), v_cache.cpu(), seqused_k=seqlens.cpu(), dtype=q.dtype)
+    testing.check_fa_rule(f"{expected_splits} splits", out.cpu(), ref, naive, 2.0)
+    lse_err = (lse.cpu().double() - ref_lse).abs().max().item()
+    assert lse_err <= 2e-3, f"{expected_splits} splits: lse max error {lse_err:.3e} > 2e-3"
