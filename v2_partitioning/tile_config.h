@@ -28,13 +28,13 @@ constexpr int kMaxRegsPerThread = 255;
 //   d128: S 2x8x4  + O 2x16x4 = 192 fp32 regs/thread, smem Q 32 KB + K,V 2x2x16 KB = 96 KB -> 2 CTAs/SM
 //   d256: S 1x8x4  + O 1x32x4 = 160 fp32 regs/thread (4 warps x 16 rows), smem 32 + 2x32 = 96 KB -> 2 CTAs/SM
 // Measured on the H200 (bf16, ratio to SDPA flash in the same run, causal and not; tools/tune.sh):
-//   run2 (v2_partitioning/results/2026-11-29-v2-fwd-run2.jsonl, seqlen 2k/8k/16k):
+//   run2 (bench/results/v2-tuning/2026-11-29-v2-fwd-run2.jsonl, seqlen 2k/8k/16k):
 //     d64 128x128 (0.96-1.02) beat 128x64 (0.89-0.93), despite 84 B of spills (ptxas -v, sm_90a) at 128x128.
-//   tune1 (results/2026-11-29-v2-fwd-tune1.jsonl, 2k/8k, after the unpredicated tile loads), d256: 64x64, 4 warps,
+//   tune1 (bench/results/v2-tuning/2026-11-29-v2-fwd-tune1.jsonl, 2k/8k, after the unpredicated tile loads), d256: 64x64, 4 warps,
 //     1 stage (FA2's own d256 tile as ncu shows it in torch: 128 threads, 98 KB) 0.98-1.02, against 128x64 x 8
 //     warps x 2 stages 0.84-0.90, 64x32 x 2 stages 0.84-0.86, 64x64 x 2 stages (1 CTA/SM) 0.72-0.82;
 //     d128 128x128 x 8 warps 0.76-0.81; d64 128x64 x 3 stages 0.91-0.93.
-//   tune3 (results/2026-11-29-v2-fwd-tune3-occupancy-syncs.jsonl, 2k/8k): more warps per SM, with 16-row warps or
+//   tune3 (bench/results/v2-tuning/2026-11-29-v2-fwd-tune3-occupancy-syncs.jsonl, 2k/8k): more warps per SM, with 16-row warps or
 //     smaller key tiles, lost everywhere (each warp then re-reads K and V from smem for fewer rows, or the barriers
 //     per key double): d64 64x128 x 3 CTAs 0.96-0.98, 64x64 x 4 CTAs 0.92-0.93, 128x64 x 8 warps 0.82-0.83,
 //     128x32 x 3 CTAs 0.85-0.90; d128 64x64 x 1 stage x 3 CTAs 0.87-0.94, 128x64 x 8 warps 0.86-0.90; against
@@ -67,7 +67,7 @@ constexpr TileConfig tile_config(int head_dim) {
 // fits one of its query tiles (one token, or after python/flashgen/_ops.py folds a GQA group into rows), with the
 // keys split over CTAs (common/split_kv.h). 64-row tiles: with a handful of real rows a 128-row tile doubles the
 // mma work spent on padding rows, and decoding is meant to run at the rate K and V stream in.
-// Tuned on the H200 (results/2026-11-30-v2-decode-tune1.jsonl; ratio to SDPA flash, CUDA-graph replay, b16 at 8k
+// Tuned on the H200 (bench/results/v2-tuning/2026-11-30-v2-decode-tune1.jsonl; ratio to SDPA flash, CUDA-graph replay, b16 at 8k
 // and 32k keys, b1 at 32k and 128k, h32/8, same process; two rounds agree within 2%):
 //   d128: 64x128 x 1 stage x 2 syncs (FA2's split-KV tile, 80 KB) 0.96-1.04, against 64x64 x 3 stages (the first
 //     choice, from byte counts) 0.92-0.99, 64x64 x 2 stages 0.92-1.04, 64x64 x 1 stage x 3 CTAs 0.94-1.02,
@@ -114,7 +114,7 @@ static_assert(smem_bytes(decode_tile_config(64), 64) <= kMaxSmemPerBlock &&
 // so only 1/dq_split of the dQ accumulators is live next to dK and dV.
 // split_mods: 1 runs launches without softcap, ALiBi and dropout on a kernel instance compiled without them
 // (bwd_kernel<T, false>); 0 runs every launch on the instance that has them behind runtime flags. Timed against
-// each other in one process (results/2026-11-29-v2-bwd-tune3-split-mods.jsonl, 2k-16k, ratio to SDPA flash):
+// each other in one process (bench/results/v2-tuning/2026-11-29-v2-bwd-tune3-split-mods.jsonl, 2k-16k, ratio to SDPA flash):
 // d64 1 (0.94-1.00, spills 24 B) beats 0 (0.90-0.96, spills 76 B); d128 0 (0.97-1.00) beats 1 (0.93-0.95;
 // neither spills, and why the smaller body runs slower was not looked into); d256 ran with 1 in bench run r4 and with 0 in r3,
 // within 1% of each other, so it keeps 0 (one instance less to compile).
@@ -126,7 +126,7 @@ struct BwdTileConfig {
 
 // Sizes start from FlashAttention-2's backward table (flash_bwd_launch_template.h; ncu of torch's FA2 on the H200
 // shows d64 at block_m 128 x block_n 128: 147 KB of smem, grid 64 key blocks at 8k) and were then timed on the
-// H200 (v2_partitioning/results/2026-11-29-v2-bwd-tune1.jsonl, tools/tune.sh, ratio to SDPA flash in the same
+// H200 (bench/results/v2-tuning/2026-11-29-v2-bwd-tune1.jsonl, tools/tune.sh, ratio to SDPA flash in the same
 // run, bf16, seqlen 2k and 8k, causal and not). Accumulators per thread, fp32:
 //   d64 : dK,dV 32x32 x2 = 64 regs, S,dP 32x64 x2 = 128, dQ 32x32 = 32;  smem 162 KB (fits sm_80's 163 KB)
 //         128x128 with S/dP warps 4x2: 0.91-0.96 (0.94-1.00 with split_mods, below); 64x128 (2x4): 0.83-0.89;
@@ -135,7 +135,7 @@ struct BwdTileConfig {
 //         S/dP warps 4x2: 0.97-0.99; 2x4: 0.95-0.97; 128x64: 0.80-0.85
 //   d256: dK,dV 32x64 x2 = 128 regs, S,dP 32x16 x2 = 32, dQ 32x64 = 64 in 2 slices of 32;  smem 209 KB (sm_90)
 //         as is: 0.98-1.01; dQ in one slice: 0.95-0.98; FA2's warp grids (S/dP 4x2, dK/dV 4x2): 0.92-0.94
-// late_dq_red 1 against 0 (results/2026-11-29-v2-bwd-tune4-late-dq-red.jsonl, two device calls, 2k-16k, same
+// late_dq_red 1 against 0 (bench/results/v2-tuning/2026-11-29-v2-bwd-tune4-late-dq-red.jsonl, two device calls, 2k-16k, same
 // tiles): ahead in all 22 paired rows, d64 +0.3-1.2%, d128 +0.2-1.5%, d256 +1.2-2.1% (spills 36 -> 8 B there).
 // Tuning builds (v2_partitioning/tools/tune.sh) replace the tile of bucket FLASHGEN_V2_BWD_TUNE_D with compile
 // definitions FLASHGEN_V2_BWD_TUNE_<field> (one per field: nvcc reads commas in -D as separators); release builds

@@ -3,7 +3,7 @@
 # (A B C A B C), each process timing SDPA flash next to its variant (time_v2.py), and run the forward GPU tests on
 # the variants named in TEST_VARIANTS. A variant is name=DEFINES (nvcc flags for every CUDA source), e.g.
 #   bash v2_partitioning/tools/variants.sh base= alt=-DMY_KERNEL_SWITCH=1
-# (how the exp2 offload of results/2026-11-30-v2-fwd-tune5-exp2-poly.jsonl was timed; bench/NOTES.md).
+# (how the exp2 offload of bench/results/v2-tuning/2026-11-30-v2-fwd-tune5-exp2-poly.jsonl was timed; bench/NOTES.md).
 # Env: DTYPES (default "bf16;fp16"), TIMER_ARGS (default "--head-dims 64 128 256 --seqlens 2048 8192 --rep 50"),
 # TEST_VARIANTS (default: all but the first), ROUNDS (default 2). Output: ${OUT:-.}/variants.jsonl, one line per
 # (variant, round, config) with "variant" and "round" added; test summaries on stdout.
