@@ -30,7 +30,8 @@ for name in "${names[@]}"; do
 done
 for name in ${TEST_VARIANTS:-${names[@]:1}}; do
   echo "$name tests: $(PYTHONPATH=/tmp/flashgen_variant_$name timeout "${TIMEOUT:-180}" python3 -m pytest \
-    tests/test_v2_fwd.py tests/test_grouped_decode.py -m gpu -q -p no:cacheprovider 2>&1 | tail -n 1)"
+    tests/test_gpu_fwd.py tests/test_gqa_fold.py tests/test_v2_split_kv.py -m gpu -k v2 -q -p no:cacheprovider 2>&1 |
+    tail -n 1)"
 done
 for round in $(seq 1 "${ROUNDS:-2}"); do
   for name in "${names[@]}"; do
