@@ -250,7 +250,7 @@ def test_flex_compiles_once_per_head_dim_and_checks_bottom_right_causal():
 def test_nosplit_impl_runs_decode_only_and_restores_the_switch(monkeypatch):
     from flashgen import _native, _ops
     monkeypatch.delenv(_ops.DECODE_ENV, raising=False)
-    impl = bench_impls.FlashgenNoSplitImpl(_native.build_info())
+    impl = bench_impls.FlashgenNoSplitImpl("v2", _native.build_info())
     assert impl.name == "flashgen-v2-nosplit" and impl.family == "flashgen"
     attention = sweeps.Config("attention", 1, 64, 64, 2, 2, 64, False, "bf16")
     assert impl.why_not(attention, "fwd")[0] == bench_impls.UNSUPPORTED
@@ -261,3 +261,19 @@ def test_nosplit_impl_runs_decode_only_and_restores_the_switch(monkeypatch):
     with impl.context():
         assert os.environ[_ops.DECODE_ENV] == "0"
     assert os.environ[_ops.DECODE_ENV] == "1"
+
+
+def test_discover_lists_every_gpu_generation_and_a_nosplit_twin_where_it_decodes(monkeypatch):
+    """flashgen-<gen> for every GPU generation build_info has, plus flashgen-<gen>-nosplit for those that implement
+    KV-cache decoding (dispatch.GENERATIONS); nothing in it is specific to v2."""
+    from flashgen import _native
+    real = _native.build_info()
+    fake = dataclasses.replace(real, instances=real.instances | {
+        (g, "fwd", "bf16", 128) for g in ("v2", "v3")})
+    monkeypatch.setattr(_native, "build_info", lambda: fake)
+    names = [i.name for i in bench_impls.discover("cuda")[0] if i.family == "flashgen"]
+    decodes = {g for g in ("v2", "v3") if "kvcache" in dispatch.GENERATIONS[g].implements}
+    assert sorted(names) == sorted([f"flashgen-{g}" for g in ("v2", "v3")] +
+                                   [f"flashgen-{g}-nosplit" for g in decodes])
+    chosen = {i.name for i in bench_impls.select(bench_impls.discover("cuda")[0], ["flashgen-v2"])}
+    assert chosen == {"flashgen-v2"} | ({"flashgen-v2-nosplit"} if "v2" in decodes else set()), chosen  # a prefix
