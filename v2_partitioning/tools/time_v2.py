@@ -9,12 +9,11 @@ inputs). Prints one JSON line per configuration and a table.
 
 from __future__ import annotations
 
-import torch
-from grid_timing import arguments, grid, print_table, time_against_sdpa
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.nn.functional import scaled_dot_product_attention
 
 from flashgen import _ops
+from grid_timing import arguments, grid, print_table, time_against_sdpa  # this folder
 
 MAX_ABS_DIFF = 2e-2  # bf16 outputs of two exact kernels on N(0, 1) inputs differ by a few bf16 ulps of O(1)
 

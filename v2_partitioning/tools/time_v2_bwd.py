@@ -11,11 +11,11 @@ table.
 from __future__ import annotations
 
 import torch
-from grid_timing import arguments, grid, print_table, time_against_sdpa
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.nn.functional import scaled_dot_product_attention
 
 from flashgen import _ops
+from grid_timing import arguments, grid, print_table, time_against_sdpa  # this folder
 
 MAX_REL_DIFF = 3e-2  # max|v2 - sdpa| / max|sdpa| per gradient: two exact bf16 backwards differ by bf16 rounding
 
