@@ -1,13 +1,16 @@
 """CPU tests of the benchmark: the FLOP count, the declared sweeps, the correctness slice, error containment, the
 JSON/table writers, and a tiny end-to-end CPU-mode run that writes JSON lines and a PNG."""
 
+import dataclasses
 import glob
+import itertools
 import json
 import os
 
 import pytest
 import torch
 
+from flashgen import dispatch
 from flashgen.bench import flops, visible_pairs
 from flashgen.bench import impls as bench_impls
 from flashgen.bench import report, runner, sweeps
@@ -42,35 +45,54 @@ def test_flops_definition():
 
 
 def test_gpu_grid_is_flash_attentions():
+    """FlashAttention's grid: every (head dim, mask, seqlen) of the sweep once, square, at FA_GRID_TOKENS tokens and
+    FA_GRID_HIDDEN hidden; decoding with GQA, fewer query tokens than cached keys; every mode runs."""
     plan = sweeps.PLANS["gpu"]
+    sweep = plan.attention
     att = [c for c, _ in plan.configs() if c.kind == "attention"]
-    assert len(att) == 6 * 3 * 2
-    assert {c.seqlen_q for c in att} == {512, 1024, 2048, 4096, 8192, 16384}
-    assert {c.head_dim for c in att} == {64, 128, 256}
+    assert sorted((c.head_dim, c.causal, c.seqlen_q) for c in att) == sorted(
+        itertools.product(sweep.head_dims, sweep.causal, sweep.seqlens))
+    assert set(sweep.causal) == {False, True}
     for c in att:
-        assert c.batch * c.seqlen_q == 16384 and c.num_heads * c.head_dim == 2048
-        assert c.seqlen_q == c.seqlen_k and c.dtype == "bf16" and c.num_heads == c.num_heads_k
-    modes = {m for _, ms in plan.configs() for m in ms}
-    assert modes == {"fwd", "bwd", "fwd+bwd", "decode"}
+        assert c.batch * c.seqlen_q == sweeps.FA_GRID_TOKENS and c.num_heads * c.head_dim == sweeps.FA_GRID_HIDDEN, c
+        assert c.seqlen_q == c.seqlen_k and c.num_heads == c.num_heads_k and c.dtype == sweep.dtype, c
+    assert {m for _, ms in plan.configs() for m in ms} == set(sweeps.ALL_MODES)
     dec = [c for c, _ in plan.configs() if c.kind == "decode"]
-    assert {(c.seqlen_q, c.seqlen_k, c.batch) for c in dec} == {
-        (q, k, b) for q in (1, 4) for k in (8192, 32768, 131072) for b in (1, 16)}
-    assert all((c.num_heads, c.num_heads_k, c.head_dim) == (32, 8, 128) for c in dec)
+    assert len(set(dec)) == len(dec) == len(plan.decode.query_lens) * len(plan.decode.cache_lens) * len(
+        plan.decode.batches)
+    for c in dec:
+        assert c.num_heads % c.num_heads_k == 0 and c.num_heads > c.num_heads_k, f"not GQA: {c}"
+        assert c.seqlen_q < c.seqlen_k and not c.causal, c
 
 
-def test_quick_and_cpu_plans_and_overrides():
-    quick = sweeps.plan_for("cuda", True)
-    att = [c for c, _ in quick.configs() if c.kind == "attention"]
-    assert {(c.head_dim, c.seqlen_q, c.causal) for c in att} == {(128, s, m) for s in (2048, 8192) for m in (0, 1)}
-    assert len([c for c, _ in quick.configs() if c.kind == "decode"]) == 1
-    cpu = sweeps.plan_for("cpu", False)
-    att = [c for c, _ in cpu.configs()]
-    assert {c.seqlen_q for c in att} == {1024, 4096, 16384}
-    assert all((c.batch, c.num_heads, c.head_dim, c.dtype) == (1, 8, 64, "fp32") for c in att)
-    assert {c.seqlen_q for c, _ in sweeps.plan_for("cpu", True).configs()} == {1024, 4096}
+@pytest.mark.parametrize("device", ["cuda", "cpu"])
+def test_quick_plans_are_part_of_the_full_ones(device):
+    """The quick plan is a proper subset of the full plan of its device, with both masks and every kind of sweep."""
+    full = {c for c, _ in sweeps.plan_for(device, False).configs()}
+    quick = [c for c, _ in sweeps.plan_for(device, True).configs()]
+    assert quick and set(quick) < full, "the quick plan must be a proper subset of the full plan"
+    assert {c.kind for c in quick} == {c.kind for c in full}
+    assert {c.causal for c in quick if c.kind == "attention"} == {False, True}
+
+
+def test_plan_dtypes_run_on_their_devices():
+    """The CPU plans use a dtype the CPU backend runs; the GPU plans one some GPU generation runs."""
+    gpu_dtypes = set().union(*(s.dtypes for s in dispatch.GENERATIONS.values() if s.device_type == "cuda"))
+    for device, dtypes in (("cpu", dispatch.GENERATIONS["cpu"].dtypes), ("cuda", gpu_dtypes)):
+        for quick in (False, True):
+            assert {c.dtype for c, _ in sweeps.plan_for(device, quick).configs()} <= dtypes, (device, quick)
+
+
+def test_plan_overrides():
+    """--seqlens/--head-dims/--dtype replace those fields of the attention sweep (dtype the decode sweep's too) and
+    leave the rest of the declared plan."""
+    base = sweeps.plan_for("cuda", False)
     over = sweeps.plan_for("cuda", False, seqlens=["1024"], head_dims=[64], dtype="fp16")
     assert {(c.seqlen_q, c.head_dim, c.dtype) for c, _ in over.configs(("fwd",))} == {(1024, 64, "fp16")}
     assert all(ms == ("fwd",) for _, ms in over.configs(("fwd",)))
+    assert over.attention == dataclasses.replace(base.attention, seqlens=(1024,), head_dims=(64,), dtype="fp16")
+    assert over.decode == dataclasses.replace(base.decode, dtype="fp16")
+    assert sweeps.plan_for("cpu", True, seqlens=["512"]).attention.seqlens == (512,)
 
 
 @pytest.mark.parametrize("seqlen_q,seqlen_k,causal,window", [
@@ -228,7 +250,7 @@ def test_flex_compiles_once_per_head_dim_and_checks_bottom_right_causal():
 def test_nosplit_impl_runs_decode_only_and_restores_the_switch(monkeypatch):
     from flashgen import _native, _ops
     monkeypatch.delenv(_ops.DECODE_ENV, raising=False)
-    impl = bench_impls.FlashgenNoSplitImpl(_native.build_info())
+    impl = bench_impls.FlashgenNoSplitImpl("v2", _native.build_info())
     assert impl.name == "flashgen-v2-nosplit" and impl.family == "flashgen"
     attention = sweeps.Config("attention", 1, 64, 64, 2, 2, 64, False, "bf16")
     assert impl.why_not(attention, "fwd")[0] == bench_impls.UNSUPPORTED
@@ -239,3 +261,19 @@ def test_nosplit_impl_runs_decode_only_and_restores_the_switch(monkeypatch):
     with impl.context():
         assert os.environ[_ops.DECODE_ENV] == "0"
     assert os.environ[_ops.DECODE_ENV] == "1"
+
+
+def test_discover_lists_every_gpu_generation_and_a_nosplit_twin_where_it_decodes(monkeypatch):
+    """flashgen-<gen> for every GPU generation build_info has, plus flashgen-<gen>-nosplit for those that implement
+    KV-cache decoding (dispatch.GENERATIONS); nothing in it is specific to v2."""
+    from flashgen import _native
+    real = _native.build_info()
+    fake = dataclasses.replace(real, instances=real.instances | {
+        (g, "fwd", "bf16", 128) for g in ("v2", "v3")})
+    monkeypatch.setattr(_native, "build_info", lambda: fake)
+    names = [i.name for i in bench_impls.discover("cuda")[0] if i.family == "flashgen"]
+    decodes = {g for g in ("v2", "v3") if "kvcache" in dispatch.GENERATIONS[g].implements}
+    assert sorted(names) == sorted([f"flashgen-{g}" for g in ("v2", "v3")] +
+                                   [f"flashgen-{g}-nosplit" for g in decodes])
+    chosen = {i.name for i in bench_impls.select(bench_impls.discover("cuda")[0], ["flashgen-v2"])}
+    assert chosen == {"flashgen-v2"} | ({"flashgen-v2-nosplit"} if "v2" in decodes else set()), chosen  # a prefix

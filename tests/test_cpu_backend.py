@@ -13,7 +13,7 @@ import torch
 
 from flashgen import _ops
 from flashgen.reference import attention_ref, philox_keep_mask
-from flashgen.testing import check_fa_rule, fa_rule_error, grad_floor, poison_like
+from flashgen.testing import check_fa_rule, grad_floor, poison_like
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 SEED, OFFSET = 0x1234_5678_9ABC, 0x2_0000_0007  # both halves of offset matter in the Philox key
@@ -74,17 +74,6 @@ def check_backward(name, q, k, v, o, lse, **kw):
 
 def _scale(d):
     return 1.0 / math.sqrt(d)
-
-
-# ---- the rule itself can fail ----
-def test_fa_rule_rejects_nan_and_large_errors():
-    ref = torch.randn(8, 8, dtype=torch.float64)
-    naive = ref + 1e-3
-    assert not fa_rule_error(poison_like(ref), ref, naive)[2]
-    assert not fa_rule_error(ref + 1.0, ref, naive)[2]
-    assert fa_rule_error(ref + 1e-3, ref, naive)[2]
-    with pytest.raises(AssertionError, match="allowed"):
-        check_fa_rule("bad", ref + 1.0, ref, naive)
 
 
 # ---- dense shapes, masks, dtypes, head dims ----

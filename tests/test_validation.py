@@ -163,8 +163,15 @@ def launches(monkeypatch):
     return calls
 
 
-def test_enough_cases():
-    assert len(CASES) >= 30, f"{len(CASES)} bad-input cases, expected at least 30"
+def test_cases_are_distinct_and_name_what_they_refuse():
+    """Each case has its own id (pytest would suffix a duplicate and run both under one name), expects one of the
+    errors bad input raises, and names at least one word its message must contain (a case without words would
+    accept any message)."""
+    ids = [c[0] for c in CASES]
+    assert len(set(ids)) == len(ids), f"duplicate case ids: {sorted({i for i in ids if ids.count(i) > 1})}"
+    for name, _, error, words in CASES:
+        assert error in (ValueError, TypeError, NotImplementedError), f"{name}: expects {error.__name__}"
+        assert words and all(isinstance(w, str) and w for w in words), f"{name}: names no word of the message"
 
 
 @pytest.mark.parametrize("call, error, words", [c[1:] for c in CASES], ids=[c[0] for c in CASES])

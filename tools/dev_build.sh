@@ -5,6 +5,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 archs=${FLASHGEN_CUDA_ARCHS-}
 dir=build/dev${archs:+-cuda}
+mkdir -p "$dir"
 cmake -S . -B "$dir" -G Ninja -DCMAKE_BUILD_TYPE=Release -DFLASHGEN_CUDA_ARCHS="$archs" \
   -Dpybind11_DIR="$(python3 -m pybind11 --cmakedir)" > "$dir.configure.log" 2>&1 || { cat "$dir.configure.log"; exit 1; }
 cmake --build "$dir" -j "$(nproc)"

@@ -2,7 +2,7 @@
 # The one command to give the device machine: build for 90a with all cores, run the GPU test tier, run the quick
 # benchmark if it exists, write logs and JSON under $OUT, print a short summary last.
 #   bash tools/gpu_check.sh                  # build + GPU tests + quick bench
-#   FLASHGEN_CHECK_TESTS="tests/test_v2_fwd.py -k causal" bash tools/gpu_check.sh
+#   FLASHGEN_CHECK_TESTS="tests/test_gpu_fwd.py -k causal" bash tools/gpu_check.sh
 #   FLASHGEN_CHECK_TESTS=none                # skip the GPU test tier (e.g. a bench-only call)
 #   FLASHGEN_CHECK_BENCH=none|quick|full     # default quick
 #   FLASHGEN_CHECK_BENCH_ARGS="--head-dims 64,128"   # extra flashgen.bench arguments

@@ -1,28 +1,32 @@
 """Run one forward and backward of a FlashAttention-grid shape twice (warm-up, then the one to profile), for ncu:
     ncu --clock-control none -k regex:bwd_kernel --launch-skip 1 --launch-count 1 python3 tools/run_once.py 128 8192
-Arguments: head_dim seqlen [causal 0/1] [impl v2/sdpa-flash]. bf16, 16k tokens, hidden 2048 (the bench's grid).
-impl sdpa-flash runs torch SDPA's flash backend (FA2's own kernels, e.g. -k regex:flash_bwd) on the same shape, so
-the peer's kernel can be profiled next to ours in the same call.
+Arguments: head_dim seqlen [causal 0/1] [impl]. bf16, the bench's grid (flashgen.bench.sweeps: 16k tokens, hidden
+2048). impl is a GPU generation this build compiled (default $GENERATION, else v2), run through flashgen._ops, or
+sdpa-flash: torch SDPA's flash backend (FA2's own kernels, e.g. -k regex:flash_bwd) on the same shape, so the peer's
+kernel can be profiled next to ours in the same call.
 """
 
 import math
+import os
 import sys
 
 import torch
 
-from flashgen import _ops
+from flashgen import _native, _ops
+from flashgen.bench.sweeps import FA_GRID_HIDDEN, FA_GRID_TOKENS
 
 d, s = int(sys.argv[1]), int(sys.argv[2])
 causal = len(sys.argv) > 3 and sys.argv[3] == "1"
-impl = sys.argv[4] if len(sys.argv) > 4 else "v2"
-b, h = 16384 // s, 2048 // d
+impl = sys.argv[4] if len(sys.argv) > 4 else os.environ.get("GENERATION", "v2")
+generations = sorted(g for g in _native.build_info().generations if g != "cpu")
+b, h = FA_GRID_TOKENS // s, FA_GRID_HIDDEN // d
 torch.manual_seed(0)
 q, k, v, do = (torch.randn(b, s, h, d, device="cuda", dtype=torch.bfloat16) for _ in range(4))
 kw = dict(softmax_scale=1 / math.sqrt(d), window_size=(-1, 0) if causal else (-1, -1))
 for _ in range(2):
-    if impl == "v2":
-        o, lse, _ = _ops.forward("v2", q, k, v, **kw)
-        _ops.backward("v2", do, q, k, v, o, lse, **kw)
+    if impl in generations:
+        o, lse, _ = _ops.forward(impl, q, k, v, **kw)
+        _ops.backward(impl, do, q, k, v, o, lse, **kw)
     elif impl == "sdpa-flash":
         from torch.nn.attention import SDPBackend, sdpa_kernel
         from torch.nn.functional import scaled_dot_product_attention
@@ -32,6 +36,6 @@ for _ in range(2):
             o = scaled_dot_product_attention(qt, kt, vt, is_causal=causal)
         o.backward(do.transpose(1, 2))
     else:
-        raise SystemExit(f"impl must be v2 or sdpa-flash, got {impl!r}")
+        raise SystemExit(f"impl must be a compiled GPU generation {generations} or sdpa-flash, got {impl!r}")
 torch.cuda.synchronize()
 print("ok", impl, d, s, causal)

@@ -1,11 +1,14 @@
 #!/usr/bin/env bash
-# compute-sanitizer memcheck and racecheck over a small grid of GPU tests (odd sizes, causal, varlen).
+# compute-sanitizer memcheck and racecheck over a small grid of GPU tests (odd sizes, causal, varlen), on every
+# compiled GPU generation or on GENERATION alone (the tests' ids carry the generation: test_shapes[v2-...]).
 #   bash tools/sanitize.sh [pytest -k expression]   (run after flashgen is installed, e.g. inside gpu_check.sh)
-#   FLASHGEN_SANITIZE_TESTS="tests/a.py tests/b.py"  FLASHGEN_SANITIZE_TOOLS="memcheck"  (defaults: v2 fwd, both)
+#   GENERATION=v2  FLASHGEN_SANITIZE_TESTS="tests/a.py tests/b.py"  FLASHGEN_SANITIZE_TOOLS="memcheck"
+#   (defaults: every generation, tests/test_gpu_fwd.py, both tools)
 # Prints one line per tool with its error summary; exits non-zero if any tool reports an error.
 set -uo pipefail
 expr=${1:-"test_varlen or test_kv_cache or (test_shapes and 113x203 and bf16)"}
-files=${FLASHGEN_SANITIZE_TESTS:-tests/test_v2_fwd.py}
+[ -n "${GENERATION:-}" ] && expr="($expr) and $GENERATION"
+files=${FLASHGEN_SANITIZE_TESTS:-tests/test_gpu_fwd.py}
 rc=0
 for tool in ${FLASHGEN_SANITIZE_TOOLS:-memcheck racecheck}; do
   log=$(mktemp)

@@ -76,7 +76,7 @@ struct BwdTraits {
   static constexpr int kRowBytesD = kHeadDim * static_cast<int>(sizeof(Element));  // a K/V/Q/dO row
   static constexpr int kRowBytesN = kBlockN * static_cast<int>(sizeof(Element));   // a P/dS row
 
-  static_assert(sizeof(Element) == 2, "v2 runs 16-bit elements on mma.sync m16n8k16");
+  static_assert(sizeof(Element) == kElementBytes, "v2 runs 16-bit elements on mma.sync m16n8k16");
   static_assert(kNWarps % kSdpWarpsM == 0 && kNWarps % kKvWarpsD == 0 && kNWarps % kDqWarpsD == 0,
                 "warp grids must use every warp");
   static_assert(kSdpWarpRows % 16 == 0 && kKvWarpRows % 16 == 0 && kDqWarpRows % 16 == 0,
@@ -92,7 +92,7 @@ struct BwdTraits {
   static_assert(2 * kBlockM <= kNThreads, "one thread per LSE / D row of a step");
   static_assert(2 * kSdpTiles <= 32, "one dropout keep bit per element of a row fragment must fit 32 bits");
   static_assert(kSmemBytes == bwd_smem_bytes(kHeadDim), "tile_config.h and the traits disagree on shared memory");
-  static_assert(kNThreads * kMaxRegsPerThread <= 65536, "the tile does not fit the register file");
+  static_assert(kNThreads * kMaxRegsPerThread <= kRegistersPerSm, "the tile does not fit the register file");
 };
 
 }  // namespace v2

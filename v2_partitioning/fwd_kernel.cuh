@@ -175,7 +175,7 @@ __global__ void __launch_bounds__(T::kNThreads, T::kMinBlocksPerSm) fwd_kernel(c
   // instead of -inf (PTX: mov.f32 %m, 0f00000000; repro in v2_partitioning/tools/nvcc_rowstate_init.cu). A max
   // that starts at 0 is harmless while a row has a score above 0, but a row whose scores are all negative got
   // P = exp(s) rather than exp(s - max): O off by bf16(P)/P on one-key rows, and O = 0, LSE = +inf once every
-  // score is below about -87. tests/test_v2_fwd.py::test_all_scores_far_below_zero guards it.
+  // score is below about -87. tests/test_gpu_fwd.py::test_all_scores_far_below_zero guards it.
 #pragma unroll
   for (int a = 0; a < T::kMAtoms; ++a)
 #pragma unroll

@@ -30,7 +30,7 @@ Status launch_fwd_kernel(const AttnParams& p, dim3 grid, cudaStream_t stream) {
   return cuda_status(cudaGetLastError(), kFwdWho, "fwd_kernel launch");
 }
 
-// p.num_splits >= 1 (planned by v2_api.cu fwd_split_plan, which also decided that the decode instance applies):
+// p.num_splits >= 1 (planned by v2_api.cu plan_fwd, which also decided that the decode instance applies):
 // the decode instance over (query blocks x num_splits, heads, batch), then, with more than one split, the combine.
 // Else the prefill instance over (query blocks, heads, batch), then the probabilities kernel when p_out is asked.
 template <typename Tag, int kHeadDim>

@@ -30,21 +30,21 @@ struct FwdTraits {
   static constexpr int kSmemQ = kBlockM * kHeadDim;    // elements
   static constexpr int kSmemKV = kBlockN * kHeadDim;   // elements of one K (or V) stage
   static constexpr int kSmemBytes = (kSmemQ + 2 * kStages * kSmemKV) * static_cast<int>(sizeof(Element));
-  static constexpr int kMinBlocksPerSm = kCfg.ctas_per_sm;  // __launch_bounds__: registers <= 65,536 / this / threads
+  static constexpr int kMinBlocksPerSm = kCfg.ctas_per_sm;  // __launch_bounds__: caps registers per thread
   static constexpr bool kOneSync = kCfg.syncs == 1;         // one barrier per K/V tile (fwd_kernel.cuh)
 
-  static_assert(sizeof(Element) == 2, "v2 runs 16-bit elements on mma.sync m16n8k16");
+  static_assert(sizeof(Element) == kElementBytes, "v2 runs 16-bit elements on mma.sync m16n8k16");
   static_assert(kWarpRows % 16 == 0 && kMAtoms >= 1, "each warp owns whole m16 tiles");
   static_assert(kBlockN % 16 == 0 && kHeadDim % 16 == 0, "k16 steps over keys (P V) and head dim (Q K^T)");
   static_assert(kChunks % 8 == 0, "the XOR swizzle permutes groups of 8 chunks (128 bytes)");
   static_assert(kNThreads % kChunks == 0, "each copy pass covers whole rows");
   static_assert(kSmemBytes == smem_bytes(kCfg, kHeadDim), "tile_config.h and the traits disagree on shared memory");
   static_assert((kCfg.syncs == 1 && kStages >= 2) || kCfg.syncs == 2, "syncs is 2, or 1 with 2+ stages");
-  static_assert(kMinBlocksPerSm >= 1 && kMinBlocksPerSm * kNThreads <= 2048,
-                "ctas_per_sm x threads exceeds the SM's 2,048 threads");
-  // sm_90: 228 KB of shared memory per SM, 1 KB of it reserved per CTA (sm_80's 164 KB fits fewer; the bound is
-  // then a register budget only).
-  static_assert(kMinBlocksPerSm * (kSmemBytes + 1024) <= 228 * 1024,
+  static_assert(kMinBlocksPerSm >= 1 && kMinBlocksPerSm * kNThreads <= kMaxThreadsPerSm,
+                "ctas_per_sm x threads exceeds the SM's resident threads");
+  // sm_90's shared memory per SM, less the reserve of each CTA (sm_80's 164 KB fits fewer; the bound is then a
+  // register budget only).
+  static_assert(kMinBlocksPerSm * (kSmemBytes + kSmemReservedPerCta) <= kSmemPerSm,
                 "ctas_per_sm tiles do not fit an sm_90 SM's shared memory");
 };
 

@@ -12,7 +12,7 @@ namespace v2 {
 
 // Launch the forward for element tag `Tag` (dtype::fp16 / dtype::bf16) and head-dim bucket kHeadDim on `stream`.
 // Preconditions (checked by fwd() in v2_api.cu): p.head_dim <= kHeadDim, head_dim % 8 == 0, 16-byte aligned rows;
-// p.num_splits as fwd_split_plan gave it, with its workspaces.
+// p.num_splits as plan_fwd gave it, with its workspaces.
 template <typename Tag, int kHeadDim>
 Status launch_fwd(const AttnParams& p, cudaStream_t stream);
 

@@ -6,11 +6,10 @@
 #include <string>
 
 #include "common/status.h"
+#include "v2_partitioning/hw_limits.h"
 
 namespace flashgen {
 namespace v2 {
-
-constexpr int kDefaultSmemLimit = 48 * 1024;  // above this a kernel must opt in (MaxDynamicSharedMemorySize)
 
 // `who` names the pass in the message ("v2 forward", "v2 backward"), `what` the call that failed.
 inline Status cuda_status(cudaError_t err, const char* who, const char* what) {
@@ -33,7 +32,7 @@ Status opt_in_smem(Kernel kernel, int smem, int head_dim_bucket, const char* who
                                    " needs " + std::to_string(smem) +
                                    " bytes of shared memory per block; this GPU allows " + std::to_string(smem_optin));
   }
-  if (smem <= kDefaultSmemLimit) return Status::ok();
+  if (smem <= kDefaultSmemLimit) return Status::ok();  // above it the kernel must opt in
   return cuda_status(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem), who,
                      "cudaFuncSetAttribute(MaxDynamicSharedMemorySize)");
 }

@@ -16,6 +16,7 @@ from typing import List, Optional
 import torch
 
 import flashgen
+from flashgen.bench.flops import flops
 from flashgen.reference import attention_ref
 
 FWD_FACTOR = 2.0  # the FlashAttention error rule
@@ -39,16 +40,6 @@ def _median_seconds(fn, repeats: int, cuda: bool) -> float:
             torch.cuda.synchronize()
         times.append(time.perf_counter() - start)
     return statistics.median(times)
-
-
-def _flops(batch: int, seqlen_q: int, seqlen_k: int, num_heads: int, head_dim: int, causal: bool) -> float:
-    """4 * b * h * visible (i, j) pairs * d: two GEMMs of 2 flops per multiply-add, counting only visible pairs."""
-    if causal:
-        offset = seqlen_k - seqlen_q
-        visible = sum(max(0, min(seqlen_k, i + offset + 1)) for i in range(seqlen_q))
-    else:
-        visible = seqlen_q * seqlen_k
-    return 4.0 * batch * num_heads * visible * head_dim
 
 
 def main(argv: Optional[List[str]] = None) -> int:
@@ -99,7 +90,7 @@ def main(argv: Optional[List[str]] = None) -> int:
 
     seconds = _median_seconds(lambda: flashgen.flash_attn_func(q, k, v, causal=causal, version=args.version),
                               args.repeats, device.type == "cuda")
-    tflops = _flops(batch, seqlen, seqlen, num_heads, head_dim, causal) / seconds / 1e12
+    tflops = flops(batch, num_heads, seqlen, seqlen, head_dim, causal=causal) / seconds / 1e12
     print(f"median time over {args.repeats} runs: {seconds * 1e3:.3f} ms ({tflops:.3f} TFLOP/s)")
     return 0 if verdict == "PASS" else 1
 

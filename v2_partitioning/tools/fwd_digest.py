@@ -2,7 +2,9 @@
 
 A schedule change that is meant to compute the same numbers (the bounded softmax step, a different load order)
 is checked by running this under each build and comparing the lines (diff). One line per case: the case, then a
-SHA-256 of out's and lse's bytes. Inputs are drawn on the CPU from a fixed seed, so every build sees the same.
+SHA-256 of out's and lse's bytes. Inputs are drawn on the CPU from a fixed seed, so every build sees the same. The
+call is the public flashgen.flash_attn_func with return_attn_probs=True, for the lse; out and lse come from the
+forward kernel, the probabilities (computed after it by v2's probs kernel) are dropped.
 
     PYTHONPATH=<build> python v2_partitioning/tools/fwd_digest.py > digest_<build>.txt
 """
@@ -13,7 +15,7 @@ import hashlib
 
 import torch
 
-from flashgen.interface import _attention
+import flashgen
 
 # (batch, seqlen_q, seqlen_k, heads, heads_k, head_dim, causal, window, softcap, scale of q): odd sizes, both masks,
 # GQA, and one case whose scores keep rising along the keys (the running max moves often).
@@ -41,9 +43,8 @@ def main() -> None:
             v = torch.randn(b, sk, hk, d, generator=gen)
             q, k, v = (t.to(device="cuda", dtype=dtype) for t in (q, k, v))
             try:
-                out, lse, _ = _attention(q, k, v, dropout_p=0.0, softmax_scale=None, causal=causal, window_size=window,
-                                         softcap=softcap, alibi_slopes=None, deterministic=False,
-                                         return_probs=False, version="v2")  # (out, lse) without the probabilities
+                out, lse, _ = flashgen.flash_attn_func(q, k, v, causal=causal, window_size=window, softcap=softcap,
+                                                       return_attn_probs=True, version="v2")
             except (ValueError, NotImplementedError, RuntimeError) as e:  # not in this build (e.g. a tune build)
                 print(f"{str(dtype).split('.')[-1]} {case} not run: {type(e).__name__}")
                 continue

@@ -10,7 +10,7 @@
 #   and SDPA flash, eager and CUDA graph) at batch 16 (8k, 32k keys) and batch 1 (32k, 128k keys)
 # Output: ${OUT:-.}/tune_<kind>.jsonl, one line per (candidate, seqlen, causal) with "tile" added; TUNE_SEQLENS
 # (default "2048 8192") picks the seqlens. Builds print ptxas -v into /tmp/flashgen_tune_*.build.log.
-# TUNE_TESTS="tests/test_v2_fwd.py" runs those GPU tests before any timing on the candidates matching the glob
+# TUNE_TESTS="tests/test_gpu_fwd.py" runs those GPU tests before any timing on the candidates matching the glob
 # TUNE_TEST_GLOB (default all; bf16 and the candidate's bucket are built, the other tests skip). Every test run
 # and timing runs under `timeout` (TUNE_TIMEOUT s, default 180): a kernel that hangs costs one candidate.
 # TUNE_CUDAFLAGS adds compile definitions to every candidate (a switch timed across tiles).

@@ -3,7 +3,7 @@
 # (A B C A B C), each process timing SDPA flash next to its variant (time_v2.py), and run the forward GPU tests on
 # the variants named in TEST_VARIANTS. A variant is name=DEFINES (nvcc flags for every CUDA source), e.g.
 #   bash v2_partitioning/tools/variants.sh base= alt=-DMY_KERNEL_SWITCH=1
-# (how the exp2 offload of results/2026-11-30-v2-fwd-tune5-exp2-poly.jsonl was timed; bench/NOTES.md).
+# (how the exp2 offload of bench/results/v2-tuning/2026-11-30-v2-fwd-tune5-exp2-poly.jsonl was timed; bench/NOTES.md).
 # Env: DTYPES (default "bf16;fp16"), TIMER_ARGS (default "--head-dims 64 128 256 --seqlens 2048 8192 --rep 50"),
 # TEST_VARIANTS (default: all but the first), ROUNDS (default 2). Output: ${OUT:-.}/variants.jsonl, one line per
 # (variant, round, config) with "variant" and "round" added; test summaries on stdout.
@@ -30,7 +30,8 @@ for name in "${names[@]}"; do
 done
 for name in ${TEST_VARIANTS:-${names[@]:1}}; do
   echo "$name tests: $(PYTHONPATH=/tmp/flashgen_variant_$name timeout "${TIMEOUT:-180}" python3 -m pytest \
-    tests/test_v2_fwd.py tests/test_grouped_decode.py -m gpu -q -p no:cacheprovider 2>&1 | tail -n 1)"
+    tests/test_gpu_fwd.py tests/test_gqa_fold.py tests/test_v2_split_kv.py -m gpu -k v2 -q -p no:cacheprovider 2>&1 |
+    tail -n 1)"
 done
 for round in $(seq 1 "${ROUNDS:-2}"); do
   for name in "${names[@]}"; do

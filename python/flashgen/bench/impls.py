@@ -121,12 +121,13 @@ class FlashgenImpl(Impl):
 
 
 class FlashgenNoSplitImpl(FlashgenImpl):
-    """v2 with its split-KV decode instance turned off (FLASHGEN_SPLIT_KV=0, python/flashgen/_ops.py), on decode
-    configs only: the prefill instance on the same calls, so one run shows what the decode instance buys."""
+    """A GPU generation with its split-KV decode plan turned off (FLASHGEN_SPLIT_KV=0 gates every generation's plan,
+    python/flashgen/_ops.py), on decode configs only: the prefill kernels on the same calls, so one run shows what
+    the decode path buys (flashgen-v2-nosplit next to flashgen-v2)."""
 
-    def __init__(self, build):
-        super().__init__("v2", build)
-        self.name = "flashgen-v2-nosplit"
+    def __init__(self, generation: str, build):
+        super().__init__(generation, build)
+        self.name = f"flashgen-{generation}-nosplit"
 
     def why_not(self, cfg, mode):
         if cfg.kind != "decode":
@@ -303,8 +304,11 @@ def discover(device: str, *, flex_dynamic: bool = True) -> Tuple[List[Impl], Lis
         build = build_info()
         gens = sorted(g for g in build.generations if (g == "cpu") == (device == "cpu"))
         impls += [FlashgenImpl(g, build) for g in gens]
-        if "v2" in gens:
-            impls.append(FlashgenNoSplitImpl(build))
+        # Each GPU generation that decodes from a KV cache, also with its split-KV plan off.
+        from flashgen import dispatch
+        impls += [FlashgenNoSplitImpl(g, build) for g in gens
+                  if g in dispatch.GENERATIONS and dispatch.GENERATIONS[g].device_type == "cuda"
+                  and "kvcache" in dispatch.GENERATIONS[g].implements]
         if not gens:
             notes.append(f"flashgen: build_info lists no generation for {device} ({sorted(build.generations)})")
     except Exception as exc:  # a missing or broken build is reported, the peers still run
@@ -331,4 +335,4 @@ def select(impls: List[Impl], names: Optional[Sequence[str]]) -> List[Impl]:
     """Keep implementations whose name matches one of `names` (exact, or a prefix such as 'sdpa' or 'flashgen')."""
     if not names:
         return impls
-    return [i for i in impls if any(i.name == n or i.name.startswith(n + "-") or i.name.startswith(n) for n in names)]
+    return [i for i in impls if any(i.name.startswith(n) for n in names)]

@@ -1,9 +1,14 @@
-"""One query token with GQA/MQA: the query heads of a KV head run as query rows of that head (_ops._grouped_decode).
+"""v2's split-KV decode instance (v2 only: common/split_kv.h's plan as v2_api.cu's plan_fwd applies it, the
+decode kernel and its combine). The plan and its checks are host code, tested on any machine whose build has v2; the
+kernels on the GPU tier. FLASHGEN_SPLIT_KV=0 turns the instance off (the prefill instance runs those calls).
 
-The fold is host logic shared by every generation, so the CPU backend checks it in CI and the GPU tier checks it on
-v2: which calls fold (read from the params the launch receives), and that folded results pass the FA rule against
-the float64 oracle and equal, bit for bit, the same call with K/V repeated per query head (which does not fold).
+No expected count is typed in: build_info exports no tile data and the split count depends on the device's SM count,
+so the tests read the decode tile back through the plan (`_decode_tile`) and compute the expected counts with
+`split_kv_count`, the rule of common/split_kv.h written again here from its comment.
 """
+
+import functools
+import math
 
 import pytest
 import torch
@@ -12,128 +17,26 @@ import flashgen
 from flashgen import _native, _ops, testing
 from flashgen.reference import attention_ref
 
-BATCH, HEADS, HEADS_K, HEAD_DIM, CAPACITY = 3, 8, 2, 64, 70
+K_MAX_SPLITS = 128  # common/split_kv.h kMaxSplits: the most partial results the combine merges per row
 
 
-def _devices():
-    yield pytest.param("cpu", torch.float32, id="cpu-fp32")
-    yield pytest.param("cpu", torch.bfloat16, id="cpu-bf16")
-    yield pytest.param("cuda", torch.bfloat16, id="cuda-bf16", marks=pytest.mark.gpu)
+def split_kv_count(tiles: int, slots: int, n_blocks: int, max_splits: int = K_MAX_SPLITS) -> int:
+    """common/split_kv.h's rule, from its comment: 1 when the tiles fill at least 80% of a wave of `slots` CTAs (or
+    there is one key block); else, among the split counts s <= min(max_splits, n_blocks, slots) that change the
+    blocks per split, the fewest whose wave efficiency (tiles * s CTAs over the slots of the waves they occupy) is
+    within 85% of the best."""
+    if tiles <= 0 or slots <= 0 or n_blocks <= 1 or 5 * tiles >= 4 * slots:
+        return 1
 
+    def efficiency(s):
+        ctas = tiles * s
+        return ctas / (math.ceil(ctas / slots) * slots)
 
-def _need(device: str) -> None:
-    if device == "cuda" and not torch.cuda.is_available():
-        pytest.skip("needs a CUDA device")
-    if device == "cuda" and not _native.build_info().has("v2", "fwd", "bf16", HEAD_DIM):
-        pytest.skip(f"v2 fwd bf16 d{HEAD_DIM} not compiled into this build")
+    counts = [s for s in range(1, min(max_splits, n_blocks, slots) + 1)
+              if s == 1 or math.ceil(n_blocks / s) != math.ceil(n_blocks / (s - 1))]
+    best = max(efficiency(s) for s in counts)
+    return min(s for s in counts if efficiency(s) >= 0.85 * best)
 
-
-@pytest.fixture
-def launches(monkeypatch):
-    """(seqlen_q, num_heads, window_left, window_right) of every forward launch."""
-    seen = []
-    real = _native.C.fwd
-
-    def spy(generation, p, stream):
-        seen.append((p.seqlen_q, p.num_heads, p.window_left, p.window_right))
-        return real(generation, p, stream)
-
-    monkeypatch.setattr(_native.C, "fwd", spy)
-    return seen
-
-
-@pytest.mark.parametrize("kw, folds", [
-    (dict(causal=True), True),
-    (dict(), True),
-    (dict(window_size=(-1, 5)), True),         # no left limit: one query still sees every key
-    (dict(window_size=(7, 0)), False),         # a left limit would differ per folded row
-    (dict(alibi_slopes=torch.rand(HEADS)), False),  # ALiBi's slope depends on the head
-], ids=["causal", "full", "window-right", "window-left", "alibi"])
-def test_which_calls_fold(launches, kw, folds):
-    q = torch.randn(BATCH, 1, HEADS, HEAD_DIM)
-    k, v = (torch.randn(BATCH, 40, HEADS_K, HEAD_DIM) for _ in range(2))
-    flashgen.flash_attn_func(q, k, v, version="cpu", **kw)
-    expect = (HEADS // HEADS_K, HEADS_K, -1, -1) if folds else (1, HEADS)
-    assert launches[-1][:len(expect)] == expect, f"{kw}: launch {launches[-1]}, expected {expect}"
-
-
-def test_no_fold_for_two_queries_mha_or_dropout(launches):
-    k, v = (torch.randn(BATCH, 40, HEADS_K, HEAD_DIM) for _ in range(2))
-    flashgen.flash_attn_func(torch.randn(BATCH, 2, HEADS, HEAD_DIM), k, v, version="cpu")
-    kf, vf = (torch.randn(BATCH, 40, HEADS, HEAD_DIM) for _ in range(2))
-    flashgen.flash_attn_func(torch.randn(BATCH, 1, HEADS, HEAD_DIM), kf, vf, version="cpu")
-    flashgen.flash_attn_func(torch.randn(BATCH, 1, HEADS, HEAD_DIM), k, v, dropout_p=0.3, version="cpu")
-    assert [(s, h) for s, h, _, _ in launches] == [(2, HEADS), (1, HEADS), (1, HEADS)]
-
-
-@pytest.mark.parametrize("device, dtype", list(_devices()))
-@pytest.mark.parametrize("heads_k", [HEADS_K, 1], ids=["gqa", "mqa"])
-def test_kvcache_decode_folded_matches_oracle_and_unfolded(device, dtype, heads_k, launches):
-    _need(device)
-    gen = torch.Generator().manual_seed(5)
-
-    def rand(*shape):
-        return torch.randn(*shape, generator=gen).to(device=device, dtype=dtype)
-
-    # q a slice of a packed (q, k, v) projection: non-contiguous heads; cache rows picked by cache_batch_idx.
-    packed = rand(BATCH, 1, HEADS + 2 * heads_k, HEAD_DIM)
-    q = packed[:, :, :HEADS]
-    k_cache, v_cache = rand(BATCH + 1, CAPACITY, heads_k, HEAD_DIM), rand(BATCH + 1, CAPACITY, heads_k, HEAD_DIM)
-    seqlens = torch.tensor([1, 37, CAPACITY], dtype=torch.int32, device=device)
-    batch_idx = torch.tensor([3, 0, 1], dtype=torch.int32, device=device)
-    kw = dict(cache_seqlens=seqlens, cache_batch_idx=batch_idx, causal=True, softcap=20.0, return_softmax_lse=True)
-    out, lse = flashgen.flash_attn_with_kvcache(q, k_cache, v_cache, **kw)
-    assert launches[-1][:2] == (HEADS // heads_k, heads_k), f"decode did not fold: launch {launches[-1]}"
-
-    rep = HEADS // heads_k  # the same problem with K/V repeated per query head: MHA, not folded
-    out_mha, lse_mha = flashgen.flash_attn_with_kvcache(q, k_cache.repeat_interleave(rep, dim=2),
-                                                        v_cache.repeat_interleave(rep, dim=2), **kw)
-    assert launches[-1][:2] == (1, HEADS)
-    assert torch.equal(out, out_mha), f"folded out differs from unfolded by {(out - out_mha).abs().max().item():.3e}"
-    assert torch.equal(lse, lse_mha), "folded lse differs from unfolded"
-
-    rows = batch_idx.long()
-    ref_kw = dict(causal=True, softcap=20.0, seqused_k=seqlens)
-    ref, ref_lse = attention_ref(q.cpu(), k_cache[rows].cpu(), v_cache[rows].cpu(), **ref_kw)
-    naive, _ = attention_ref(q.cpu(), k_cache[rows].cpu(), v_cache[rows].cpu(), dtype=dtype, **ref_kw)
-    testing.check_fa_rule("folded decode out", out.cpu(), ref, naive, 2.0)
-    lse_err = (lse.cpu().double() - ref_lse).abs().max().item()
-    assert lse_err <= 2e-3, f"folded decode lse: max error {lse_err:.3e} > 2e-3"
-
-
-def test_folded_forward_then_backward(launches):
-    """Training on one query token with GQA: the forward folds, the backward runs on the unfolded q, out and lse."""
-    q = torch.randn(2, 1, HEADS, 32).requires_grad_()
-    k, v = (torch.randn(2, 19, HEADS_K, 32).requires_grad_() for _ in range(2))
-    out = flashgen.flash_attn_func(q, k, v, causal=True, version="cpu")
-    assert launches[-1][:2] == (HEADS // HEADS_K, HEADS_K), f"forward did not fold: {launches[-1]}"
-    dout = torch.randn_like(out)
-    grads = torch.autograd.grad(out, (q, k, v), dout)
-    oracle = {}
-    for dtype in (torch.float64, torch.float32):  # the float64 oracle and the naive same-dtype one
-        leaves = [t.detach().to(dtype).requires_grad_() for t in (q, k, v)]
-        ref_out, _ = attention_ref(*leaves, causal=True, dtype=dtype)
-        oracle[dtype] = torch.autograd.grad(ref_out, leaves, dout.to(dtype))
-    for i, name in enumerate(("dq", "dk", "dv")):
-        g, r, n = grads[i], oracle[torch.float64][i], oracle[torch.float32][i]
-        testing.check_fa_rule(f"folded {name}", g, r, n, 3.0, floor=testing.grad_floor(g, r, 19))
-
-
-@pytest.mark.parametrize("layout", ["contiguous", "slice-of-packed"])
-def test_fold_view_maps_rows_to_heads(layout):
-    t = torch.arange(2 * 1 * 6 * 4).reshape(2, 1, 6, 4)
-    if layout == "slice-of-packed":  # heads 1..6 of 9 and every other element: offset and strides not the defaults
-        t = torch.arange(2 * 1 * 9 * 8).reshape(2, 1, 9, 8)[:, :, 1:7, ::2]
-    folded = _ops._fold_groups(t, 3)
-    assert folded.shape == (2, 3, 2, 4) and folded.data_ptr() == t.data_ptr()
-    for b in range(2):
-        for i in range(3):
-            for j in range(2):
-                assert torch.equal(folded[b, i, j], t[b, 0, j * 3 + i]), (b, i, j)
-
-
-# ---- v2's split-KV decode instance (FLASHGEN_SPLIT_KV=1): the plan and its checks are host code, tested here on
-# any machine whose build has v2; the kernels on the GPU tier ----
 
 def _has_v2(head_dim: int = 128) -> bool:
     return _native.build_info().has("v2", "fwd", "bf16", head_dim)
@@ -151,12 +54,71 @@ def _params(*, batch=16, seqlen_q=4, seqlen_k=32768, heads=8, head_dim=128, num_
     p.dtype = _native.C.DType.bfloat16
     p.num_sms = num_sms
     for name, value in extra.items():
-        if name == "workspaces":  # {name: floats}, at a fake aligned address (the checks run before any launch)
+        if name == "workspaces":  # {name: floats} at a fake aligned address (the checks run before any launch)
             for ws, floats in value.items():
                 p.set_workspace(ws, 512, floats)
         else:
             setattr(p, name, value)
     return p
+
+
+def _plan_of(generation, p):
+    """(num_splits, oaccum floats, lse_accum floats) of the generation's forward plan (common/workspace.h names)."""
+    splits, spec = _native.C.fwd_plan(generation, p)
+    floats = {name: n for name, n, _ in spec}
+    return splits, floats.get("oaccum", 0), floats.get("lse_accum", 0)
+
+
+def _plan(**kw):
+    return _plan_of("v2", _params(**kw))
+
+
+PROBE_KEYS = 2048  # at most K_MAX_SPLITS key blocks for any block_n >= 16 (the mma's k)
+PROBE_TILES = (60, 8)  # batch x heads = 480 tiles: unsplit on up to 600 / ctas_per_sm SMs, distinct for 1..24 CTAs
+
+
+@functools.lru_cache(maxsize=None)
+def _decode_tile(head_dim: int = 128):
+    """(block_m, block_n, ctas_per_sm) of v2's decode tile for head_dim's bucket, read back through the plan:
+    - block_m: the plan takes a call whose rows fit one query tile, so the most rows it takes;
+    - block_n: one tile on more slots than key blocks gets one split per key block (the best efficiency is then
+      every block its own CTA, and no count between n_blocks / 2 and n_blocks changes the blocks per split), so
+      PROBE_KEYS keys give PROBE_KEYS / block_n splits;
+    - ctas_per_sm: 480 tiles stay unsplit while 5 * 480 >= 4 * num_sms * ctas_per_sm, i.e. up to 600 // ctas_per_sm
+      SMs."""
+    block_m = max(rows for rows in range(1, 513) if _plan(seqlen_q=rows, head_dim=head_dim)[0] > 0)
+    splits = _plan(batch=1, heads=1, seqlen_q=1, seqlen_k=PROBE_KEYS, num_sms=1000, head_dim=head_dim)[0]
+    assert splits > 1 and PROBE_KEYS % splits == 0, f"one tile over {PROBE_KEYS} keys: {splits} splits"
+    block_n = PROBE_KEYS // splits
+    batch, heads = PROBE_TILES
+    tiles = batch * heads
+    unsplit = max(n for n in range(1, 5 * tiles // 4 + 1)
+                  if _plan(batch=batch, heads=heads, seqlen_q=1, num_sms=n, head_dim=head_dim)[0] == 1)
+    ctas = [c for c in range(1, 25) if 5 * tiles // (4 * c) == unsplit]
+    assert len(ctas) == 1, f"{tiles} tiles unsplit up to {unsplit} SMs: CTAs per SM {ctas}"
+    return block_m, block_n, ctas[0]
+
+
+def _expected_plan(*, batch, heads, seqlen_q, seqlen_k, num_sms, head_dim=128, bucket=128):
+    """(num_splits, oaccum floats, lse floats) by split_kv_count over the probed tile: one query tile per (batch, head),
+    each split a partial output row of `bucket` floats and a partial LSE per row."""
+    _, block_n, ctas_per_sm = _decode_tile(head_dim)
+    tiles = batch * heads
+    splits = split_kv_count(tiles, num_sms * ctas_per_sm, math.ceil(seqlen_k / block_n))
+    if splits == 1:
+        return 1, 0, 0
+    return splits, splits * tiles * seqlen_q * bucket, splits * tiles * seqlen_q
+
+
+def test_split_kv_count_spec_on_hand_worked_cases():
+    """This file's rule against the cases tests/cpp/test_common.cpp works out by hand for split_kv_count."""
+    assert split_kv_count(128, 264, 512) == 2
+    assert split_kv_count(16, 264, 512) == 14
+    assert split_kv_count(212, 264, 512) == 1
+    assert split_kv_count(1, 264, 1) == 1
+    assert split_kv_count(8, 0, 64) == 1
+    assert split_kv_count(1, 264, 3) == 3
+    assert split_kv_count(1, 100000, 100000) <= K_MAX_SPLITS
 
 
 @pytest.mark.parametrize("env, splits", [(None, 2), ("1", 2), ("0", 0)], ids=["default-on", "on", "off"])
@@ -181,42 +143,64 @@ def test_decode_instance_is_on_unless_switched_off(env, splits, monkeypatch):
         assert workspace is None
 
 
-def _plan(generation, p):
-    """(num_splits, {workspace: floats}) of the generation's forward plan."""
-    splits, spec = _native.C.fwd_plan(generation, p)
-    return splits, {name: floats for name, floats, _ in spec}
+@pytest.mark.skipif(not _has_v2(), reason="v2 not compiled into this build")
+def test_decode_tile_reads_back_as_a_tile():
+    block_m, block_n, ctas_per_sm = _decode_tile()
+    assert block_m % 16 == 0 and block_n % 16 == 0 and ctas_per_sm >= 1, (block_m, block_n, ctas_per_sm)
 
 
 @pytest.mark.skipif(not _has_v2(), reason="v2 not compiled into this build")
-def test_split_plan_for_the_bench_decode_shape():
-    # bench/NOTES.md's decode case after the fold: 16 x 8 KV heads, 4 rows each, 32k keys, d128, 132 SMs.
-    # 128 one-block tiles on 264 slots (2 CTAs/SM), 256 blocks of 128 keys: 2 splits (tests/cpp/test_common.cpp).
-    splits, spec = _plan("v2", _params())
-    assert (splits, spec) == (2, {"lse_accum": 2 * 16 * 8 * 4, "oaccum": 2 * 16 * 8 * 4 * 128})
-    # Enough tiles for a wave: the decode instance, unsplit, no workspace.
-    assert _plan("v2", _params(batch=64)) == (1, {})
+@pytest.mark.parametrize("num_sms", [132, 78, 16])
+@pytest.mark.parametrize("batch", [1, 16, 64])
+def test_split_plan_follows_the_rule(batch, num_sms):
+    """bench/NOTES.md's decode case after the fold (8 KV heads x 4 rows each, 32k keys, d128; batch 16 on an H200's
+    132 SMs), other batches and SM counts: the plan is split_kv_count over the decode tile, at least 1 split and at
+    most one per key block (and K_MAX_SPLITS), and a workspace of one partial output row and LSE per split and row."""
+    shape = dict(batch=batch, heads=8, seqlen_q=4, seqlen_k=32768, num_sms=num_sms)
+    got = _plan(**shape)
+    assert got == _expected_plan(**shape), f"{shape}: plan {got}, the rule gives {_expected_plan(**shape)}"
+    splits = got[0]
+    n_blocks = math.ceil(32768 / _decode_tile()[1])
+    assert 1 <= splits <= min(n_blocks, K_MAX_SPLITS)
+    if splits > 1:
+        assert got[1:] == (splits * batch * 8 * 4 * 128, splits * batch * 8 * 4)
 
 
 @pytest.mark.skipif(not _has_v2(), reason="v2 not compiled into this build")
-@pytest.mark.parametrize("extra", [dict(seqlen_q=65), dict(p_dropout=0.1), dict(cu_seqlens_q=512), dict(seqlen_k=0),
-                                   dict(num_sms=0), dict(p_out=512)],
-                         ids=["seqlen_q-65", "dropout", "varlen", "no-keys", "no-sm-count", "probs"])
-def test_split_plan_declines(extra):
-    assert _plan("v2", _params(**extra))[0] == 0, f"planned a split for {extra}"
-    assert _plan("cpu", _params())[0] == 0
+def test_split_plan_unsplit_when_the_tiles_fill_a_wave():
+    """Enough tiles for 80% of a wave: the decode instance, unsplit, no workspace."""
+    _, _, ctas_per_sm = _decode_tile()
+    batch = math.ceil(4 * 132 * ctas_per_sm / (5 * 8))
+    assert _plan(batch=batch, num_sms=132) == (1, 0, 0)
 
 
 @pytest.mark.skipif(not _has_v2(), reason="v2 not compiled into this build")
-@pytest.mark.parametrize("extra, message", [
-    (dict(num_splits=2, seqlen_q=200), "does not run v2's decode instance"),
-    (dict(num_splits=3), "expected the forward plan's 2, got 3"),
-    (dict(num_splits=2), "oaccum: v2 needs 131072 floats for this problem, got 0"),
-    (dict(num_splits=2, workspaces=dict(oaccum=131072, lse_accum=1023)),
-     "lse_accum: v2 needs 1024 floats for this problem, got 1023"),
-], ids=["not-decode", "not-the-plan", "no-workspace", "workspace-too-small"])
-def test_split_checks_refuse_before_launch(extra, message):
+@pytest.mark.parametrize("case", ["rows-past-the-tile", "dropout", "varlen", "no-keys", "no-sm-count", "probs"])
+def test_split_plan_declines(case):
+    block_m = _decode_tile()[0]
+    assert _plan(seqlen_q=block_m)[0] > 0, f"the plan declined {block_m} rows, the decode tile's"
+    extra = {"rows-past-the-tile": dict(seqlen_q=block_m + 1), "dropout": dict(p_dropout=0.1),
+             "varlen": dict(cu_seqlens_q=512), "no-keys": dict(seqlen_k=0), "no-sm-count": dict(num_sms=0),
+             "probs": dict(p_out=512)}[case]
+    assert _plan(**extra)[0] == 0, f"planned a split for {extra}"
+    assert _plan_of("cpu", _params())[0] == 0
+
+
+@pytest.mark.skipif(not _has_v2(), reason="v2 not compiled into this build")
+@pytest.mark.parametrize("case", ["not-decode", "not-the-plan", "no-workspace", "workspace-too-small"])
+def test_split_checks_refuse_before_launch(case):
+    shape = dict(batch=1)  # 8 tiles on 132 SMs: far from a wave, so the plan splits
+    splits, o_floats, lse_floats = _plan(**shape)
+    assert splits > 1, f"the check needs a split plan, got {splits}"
+    extra, message = {
+        "not-decode": (dict(num_splits=splits, seqlen_q=_decode_tile()[0] + 1), "does not run v2's decode instance"),
+        "not-the-plan": (dict(num_splits=splits + 1), f"expected the forward plan's {splits}, got {splits + 1}"),
+        "no-workspace": (dict(num_splits=splits), f"oaccum: v2 needs {o_floats} floats for this problem, got 0"),
+        "workspace-too-small": (dict(num_splits=splits, workspaces=dict(oaccum=o_floats, lse_accum=lse_floats - 1)),
+                                f"lse_accum: v2 needs {lse_floats} floats for this problem, got {lse_floats - 1}"),
+    }[case]
     with pytest.raises(ValueError, match=message):
-        _native.C.fwd("v2", _params(**extra), 0)
+        _native.C.fwd("v2", _params(**shape, **extra), 0)
 
 
 def _decode_case(device, heads, heads_k, head_dim, seqlen_q, seqlens_k, capacity, dtype=torch.bfloat16, seed=0):
@@ -288,6 +272,9 @@ def test_decode_instance_unsplit_and_prefill_agree(splits_seen, monkeypatch):
     decode instance off (prefill instance) agrees within the FA rule."""
     if not torch.cuda.is_available() or not _has_v2():
         pytest.skip("needs a CUDA device and v2 d128")
+    # 64 sequences x 8 KV heads (each folding 4 query heads into rows) = 512 tiles: a wave on this device?
+    expected = _expected_plan(batch=64, heads=8, seqlen_q=4, seqlen_k=1024, num_sms=_ops._num_sms(torch.cuda.current_device()))[0]
+    assert expected == 1, f"512 tiles do not fill a wave of this device (the rule gives {expected} splits)"
     q, k_cache, v_cache, seqlens = _decode_case("cuda", 32, 8, 128, 1, [700] * 64, 1024)
     out = flashgen.flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=seqlens, version="v2")
     assert splits_seen[-1] == 1, f"expected the unsplit decode instance, saw num_splits {splits_seen}"
@@ -342,14 +329,18 @@ def test_decode_step_replays_from_a_cuda_graph(append, splits_seen):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("capacity, expected_splits", [(12800, 100), (16384, 128)])  # d128: 128-key blocks
-def test_decode_instance_many_splits(capacity, expected_splits, splits_seen):
+@pytest.mark.parametrize("key_blocks", [100, K_MAX_SPLITS])
+def test_decode_instance_many_splits(key_blocks, splits_seen):
     """One sequence and one KV head make one tile, so the plan splits the cache into as many shares as it has key
-    blocks, up to kMaxSplits: more splits than a warp has lanes (the combine's lanes hold several LSEs each), and
-    with 150 keys unused at the end, the last shares are empty."""
+    blocks, up to kMaxSplits (and the device's slots): more splits than a warp has lanes (the combine's lanes hold
+    several LSEs each), and with more than a key block unused at the end, the last shares are empty."""
     if not torch.cuda.is_available() or not _has_v2():
         pytest.skip("needs a CUDA device and v2 d128")
-    q, k_cache, v_cache, seqlens = _decode_case("cuda", 8, 1, 128, 1, [capacity - 150], capacity)
+    _, block_n, _ = _decode_tile()
+    capacity, unused = key_blocks * block_n, block_n + 22
+    expected_splits = _expected_plan(batch=1, heads=1, seqlen_q=8, seqlen_k=capacity, num_sms=_ops._num_sms(torch.cuda.current_device()))[0]
+    assert expected_splits > 32, f"{key_blocks} key blocks: the rule gives {expected_splits} splits on this device"
+    q, k_cache, v_cache, seqlens = _decode_case("cuda", 8, 1, 128, 1, [capacity - unused], capacity)
     out, lse = flashgen.flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=seqlens, version="v2",
                                                 return_softmax_lse=True)
     assert splits_seen[-1] == expected_splits, f"expected {expected_splits} splits, saw {splits_seen}"

@@ -1,0 +1,231 @@
+"""GPU backward of every compiled GPU generation (v2 today: FlashAttention-2 Alg. 2) against float64 autograd
+through the oracle.
+
+Each test runs once per GPU generation build_info() has backward instances of (`generation`, tests/conftest.py)
+and skips for a generation that is not compiled for this device or does not implement a feature it uses. Every
+test runs the generation's forward for out/lse, then flashgen._ops.backward(generation, ...) with dq/dk/dv
+poisoned (NaN), so an element the kernels fail to write fails. Gradients pass the FA rule with factor 3:
+max|grad - ref| <= 3 x the error of the same-dtype autograd backward through attention_ref +
+flashgen.testing.grad_floor. Dropout uses the forward's seed/offset and the numpy Philox spec's keep-mask as the
+oracle's.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+pytestmark = pytest.mark.gpu
+
+if not torch.cuda.is_available():
+    pytest.skip("GPU backward tests need a CUDA device", allow_module_level=True)
+
+import flashgen  # noqa: E402
+from conftest import check_grads, cu_seqlens, gpu_generations, need, randn, run_bwd  # noqa: E402
+from flashgen import _native, _ops, dispatch  # noqa: E402
+from flashgen.reference import attention_ref, philox_keep_mask  # noqa: E402
+from flashgen.testing import check_fa_rule, grad_floor  # noqa: E402
+
+DETERMINISTIC_RUNS = 10
+
+
+@pytest.fixture(params=gpu_generations("bwd"))
+def generation(request):
+    return request.param
+
+
+# ---- shapes: adversarial seqlens, every bucket, head dims between buckets ----
+SHAPES = [(1, 1), (239, 1), (113, 203), (1023, 1024), (128, 64), (300, 100)]
+
+
+@pytest.mark.parametrize("head_dim", [64, 128, 256, 40, 96, 200])
+@pytest.mark.parametrize("seqlens", SHAPES, ids=lambda s: f"{s[0]}x{s[1]}")
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_shapes_bf16(generation, head_dim, seqlens, causal):
+    need(generation, "bf16", head_dim, "backward", *(["causal"] if causal else []))
+    torch.manual_seed(0)
+    sq, sk = seqlens
+    b, h = (1, 2) if sq * sk > 10**5 else (2, 3)
+    q, k, v = (randn(b, s, h, head_dim, dtype=torch.bfloat16) for s in (sq, sk, sk))
+    check_grads(generation, f"bf16 d{head_dim} {sq}x{sk} causal={causal}", q, k, v,
+                window_size=(-1, 0) if causal else (-1, -1))
+
+
+@pytest.mark.parametrize("head_dim", [64, 128, 256])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_fp16(generation, head_dim, causal):
+    need(generation, "fp16", head_dim, "backward", *(["causal"] if causal else []))
+    torch.manual_seed(1)
+    q, k, v = (randn(2, s, 3, head_dim, dtype=torch.float16) for s in (113, 203, 203))
+    check_grads(generation, f"fp16 d{head_dim} causal={causal}", q, k, v, window_size=(-1, 0) if causal else (-1, -1))
+
+
+def test_causal_more_queries_than_keys_empty_rows(generation):
+    """seqlen_q > seqlen_k, causal: the first rows see no key; their dq is exactly 0 (no NaN from lse = +inf)."""
+    need(generation, "bf16", 128, "backward", "causal")
+    torch.manual_seed(2)
+    q, k, v = (randn(1, s, 2, 128, dtype=torch.bfloat16) for s in (333, 77, 77))
+    dq, _, _ = check_grads(generation, "causal sq>sk", q, k, v, window_size=(-1, 0))
+    assert bool((dq[:, : 333 - 77] == 0).all()), "dq of empty rows must be exactly 0"
+
+
+@pytest.mark.parametrize("window", [(32, 0), (16, 16), (0, 64), (100, -1), (-1, 7), (0, 0)])
+def test_sliding_window(generation, window):
+    need(generation, "bf16", 64, "backward", "window")
+    torch.manual_seed(3)
+    q, k, v = (randn(2, s, 2, 64, dtype=torch.bfloat16) for s in (257, 513, 513))
+    check_grads(generation, f"window {window}", q, k, v, window_size=window)
+
+
+def test_window_keys_nobody_sees(generation):
+    """Keys that no query sees (window far left of them) get dk = dv = 0, written (not left poisoned)."""
+    need(generation, "bf16", 64, "backward", "window")
+    torch.manual_seed(4)
+    q, k, v = (randn(1, s, 2, 64, dtype=torch.bfloat16) for s in (64, 400, 400))
+    _, dk, dv = check_grads(generation, "unseen keys", q, k, v, window_size=(10, 0))
+    assert bool((dk[:, :300] == 0).all()) and bool((dv[:, :300] == 0).all())
+
+
+@pytest.mark.parametrize("heads", [(8, 2), (6, 1)], ids=["gqa", "mqa"])
+def test_gqa_mqa(generation, heads):
+    need(generation, "fp16", 128, "backward", "gqa", "causal")
+    torch.manual_seed(5)
+    h, hk = heads
+    q = randn(2, 190, h, 128, dtype=torch.float16)
+    k, v = randn(2, 260, hk, 128, dtype=torch.float16), randn(2, 260, hk, 128, dtype=torch.float16)
+    check_grads(generation, f"heads {heads}", q, k, v, window_size=(-1, 0))
+
+
+@pytest.mark.parametrize("causal,dropout", [(False, False), (True, False), (True, True)])
+def test_varlen(generation, causal, dropout):
+    need(generation, "bf16", 128, "backward", "varlen", "gqa", *(["causal"] if causal else []),
+         *(["dropout"] if dropout else []))
+    torch.manual_seed(6)
+    lens_q, lens_k = [1, 130, 257, 7, 0], [5, 130, 100, 300, 9]
+    h, hk = 4, 2
+    q = randn(sum(lens_q), h, 128, dtype=torch.bfloat16)
+    k, v = randn(sum(lens_k), hk, 128, dtype=torch.bfloat16), randn(sum(lens_k), hk, 128, dtype=torch.bfloat16)
+    kw = dict(window_size=(-1, 0) if causal else (-1, -1), cu_seqlens_q=cu_seqlens(lens_q),
+              cu_seqlens_k=cu_seqlens(lens_k), max_seqlen_q=max(lens_q), max_seqlen_k=max(lens_k))
+    if dropout:
+        p, seed, offset = 0.2, 0xABCDEF, 17
+        kw.update(dropout_p=p, seed=seed, offset=offset, keep_mask=[
+            philox_keep_mask(seed, offset, 1, h, lq, lk, p, batch_index=i)[0].cuda()
+            for i, (lq, lk) in enumerate(zip(lens_q, lens_k))])
+    check_grads(generation, f"varlen causal={causal} dropout={dropout}", q, k, v, **kw)
+
+
+@pytest.mark.parametrize("head_dim", [64, 256])
+def test_softcap_and_alibi(generation, head_dim):
+    need(generation, "bf16", head_dim, "backward", "softcap", "alibi", "causal")
+    torch.manual_seed(7)
+    q, k, v = (randn(2, s, 4, head_dim, dtype=torch.bfloat16) * 3 for s in (201, 333, 333))
+    check_grads(generation, "softcap", q, k, v, window_size=(-1, 0), softcap=5.0)
+    slopes = torch.rand(4, device="cuda", dtype=torch.float32) * 0.3
+    check_grads(generation, "alibi (h,)", q, k, v, alibi_slopes=slopes)
+    slopes_b = torch.rand(2, 4, device="cuda", dtype=torch.float32) * 0.3
+    check_grads(generation, "alibi (b,h) + softcap", q, k, v, window_size=(-1, 0), alibi_slopes=slopes_b, softcap=5.0)
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("head_dim", [64, 128])
+def test_dropout(generation, causal, head_dim):
+    """The backward regenerates the forward's keep-mask from (seed, offset); the oracle uses the Philox spec's."""
+    need(generation, "bf16", head_dim, "backward", "dropout", *(["causal"] if causal else []))
+    torch.manual_seed(8)
+    b, h, sq, sk, p = 2, 3, 97, 133, 0.17
+    seed, offset = 0x1234_5678_9ABC, 0x1_0000_0007
+    q, k, v = (randn(b, s, h, head_dim, dtype=torch.bfloat16) for s in (sq, sk, sk))
+    keep = philox_keep_mask(seed, offset, b, h, sq, sk, p).cuda()
+    check_grads(generation, f"dropout causal={causal} d{head_dim}", q, k, v,
+                window_size=(-1, 0) if causal else (-1, -1), dropout_p=p, seed=seed, offset=offset, keep_mask=keep)
+
+
+def test_non_contiguous_inputs(generation):
+    need(generation, "bf16", 128, "backward")
+    torch.manual_seed(9)
+    q = randn(2, 4, 150, 128, dtype=torch.bfloat16).transpose(1, 2)
+    kv = randn(2, 222, 2, 4, 128, dtype=torch.bfloat16)
+    check_grads(generation, "non-contiguous", q, kv[:, :, 0], kv[:, :, 1])
+
+
+def test_deterministic_bitwise(generation):
+    """deterministic=True: dq, dk, dv bitwise identical over 10 runs (GQA, causal, many key blocks per query block)."""
+    need(generation, "bf16", 128, "backward", "gqa", "causal", "dropout")
+    torch.manual_seed(10)
+    q = randn(2, 1000, 4, 128, dtype=torch.bfloat16)
+    k, v = randn(2, 1100, 2, 128, dtype=torch.bfloat16), randn(2, 1100, 2, 128, dtype=torch.bfloat16)
+    kw = dict(softmax_scale=1.0 / math.sqrt(128), window_size=(-1, 0), dropout_p=0.1, seed=5, offset=6)
+    check_grads(generation, "deterministic", q, k, v,
+                keep_mask=philox_keep_mask(5, 6, 2, 4, 1000, 1100, 0.1).cuda(), deterministic=True, **kw)
+    out, lse, _ = _ops.forward(generation, q, k, v, **kw)
+    dout = torch.randn_like(out)
+    first = run_bwd(generation, q, k, v, dout, out, lse, deterministic=True, **kw)
+    for run in range(DETERMINISTIC_RUNS - 1):
+        again = run_bwd(generation, q, k, v, dout, out, lse, deterministic=True, **kw)
+        for label, a, b_ in zip(("dq", "dk", "dv"), first, again):
+            assert torch.equal(a, b_), f"deterministic run {run + 2}: {label} differs from run 1"
+
+
+@pytest.mark.parametrize("version", ["generation", "auto"])
+@pytest.mark.parametrize("head_dim", [64, 60])
+def test_flash_attn_func_autograd(generation, head_dim, version):
+    """End to end: flashgen.flash_attn_func forward + autograd backward vs float64 autograd, with version= the
+    generation, and with auto where auto picks this generation (a GPU generation must be picked for CUDA tensors it
+    can run; the one auto prefers runs the 'auto' case)."""
+    need(generation, "bf16", head_dim, "backward", "causal")
+    torch.manual_seed(11)
+    q, k, v = (randn(2, s, 4, head_dim, dtype=torch.bfloat16).requires_grad_() for s in (150, 170, 170))
+    if version == "auto":
+        chosen = flashgen.explain(q, k, v, causal=True).generation
+        assert chosen is not None and dispatch.GENERATIONS[chosen].device_type == "cuda", \
+            f"auto picked {chosen!r} for CUDA tensors that {generation} can run"
+        if chosen != generation:
+            pytest.skip(f"auto runs {chosen} for this call (dispatch.preference); tested under {chosen}")
+    out = flashgen.flash_attn_func(q, k, v, causal=True, version=generation if version == "generation" else "auto")
+    dout = torch.randn_like(out)
+    out.backward(dout)
+    grads = {}
+    for dtype in (torch.float64, torch.bfloat16):
+        leaves = [t.detach().to(dtype).requires_grad_() for t in (q, k, v)]
+        r, _ = attention_ref(*leaves, causal=True, dtype=dtype)
+        r.backward(dout.to(dtype))
+        grads[dtype] = [t.grad for t in leaves]
+    for i, label in enumerate(("dq", "dk", "dv")):
+        got = (q, k, v)[i].grad
+        ref = grads[torch.float64][i]
+        check_fa_rule(f"flash_attn_func d{head_dim} {label}", got, ref, grads[torch.bfloat16][i], factor=3.0,
+                      floor=grad_floor(got, ref, 170))
+
+
+def test_host_checks(generation):
+    need(generation, "bf16", 64, "backward")
+    torch.manual_seed(12)
+    q = randn(1, 8, 1, 64, dtype=torch.bfloat16)
+    out, lse, _ = _ops.forward(generation, q, q, q, softmax_scale=0.1)
+    with pytest.raises(NotImplementedError, match="dtype"):
+        _ops.backward(generation, out.float(), q.float(), q.float(), q.float(), out.float(), lse, softmax_scale=0.1)
+    if "block_sparse" not in dispatch.GENERATIONS[generation].implements:
+        mask = torch.ones(1, 1, 1, dtype=torch.uint8, device="cuda")
+        with pytest.raises(NotImplementedError, match="block_mask"):
+            _ops.backward(generation, out, q, q, q, out, lse, softmax_scale=0.1, block_mask=mask)
+
+
+def test_v2_dq_accum_smaller_than_its_layout_is_refused(monkeypatch):
+    """v2 only (its dq_accum layout, tile_config.h): a dq_accum smaller than the padded layout is refused before any
+    launch."""
+    need("v2", "bf16", 64, "backward")
+    torch.manual_seed(12)
+    q = randn(1, 8, 1, 64, dtype=torch.bfloat16)
+    out, lse, _ = _ops.forward("v2", q, q, q, softmax_scale=0.1)
+    real = _native.C.bwd_workspaces
+
+    def one_float_short(gen, p):
+        return tuple((name, floats - 1 if name == "dq_accum" else floats, zeroed)
+                     for name, floats, zeroed in real(gen, p))
+
+    monkeypatch.setattr(_native.C, "bwd_workspaces", one_float_short)
+    with pytest.raises(ValueError, match="dq_accum: v2 needs"):
+        _ops.backward("v2", out, q, q, q, out, lse, softmax_scale=0.1)

@@ -1,0 +1,263 @@
+"""GPU forward of every compiled GPU generation (v2 today) against the float64 oracle.
+
+Each test runs once per GPU generation build_info() has forward instances of (`generation`, tests/conftest.py) and
+skips for a generation that is not compiled for this device or does not implement a feature it uses. Every launch
+goes through flashgen._ops.forward(generation, ...) with the output poisoned (NaN), so an element the kernel fails
+to write fails; outputs pass the FA rule (max|out - ref| <= 2 x the same-dtype naive error + floor), LSE is
+compared to the oracle's (+inf on empty rows exactly), and the dropout keep-mask read back from the probabilities
+must equal the numpy Philox spec bit for bit.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+pytestmark = pytest.mark.gpu
+
+if not torch.cuda.is_available():
+    pytest.skip("GPU forward tests need a CUDA device", allow_module_level=True)
+
+from conftest import GPU_DTYPES, check_out_and_lse, cu_seqlens, gpu_generations, need, randn, run_fwd  # noqa: E402
+from flashgen import _ops, dispatch  # noqa: E402
+from flashgen.reference import attention_ref, philox_keep_mask, visible_mask  # noqa: E402
+
+
+# test_int64_offsets_over_2_31_elements: q and out hold 2^31 + 2^17 bf16 elements each (4 GiB apiece), lse 128 MiB;
+# the rest is the CUDA context and the allocator's slack.
+INT64_TEST_BYTES = 10 * 2**30
+
+
+@pytest.fixture(params=gpu_generations("fwd"))
+def generation(request):
+    return request.param
+
+
+# ---- shapes: adversarial seqlens, every bucket, head dims between buckets ----
+SHAPES = [(1, 1), (239, 1), (113, 203), (1023, 1024), (128, 64), (300, 100)]
+
+
+@pytest.mark.parametrize("dtype_name", list(GPU_DTYPES))
+@pytest.mark.parametrize("head_dim", [64, 128, 256, 40, 96, 200])
+@pytest.mark.parametrize("seqlens", SHAPES, ids=lambda s: f"{s[0]}x{s[1]}")
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_shapes(generation, dtype_name, head_dim, seqlens, causal):
+    need(generation, dtype_name, head_dim, *(["causal"] if causal else []))
+    torch.manual_seed(0)
+    sq, sk = seqlens
+    dt = GPU_DTYPES[dtype_name]
+    q, k, v = (randn(2, s, 3, head_dim, dtype=dt) for s in (sq, sk, sk))
+    window = (-1, 0) if causal else (-1, -1)
+    out, lse, _ = run_fwd(generation, q, k, v, window_size=window)
+    check_out_and_lse(f"{dtype_name} d{head_dim} {sq}x{sk} causal={causal}", out, lse, q, k, v, causal=causal)
+
+
+# ---- the running max must start at -inf (nvcc 13.0 miscompiled the init: see fwd_kernel.cuh, RowState rows) ----
+@pytest.mark.parametrize("dtype_name", list(GPU_DTYPES))
+@pytest.mark.parametrize("head_dim", [64, 128, 256])
+@pytest.mark.parametrize("case", ["239x1", "113x203-window00"])
+def test_one_visible_key_gives_v_exactly(generation, dtype_name, head_dim, case):
+    """A row that sees one key has P = 1, so O is that key's V row bit for bit and LSE its score. The FA rule's
+    tolerance hides a P that is not 1 (a max that did not start at -inf gave O = V * bf16(P)/P on rows with a
+    negative score); equality does not."""
+    need(generation, dtype_name, head_dim, *([] if case == "239x1" else ["window"]))
+    torch.manual_seed(5)
+    dt = GPU_DTYPES[dtype_name]
+    sq, sk, window = (239, 1, (-1, -1)) if case == "239x1" else (113, 203, (0, 0))
+    q, k, v = (randn(2, s, 3, head_dim, dtype=dt) for s in (sq, sk, sk))
+    out, lse, _ = run_fwd(generation, q, k, v, window_size=window)
+    # The one key of each row: key 0 (sk = 1), or the diagonal of a bottom-right window (0, 0).
+    key = torch.zeros(sq, dtype=torch.long, device="cuda") if sk == 1 else torch.arange(sq, device="cuda") + sk - sq
+    bad = (out != v[:, key]).any(dim=-1)
+    assert not bool(bad.any()), f"{int(bad.sum())} one-key rows differ from V, first (batch, row, head) " \
+                                f"{bad.nonzero()[0].tolist()}"
+    score = (q.double() * k[:, key].double()).sum(-1) / math.sqrt(head_dim)  # (b, sq, h)
+    err = float((lse.double() - score.transpose(1, 2)).abs().max())
+    assert err <= 1e-5 * max(1.0, float(score.abs().max())), f"lse vs the one score: {err:.3e}"
+
+
+@pytest.mark.parametrize("head_dim", [64, 128, 256])
+@pytest.mark.parametrize("seqlen_k", [1, 77, 300])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_all_scores_far_below_zero(generation, head_dim, seqlen_k, causal):
+    """Every score near -20 sqrt(d) (< -150): exp(s) underflows fp32, exp(s - max) does not. A running max that
+    starts at 0 instead of -inf gives O = 0 and LSE = +inf here."""
+    need(generation, "bf16", head_dim, *(["causal"] if causal else []))
+    torch.manual_seed(6)
+    dt = torch.bfloat16
+    q = (-4.5 + 0.3 * torch.randn(2, 150, 3, head_dim, device="cuda")).to(dt)
+    k = (4.5 + 0.3 * torch.randn(2, seqlen_k, 3, head_dim, device="cuda")).to(dt)
+    v = randn(2, seqlen_k, 3, head_dim, dtype=dt)
+    window = (-1, 0) if causal else (-1, -1)
+    out, lse, _ = run_fwd(generation, q, k, v, window_size=window)
+    ref, ref_lse = attention_ref(q, k, v, causal=causal)
+    assert float(ref_lse[~torch.isinf(ref_lse)].max()) < -100, "the test needs every score far below zero"
+    check_out_and_lse(f"far below zero d{head_dim} sk{seqlen_k} causal={causal}", out, lse, q, k, v, causal=causal)
+
+
+def test_causal_more_queries_than_keys_empty_rows(generation):
+    """Bottom-right causal with seqlen_q > seqlen_k: the first seqlen_q - seqlen_k rows see nothing -> 0 and +inf."""
+    need(generation, "bf16", 128, "causal")
+    torch.manual_seed(1)
+    q, k, v = (randn(1, s, 2, 128, dtype=torch.bfloat16) for s in (333, 77, 77))
+    out, lse, _ = run_fwd(generation, q, k, v, window_size=(-1, 0))
+    assert bool((out[:, : 333 - 77] == 0).all()), "empty rows must be exactly 0"
+    assert bool(torch.isinf(lse[..., : 333 - 77]).all())
+    check_out_and_lse("causal sq>sk", out, lse, q, k, v, causal=True)
+
+
+@pytest.mark.parametrize("window", [(32, 0), (16, 16), (0, 64), (100, -1), (-1, 7), (0, 0)])
+def test_sliding_window(generation, window):
+    need(generation, "bf16", 64, "window")
+    torch.manual_seed(2)
+    q, k, v = randn(2, 257, 2, 64, dtype=torch.bfloat16), randn(2, 513, 2, 64, dtype=torch.bfloat16), \
+        randn(2, 513, 2, 64, dtype=torch.bfloat16)
+    out, lse, _ = run_fwd(generation, q, k, v, window_size=window)
+    check_out_and_lse(f"window {window}", out, lse, q, k, v, window_size=window)
+
+
+@pytest.mark.parametrize("heads", [(8, 2), (6, 1)], ids=["gqa", "mqa"])
+def test_gqa_mqa(generation, heads):
+    need(generation, "fp16", 128, "gqa", "causal")
+    torch.manual_seed(3)
+    h, hk = heads
+    q, k, v = randn(2, 190, h, 128, dtype=torch.float16), randn(2, 260, hk, 128, dtype=torch.float16), \
+        randn(2, 260, hk, 128, dtype=torch.float16)
+    out, lse, _ = run_fwd(generation, q, k, v, window_size=(-1, 0))
+    check_out_and_lse(f"heads {heads}", out, lse, q, k, v, causal=True)
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_varlen(generation, causal):
+    need(generation, "bf16", 128, "varlen", "gqa", *(["causal"] if causal else []))
+    torch.manual_seed(4)
+    lens_q, lens_k = [1, 130, 257, 7, 0], [5, 130, 100, 300, 9]
+    cu_q, cu_k = cu_seqlens(lens_q), cu_seqlens(lens_k)
+    q = randn(sum(lens_q), 4, 128, dtype=torch.bfloat16)
+    k, v = randn(sum(lens_k), 2, 128, dtype=torch.bfloat16), randn(sum(lens_k), 2, 128, dtype=torch.bfloat16)
+    window = (-1, 0) if causal else (-1, -1)
+    out, lse, _ = run_fwd(generation, q, k, v, window_size=window, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k,
+                          max_seqlen_q=max(lens_q), max_seqlen_k=max(lens_k))
+    check_out_and_lse(f"varlen causal={causal}", out, lse, q, k, v, causal=causal, cu_seqlens_q=cu_q,
+                      cu_seqlens_k=cu_k)
+
+
+def test_kv_cache_seqused_and_batch_idx(generation):
+    need(generation, "bf16", 64, "kvcache", "gqa", "causal")
+    torch.manual_seed(5)
+    b, cache_b, cap, sq = 3, 5, 400, 9
+    q = randn(b, sq, 4, 64, dtype=torch.bfloat16)
+    k_cache, v_cache = (randn(cache_b, cap, 2, 64, dtype=torch.bfloat16) for _ in range(2))
+    seqused = torch.tensor([1, 257, 400], dtype=torch.int32, device="cuda")
+    batch_idx = torch.tensor([4, 0, 2], dtype=torch.int32, device="cuda")
+    out, lse, _ = run_fwd(generation, q, k_cache, v_cache, window_size=(-1, 0), seqused_k=seqused,
+                          kv_batch_idx=batch_idx)
+    kb, vb = k_cache[batch_idx.long()], v_cache[batch_idx.long()]
+    check_out_and_lse("kv cache", out, lse, q, kb, vb, causal=True, seqused_k=seqused)
+
+
+@pytest.mark.parametrize("head_dim", [64, 256])
+def test_softcap_and_alibi(generation, head_dim):
+    need(generation, "bf16", head_dim, "softcap", "alibi", "causal")
+    torch.manual_seed(6)
+    q, k, v = (randn(2, s, 4, head_dim, dtype=torch.bfloat16) * 3 for s in (201, 333, 333))
+    out, lse, _ = run_fwd(generation, q, k, v, window_size=(-1, 0), softcap=5.0)
+    check_out_and_lse("softcap", out, lse, q, k, v, causal=True, softcap=5.0)
+    slopes = torch.rand(4, device="cuda", dtype=torch.float32) * 0.3
+    out, lse, _ = run_fwd(generation, q, k, v, alibi_slopes=slopes)
+    check_out_and_lse("alibi (h,)", out, lse, q, k, v, alibi_slopes=slopes)
+    slopes_b = torch.rand(2, 4, device="cuda", dtype=torch.float32) * 0.3
+    out, lse, _ = run_fwd(generation, q, k, v, window_size=(-1, 0), alibi_slopes=slopes_b, softcap=5.0)
+    check_out_and_lse("alibi (b,h) + softcap", out, lse, q, k, v, causal=True, alibi_slopes=slopes_b, softcap=5.0)
+
+
+def _probs_ref(q, k, scale, causal):
+    """float64 (b, h, sq, sk) softmax probabilities of the oracle's semantics (no mods)."""
+    s = torch.einsum("bihd,bjhd->bhij", q.double(), k.double()) * scale
+    ok = visible_mask(q.shape[1], k.shape[1], (-1, -1), causal, device=q.device)
+    return torch.softmax(s.masked_fill(~ok, float("-inf")), dim=-1).nan_to_num(0.0)
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("head_dim", [64, 128])
+def test_dropout_mask_and_probs(generation, causal, head_dim):
+    need(generation, "bf16", head_dim, "dropout", "return_probs", *(["causal"] if causal else []))
+    torch.manual_seed(7)
+    b, h, sq, sk, p = 2, 3, 97, 133, 0.17
+    seed, offset = 0x1234_5678_9ABC, 0x1_0000_0007
+    q, k, v = randn(b, sq, h, head_dim, dtype=torch.bfloat16), randn(b, sk, h, head_dim, dtype=torch.bfloat16), \
+        randn(b, sk, h, head_dim, dtype=torch.bfloat16)
+    window = (-1, 0) if causal else (-1, -1)
+    out, lse, probs = run_fwd(generation, q, k, v, window_size=window, dropout_p=p, seed=seed, offset=offset,
+                              return_probs=True)
+    keep = philox_keep_mask(seed, offset, b, h, sq, sk, p).cuda()
+    assert torch.equal(~torch.signbit(probs), keep), "dropout keep-mask (sign of probs) differs from the Philox spec"
+    scale = 1.0 / math.sqrt(head_dim)
+    perr = float((probs.abs().double() - _probs_ref(q, k, scale, causal)).abs().max())
+    assert perr <= 2e-5 * sk, f"|probs| vs oracle softmax: {perr:.3e}"
+    check_out_and_lse(f"dropout causal={causal}", out, lse, q, k, v, causal=causal, dropout_p=p, keep_mask=keep)
+
+
+def test_probs_without_dropout(generation):
+    need(generation, "fp16", 64, "return_probs", "causal")
+    torch.manual_seed(8)
+    q, k, v = (randn(1, s, 2, 64, dtype=torch.float16) for s in (65, 190, 190))
+    out, lse, probs = run_fwd(generation, q, k, v, window_size=(-1, 0), return_probs=True)
+    assert not bool(torch.signbit(probs).any()), "no dropout: no entry may be negated"
+    perr = float((probs.double() - _probs_ref(q, k, 0.125, True)).abs().max())
+    assert perr <= 4e-3, f"probs vs oracle softmax: {perr:.3e}"
+    check_out_and_lse("probs, no dropout", out, lse, q, k, v, causal=True)
+
+
+def test_non_contiguous_inputs(generation):
+    """q/k/v as views of (b, h, s, d) and packed (b, s, 3, h, d) storage: strides come from the tensors."""
+    need(generation, "bf16", 128)
+    torch.manual_seed(9)
+    q = randn(2, 4, 150, 128, dtype=torch.bfloat16).transpose(1, 2)  # (b, s, h, d), head stride s*d
+    kv = randn(2, 222, 2, 4, 128, dtype=torch.bfloat16)
+    k, v = kv[:, :, 0], kv[:, :, 1]
+    assert not q.is_contiguous() and not k.is_contiguous()
+    out, lse, _ = run_fwd(generation, q, k, v)
+    check_out_and_lse("non-contiguous", out, lse, q, k, v)
+
+
+def test_deterministic(generation):
+    need(generation, "bf16", 128, "causal", "dropout")
+    torch.manual_seed(10)
+    q, k, v = (randn(2, 700, 4, 128, dtype=torch.bfloat16) for _ in range(3))
+    for kw in ({"window_size": (-1, 0)}, {"dropout_p": 0.1, "seed": 3, "offset": 4}):
+        o1, l1, _ = run_fwd(generation, q, k, v, **kw)
+        o2, l2, _ = run_fwd(generation, q, k, v, **kw)
+        assert torch.equal(o1, o2) and torch.equal(l1, l2), f"not bitwise reproducible with {kw}"
+
+
+def test_int64_offsets_over_2_31_elements(generation):
+    """q/out hold batch*seqlen*heads*d = 2^31 + 2^17 elements (4 GB each): offsets must be int64. Cheap: 64 keys."""
+    need(generation, "bf16", 64)
+    if torch.cuda.get_device_properties(0).total_memory < INT64_TEST_BYTES:
+        pytest.skip(f"needs {INT64_TEST_BYTES // 2**30} GiB of GPU memory (q and out 4 GiB each)")
+    torch.manual_seed(11)
+    seqlen_q = 2**31 // 64 + 2048  # one head of 64 dims
+    q = torch.empty(1, seqlen_q, 1, 64, device="cuda", dtype=torch.bfloat16).normal_()
+    k, v = randn(1, 64, 1, 64, dtype=torch.bfloat16), randn(1, 64, 1, 64, dtype=torch.bfloat16)
+    out, lse, _ = run_fwd(generation, q, k, v)
+    for name, sl in (("first rows", slice(0, 300)), ("last rows", slice(seqlen_q - 3000, seqlen_q))):
+        check_out_and_lse(f">2^31 {name}", out[:, sl], lse[..., sl], q[:, sl], k, v)
+    del q, out
+
+
+def test_host_checks(generation):
+    need(generation, "bf16", 64)
+    torch.manual_seed(12)
+    q = randn(1, 8, 1, 64, dtype=torch.bfloat16)
+    with pytest.raises(NotImplementedError, match="dtype"):
+        _ops.forward(generation, q.float(), q.float(), q.float(), softmax_scale=0.1)
+    q12 = randn(1, 8, 1, 12, dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="head_dim"):
+        _ops.forward(generation, q12, q12, q12, softmax_scale=0.1)
+    if "block_sparse" not in dispatch.GENERATIONS[generation].implements:
+        mask = torch.ones(1, 1, 1, dtype=torch.uint8, device="cuda")
+        with pytest.raises(NotImplementedError, match="block_mask"):
+            _ops.forward(generation, q, q, q, softmax_scale=0.1, block_mask=mask)
