@@ -166,6 +166,7 @@ PYBIND11_MODULE(_C, m) {
       FG_RW(AttnParams, batch) FG_RW(AttnParams, seqlen_q) FG_RW(AttnParams, seqlen_k)
       FG_RW(AttnParams, num_heads) FG_RW(AttnParams, num_heads_k) FG_RW(AttnParams, head_dim)
       FG_RW(AttnParams, dtype) FG_RW(AttnParams, out_dtype)
+      FG_RW(AttnParams, total_q) FG_RW(AttnParams, total_k) FG_RW(AttnParams, batch_k)
       FG_PTR(AttnParams, q_descale, const float*) FG_PTR(AttnParams, k_descale, const float*)
       FG_PTR(AttnParams, v_descale, const float*)
       FG_RW(AttnParams, q_descale_batch_stride) FG_RW(AttnParams, q_descale_head_stride)

@@ -41,6 +41,11 @@ struct AttnParams {
   int64_t k_descale_batch_stride = 0, k_descale_head_stride = 0;
   int64_t v_descale_batch_stride = 0, v_descale_head_stride = 0;
 
+  // ---- tensor extents (TMA maps are bounded by them) ----
+  int64_t total_q = 0;  // varlen: rows of the stacked q / out (q.shape[0]); 0 otherwise
+  int64_t total_k = 0;  // varlen: rows of the stacked k / v (k.shape[0]); 0 otherwise
+  int batch_k = 0;      // dense k / v: their batch dimension (the cache's with kv_batch_idx); 0 = batch
+
   // ---- score ----
   float softmax_scale = 0.f;
   float scale_log2 = 0.f;  // softmax_scale * log2(e); with softcap: softcap_log2 factor below

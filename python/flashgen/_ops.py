@@ -79,6 +79,9 @@ def _fill(p, q, k, v, o, lse, *, softmax_scale, window_size, softcap, alibi_slop
     p.num_heads_k = k_shape[-2]
     p.head_dim = q_shape[-1]
     p.dtype = _DTYPES[q.dtype]
+    p.total_q = q_shape[0] if varlen_q else 0
+    p.total_k = k_shape[0] if varlen_k else 0
+    p.batch_k = 0 if varlen_k else k_shape[0]
     p.out_dtype = _DTYPES[o.dtype]
     p.softmax_scale = float(softmax_scale)
     # With softcap the kernels apply softmax_scale inside tanh and keep logits, so the softmax runs in log2(e) units.
