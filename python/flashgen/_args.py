@@ -152,17 +152,17 @@ def max_seqlen(name: str, value) -> int:
 
 def version(value) -> str:
     """The version flag, else FLASHGEN_VERSION, else 'auto'; a name dispatch knows, or a named error."""
-    names = (dispatch.AUTO, *sorted(dispatch.GENERATIONS))
+    source = "version"
     if value is None:
-        value = os.environ.get(VERSION_ENV) or dispatch.AUTO
-        if value not in names:
-            raise ValueError(f"{VERSION_ENV}: expected one of {', '.join(names)} (or unset), got {value!r}")
+        source, value = VERSION_ENV, os.environ.get(VERSION_ENV) or dispatch.AUTO
+    if type(value) is str and (value == dispatch.AUTO or value in dispatch.GENERATIONS):
         return value
+    names = ", ".join((dispatch.AUTO, *sorted(dispatch.GENERATIONS)))
+    if source == VERSION_ENV:
+        raise ValueError(f"{VERSION_ENV}: expected one of {names} (or unset), got {value!r}")
     if type(value) is not str:
-        raise TypeError(f"version: expected None or a str, one of {', '.join(names)}, got {_describe(value)}")
-    if value not in names:
-        raise ValueError(f"version: expected 'auto' or one of {sorted(dispatch.GENERATIONS)}, got {value!r}")
-    return value
+        raise TypeError(f"version: expected None or a str, one of {names}, got {_describe(value)}")
+    raise ValueError(f"version: expected 'auto' or one of {sorted(dispatch.GENERATIONS)}, got {value!r}")
 
 
 # ---- problems with no work ----

@@ -25,6 +25,7 @@ import torch
 DTYPE_NAMES = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16"}
 MAX_HEAD_DIM = 256  # common/config.h kMaxHeadDim; build_info().max_head_dim reports the same
 INDEX_DTYPE = torch.int32  # cu_seqlens, cache_seqlens, cache_batch_idx (flash_attn's contract)
+INT32_MAX = 2 ** 31 - 1  # sizes travel as int32 in the params struct (common/params.h)
 CHECK_INDICES_ENV = "FLASHGEN_CHECK_INDICES"  # "1": read CUDA index tensors to check them (one sync per call)
 
 # float32 limits, as float64 bounds on the value before rounding (the kernels hold scalars in float32).
@@ -67,6 +68,9 @@ def check_qkv(q, k, v, *, varlen: bool = False, names: Tuple[str, str, str] = ("
         _rank(name, t, rank, layout)
     if k.shape != v.shape:
         raise ValueError(f"{vn}: expected the shape of {kn} {tuple(k.shape)}, got {tuple(v.shape)}")
+    for name, t in ((qn, q), (kn, k)):
+        if max(t.shape) > INT32_MAX:  # e.g. an expanded (stride 0) tensor: sizes are int32 in the params
+            raise ValueError(f"{name}: expected every size at most {INT32_MAX}, got shape {tuple(t.shape)}")
     if not varlen and same_batch and k.shape[0] != q.shape[0]:
         raise ValueError(f"{kn}: expected batch {q.shape[0]} (the batch of {qn}), got {k.shape[0]}")
     head_dim = q.shape[-1]
@@ -231,8 +235,9 @@ def check_varlen_values(cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int, max_seqle
 def check_block_mask(block_mask, block_size, q: torch.Tensor, k: torch.Tensor) -> None:
     """bool (num_heads or 1, ceil(seqlen_q / block_m), ceil(seqlen_k / block_n)) on the device of q."""
     if not isinstance(block_size, (tuple, list)) or len(block_size) != 2 or \
-            not all(isinstance(b, int) and not isinstance(b, bool) and b > 0 for b in block_size):
-        raise ValueError(f"block_size: expected a pair of positive ints (block_m, block_n), got {block_size!r}")
+            not all(isinstance(b, int) and not isinstance(b, bool) and 0 < b <= INT32_MAX for b in block_size):
+        raise ValueError(f"block_size: expected a pair of positive ints (block_m, block_n) up to {INT32_MAX}, "
+                         f"got {block_size!r}")
     t = _tensor("block_mask", block_mask)
     if t.dtype != torch.bool:
         raise TypeError(f"block_mask: expected dtype torch.bool, got {t.dtype}")
