@@ -588,6 +588,18 @@ def empty_kvcache():
     assert torch.equal(kc[0, 1:4], k[0]) and torch.equal(vc[1, 5:8], v[1]), "seqlen_q 0 still appends k / v"
 
 
+@case()
+def empty_under_torch_compile():
+    """The empty result traces under torch.compile(fullgraph=True), also with one tensor as q, k and v."""
+    flashgen = _fg()
+    step = torch.compile(lambda x: flashgen.flash_attn_func(x, x, x, causal=True), backend="aot_eager",
+                         fullgraph=True)
+    x = _rand(2, 0, 2, 16, grad=True)
+    out = step(x)
+    out.sum().backward()
+    assert out.shape == x.shape and x.grad is not None and x.grad.shape == x.shape
+
+
 # ---- the child: run cases, print one result line each ----
 
 _UNRECORDED: Dict[str, Callable] = {}  # the real launchers, for cases that call them on purpose

@@ -167,23 +167,6 @@ def version(value) -> str:
 
 # ---- problems with no work ----
 
-class _EmptyAttention(torch.autograd.Function):
-    """out = 0 and lse = +inf (batch 0, no query rows, no heads or no keys); the gradients are zeros."""
-
-    @staticmethod
-    def forward(ctx, q, k, v, lse_shape):
-        ctx.set_materialize_grads(False)
-        ctx.save_for_backward(q, k, v)
-        lse = torch.full(lse_shape, float("inf"), dtype=torch.float32, device=q.device)
-        ctx.mark_non_differentiable(lse)
-        return torch.zeros_like(q), lse
-
-    @staticmethod
-    def backward(ctx, _dout, _dlse):
-        q, k, v = ctx.saved_tensors
-        return torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v), None
-
-
 def no_work(q: torch.Tensor, k: torch.Tensor, rows_k: Optional[int] = None) -> bool:
     """True when a call has nothing to compute: no query element (batch 0, seqlen_q 0, 0 heads, varlen total_q 0)
     or no key row (seqlen_k 0; rows_k: the key rows a varlen / KV-cache call can read)."""
@@ -196,11 +179,14 @@ def empty_result(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lse_shape: T
                  probs_shape: Optional[Tuple[int, ...]]):
     """(out, lse, probs) of a problem with no work, as flash_attn gives it: out 0, lse +inf, probabilities 0;
     gradients through autograd are zeros."""
+    lse = torch.full(lse_shape, float("inf"), dtype=torch.float32, device=q.device)
     if torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)):
-        out, lse = _EmptyAttention.apply(q, k, v, lse_shape)
+        # Zeros that depend on q, k and v, so each gets a zero gradient: where() selects (0 * NaN would be NaN), and
+        # plain ops trace under torch.compile even with one tensor as q, k and v (an autograd.Function does not).
+        off = torch.zeros((), dtype=torch.bool, device=q.device)
+        out = torch.where(off, q, 0) + torch.where(off, k.sum() + v.sum(), 0).to(q.dtype)
     else:
         out = torch.zeros_like(q)
-        lse = torch.full(lse_shape, float("inf"), dtype=torch.float32, device=q.device)
     probs = None if probs_shape is None else torch.zeros(probs_shape, dtype=torch.float32, device=q.device)
     return out, lse, probs
 
