@@ -47,7 +47,8 @@ def _lse(name: str, lse: torch.Tensor, q, k, v, **kw) -> None:
     assert got.shape == ref.shape, f"{name}: lse shape {tuple(got.shape)} vs {tuple(ref.shape)}"
     special = ~torch.isfinite(ref)
     assert torch.equal(torch.isnan(got), torch.isnan(ref)), f"{name}: NaN lse rows differ from the oracle's"
-    assert torch.equal(torch.isinf(got), torch.isinf(ref)) and torch.equal(got[torch.isinf(ref)], ref[torch.isinf(ref)]), \
+    inf = torch.isinf(ref)
+    assert torch.equal(torch.isinf(got), inf) and torch.equal(got[inf], ref[inf]), \
         f"{name}: +inf lse rows differ from the oracle's"
     if (~special).any():
         err = float(((got - ref).abs() / ref.abs().clamp_min(1.0))[~special].max())
