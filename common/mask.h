@@ -16,31 +16,41 @@ FH_HD int imin(int a, int b) { return a < b ? a : b; }
 FH_HD int imax(int a, int b) { return a > b ? a : b; }
 FH_HD int ceil_div(int a, int b) { return (a + b - 1) / b; }
 
+// v clamped to [lo, hi]: a 64-bit mask sum brought back into the int range the limits live in.
+FH_HD int clamp_to_int(int64_t v, int lo, int hi) { return static_cast<int>(v < lo ? lo : (v > hi ? hi : v)); }
+
 // The mask of one (batch, head) problem: sizes after varlen/KV-cache resolution, and the window.
+// The limits sum four ints (row, both seqlens, a window bound): the sums run in 64 bits and are clamped back, so
+// no window or sequence length overflows them (a window of 2^31 - 1 used to wrap and hide every key).
 struct MaskSpec {
   int seqlen_q;
   int seqlen_k;
   int window_left;   // -1 = unbounded
   int window_right;  // -1 = unbounded
 
-  // First visible key of query row `row` (may exceed seqlen_k for an empty row).
+  // First visible key of query row `row` (seqlen_k for a row whose window starts past the last key).
   FH_HD int col_begin(int row) const {
-    return window_left < 0 ? 0 : imax(0, row + seqlen_k - seqlen_q - window_left);
+    if (window_left < 0) return 0;
+    return clamp_to_int(static_cast<int64_t>(row) + seqlen_k - seqlen_q - window_left, 0, imax(seqlen_k, 0));
   }
   // One past the last visible key of query row `row` (may be <= col_begin for an empty row).
   FH_HD int col_end(int row) const {
-    return window_right < 0 ? seqlen_k : imax(0, imin(seqlen_k, row + seqlen_k - seqlen_q + window_right + 1));
+    if (window_right < 0) return seqlen_k;
+    return clamp_to_int(static_cast<int64_t>(row) + seqlen_k - seqlen_q + window_right + 1, 0, imax(seqlen_k, 0));
   }
   FH_HD bool visible(int row, int col) const {
     return row >= 0 && row < seqlen_q && col >= col_begin(row) && col < col_end(row);
   }
-  // First query row that sees key `col` (rows below it do not). Used by the backward (loop over query blocks).
+  // First query row that sees key `col` (rows below it do not; seqlen_q when none does). Used by the backward (loop
+  // over query blocks).
   FH_HD int row_begin(int col) const {
-    return window_right < 0 ? 0 : imax(0, col - (seqlen_k - seqlen_q) - window_right);
+    if (window_right < 0) return 0;
+    return clamp_to_int(static_cast<int64_t>(col) - seqlen_k + seqlen_q - window_right, 0, imax(seqlen_q, 0));
   }
   // One past the last query row that sees key `col`.
   FH_HD int row_end(int col) const {
-    return window_left < 0 ? seqlen_q : imax(0, imin(seqlen_q, col - (seqlen_k - seqlen_q) + window_left + 1));
+    if (window_left < 0) return seqlen_q;
+    return clamp_to_int(static_cast<int64_t>(col) - seqlen_k + seqlen_q + window_left + 1, 0, imax(seqlen_q, 0));
   }
 };
 

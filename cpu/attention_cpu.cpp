@@ -84,9 +84,9 @@ FG_INLINE void write_probs(const AttnParams& p, const HeadProblem& hp, const Pac
     for (int r = 0; r < rows; ++r) {
       float* sr = w.s.data() + r * kBlockN;
       if (computed) {
-        const float neg_max = -st[r].max_scaled(p.scale_log2);
+        row_exp2(sr, p.scale_log2, st[r].m, st[r].max_scaled(p.scale_log2));
         const float inv = st[r].inv_sum();
-        for (int j = 0; j < kBlockN; ++j) sr[j] = exp2_vec(score_exponent(sr[j], p.scale_log2, -neg_max)) * inv;
+        for (int j = 0; j < kBlockN; ++j) sr[j] *= inv;
       } else {
         std::fill(sr, sr + kBlockN, 0.f);
       }
@@ -119,7 +119,8 @@ FG_CPU_KERNEL void fwd_unit(const AttnParams& p, const PackedKV& kv, const FwdUn
     if (sparse == SparseTile::kOff) continue;
     // S = Q K^T with score modifiers and the mask.
     score_tile(p, hp, w.q.data(), kv.kt(hp.batch, hp.head_k, n_block), m0, rows, n0, sparse, w.s.data(), nullptr);
-    // Online softmax (RowState): raise m, rescale O and l, P = exp2(s * scale_log2 - m * scale_log2).
+    // Online softmax (RowState): raise m, rescale O and l, P = exp2(s * scale_log2 - m * scale_log2) (exactly 1 at
+    // the row max, common/softmax.h prob_exponent).
     for (int r = 0; r < rows; ++r) {
       float* sr = w.s.data() + r * kBlockN;
       const float alpha = st[r].rescale(row_max(sr), p.scale_log2);
@@ -127,7 +128,7 @@ FG_CPU_KERNEL void fwd_unit(const AttnParams& p, const PackedKV& kv, const FwdUn
         float* orow = w.o.data() + r * ld;
         for (int c = 0; c < ld; ++c) orow[c] *= alpha;
       }
-      st[r].add(row_exp2_sum(sr, p.scale_log2, -st[r].max_scaled(p.scale_log2)));
+      st[r].add(row_exp2_sum(sr, p.scale_log2, st[r].m, st[r].max_scaled(p.scale_log2)));
       // Dropout zeroes P after l has counted it: the LSE is the undropped softmax's.
       if (hp.path.dropout) {
         dropout_row(hp, m0 + r, n0, w.keep.data());

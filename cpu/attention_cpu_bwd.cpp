@@ -62,14 +62,15 @@ FG_INLINE void bwd_tile(const AttnBwdParams& p, const HeadProblem& hp, int m0, i
   const bool softcap = p.softcap > 0.f;
   score_tile(p, hp, w.q.data(), w.kt.data(), m0, rows, n0, sparse, w.s.data(), softcap ? w.cap_grad.data() : nullptr);
 
-  // P = exp2(s * scale_log2 - lse * log2 e): exactly 0 where masked (s = -inf) or on empty rows (lse = +inf).
+  // P = exp2(s * scale_log2 - lse * log2 e): exactly 0 where masked (s = -inf) or on empty rows (lse = +inf); the
+  // exponent is clamped to <= 0 (at_most_zero, common/softmax.h), since P <= 1 and a huge lse rounds past it.
   const float keep_scale = dropout_keep_scale(p.p_dropout);
   const float* lse = p.lse + lse_offset(p, hp.seq, hp.batch, hp.head) + m0;
   for (int r = 0; r < rows; ++r) {
     float* sr = w.s.data() + r * kBlockN;
     float* pdr = w.pd.data() + r * kBlockN;
     const float lse_log2 = lse[r] * kLog2e;
-    for (int j = 0; j < kBlockN; ++j) sr[j] = exp2_vec(score_exponent(sr[j], p.scale_log2, lse_log2));
+    for (int j = 0; j < kBlockN; ++j) sr[j] = exp2_vec(at_most_zero(sr[j] * p.scale_log2 - lse_log2));
     if (hp.path.dropout) {
       float* keep = w.keep.data() + r * kBlockN;
       dropout_row(hp, m0 + r, n0, keep);
@@ -167,7 +168,10 @@ void store_dq(const AttnBwdParams& p, int b, int head_k, int seqlen_q, const flo
 Status bwd(const AttnBwdParams& p) {
   const Status ok = check_params(p);
   if (!ok.is_ok()) return ok;
-  if (!p.dout || !p.dq || !p.dk || !p.dv) return Status::invalid("cpu: dout, dq, dk and dv must be non-null");
+  const bool has_q = p.batch > 0 && p.seqlen_q > 0, has_k = p.batch > 0 && p.seqlen_k > 0;
+  if (missing(p.dout, has_q) || missing(p.dq, has_q) || missing(p.dk, has_k) || missing(p.dv, has_k)) {
+    return Status::invalid("cpu: dout, dq, dk and dv must be non-null when they hold elements");
+  }
   if (p.seqused_k || p.kv_batch_idx) return Status::invalid("cpu: the backward takes no seqused_k / kv_batch_idx");
   const int group = p.num_heads / p.num_heads_k;
 

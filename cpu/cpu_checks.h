@@ -1,6 +1,11 @@
 // Host-side preconditions of the CPU backend, checked before any work with a message naming the argument.
+// The CPU backend reads its index tensors (cu_seqlens, seqused_k, kv_batch_idx) from host memory, so it checks
+// their values too: a bad offset would read or write out of bounds. Python (validate.py) checks them first with
+// the caller's argument names and the sizes the params do not carry (rows given, cache batch); these checks are
+// the backend's own guard for any caller of the binding.
 #pragma once
 
+#include <cmath>
 #include <string>
 
 #include "common/config.h"
@@ -9,9 +14,30 @@
 
 namespace flashgen::cpu {
 
+// A tensor with no elements may have a null data pointer (torch gives one to empty tensors): only tensors that
+// hold elements must be non-null.
+inline bool missing(const void* ptr, bool has_elements) { return has_elements && ptr == nullptr; }
+
+// cu_seqlens (batch + 1): starts >= 0, non-decreasing, every length <= max_seqlen.
+inline Status check_offsets(const char* name, const int* cu, int batch, int max_seqlen, const char* max_name) {
+  if (!cu) return Status::ok();
+  if (cu[0] < 0) return Status::invalid(std::string("cpu: ") + name + "[0] = " + std::to_string(cu[0]) + " is negative");
+  for (int b = 0; b < batch; ++b) {
+    const int64_t len = static_cast<int64_t>(cu[b + 1]) - cu[b];
+    if (len < 0) {
+      return Status::invalid(std::string("cpu: ") + name + " must be non-decreasing, got " + name + "[" +
+                             std::to_string(b + 1) + "] = " + std::to_string(cu[b + 1]) + " < " + name + "[" +
+                             std::to_string(b) + "] = " + std::to_string(cu[b]));
+    }
+    if (len > max_seqlen) {
+      return Status::invalid(std::string("cpu: sequence ") + std::to_string(b) + " has " + std::to_string(len) +
+                             " rows (" + name + "), more than " + max_name + " = " + std::to_string(max_seqlen));
+    }
+  }
+  return Status::ok();
+}
+
 inline Status check_params(const AttnParams& p) {
-  if (!p.q || !p.k || !p.v || !p.o) return Status::invalid("cpu: q, k, v and out must be non-null");
-  if (!p.lse) return Status::invalid("cpu: lse must be non-null");
   if (p.dtype != DType::kFloat32 && p.dtype != DType::kFloat16 && p.dtype != DType::kBFloat16) {
     return Status::invalid("cpu: dtype must be float32, float16 or bfloat16");
   }
@@ -26,13 +52,46 @@ inline Status check_params(const AttnParams& p) {
     return Status::invalid("cpu: num_heads " + std::to_string(p.num_heads) + " must be a positive multiple of num_heads_k " +
                            std::to_string(p.num_heads_k));
   }
+  const bool has_q = p.batch > 0 && p.seqlen_q > 0;
+  const bool has_k = p.batch > 0 && p.seqlen_k > 0;
+  if (missing(p.q, has_q) || missing(p.o, has_q) || missing(p.k, has_k) || missing(p.v, has_k)) {
+    return Status::invalid("cpu: q, k, v and out must be non-null when they hold elements");
+  }
+  if (missing(p.lse, has_q)) return Status::invalid("cpu: lse must be non-null");
   if (!(p.p_dropout >= 0.f && p.p_dropout < 1.f)) return Status::invalid("cpu: dropout_p must be in [0, 1)");
-  if (p.softcap < 0.f) return Status::invalid("cpu: softcap must be >= 0");
-  if (!(p.softmax_scale > 0.f)) return Status::invalid("cpu: softmax_scale must be > 0");
+  if (!(p.softcap >= 0.f && std::isfinite(p.softcap))) return Status::invalid("cpu: softcap must be finite and >= 0");
+  if (!(p.softmax_scale > 0.f && std::isfinite(p.softmax_scale))) {
+    return Status::invalid("cpu: softmax_scale must be finite and > 0");
+  }
+  if (!(p.scale_log2 > 0.f && std::isfinite(p.scale_log2))) {
+    return Status::invalid("cpu: scale_log2 (softmax_scale * log2 e) must be finite and > 0");
+  }
+  if (p.softcap > 0.f && !std::isfinite(p.softmax_scale / p.softcap)) {
+    return Status::invalid("cpu: softmax_scale / softcap must be finite in float32");
+  }
   if (p.block_mask && (p.sparse_block_m < 1 || p.sparse_block_n < 1)) {
     return Status::invalid("cpu: block_size must be positive with block_mask");
   }
   if (p.p_out && p.cu_seqlens_q) return Status::invalid("cpu: return_probs is dense-only (no cu_seqlens)");
+  if ((p.cu_seqlens_q == nullptr) != (p.cu_seqlens_k == nullptr)) {
+    return Status::invalid("cpu: cu_seqlens_q and cu_seqlens_k must be given together");
+  }
+  Status s = check_offsets("cu_seqlens_q", p.cu_seqlens_q, p.batch, p.seqlen_q, "max_seqlen_q");
+  if (!s.is_ok()) return s;
+  s = check_offsets("cu_seqlens_k", p.cu_seqlens_k, p.batch, p.seqlen_k, "max_seqlen_k");
+  if (!s.is_ok()) return s;
+  for (int b = 0; p.seqused_k && b < p.batch; ++b) {
+    if (p.seqused_k[b] < 0 || p.seqused_k[b] > p.seqlen_k) {
+      return Status::invalid("cpu: seqused_k[" + std::to_string(b) + "] = " + std::to_string(p.seqused_k[b]) +
+                             " must be in [0, " + std::to_string(p.seqlen_k) + "] (the cache capacity)");
+    }
+  }
+  for (int b = 0; p.kv_batch_idx && b < p.batch; ++b) {
+    if (p.kv_batch_idx[b] < 0) {
+      return Status::invalid("cpu: cache_batch_idx[" + std::to_string(b) + "] = " + std::to_string(p.kv_batch_idx[b]) +
+                             " is negative");
+    }
+  }
   return Status::ok();
 }
 

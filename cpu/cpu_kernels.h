@@ -109,9 +109,21 @@ FG_INLINE float row_max(const float* s) {
   return hmax(m);
 }
 
-// s <- exp2(s * scale_log2 + neg_max) (RowState::prob's exponent, vectorized) and return the row's sum.
-FG_INLINE float row_exp2_sum(float* s, float scale_log2, float neg_max) {
-  for (int j = 0; j < kBlockN; ++j) s[j] = exp2_vec(score_exponent(s[j], scale_log2, -neg_max));
+// s <- exp2(prob_exponent(s)) (RowState::prob, vectorized) for a row whose max is m, m_scaled =
+// st.max_scaled(scale_log2): the exact exponent (common/softmax.h) only for rows with a huge max. The fast loop is
+// written s * scale_log2 - m_scaled rather than prob_exponent's fmaf: the FMA clones contract it into the same
+// FMA, and the baseline clone (no FMA instruction) would otherwise call libm's software fmaf per element; rounded
+// twice it is exactly 0 at s == m, within the fast path's bound otherwise.
+FG_INLINE void row_exp2(float* s, float scale_log2, float m, float m_scaled) {
+  if (exact_exponent(m_scaled)) {
+    for (int j = 0; j < kBlockN; ++j) s[j] = exp2_vec(prob_exponent(s[j], m, m_scaled, scale_log2, true));
+  } else {
+    for (int j = 0; j < kBlockN; ++j) s[j] = exp2_vec(s[j] * scale_log2 - m_scaled);
+  }
+}
+
+FG_INLINE float row_exp2_sum(float* s, float scale_log2, float m, float m_scaled) {
+  row_exp2(s, scale_log2, m, m_scaled);
   Vec16 acc;
   vload(acc, s);
   for (int v = 1; v < kKeyVecs; ++v) {

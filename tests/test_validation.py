@@ -89,13 +89,16 @@ CASES = [
      ["q", "head_dim"]),
     ("head_dim_over_256", lambda: _func(q=_replace(q0, 3, 264), k=_replace(k0, 3, 264), v=_replace(v0, 3, 264)),
      ValueError, ["q", "head_dim"]),
+    ("seqlen_k_above_int32", lambda: _func(k=k0[:, :1].expand(BATCH, 2 ** 31, NUM_HEADS_K, HEAD_DIM),
+                                           v=v0[:, :1].expand(BATCH, 2 ** 31, NUM_HEADS_K, HEAD_DIM)), ValueError,
+     ["k", "2147483648"]),
     ("heads_not_divisible", lambda: _func(k=_replace(k0, 2, 3), v=_replace(v0, 2, 3)), ValueError,
      ["k", "num_heads_k"]),
     ("dropout_one", lambda: _func(dropout_p=1.0), ValueError, ["dropout_p", "[0, 1)"]),
     ("dropout_negative", lambda: _func(dropout_p=-0.1), ValueError, ["dropout_p"]),
     ("softmax_scale_nan", lambda: _func(softmax_scale=float("nan")), ValueError, ["softmax_scale", "finite"]),
     ("causal_not_bool", lambda: _func(causal="yes"), TypeError, ["causal", "bool"]),
-    ("deterministic_not_bool", lambda: _func(deterministic=1), TypeError, ["deterministic", "bool"]),
+    ("deterministic_not_bool", lambda: _func(deterministic=2), TypeError, ["deterministic", "bool", "2"]),
     ("window_below_minus_one", lambda: _func(window_size=(-2, 0)), ValueError, ["window_size", ">= -1"]),
     ("window_not_pair", lambda: _func(window_size=(1, 2, 3)), TypeError, ["window_size", "pair"]),
     ("softcap_negative", lambda: _func(softcap=-1.0), ValueError, ["softcap", ">= 0"]),
@@ -114,8 +117,8 @@ CASES = [
      ["cu_seqlens_q", "shape"]),
     ("cu_seqlens_device", lambda: _varlen_func(cu_seqlens_k=torch.zeros(3, dtype=torch.int32, device=META)),
      ValueError, ["cu_seqlens_k", "device"]),
-    ("max_seqlen_tensor", lambda: _varlen_func(max_seqlen_q=torch.tensor(SEQLEN_Q)), TypeError,
-     ["max_seqlen_q", "int"]),
+    ("max_seqlen_float_tensor", lambda: _varlen_func(max_seqlen_q=torch.tensor(SEQLEN_Q + 0.5)), TypeError,
+     ["max_seqlen_q", "int", "float32"]),
     ("max_seqlen_float", lambda: _varlen_func(max_seqlen_k=float(SEQLEN_K)), TypeError, ["max_seqlen_k", "int"]),
     ("varlen_q_rank4", lambda: _varlen_func(q=q0), ValueError, ["q", "3 dims"]),
     ("varlen_block_table", lambda: _varlen_func(block_table=torch.zeros(BATCH, 1, dtype=torch.int32)),
@@ -124,6 +127,7 @@ CASES = [
     ("block_mask_shape", lambda: _sparse(block_mask=torch.ones(1, 2, 2, dtype=torch.bool)), ValueError,
      ["block_mask", "shape"]),
     ("block_size_zero", lambda: _sparse(block_size=(0, 16)), ValueError, ["block_size", "positive"]),
+    ("block_size_above_int32", lambda: _sparse(block_size=(2 ** 40, 16)), ValueError, ["block_size", "1099511627776"]),
     ("cache_seqlens_int64", lambda: _kvcache(cache_seqlens=torch.full((BATCH,), 3)), TypeError,
      ["cache_seqlens", "int32"]),
     ("cache_seqlens_shape", lambda: _kvcache(cache_seqlens=torch.zeros(BATCH + 1, dtype=torch.int32)), ValueError,
@@ -151,6 +155,53 @@ CASES = [
      ["kv", "size 2"]),
     ("unknown_version", lambda: _func(version="v9"), ValueError, ["version"]),
     ("gpu_version_on_cpu_tensors", lambda: _func(version="v2"), ValueError, ["version='v2'", "CUDA"]),
+    ("version_list", lambda: _func(version=["cpu"]), TypeError, ["version", "['cpu']"]),
+    # scalars checked as the kernels see them, in float32
+    ("softcap_zero_in_fp32", lambda: _func(softcap=1e-50), ValueError, ["softcap", "1e-50"]),
+    ("softcap_inf_in_fp32", lambda: _func(softcap=1e300), ValueError, ["softcap", "1e+300"]),
+    ("softmax_scale_inf_in_fp32", lambda: _func(softmax_scale=1e39), ValueError, ["softmax_scale", "1e+39"]),
+    ("softmax_scale_zero_in_fp32", lambda: _func(softmax_scale=1e-50), ValueError, ["softmax_scale", "1e-50"]),
+    ("dropout_one_in_fp32", lambda: _func(dropout_p=1 - 1e-9), ValueError, ["dropout_p", "0.999999999"]),
+    ("kvcache_softcap_zero_in_fp32", lambda: _kvcache(softcap=1e-50), ValueError, ["softcap", "1e-50"]),
+    # int-like arguments: what flash_attn's typed ops accept is accepted (test_hostile_inputs.py); the rest is named
+    ("window_float", lambda: _func(window_size=(1.5, 0)), TypeError, ["window_size[0]", "1.5"]),
+    ("window_tensor_2d", lambda: _func(window_size=torch.zeros(2, 2, dtype=torch.int64)), TypeError,
+     ["window_size", "(2, 2)"]),
+    ("softmax_scale_bool", lambda: _func(softmax_scale=True), TypeError, ["softmax_scale", "bool"]),
+    ("softmax_scale_str", lambda: _func(softmax_scale="0.5"), TypeError, ["softmax_scale", "'0.5'"]),
+    ("dropout_bool", lambda: _func(dropout_p=False), TypeError, ["dropout_p", "bool"]),
+    ("causal_two", lambda: _func(causal=2), TypeError, ["causal", "2"]),
+    ("causal_float_tensor", lambda: _func(causal=torch.tensor(1.0)), TypeError, ["causal", "float"]),
+    ("return_attn_probs_str", lambda: _func(return_attn_probs="no"), TypeError, ["return_attn_probs", "'no'"]),
+    ("max_seqlen_bool", lambda: _varlen_func(max_seqlen_k=True), TypeError, ["max_seqlen_k", "bool"]),
+    ("max_seqlen_2_elements", lambda: _varlen_func(max_seqlen_q=torch.tensor([8, 8])), TypeError,
+     ["max_seqlen_q", "(2,)"]),
+    ("max_seqlen_above_int32", lambda: _varlen_func(max_seqlen_q=2 ** 31), ValueError, ["max_seqlen_q", "2147483648"]),
+    ("kvcache_rotary_interleaved_str", lambda: _kvcache(rotary_interleaved="yes"), TypeError,
+     ["rotary_interleaved", "'yes'"]),
+    ("kvcache_cache_seqlens_float", lambda: _kvcache(cache_seqlens=3.0), TypeError, ["cache_seqlens", "3.0"]),
+    # index tensors: CPU values are read and checked before anything runs
+    ("cu_seqlens_not_at_zero", lambda: _varlen_func(cu_seqlens_q=torch.tensor([1, 8, 16], dtype=torch.int32)),
+     ValueError, ["cu_seqlens_q", "[0]", "1"]),
+    ("cu_seqlens_decreasing", lambda: _varlen_func(cu_seqlens_k=torch.tensor([0, 20, 12], dtype=torch.int32)),
+     ValueError, ["cu_seqlens_k", "non-decreasing", "12", "20"]),
+    ("cu_seqlens_past_rows", lambda: _varlen_func(cu_seqlens_q=torch.tensor([0, 8, 17], dtype=torch.int32),
+                                                  max_seqlen_q=SEQLEN_Q + 1),
+     IndexError, ["cu_seqlens_q", "17", "16 rows of q"]),
+    ("max_seqlen_below_sequence", lambda: _varlen_func(max_seqlen_k=SEQLEN_K - 1), ValueError,
+     ["max_seqlen_k", str(SEQLEN_K - 1), str(SEQLEN_K)]),
+    ("explain_cu_seqlens", lambda: flashgen.explain(*_varlen()[:3], cu_seqlens_q=torch.tensor([0, 9, 16],
+                                                    dtype=torch.int32), cu_seqlens_k=_varlen()[4],
+                                                    max_seqlen_q=SEQLEN_Q, max_seqlen_k=SEQLEN_K), ValueError,
+     ["max_seqlen_q", "9"]),
+    ("cache_seqlens_past_capacity", lambda: _kvcache(k=None, v=None, cache_seqlens=torch.tensor(
+        [3, CACHE_LEN + 1], dtype=torch.int32)), ValueError, ["cache_seqlens[1]", str(CACHE_LEN + 1)]),
+    ("cache_seqlens_append_past_capacity", lambda: _kvcache(cache_seqlens=torch.tensor(
+        [3, CACHE_LEN], dtype=torch.int32)), ValueError, ["cache_seqlens[1]", "exceeds", str(CACHE_LEN)]),
+    ("cache_seqlens_int_append_past_capacity", lambda: _kvcache(cache_seqlens=CACHE_LEN), ValueError,
+     ["cache_seqlens", str(CACHE_LEN)]),
+    ("cache_batch_idx_out_of_range", lambda: _kvcache(cache_batch_idx=torch.tensor([0, BATCH], dtype=torch.int32)),
+     IndexError, ["cache_batch_idx[1]", str(BATCH)]),
 ]
 
 
@@ -170,7 +221,7 @@ def test_cases_are_distinct_and_name_what_they_refuse():
     ids = [c[0] for c in CASES]
     assert len(set(ids)) == len(ids), f"duplicate case ids: {sorted({i for i in ids if ids.count(i) > 1})}"
     for name, _, error, words in CASES:
-        assert error in (ValueError, TypeError, NotImplementedError), f"{name}: expects {error.__name__}"
+        assert error in (ValueError, TypeError, IndexError, NotImplementedError), f"{name}: expects {error.__name__}"
         assert words and all(isinstance(w, str) and w for w in words), f"{name}: names no word of the message"
 
 
@@ -205,4 +256,28 @@ def test_misaligned_stride(launches, gpu_alignment_on_cpu):
     k = wide[..., :HEAD_DIM]
     with pytest.raises(ValueError, match="k: stride"):
         flashgen.flash_attn_func(q0, k, v0)
+    assert launches == []
+
+
+def test_device_index_values_read_only_when_asked(monkeypatch):
+    """Index tensors on a device are not read by default (no synchronization); FLASHGEN_CHECK_INDICES=1 reads them.
+    Meta tensors stand in for CUDA ones: reading their values fails, so the error tells whether a read happened."""
+    from flashgen import validate
+    q = torch.empty(BATCH * SEQLEN_Q, NUM_HEADS, HEAD_DIM, dtype=torch.float16, device=META)
+    k = torch.empty(BATCH * SEQLEN_K, NUM_HEADS_K, HEAD_DIM, dtype=torch.float16, device=META)
+    cu = torch.empty(BATCH + 1, dtype=torch.int32, device=META)
+    monkeypatch.delenv(validate.CHECK_INDICES_ENV, raising=False)
+    assert not validate.indices_readable(cu) and validate.indices_readable(torch.zeros(1, dtype=torch.int32))
+    with pytest.raises(NotImplementedError, match="no flashgen generation"):  # dispatch refuses meta: values unread
+        flashgen.flash_attn_varlen_func(q, k, k, cu, cu, SEQLEN_Q, SEQLEN_K)
+    monkeypatch.setenv(validate.CHECK_INDICES_ENV, "1")
+    assert validate.indices_readable(cu)
+    with pytest.raises(NotImplementedError, match="meta"):  # the read was attempted
+        flashgen.flash_attn_varlen_func(q, k, k, cu, cu, SEQLEN_Q, SEQLEN_K)
+
+
+def test_flashgen_version_environment_named(monkeypatch, launches):
+    monkeypatch.setenv("FLASHGEN_VERSION", "v9")
+    with pytest.raises(ValueError, match="FLASHGEN_VERSION.*'v9'"):
+        _func()
     assert launches == []

@@ -16,13 +16,12 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import os
 from typing import Dict, List, Optional, Tuple
 
 import torch
 import torch.nn.functional as F
 
-from . import _library, _native, _ops, dispatch, nvtx, validate
+from . import _args, _library, _native, _ops, dispatch, nvtx, validate
 
 __all__ = [
     "flash_attn_func", "flash_attn_qkvpacked_func", "flash_attn_kvpacked_func", "flash_attn_varlen_func",
@@ -30,7 +29,7 @@ __all__ = [
     "block_sparse_attn_func", "explain", "Explanation",
 ]
 
-VERSION_ENV = "FLASHGEN_VERSION"
+VERSION_ENV = _args.VERSION_ENV  # FLASHGEN_VERSION
 _BUILD = _native.build_info()  # read once: a C call inside a torch.compile trace would break the graph
 _RNG_HIGH = 2 ** 62  # seed/offset drawn uniformly below this (fits the uint64 params with room for offsets)
 _capabilities: Dict[int, Tuple[int, int]] = {}
@@ -45,10 +44,8 @@ def _scale_and_window(head_dim: int, softmax_scale, window_size, causal: bool):
 
 
 def _requested(version: Optional[str]) -> str:
-    """The version flag, else FLASHGEN_VERSION, else 'auto'."""
-    if version is not None:
-        return version
-    return os.environ.get(VERSION_ENV, dispatch.AUTO) or dispatch.AUTO
+    """The version flag, else FLASHGEN_VERSION, else 'auto' (checked: a bad value raises naming its source)."""
+    return _args.version(version)
 
 
 def _capability(device: torch.device) -> Optional[Tuple[int, int]]:
@@ -111,14 +108,28 @@ def _attention(q, k, v, *, dropout_p, softmax_scale, causal, window_size, softca
                block_mask=None, block_size=(128, 128)):
     """Validate, dispatch, pad and launch. Returns (out, lse, probs-or-None) with out at the caller's head_dim."""
     varlen = cu_seqlens_q is not None or cu_seqlens_k is not None
+    dropout_p, softmax_scale, causal, window_size, softcap, deterministic, return_probs = _args.scalars(
+        dropout_p, softmax_scale, causal, window_size, softcap, deterministic, return_probs)
     validate.check_qkv(q, k, v, varlen=varlen)
     validate.check_scalars(dropout_p=dropout_p, softmax_scale=softmax_scale, causal=causal, window_size=window_size,
-                           softcap=softcap, deterministic=deterministic)
+                           softcap=softcap, deterministic=deterministic, head_dim=q.shape[-1])
+    total_q = None  # varlen: the rows of q when the sequences cover fewer (the rest of out is 0, of lse +inf)
     if varlen:
+        max_seqlen_q = _args.max_seqlen("max_seqlen_q", max_seqlen_q)
+        max_seqlen_k = _args.max_seqlen("max_seqlen_k", max_seqlen_k)
         batch = validate.check_varlen(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, q)
+        # Where the offsets were read: rows past the last sequence are cut off here (so their gradients are 0) and
+        # come back as out 0, lse +inf (cover_rows); no sequence is longer than the rows given.
+        covered = validate.check_varlen_values(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, q, k)
+        if covered is not None and covered[0] < q.shape[0]:
+            total_q, q = q.shape[0], q[:covered[0]]
+        if covered is not None and covered[1] < k.shape[0]:
+            k, v = k[:covered[1]], v[:covered[1]]
+        max_seqlen_q, max_seqlen_k = min(max_seqlen_q, q.shape[0]), min(max_seqlen_k, k.shape[0])
     else:
         batch = q.shape[0]
         max_seqlen_q, max_seqlen_k = q.shape[1], k.shape[1]
+    window_size = validate.clamp_window(window_size, max_seqlen_q, max_seqlen_k)
     validate.check_alibi(alibi_slopes, q, batch)
     if block_mask is not None:
         validate.check_block_mask(block_mask, block_size, q, k)
@@ -127,6 +138,10 @@ def _attention(q, k, v, *, dropout_p, softmax_scale, causal, window_size, softca
                          dropout_p=dropout_p, return_probs=return_probs, varlen=varlen, block_mask=block_mask,
                          tensors=(q, k, v))
     choice = _choose(q, features, version)
+    if _args.no_work(q, k):  # batch 0, no query rows, no heads or no keys: out 0, lse +inf, nothing launched
+        out, lse, probs = _args.empty_result(q, k, v, _ops.lse_shape(q, cu_seqlens_q), (
+            batch, q.shape[2], q.shape[1], k.shape[1]) if return_probs and not varlen else None)
+        return (*_args.cover_rows(out, lse, total_q), probs)
     head_dim = q.shape[-1]
     softmax_scale, (window_left, window_right) = _scale_and_window(head_dim, softmax_scale, window_size, causal)
     q, k, v = (_pad(validate.last_dim_contiguous(t), choice.head_dim_multiple) for t in (q, k, v))
@@ -153,6 +168,7 @@ def _attention(q, k, v, *, dropout_p, softmax_scale, causal, window_size, softca
         out, lse, probs = launch(q, k, v, *args)
     if out.shape[-1] != head_dim:
         out = out[..., :head_dim]
+    out, lse = _args.cover_rows(out, lse, total_q)
     return out, lse, (probs if return_probs and not varlen else None)
 
 
@@ -297,13 +313,22 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     _no_block_table(block_table)
     if cache_leftpad is not None:
         raise NotImplementedError("cache_leftpad (left-padded KV cache) is not implemented in flashgen yet; pass None")
+    _, softmax_scale, causal, window_size, softcap, _, _ = _args.scalars(0.0, softmax_scale, causal, window_size,
+                                                                        softcap, False, False)
+    rotary_interleaved = _args.as_bool("rotary_interleaved", rotary_interleaved)
+    return_softmax_lse = _args.as_bool("return_softmax_lse", return_softmax_lse)
+    if cache_seqlens is not None and not isinstance(cache_seqlens, torch.Tensor):
+        cache_seqlens = _args.as_int("cache_seqlens", cache_seqlens)
+    _args.as_int("num_splits", num_splits)
     validate.check_kvcache(q, k_cache, v_cache, k, v, cache_seqlens, cache_batch_idx)
     validate.check_scalars(dropout_p=0.0, softmax_scale=softmax_scale, causal=causal, window_size=window_size,
-                           softcap=softcap)
+                           softcap=softcap, head_dim=q.shape[-1])
     validate.check_rotary(rotary_cos, rotary_sin, q, k_cache, k_cache.shape[1])
     validate.check_alibi(alibi_slopes, q, q.shape[0])
     if k is not None and cache_seqlens is None:
         raise ValueError("cache_seqlens: expected an int or int32 (batch,) tensor when appending k/v")
+    validate.check_kvcache_values(k_cache, k, cache_seqlens, cache_batch_idx)  # before the append writes anything
+    window_size = validate.clamp_window(window_size, q.shape[1], k_cache.shape[1])
     batch, seqlen_q = q.shape[0], q.shape[1]
     features = _features(q, k_cache, causal=causal, window_size=window_size, softcap=softcap,
                          alibi_slopes=alibi_slopes, dropout_p=0.0, return_probs=False, kvcache=True)
@@ -330,6 +355,9 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
         k_cache.index_put_((rows, positions), k)
         v_cache.index_put_((rows, positions), v)
         seqused_k = (cache_seqlens + seqlen_new).to(torch.int32)
+    if _args.no_work(q, k_cache):  # batch 0, no query rows, no heads or a cache of capacity 0: out 0, lse +inf
+        out, lse, _ = _args.empty_result(q, k_cache, v_cache, _ops.lse_shape(q, None), None)
+        return (out, lse) if return_softmax_lse else out
     qp, kc, vc = (_pad(validate.last_dim_contiguous(t), choice.head_dim_multiple) for t in (q, k_cache, v_cache))
     if not torch.compiler.is_compiling():
         validate.check_alignment((("q", qp), ("k_cache", kc), ("v_cache", vc)), choice.alignment_bytes)
@@ -379,10 +407,19 @@ def explain(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, window_siz
     q, k, v requires grad). kvcache: describe a flash_attn_with_kvcache call instead.
     """
     varlen = cu_seqlens_q is not None or cu_seqlens_k is not None
+    dropout_p, softmax_scale, causal, window_size, softcap, deterministic, return_attn_probs = _args.scalars(
+        dropout_p, softmax_scale, causal, window_size, softcap, deterministic, return_attn_probs)
     validate.check_qkv(q, k, v, varlen=varlen)
     validate.check_scalars(dropout_p=dropout_p, softmax_scale=softmax_scale, causal=causal, window_size=window_size,
-                           softcap=softcap, deterministic=deterministic)
-    batch = validate.check_varlen(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, q) if varlen else q.shape[0]
+                           softcap=softcap, deterministic=deterministic, head_dim=q.shape[-1])
+    if varlen:
+        max_seqlen_q = _args.max_seqlen("max_seqlen_q", max_seqlen_q)
+        max_seqlen_k = _args.max_seqlen("max_seqlen_k", max_seqlen_k)
+        batch = validate.check_varlen(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, q)
+        validate.check_varlen_values(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, q, k)
+    else:
+        batch, max_seqlen_q, max_seqlen_k = q.shape[0], q.shape[1], k.shape[1]
+    window_size = validate.clamp_window(window_size, max_seqlen_q, max_seqlen_k)
     validate.check_alibi(alibi_slopes, q, batch)
     if block_mask is not None:
         validate.check_block_mask(block_mask, block_size, q, k)

@@ -50,11 +50,11 @@ def _dense(q, k, v, *, softmax_scale, causal, window_size, softcap, alibi_slopes
     """One batch of dense attention. q (b, sq, h, d), k/v (b, sk, hk, d); returns out (b, sq, h, d), lse (b, h, sq)."""
     b, sq, h, d = q.shape
     sk, hk = k.shape[1], k.shape[2]
-    if h % hk != 0:
+    if (hk == 0 and h != 0) or (hk != 0 and h % hk != 0):
         raise ValueError(f"num_heads {h} must be a multiple of num_heads_k {hk}")
     qf, kf, vf = (t.to(dtype) for t in (q, k, v))
-    kf = kf.repeat_interleave(h // hk, dim=2)
-    vf = vf.repeat_interleave(h // hk, dim=2)
+    kf = kf.repeat_interleave(h // hk if hk else 1, dim=2)
+    vf = vf.repeat_interleave(h // hk if hk else 1, dim=2)
     scores = torch.einsum("bihd,bjhd->bhij", qf, kf) * softmax_scale
     if softcap and softcap > 0:
         scores = softcap * torch.tanh(scores / softcap)
@@ -62,7 +62,7 @@ def _dense(q, k, v, *, softmax_scale, causal, window_size, softcap, alibi_slopes
         slopes = alibi_slopes.to(dtype)
         if slopes.dim() == 1:
             slopes = slopes.unsqueeze(0).expand(b, h)
-        scores = scores + torch.stack([alibi_bias(slopes[i], sq, sk) for i in range(b)])
+        scores = scores + alibi_bias(slopes.reshape(-1), sq, sk).view(b, h, sq, sk)
     ok = visible_mask(sq, sk, window_size, causal, device=q.device).view(1, 1, sq, sk)
     if block_mask is not None:
         bm, bn = block_size
@@ -84,11 +84,16 @@ def _dense(q, k, v, *, softmax_scale, causal, window_size, softcap, alibi_slopes
     row_sum = p.sum(dim=-1, keepdim=True)
     lse = (row_max + torch.log(row_sum)).squeeze(-1)
     lse = torch.where(empty.squeeze(-1), torch.full_like(lse, float("inf")), lse)
-    attn = torch.where(row_sum > 0, p / row_sum.clamp_min(torch.finfo(dtype).tiny), torch.zeros_like(p))
+    # Empty rows (sum 0) give 0; a NaN row (NaN in q, k or v) stays NaN.
+    attn = torch.where(row_sum == 0, torch.zeros_like(p), p / row_sum.clamp_min(torch.finfo(dtype).tiny))
     if keep_mask is not None and dropout_p > 0:
         attn = attn * keep_mask.to(attn.device) / (1.0 - dropout_p)
     out = torch.einsum("bhij,bjhd->bihd", attn, vf)
-    return out, lse.to(torch.float32 if dtype != torch.float64 else dtype)
+    return out, lse.to(_lse_dtype(dtype))
+
+
+def _lse_dtype(dtype: torch.dtype) -> torch.dtype:
+    return torch.float32 if dtype != torch.float64 else dtype
 
 
 def attention_ref(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, softmax_scale: Optional[float] = None,
@@ -101,7 +106,8 @@ def attention_ref(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, softmax_
     """Attention in `dtype` (float64 by default), returning (out, lse).
 
     Dense: q (b, sq, h, d), k/v (b, sk, hk, d) -> out (b, sq, h, d) in `dtype`, lse (b, h, sq).
-    Varlen (cu_seqlens_q/k given): q (total_q, h, d), k/v (total_k, hk, d) -> out (total_q, h, d), lse (h, total_q).
+    Varlen (cu_seqlens_q/k given): q (total_q, h, d), k/v (total_k, hk, d) -> out (total_q, h, d), lse (h, total_q);
+    rows past cu_seqlens_q[-1] belong to no sequence: out 0, lse +inf.
     seqused_k (b,): only the first seqused_k[i] keys of sequence i are used (KV cache).
     keep_mask: bool (b, h, sq, sk) (dense) or a list of (h, sq_i, sk_i) (varlen), True = kept; scaled by 1/(1-p).
     block_mask: bool (heads or 1, ceil(sq / bm), ceil(sk / bn)) with block_size (bm, bn).
@@ -122,6 +128,8 @@ def attention_ref(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, softmax_
             o, l = _dense(q[i:i + 1], k[i:i + 1, :n], v[i:i + 1, :n], alibi_slopes=slopes, keep_mask=km, **kw)
             outs.append(o)
             lses.append(l)
+        if not outs:  # batch 0
+            return _dense(q, k, v, alibi_slopes=None, keep_mask=None, **kw)
         return torch.cat(outs), torch.cat(lses)
     if cu_seqlens_k is None:
         raise ValueError("cu_seqlens_k is required with cu_seqlens_q")
@@ -138,6 +146,12 @@ def attention_ref(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, softmax_
         o, l = _dense(qi, ki, vi, alibi_slopes=slopes, keep_mask=km, **kw)
         outs.append(o[0])
         lses.append(l[0])
+    # Rows no sequence covers (past cu_seqlens_q[-1], or every row with batch 0): out 0, lse +inf.
+    h, d = q.shape[1], q.shape[2]
+    rest = q.shape[0] - cq[-1]
+    outs.append(torch.zeros(rest, h, d, dtype=dtype, device=q.device))
+    lses.append(torch.full((h, rest), float("inf"), dtype=lses[0].dtype if lses else _lse_dtype(dtype),
+                           device=q.device))
     return torch.cat(outs, dim=0), torch.cat(lses, dim=1)
 
 

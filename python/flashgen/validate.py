@@ -1,22 +1,38 @@
-"""Checks run before any launch: every bad input raises ValueError/TypeError naming the argument and what was expected.
+"""Checks run before any launch: every bad input raises ValueError/TypeError/IndexError naming the argument and the
+value, before anything is launched or written.
 
 The kernels read raw pointers and strides (see _ops.py), so a wrong shape or dtype that slipped through would read
 out of bounds or give a wrong result. What flash_attn accepts stays accepted: `last_dim_contiguous` copies a tensor
 whose last dim is strided, and interface.py zero-pads head dims for generations that need a multiple of 8.
-Only shapes, dtypes, devices and Python scalars are read here: no tensor values, so no host synchronization.
+Scalars arrive as plain Python values (_args.py) and are checked as the kernels will see them: in float32.
+
+Index tensors (cu_seqlens_q/k, cache_seqlens, cache_batch_idx) index rows and cache entries, so their values are
+checked too (`check_varlen_values`, `check_kvcache_values`), where reading them costs no device synchronization:
+CPU tensors always; CUDA tensors only with FLASHGEN_CHECK_INDICES=1 (one synchronization per call, for debugging).
+Under torch.compile values are not read (a data-dependent read would break the graph); the CPU backend still
+checks its offsets itself (cpu/cpu_checks.h).
 """
 
 from __future__ import annotations
 
 import math
 import numbers
-from typing import Optional, Sequence, Tuple
+import os
+from typing import List, Optional, Sequence, Tuple
 
 import torch
 
 DTYPE_NAMES = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16"}
 MAX_HEAD_DIM = 256  # common/config.h kMaxHeadDim; build_info().max_head_dim reports the same
 INDEX_DTYPE = torch.int32  # cu_seqlens, cache_seqlens, cache_batch_idx (flash_attn's contract)
+INT32_MAX = 2 ** 31 - 1  # sizes travel as int32 in the params struct (common/params.h)
+CHECK_INDICES_ENV = "FLASHGEN_CHECK_INDICES"  # "1": read CUDA index tensors to check them (one sync per call)
+
+# float32 limits, as float64 bounds on the value before rounding (the kernels hold scalars in float32).
+F32_ROUNDS_TO_INF = 2.0 ** 128 - 2.0 ** 103  # |x| >= this rounds to inf (FLT_MAX plus half an ulp)
+F32_MIN_NORMAL = 2.0 ** -126                 # smaller magnitudes are subnormal or 0 in float32
+F32_ROUNDS_TO_ONE = 1.0 - 2.0 ** -25         # x >= this rounds to 1.0 (the largest float32 below 1 is 1 - 2^-24)
+LOG2E = math.log2(math.e)
 
 
 def _tensor(name: str, t) -> torch.Tensor:
@@ -52,6 +68,9 @@ def check_qkv(q, k, v, *, varlen: bool = False, names: Tuple[str, str, str] = ("
         _rank(name, t, rank, layout)
     if k.shape != v.shape:
         raise ValueError(f"{vn}: expected the shape of {kn} {tuple(k.shape)}, got {tuple(v.shape)}")
+    for name, t in ((qn, q), (kn, k)):
+        if max(t.shape) > INT32_MAX:  # e.g. an expanded (stride 0) tensor: sizes are int32 in the params
+            raise ValueError(f"{name}: expected every size at most {INT32_MAX}, got shape {tuple(t.shape)}")
     if not varlen and same_batch and k.shape[0] != q.shape[0]:
         raise ValueError(f"{kn}: expected batch {q.shape[0]} (the batch of {qn}), got {k.shape[0]}")
     head_dim = q.shape[-1]
@@ -60,17 +79,33 @@ def check_qkv(q, k, v, *, varlen: bool = False, names: Tuple[str, str, str] = ("
     if not 0 < head_dim <= MAX_HEAD_DIM:
         raise ValueError(f"{qn}: expected head_dim in [1, {MAX_HEAD_DIM}], got {head_dim}")
     num_heads, num_heads_k = q.shape[-2], k.shape[-2]
+    if num_heads_k == 0 and num_heads == 0:  # no heads at all: an empty problem (interface.py returns empty outputs)
+        return
     if num_heads_k == 0 or num_heads % num_heads_k != 0:
         raise ValueError(f"{kn}: num_heads {num_heads} must be a multiple of num_heads_k {num_heads_k}")
 
 
-def check_scalars(*, dropout_p, softmax_scale, causal, window_size, softcap, deterministic=False) -> None:
-    """Python scalars of every entry point."""
+def _f32_normal(x: float) -> bool:
+    """x is a finite, normal, nonzero number in float32 (no overflow to inf, no flush towards 0)."""
+    return F32_MIN_NORMAL <= abs(x) < F32_ROUNDS_TO_INF
+
+
+def check_scalars(*, dropout_p, softmax_scale, causal, window_size, softcap, deterministic=False,
+                  head_dim: Optional[int] = None) -> None:
+    """Python scalars of every entry point (normalized by _args.py), checked as the kernels see them: in float32.
+    head_dim: gives the default softmax_scale (1 / sqrt(head_dim)) for the softmax_scale / softcap check."""
     if not isinstance(dropout_p, numbers.Real) or isinstance(dropout_p, bool) or not 0.0 <= dropout_p < 1.0:
         raise ValueError(f"dropout_p: expected a float in [0, 1), got {dropout_p!r}")
+    if dropout_p >= F32_ROUNDS_TO_ONE:
+        raise ValueError(f"dropout_p: expected a float in [0, 1) that stays below 1 in float32 (at most "
+                         f"{1 - 2 ** -24!r}), got {dropout_p!r} (1.0 in float32: every element dropped)")
     if softmax_scale is not None and (not isinstance(softmax_scale, numbers.Real) or isinstance(softmax_scale, bool)
                                       or not math.isfinite(softmax_scale) or softmax_scale <= 0):
         raise ValueError(f"softmax_scale: expected None or a finite float > 0, got {softmax_scale!r}")
+    if softmax_scale is not None and not (_f32_normal(softmax_scale) and _f32_normal(softmax_scale * LOG2E)):
+        raise ValueError(f"softmax_scale: expected a float that is finite and normal in float32, as is "
+                         f"softmax_scale * log2(e) (about {F32_MIN_NORMAL:.3g} to {F32_ROUNDS_TO_INF / LOG2E:.3g}), "
+                         f"got {softmax_scale!r}")
     if not isinstance(causal, bool):
         raise TypeError(f"causal: expected a bool, got {type(causal).__name__}")
     if not isinstance(deterministic, bool):
@@ -83,6 +118,30 @@ def check_scalars(*, dropout_p, softmax_scale, causal, window_size, softcap, det
     if not isinstance(softcap, numbers.Real) or isinstance(softcap, bool) or not softcap >= 0.0 or \
             not math.isfinite(softcap):
         raise ValueError(f"softcap: expected a finite float >= 0 (0 = off), got {softcap!r}")
+    if softcap != 0.0:
+        scale = softmax_scale if softmax_scale is not None else (
+            1.0 / math.sqrt(head_dim) if head_dim else None)
+        if not _f32_normal(softcap) or (scale is not None and not abs(scale / softcap) < F32_ROUNDS_TO_INF):
+            raise ValueError(f"softcap: expected 0 (off) or a float that is finite and normal in float32 (at least "
+                             f"{F32_MIN_NORMAL:.3g}), with softmax_scale / softcap finite in float32, got {softcap!r}"
+                             + (f" (softmax_scale {scale!r})" if scale is not None else ""))
+
+
+def clamp_window(window_size: Tuple[int, int], seqlen_q: int, seqlen_k: int) -> Tuple[int, int]:
+    """The window with bounds that hide nothing set to -1 (unbounded), flash_attn's rule made exact.
+
+    Query i sees key j iff j >= i + seqlen_k - seqlen_q - left and j <= i + seqlen_k - seqlen_q + right (i < seqlen_q,
+    j < seqlen_k). left >= seqlen_k hides no key of any row (flash_attn's clamp); right hides none once
+    right >= seqlen_q - 1 (row 0 is the tightest). flash_attn clamps right >= seqlen_k, which widens the window
+    when seqlen_q > seqlen_k + 1; flashgen clamps right only when it is >= both, so the mask stays the documented
+    one. Any value >= 2^31 - 1 is clamped (seqlens are int32), so the int32 params never see it.
+    seqlen_q / seqlen_k: the sizes the mask is computed against (varlen: max_seqlen; KV cache: the capacity)."""
+    left, right = window_size
+    if left >= seqlen_k:
+        left = -1
+    if right >= seqlen_k and right >= seqlen_q - 1:
+        right = -1
+    return left, right
 
 
 def check_alibi(alibi_slopes, q: torch.Tensor, batch: int) -> None:
@@ -120,21 +179,65 @@ def _max_seqlen(name: str, value) -> None:
 
 
 def check_varlen(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, q: torch.Tensor) -> int:
-    """cu_seqlens_q/k int32 (batch + 1) on the device of q; max_seqlen_q/k Python ints. Returns batch."""
+    """cu_seqlens_q/k int32 (batch + 1) on the device of q; max_seqlen_q/k Python ints. Returns batch (0 with a
+    cu_seqlens of one entry)."""
     check_index("cu_seqlens_q", cu_seqlens_q, q)
-    if cu_seqlens_q.shape[0] < 2:
-        raise ValueError(f"cu_seqlens_q: expected shape (batch + 1,) with batch >= 1, got {tuple(cu_seqlens_q.shape)}")
+    if cu_seqlens_q.shape[0] < 1:
+        raise ValueError(f"cu_seqlens_q: expected shape (batch + 1,), got {tuple(cu_seqlens_q.shape)}")
     check_index("cu_seqlens_k", cu_seqlens_k, q, cu_seqlens_q.shape[0])
     _max_seqlen("max_seqlen_q", max_seqlen_q)
     _max_seqlen("max_seqlen_k", max_seqlen_k)
     return cu_seqlens_q.shape[0] - 1
 
 
+def indices_readable(t: torch.Tensor) -> bool:
+    """Whether the values of index tensor t are read and checked: on the CPU always (no synchronization), on a
+    device only with FLASHGEN_CHECK_INDICES=1; never inside a torch.compile trace."""
+    if torch.compiler.is_compiling():
+        return False
+    return t.device.type == "cpu" or os.environ.get(CHECK_INDICES_ENV, "0") == "1"
+
+
+def _offsets(name: str, cu: List[int], rows: int, rows_name: str, max_seqlen: int, max_name: str) -> int:
+    """Checks cu_seqlens values; returns the rows they cover (cu[-1])."""
+    if cu[0] != 0:
+        raise ValueError(f"{name}: expected {name}[0] == 0, got {cu[0]}")
+    longest = 0
+    for b in range(len(cu) - 1):
+        length = cu[b + 1] - cu[b]
+        if length < 0:
+            raise ValueError(f"{name}: expected non-decreasing offsets, got {name}[{b + 1}] = {cu[b + 1]} < "
+                             f"{name}[{b}] = {cu[b]}")
+        if length > cu[longest + 1] - cu[longest]:
+            longest = b
+    length = cu[longest + 1] - cu[longest] if len(cu) > 1 else 0
+    if length > max_seqlen:
+        raise ValueError(f"{max_name}: expected at least the longest sequence, got {max_seqlen} < {length} "
+                         f"(sequence {longest}: {name}[{longest + 1}] - {name}[{longest}] = {cu[longest + 1]} - "
+                         f"{cu[longest]})")
+    if cu[-1] > rows:
+        raise IndexError(f"{name}: {name}[{len(cu) - 1}] = {cu[-1]} is past the {rows} rows of {rows_name}")
+    return cu[-1]
+
+
+def check_varlen_values(cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int, max_seqlen_k: int, q: torch.Tensor,
+                        k: torch.Tensor) -> Optional[Tuple[int, int]]:
+    """The offsets themselves: start at 0, non-decreasing, no sequence longer than max_seqlen, last offset within
+    the rows of q / k. Returns (rows of q, rows of k) the sequences cover, or None when the values are not read
+    (indices_readable)."""
+    if not indices_readable(cu_seqlens_q):
+        return None
+    used_q = _offsets("cu_seqlens_q", cu_seqlens_q.tolist(), q.shape[0], "q", max_seqlen_q, "max_seqlen_q")
+    used_k = _offsets("cu_seqlens_k", cu_seqlens_k.tolist(), k.shape[0], "k", max_seqlen_k, "max_seqlen_k")
+    return used_q, used_k
+
+
 def check_block_mask(block_mask, block_size, q: torch.Tensor, k: torch.Tensor) -> None:
     """bool (num_heads or 1, ceil(seqlen_q / block_m), ceil(seqlen_k / block_n)) on the device of q."""
     if not isinstance(block_size, (tuple, list)) or len(block_size) != 2 or \
-            not all(isinstance(b, int) and not isinstance(b, bool) and b > 0 for b in block_size):
-        raise ValueError(f"block_size: expected a pair of positive ints (block_m, block_n), got {block_size!r}")
+            not all(isinstance(b, int) and not isinstance(b, bool) and 0 < b <= INT32_MAX for b in block_size):
+        raise ValueError(f"block_size: expected a pair of positive ints (block_m, block_n) up to {INT32_MAX}, "
+                         f"got {block_size!r}")
     t = _tensor("block_mask", block_mask)
     if t.dtype != torch.bool:
         raise TypeError(f"block_mask: expected dtype torch.bool, got {t.dtype}")
@@ -149,7 +252,8 @@ def check_block_mask(block_mask, block_size, q: torch.Tensor, k: torch.Tensor) -
 
 def check_kvcache(q, k_cache, v_cache, k, v, cache_seqlens, cache_batch_idx) -> None:
     """q (b, seqlen_q, num_heads, head_dim); caches (b_cache, seqlen_cache, num_heads_k, head_dim); new k/v
-    (b, seqlen_new, num_heads_k, head_dim); cache_seqlens int32 (b,) or an int; cache_batch_idx int32 (b,)."""
+    (b, seqlen_new, num_heads_k, head_dim); cache_seqlens int32 (b,) or an int; cache_batch_idx int32 (b,).
+    Values of the index tensors: check_kvcache_values."""
     check_qkv(q, k_cache, v_cache, names=("q", "k_cache", "v_cache"), same_batch=False)
     batch = q.shape[0]
     if cache_batch_idx is None and k_cache.shape[0] != batch:
@@ -159,19 +263,44 @@ def check_kvcache(q, k_cache, v_cache, k, v, cache_seqlens, cache_batch_idx) -> 
         check_index("cache_batch_idx", cache_batch_idx, q, batch)
     if (k is None) != (v is None):
         raise ValueError("k, v: expected both or neither of the new keys and values")
+    capacity = k_cache.shape[1]
+    seqlen_new = 0
     if k is not None:
         check_qkv(q, k, v, names=("q", "k", "v"))
         if tuple(k.shape[2:]) != tuple(k_cache.shape[2:]):
             raise ValueError(f"k: expected (num_heads_k, head_dim) {tuple(k_cache.shape[2:])} of k_cache, "
                              f"got {tuple(k.shape[2:])}")
-        if k.shape[1] > k_cache.shape[1]:
-            raise ValueError(f"k: seqlen_new {k.shape[1]} exceeds the cache capacity {k_cache.shape[1]}")
+        if k.shape[1] > capacity:
+            raise ValueError(f"k: seqlen_new {k.shape[1]} exceeds the cache capacity {capacity}")
+        seqlen_new = k.shape[1]
     if cache_seqlens is not None and not isinstance(cache_seqlens, int):
         check_index("cache_seqlens", cache_seqlens, q, batch)
     if isinstance(cache_seqlens, bool) or (isinstance(cache_seqlens, int) and
-                                           not 0 <= cache_seqlens <= k_cache.shape[1]):
-        raise ValueError(f"cache_seqlens: expected an int in [0, {k_cache.shape[1]}] or an int32 tensor, "
-                         f"got {cache_seqlens!r}")
+                                           not 0 <= cache_seqlens <= capacity - seqlen_new):
+        room = f"[0, {capacity - seqlen_new}] (capacity {capacity} - seqlen_new {seqlen_new})" if seqlen_new \
+            else f"[0, {capacity}]"
+        raise ValueError(f"cache_seqlens: expected an int in {room} or an int32 tensor, got {cache_seqlens!r}")
+
+
+def check_kvcache_values(k_cache: torch.Tensor, k: Optional[torch.Tensor], cache_seqlens, cache_batch_idx) -> None:
+    """cache_seqlens[i] in [0, capacity - seqlen_new] and cache_batch_idx[i] in [0, batch of k_cache), where they are
+    read (indices_readable). Run before the append writes anything, so a refused call leaves both caches as they
+    were."""
+    capacity = k_cache.shape[1]
+    seqlen_new = 0 if k is None else k.shape[1]
+    if isinstance(cache_seqlens, torch.Tensor) and indices_readable(cache_seqlens):
+        for i, n in enumerate(cache_seqlens.tolist()):
+            if not 0 <= n <= capacity - seqlen_new:
+                what = f"cache_seqlens[{i}] + seqlen_new = {n} + {seqlen_new} exceeds the cache capacity {capacity}" \
+                    if n >= 0 and seqlen_new else \
+                    f"expected cache_seqlens[{i}] in [0, {capacity}] (the cache capacity), got {n}"
+                raise ValueError(f"cache_seqlens: {what}")
+    if cache_batch_idx is not None and indices_readable(cache_batch_idx):
+        rows = k_cache.shape[0]
+        for i, b in enumerate(cache_batch_idx.tolist()):
+            if not 0 <= b < rows:
+                raise IndexError(f"cache_batch_idx: cache_batch_idx[{i}] = {b} is out of range for the {rows} "
+                                 f"entries of k_cache (batch dim)")
 
 
 def check_rotary(rotary_cos, rotary_sin, q: torch.Tensor, k_cache: torch.Tensor, cache_len: int) -> None:

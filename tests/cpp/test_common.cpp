@@ -1,6 +1,9 @@
 // Host tests of common/ against oracles written independently of the headers:
-//   masks     vs a brute-force visibility predicate written from the documented rule (flash_attn 2.x, bottom-right);
-//   softmax   streaming RowState over 1/2/4/64 blocks vs a one-shot double-precision softmax; RowState::merge;
+//   masks     vs a brute-force visibility predicate written from the documented rule (flash_attn 2.x, bottom-right),
+//             also with windows and sequence lengths near 2^31 (no int overflow);
+//   softmax   streaming RowState over 1/2/4/64 blocks vs a one-shot double-precision softmax, also with scores up to
+//             ~1e10 in log2 units (the exact exponent: P of the row max exactly 1); NaN rows vs empty rows;
+//             RowState::merge;
 //             the split-KV merge of partial outputs by their LSE;
 //   philox    Random123's published known-answer vectors, and the keep rate of dropout_keep;
 //   split-KV  split_block_range partitions every range in order; split_kv_count on cases worked out by hand.
@@ -8,6 +11,7 @@
 #include <cfloat>
 #include <cmath>
 #include <cstdint>
+#include <algorithm>
 #include <cstdio>
 #include <vector>
 
@@ -426,9 +430,186 @@ void test_split_kv() {
         flashgen::split_kv_count(1, 100000, 100000));
 }
 
+// ---- masks whose sums overflow int32: huge windows on small problems, small windows on huge sequences ----
+constexpr int kIntMax = 2147483647;
+
+void test_mask_overflow() {
+  // Huge windows on every small shape: limits from the spec (64-bit arithmetic), by brute force over the columns.
+  const int huge[] = {kIntMax, kIntMax - 1, 1 << 30, -1};
+  for (int sq : {1, 3, 17}) {
+    for (int sk : {1, 5, 17}) {
+      for (int left : huge) {
+        for (int right : huge) {
+          const MaskSpec m{sq, sk, left, right};
+          for (int i = 0; i < sq; ++i) {
+            int first = -1, last = -1;
+            for (int j = 0; j < sk; ++j) {
+              if (spec_visible(sq, sk, left, right, i, j)) {
+                if (first < 0) first = j;
+                last = j;
+              }
+            }
+            CHECK(first >= 0 && m.col_begin(i) == first && m.col_end(i) == last + 1,
+                  "huge window sq=%d sk=%d w=(%d,%d) row %d: [%d,%d) vs spec [%d,%d)", sq, sk, left, right, i,
+                  m.col_begin(i), m.col_end(i), first, last + 1);
+          }
+          for (int j = 0; j < sk; ++j) {
+            CHECK(m.row_begin(j) == 0 && m.row_end(j) == sq, "huge window sq=%d sk=%d w=(%d,%d) col %d: rows [%d,%d)",
+                  sq, sk, left, right, j, m.row_begin(j), m.row_end(j));
+          }
+          const BlockRange r = flashgen::n_block_range(m, 0, sq, 64);
+          CHECK(r.begin == 0 && r.end == (sk + 63) / 64, "huge window n_block_range [%d,%d)", r.begin, r.end);
+        }
+      }
+    }
+  }
+  // Sequences near 2^31 with small windows: the limits of rows and columns near both ends, against the spec on a
+  // neighbourhood of the diagonal (every other column is outside the window by construction).
+  const int big[] = {kIntMax, kIntMax - 7, 1 << 30};
+  for (int sq : big) {
+    for (int sk : big) {
+      for (int left : {0, 5}) {
+        for (int right : {0, 3, -1}) {
+          const MaskSpec m{sq, sk, left, right};
+          for (int i : {0, 1, sq / 2, sq - 2, sq - 1}) {
+            const long diag = static_cast<long>(i) + sk - sq;
+            long first = -1, last = -1;
+            const long hi = right < 0 ? sk - 1 : std::min<long>(sk - 1, diag + 16);
+            for (long j = std::max<long>(0, diag - 16); j <= hi; ++j) {
+              if (j > diag + 16 && right < 0) {  // unbounded right: j and the rest of the row are visible
+                if (first < 0) first = j;
+                last = sk - 1;
+                break;
+              }
+              if (spec_visible(sq, sk, left, right, i, static_cast<int>(j))) {
+                if (first < 0) first = j;
+                last = j;
+              }
+            }
+            if (first >= 0) {
+              CHECK(m.col_begin(i) == first && m.col_end(i) == last + 1,
+                    "big seq sq=%d sk=%d w=(%d,%d) row %d: [%d,%d) vs spec [%ld,%ld)", sq, sk, left, right, i,
+                    m.col_begin(i), m.col_end(i), first, last + 1);
+            } else {
+              CHECK(m.col_end(i) <= m.col_begin(i), "big seq sq=%d sk=%d w=(%d,%d) empty row %d: [%d,%d)", sq, sk,
+                    left, right, i, m.col_begin(i), m.col_end(i));
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
+// ---- the exponent of P at huge scores (common/softmax.h prob_exponent) ----
+// Oracle: the row's softmax in double from the same fp32 scores, p_j = 2^((s_j - m) * c) with c the fp32
+// scale_log2 taken exactly; lse = (m * c + log2 sum p) * ln 2. Scores like q.k (N(0, 8)), scale_log2 from
+// softmax_scale 1e-1 .. 3e9, streamed in 1..64 blocks, with FMA contraction or without (test_common_cpp.py).
+void test_exact_exponent() {
+  constexpr double kOutTol = 2e-6;  // relative to max |v| = 1
+  constexpr double kLseRelTol = 1e-6;
+  Lcg rng{99};
+  const double scales[] = {0.1, 1e2, 177.0, 1e4, 1e6, 1e8, 1e9, 3e9};
+  for (double softmax_scale : scales) {
+    const float c = static_cast<float>(softmax_scale * 1.4426950408889634);
+    for (int trial = 0; trial < 20; ++trial) {
+      std::vector<float> s(kRowLen), v(kRowLen);
+      for (int j = 0; j < kRowLen; ++j) {
+        s[j] = static_cast<float>((rng.uniform() - 0.5) * 16.0);
+        v[j] = static_cast<float>(rng.uniform() - 0.5);
+      }
+      if (trial % 2) s[kRowLen - 1] = s[0];  // a tie at the max for half the rows (when s[0] is the max)
+      float mx = -INFINITY;
+      for (float x : s) mx = std::fmax(mx, x);
+      double sum = 0, acc = 0;
+      for (int j = 0; j < kRowLen; ++j) {
+        const double p = std::exp2((static_cast<double>(s[j]) - mx) * c);
+        sum += p;
+        acc += p * v[j];
+      }
+      const double out_ref = acc / sum;
+      const double lse_ref = (static_cast<double>(mx) * c + std::log2(sum)) * std::log(2.0);
+      for (int blocks : kBlockCounts) {
+        const int width = kRowLen / blocks;
+        RowState st;
+        float o = 0;
+        for (int b = 0; b < blocks; ++b) {
+          float bmax = -INFINITY;
+          for (int j = b * width; j < (b + 1) * width; ++j) bmax = std::fmax(bmax, s[j]);
+          o *= st.rescale(bmax, c);
+          for (int j = b * width; j < (b + 1) * width; ++j) {
+            const float p = st.prob(s[j], c);
+            st.add(p);
+            o += p * v[j];
+          }
+        }
+        const float out = o * st.inv_sum();
+        const float lse = st.lse(c);
+        CHECK(st.prob(mx, c) == 1.f || !flashgen::exact_exponent(st.max_scaled(c)),
+              "scale %g: P of the row max = %.9g, expected exactly 1", softmax_scale, st.prob(mx, c));
+        CHECK(std::isfinite(out) && std::fabs(out - out_ref) <= kOutTol,
+              "scale %g, %d blocks: out %.9g vs %.9g", softmax_scale, blocks, out, out_ref);
+        CHECK(std::isfinite(lse) && std::fabs(lse - lse_ref) <= kLseRelTol * (1 + std::fabs(lse_ref)),
+              "scale %g, %d blocks: lse %.9g vs %.9g", softmax_scale, blocks, lse, lse_ref);
+      }
+    }
+  }
+  // The fast path's bound (softmax.h): below kExactExponentMin the max's exponent fma(m, c, -round(m * c)) is
+  // within 2^-17 of 0; from kExactExponentMin up the exact exponent is 0.
+  const float kFastBound = std::ldexp(1.f, -17);
+  for (int trial = 0; trial < 100000; ++trial) {
+    const float m = static_cast<float>((rng.uniform() - 0.5) * 2 * flashgen::kExactExponentMin);
+    const float c = static_cast<float>(0.01 + rng.uniform() * 3);
+    const float m_scaled = m * c;
+    const bool exact = flashgen::exact_exponent(m_scaled);
+    const float e = flashgen::prob_exponent(m, m, m_scaled, c, exact);
+    CHECK(exact ? e == 0.f : std::fabs(e) <= kFastBound, "m %.9g c %.9g: exponent at the max %.3g (exact %d)", m, c, e,
+          exact);
+  }
+  CHECK(!flashgen::exact_exponent(255.9f) && flashgen::exact_exponent(256.f) && flashgen::exact_exponent(-256.f) &&
+            flashgen::exact_exponent(NAN),
+        "exact_exponent threshold");
+  // Recomputing P from a stored LSE: the exponent is clamped to 0 from above, NaN stays NaN.
+  CHECK(flashgen::at_most_zero(3.f) == 0.f && flashgen::at_most_zero(-2.f) == -2.f &&
+            std::isnan(flashgen::at_most_zero(NAN)) && flashgen::at_most_zero(-INFINITY) == -INFINITY,
+        "at_most_zero");
+  CHECK(flashgen::prob_exponent_from_lse(1.f, 2.f, 1.f) == 0.f && flashgen::prob_exponent_from_lse(1.f, 2.f, 5.f) == -3.f,
+        "prob_exponent_from_lse");
+}
+
+// A NaN score makes the row NaN (out and lse), never "empty"; a row that saw only masked keys stays empty.
+void test_softmax_nan() {
+  const float c = flashgen::kLog2e;
+  for (int nan_at : {0, 1, 5}) {
+    RowState st;
+    float o = 0;
+    const float s[] = {1.f, 2.f, 0.5f, -1.f, 3.f, 0.f};
+    for (int j = 0; j < 6; ++j) {
+      const float x = j == nan_at ? NAN : s[j];
+      o *= st.rescale(x, c);
+      const float p = st.prob(x, c);
+      st.add(p);
+      o += p * 0.25f;
+    }
+    CHECK(std::isnan(o * st.inv_sum()) && std::isnan(st.lse(c)), "NaN score at %d: out %g lse %g", nan_at,
+          o * st.inv_sum(), st.lse(c));
+  }
+  RowState all_nan;
+  all_nan.rescale(NAN, c);
+  all_nan.add(all_nan.prob(NAN, c));
+  CHECK(std::isnan(all_nan.lse(c)) && std::isnan(all_nan.inv_sum()), "all-NaN row: lse %g", all_nan.lse(c));
+  RowState empty;
+  empty.rescale(-INFINITY, c);
+  empty.add(empty.prob(-INFINITY, c));
+  CHECK(empty.inv_sum() == 0.f && empty.lse(c) == INFINITY, "empty row: inv_sum %g lse %g", empty.inv_sum(), empty.lse(c));
+}
+
 int main() {
   test_masks();
+  test_mask_overflow();
   test_softmax();
+  test_exact_exponent();
+  test_softmax_nan();
   test_softmax_no_drift();
   test_merge();
   test_merge_many();
