@@ -91,8 +91,21 @@ def test_v3_is_sm90_only(v1_v3_implemented):
 def test_sm75_runs_v1_fp16_only(v1_v3_implemented):
     built = _build(generations=("v1", "v2"), dtypes=("fp16", "bf16"), archs=("75", "80"))
     assert choose(_cuda((7, 5), dtype="fp16"), built).generation == "v1"
-    with pytest.raises(NotImplementedError, match="v1 supports dtypes"):
+    with pytest.raises(NotImplementedError, match="v1 needs sm_80 or newer for bf16, the device is sm_75"):
         choose(_cuda((7, 5), dtype="bf16"), built)
+    with pytest.raises(ValueError, match="v1 needs sm_80 or newer for bf16"):
+        choose(_cuda((7, 5), dtype="bf16"), built, "v1")
+
+
+@pytest.mark.parametrize("feature", sorted(ALL_FEATURES))
+def test_v1_implements_every_feature(feature):
+    """v1 (FA1 Alg. 1 / Alg. 4, with block-sparse) runs every feature, fp16 from sm_75 and bf16 from sm_80, when
+    requested by name; auto picks it on sm_75 only."""
+    built = _build(generations=("v1", "v2"), kinds=("fwd", "bwd"), archs=("75", "80"))
+    for cap, dtype in (((7, 5), "fp16"), ((8, 0), "bf16"), ((9, 0), "fp16")):
+        assert explain(_cuda(cap, dtype=dtype, features={feature}), built)["v1"] == [], (cap, dtype, feature)
+    assert choose(_cuda((7, 5), dtype="fp16", features={feature}), built).generation == "v1"
+    assert choose(_cuda((9, 0), dtype="bf16", features={feature}), built, "v1").generation == "v1"
 
 
 def test_sm75_refuses_v2():
@@ -147,8 +160,7 @@ def test_v2_backward_features(feature):
 def test_generation_without_kernels_says_so():
     reasons = explain(_cuda((9, 0)), _build(generations=("v2", "v3")))
     assert reasons["v3"] == ["v3 forward is not implemented yet"]
-    assert reasons["v1"] == ["v1 supports dtypes ['fp16'], not bf16", "v1 forward is not implemented yet",
-                             "v1 is not compiled into this build (build_info)"]
+    assert reasons["v1"] == ["v1 is not compiled into this build (build_info)"]
 
 
 def test_fp32_on_gpu_is_refused_with_reasons():

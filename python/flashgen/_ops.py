@@ -151,13 +151,13 @@ def _allocate_workspaces(p, spec, device: torch.device):
 
 def _plan_forward(generation: str, p, device: torch.device):
     """Ask `generation` for its forward plan; set the split count and workspaces on p and return the workspace
-    tensors (kept alive by the caller)."""
-    if os.environ.get(DECODE_ENV, "1") == "0":
-        return None
+    tensors (kept alive by the caller). A plan without a split (num_splits 0) may still need workspaces (v1 keeps
+    Alg. 1's O, l, m in them); FLASHGEN_SPLIT_KV=0 refuses only a split plan (the prefill kernels run the call)."""
     num_splits, spec = _native.C.fwd_plan(generation, p)
-    if num_splits < 1:
-        return None
-    p.num_splits = num_splits
+    if num_splits >= 1:
+        if os.environ.get(DECODE_ENV, "1") == "0":
+            return None
+        p.num_splits = num_splits
     return _allocate_workspaces(p, spec, device) if spec else None
 
 

@@ -49,6 +49,7 @@ class GenerationSpec:
     alignment_bytes: int = 1                            # data pointers and non-last strides, in bytes
     implements_by_dtype: Mapping[str, FrozenSet[str]] = dataclasses.field(default_factory=dict)
     head_dim_multiple_by_dtype: Mapping[str, int] = dataclasses.field(default_factory=dict)
+    min_capability_by_dtype: Mapping[str, Tuple[int, int]] = dataclasses.field(default_factory=dict)
 
     def implements_for(self, dtype: str) -> FrozenSet[str]:
         """The features this generation implements for `dtype`."""
@@ -56,6 +57,10 @@ class GenerationSpec:
 
     def head_dim_multiple_for(self, dtype: str) -> int:
         return self.head_dim_multiple_by_dtype.get(dtype, self.head_dim_multiple)
+
+    def min_capability_for(self, dtype: str) -> Optional[Tuple[int, int]]:
+        """The oldest device this generation runs `dtype` on (v1: bf16 needs sm_80's bf16 mma, fp16 runs on sm_75)."""
+        return self.min_capability_by_dtype.get(dtype, self.min_capability)
 
 
 _GPU_HEAD_DIM_MULTIPLE = 8  # 16-byte vector loads of fp16/bf16 rows
@@ -77,7 +82,8 @@ class _Table(dict):
 # The one table of what each generation implements today, per dtype where that differs (implements_by_dtype). Edit
 # it when a kernel lands and its tests pass.
 GENERATIONS: Dict[str, GenerationSpec] = _Table({
-    "v1": GenerationSpec("v1", "cuda", frozenset({"fp16"}), frozenset(), min_capability=(7, 5),
+    "v1": GenerationSpec("v1", "cuda", frozenset({"fp16", "bf16"}), frozenset({"forward"}) | frozenset(FEATURES),
+                         min_capability=(7, 5), min_capability_by_dtype={"bf16": (8, 0)},
                          head_dim_multiple=_GPU_HEAD_DIM_MULTIPLE, alignment_bytes=_GPU_ALIGNMENT_BYTES),
     "v2": GenerationSpec("v2", "cuda", frozenset({"fp16", "bf16"}),
                          frozenset({"forward"}) | (frozenset(FEATURES) - {"block_sparse"}), min_capability=(8, 0),
@@ -153,9 +159,11 @@ def _reasons(spec: GenerationSpec, problem: Problem, built: BuildInfo) -> Tuple[
             device_bound = True
             reasons.append(f"{spec.name} needs a CUDA compute capability and none was given")
         else:
-            if spec.min_capability is not None and tuple(cap) < spec.min_capability:
+            min_cap = spec.min_capability_for(problem.dtype)
+            if min_cap is not None and tuple(cap) < min_cap:
                 device_bound = True
-                reasons.append(f"{spec.name} needs {_sm(spec.min_capability)} or newer, the device is {_sm(cap)}")
+                for_dtype = f" for {problem.dtype}" if problem.dtype in spec.min_capability_by_dtype else ""
+                reasons.append(f"{spec.name} needs {_sm(min_cap)} or newer{for_dtype}, the device is {_sm(cap)}")
             if spec.max_capability is not None and tuple(cap) > spec.max_capability:
                 device_bound = True
                 reasons.append(f"{spec.name} needs {_sm(spec.max_capability)} or older, the device is {_sm(cap)}")
