@@ -134,22 +134,11 @@ def test_greedy_generation_matches_eager(family):
     assert torch.equal(fg.generate(ids, **kw), eager.generate(ids, **kw))
 
 
-@pytest.mark.parametrize("padding", [None, "left"])
-@pytest.mark.parametrize("family", ["llama", "gemma2"])
-def test_static_cache_generation_matches_eager(family, padding):
-    """A static cache hands every layer max_cache_len slots; without padding transformers drops the mask, and the
-    flashgen mask builder must still say how many were written (else the empty slots are attended)."""
-    fg, eager, _ = _models(family)
-    ids, mask, _ = _batch(padding)
-    kw = dict(attention_mask=mask, max_new_tokens=5, do_sample=False, pad_token_id=0, cache_implementation="static")
-    assert torch.equal(fg.generate(ids, **kw), eager.generate(ids, **kw))
-
-
 @pytest.fixture
 def calls(monkeypatch):
     """Every flashgen call the integration makes: (function name, q shape, k shape, keyword arguments)."""
     seen = []
-    for name in ("flash_attn_func", "flash_attn_varlen_func"):
+    for name in ("flash_attn_func", "flash_attn_varlen_func", "flash_attn_with_kvcache"):
         real = getattr(flashgen, name)
 
         def spy(q, k, v, *args, _real=real, _name=name, **kw):
@@ -158,6 +147,23 @@ def calls(monkeypatch):
 
         monkeypatch.setattr(fg_tf.flashgen, name, spy)
     return seen
+
+
+@pytest.mark.parametrize("padding", [None, "left"])
+@pytest.mark.parametrize("family", ["llama", "gemma2"])
+def test_static_cache_generation_matches_eager(family, padding, calls):
+    """A static cache hands every layer max_cache_len slots, and without padding transformers drops the mask: the
+    mask builder passes the written length per row, and decoding reads the buffers in place through
+    flash_attn_with_kvcache (with padding: varlen over the written slots)."""
+    fg, eager, _ = _models(family)
+    ids, mask, _ = _batch(padding)
+    kw = dict(attention_mask=mask, max_new_tokens=5, do_sample=False, pad_token_id=0, cache_implementation="static")
+    assert torch.equal(fg.generate(ids, **kw), eager.generate(ids, **kw))
+    used = {c[0] for c in calls}
+    full_layers = {"flash_attn_with_kvcache"} if padding is None else {"flash_attn_varlen_func"}
+    # Gemma 2's sliding layers keep a window-sized rolling buffer: once full (the prompt is longer than the window)
+    # transformers passes no mask for them and they run dense over the buffer, as its flash_attention_2 path does.
+    assert used == full_layers if family == "llama" else used == full_layers | {"flash_attn_func"}
 
 
 def test_what_reaches_the_kernels(calls):

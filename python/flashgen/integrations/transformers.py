@@ -1,10 +1,10 @@
 """flashgen as an attention implementation of Hugging Face transformers (5.x).
 
-    import flashgen.integrations.transformers   # registers "flashgen" (register() does it again, idempotently)
-    model = AutoModelForCausalLM.from_config(cfg, attn_implementation="flashgen")   # the one line that switches
-    model.set_attn_implementation("flashgen")                                         # or on a model you already have
+    import flashgen.integrations.transformers   # registers "FlashGen" (register() does it again, idempotently)
+    model = AutoModelForCausalLM.from_config(cfg, attn_implementation="FlashGen")   # the one line that switches
+    model.set_attn_implementation("FlashGen")                                         # or on a model you already have
 
-Importing this module registers two functions under the name "flashgen": `attention_forward` with transformers'
+Importing this module registers two functions under the name "FlashGen": `attention_forward` with transformers'
 `AttentionInterface` (the attention itself) and `attention_mask` with its `AttentionMaskInterface` (what the model
 builds as `attention_mask` before the layers run). The mask stays what transformers' flash_attention_2 path uses: no
 mask at all when nothing is padded, else the 2-D (batch, seqlen_k) padding mask. So the kernels see:
@@ -16,6 +16,7 @@ mask at all when nothing is padded, else the 2-D (batch, seqlen_k) padding mask.
 | cu_seq_lens_q/k + max_length_q/k kwargs            | flash_attn_varlen_func on them (padding-free batches)      |
 | packed sequences (position_ids restarting at 0)    | flash_attn_varlen_func, one sequence per restart           |
 | a 4-D mask equal to padding x causal/window        | the same as its 2-D padding mask                           |
+| a static cache (max_cache_len slots, some written) | flash_attn_with_kvcache over the buffers, in place         |
 | any other mask                                     | NotImplementedError/ValueError naming the mask             |
 
 query/key/value arrive as (batch, num_heads, seqlen, head_dim) views and go to flashgen as (b, s, h, d) views (no
@@ -33,17 +34,18 @@ Host syncs. transformers' own flash_attention_2 path synchronizes twice per laye
   max_seqlen is NOT read back: flashgen's varlen takes it as a bound for its grid (each sequence's length comes from
   cu_seqlens on the device, common/mask.h), so the padded length is passed, which is an upper bound;
 - packed sequences: one sync per forward to find the sequence boundaries (transformers' detection syncs too);
-- cu_seq_lens kwargs: none if max_length_q/k are ints, one `.item()` each if they are tensors.
+- cu_seq_lens kwargs: none if max_length_q/k are ints, one `.item()` each if they are tensors;
+- static cache: none (the written length stays on the device).
 
 The mask builder checks the mask function the model asks for: causal, bidirectional, sliding window and packed
 sequences are expressible; anything else (chunked attention, or_mask/and_mask overlays such as bidirectional image
 tokens, block_sequence_ids) raises NotImplementedError naming it, where transformers' flash_attention_2 path would
 silently drop it. Attention sinks (s_aux) and output_attentions=True are refused the same way.
 
-Name: transformers treats any implementation whose name contains "flash" as a flash-attention flavour
-(`is_flash_attention_requested`), which is what flashgen is: generation keeps the 2-D mask with a static cache, and
-compiled generation drops fullgraph. A model that lists `_compatible_flash_implementations` (granite_swa) would reroute
-"flashgen" to its own kernel.
+Name: "FlashGen", capitalised, because transformers 5.x takes any name containing the lower-case "flash" for a
+flash-attn kernel to load (see NAME below). So transformers does not treat it as a flash-attention flavour: its
+generate drops an all-ones mask even with a static cache, which attention_mask() makes up for (static caches are read in
+place through flash_attn_with_kvcache, with the written length per row).
 """
 
 from __future__ import annotations
@@ -111,6 +113,8 @@ def attention_mask(batch_size: int, q_length: int, kv_length: int, q_offset: int
     """The mask transformers builds for "flashgen": None without padding, the bool (batch, kv_length) padding mask
     with padding, the int64 (batch, seqlen) sequence ids for packed sequences. Raises on masks the kernels cannot
     express (see the module docstring)."""
+    if attention_mask is not None and attention_mask.dim() == 1:
+        return attention_mask   # a static cache's lengths, made by this function for generate's step (see below)
     packed = _packed_ids(mask_function)
     if packed is not None:
         if attention_mask is not None and not bool(attention_mask.all()):
@@ -118,14 +122,15 @@ def attention_mask(batch_size: int, q_length: int, kv_length: int, q_offset: int
                                       "drop the padding (packing needs none) or use attn_implementation='sdpa'")
         return packed.to(torch.int64)
     if attention_mask is None and kv_offset == 0 and kv_length > q_length:
-        # A static cache hands the layers all max_cache_len slots, most not yet written. transformers' generate keeps
-        # the 2-D mask for its flash paths there, but not for ours (it recognizes them by name), so say how many
-        # tokens were seen: a mask of ones over them, and the attention slices the keys to it. q_offset is a tensor
-        # for a static cache: one host sync per forward.
+        # A static cache hands the layers all its max_cache_len slots, the first q_offset + q_length of them written
+        # (transformers' generate keeps the 2-D mask for its own flash paths, recognized by name, but not for ours).
+        # Say how many: an int32 (batch,) length per row, which the attention passes to flash_attn_with_kvcache as
+        # cache_seqlens, reading the cache in place. q_offset is a device tensor there: no host sync.
         seen = q_offset + q_length
-        if kv_length > int(seen):
-            attention_mask = torch.ones(batch_size, int(seen), dtype=torch.bool, device=kwargs.get("device"))
-            return attention_mask
+        if isinstance(seen, torch.Tensor):
+            return seen.to(torch.int32).reshape(1).expand(batch_size).contiguous()
+        if kv_length > seen:
+            return torch.full((batch_size,), seen, dtype=torch.int32, device=kwargs.get("device"))
     return masking_utils.flash_attention_mask(batch_size, q_length, kv_length, q_offset, kv_offset, mask_function,
                                               attention_mask, **kwargs)
 
@@ -300,6 +305,19 @@ def attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.T
             _max_len(kwargs["max_length_k"]), **kw).view(batch, seqlen_q, *q.shape[2:])
     elif attention_mask is None:
         out = flashgen.flash_attn_func(q, k, v, **kw)
+    elif attention_mask.dim() == 1:
+        # A static cache's written lengths (attention_mask() above): keys [0, lengths[b]) of the buffers, the queries
+        # the last seqlen_q of them. Inference reads the buffers in place through flash_attn_with_kvcache; a call that
+        # needs gradients or dropout (training through a static cache) slices the keys instead, which reads the
+        # longest length back (one host sync).
+        lengths = attention_mask.clamp(max=k.shape[1])
+        needs_grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
+        if not needs_grad and kw["dropout_p"] == 0.0:
+            out = flashgen.flash_attn_with_kvcache(q, k, v, cache_seqlens=lengths, softmax_scale=kw["softmax_scale"],
+                                                   causal=causal, window_size=window, softcap=kw["softcap"])
+        else:
+            n = int(lengths.max())
+            out = flashgen.flash_attn_func(q, k[:, :n], v[:, :n], **kw)
     elif attention_mask.dim() == 2 and attention_mask.dtype == torch.bool:
         mask = attention_mask
         if k.shape[1] > mask.shape[1]:                               # a static cache longer than what was seen
