@@ -38,8 +38,10 @@ def test_tiny_run_records_every_section(tmp_path):
             assert got[("llama", impl, f"llama-tiny s{seqlen} b1")]["tokens_per_s"] > 0
     for batch in plan.gen_batches:
         for impl in ("sdpa", "flashgen"):
-            gen = got[("generate", impl, f"llama-tiny prompt{plan.gen_prompt} new{plan.gen_new_tokens} b{batch}")]
-            assert gen["decode_tokens_per_s"] > 0 and gen["prefill_ms"] > 0
+            for cache in e2e.GEN_CACHES:
+                gen = got[("generate", impl, f"llama-tiny {cache} cache prompt{plan.gen_prompt} "
+                           f"new{plan.gen_new_tokens} b{batch}")]
+                assert gen["decode_tokens_per_s"] > 0 and gen["prefill_ms"] > 0 and gen["cache"] == cache
     for impl in e2e.LONG_IMPLS:
         assert got[("long", impl, "longest context that trains")]["max_seqlen"] == max(plan.long_seqlens)
 

@@ -97,6 +97,11 @@ def _is_oom(exc: BaseException) -> bool:
     return isinstance(exc, torch.OutOfMemoryError) or "out of memory" in str(exc).lower()
 
 
+def _reason(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return f"{type(exc).__name__}: {text.splitlines()[0] if text else ''}"[:300]
+
+
 def _release(device: str) -> None:
     gc.collect()
     if device == "cuda":
@@ -204,9 +209,7 @@ class Run:
             extra = fn()
             status, reason = "ok", ""
         except Exception as exc:   # noqa: BLE001 - every failure becomes a record
-            status = "oom" if _is_oom(exc) else "error"
-            reason = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"[:300]
-            extra = {}
+            status, reason, extra = "oom" if _is_oom(exc) else "error", _reason(exc), {}
         _release(self.device)
         return self.record(section, impl, label, status, reason, **{**size, **extra})
 
@@ -273,42 +276,87 @@ def section_llama(run: Run, impls: Sequence[str]) -> None:
                         lambda: _train(run, "llama", "llama", p.llama, 1, seqlen, impl), batch=1, seqlen=seqlen)
 
 
-def _generate(run: Run, impl: str, batch: int) -> dict:
+GEN_CACHES = ("dynamic", "static")
+
+
+def _generate(run: Run, model, batch: int, cache: str) -> dict:
+    """Greedy generation of gen_new_tokens after a gen_prompt prompt: the prefill (to the first new token) and the
+    decode steps timed apart, from a clock read (after a device sync) as each token is produced."""
     import torch
+    import transformers
+    _Criterion = _criterion_class()
     device, p = run.device, run.plan
-    model = _build("llama", p.llama, impl, device, dtype=torch.bfloat16)
     gen = torch.Generator(device="cpu").manual_seed(SEED)
     prompt = torch.randint(3, model.config.vocab_size, (batch, p.gen_prompt), generator=gen).to(device)
     kw = dict(do_sample=False, eos_token_id=None, pad_token_id=0)
+    if cache == "static":   # in eager mode for both implementations: transformers would compile the step otherwise
+        kw.update(cache_implementation="static", disable_compile=True)
 
-    def timed(new_tokens: int) -> float:
+    def timed(new_tokens: int) -> List[float]:
+        """perf_counter at the start and after each new token (a stopping criterion that never stops)."""
+        stamps = []
+
+        def clock(input_ids, scores, **_):
+            _sync(device)
+            stamps.append(time.perf_counter())
+            return torch.zeros(input_ids.shape[0], dtype=torch.bool, device=input_ids.device)
+
+        criteria = transformers.StoppingCriteriaList([_Criterion(clock)])
         _sync(device)
-        t = time.perf_counter()
+        stamps.append(time.perf_counter())
         with torch.no_grad():
-            out = model.generate(prompt, max_new_tokens=new_tokens, min_new_tokens=new_tokens, **kw)
+            out = model.generate(prompt, max_new_tokens=new_tokens, min_new_tokens=new_tokens,
+                                 stopping_criteria=criteria, **kw)
         _sync(device)
-        assert out.shape == (batch, p.gen_prompt + new_tokens), tuple(out.shape)
-        return time.perf_counter() - t
+        assert out.shape == (batch, p.gen_prompt + new_tokens) and len(stamps) == new_tokens + 1, \
+            (tuple(out.shape), len(stamps))
+        return stamps
 
     timed(2)                                  # warm-up: allocator, kernels, generation config
     _reset_peak(device)
-    prefill = timed(1)
-    total = timed(p.gen_new_tokens)
-    decode = max(total - prefill, 1e-9)
-    out = {"batch": batch, "prompt": p.gen_prompt, "new_tokens": p.gen_new_tokens, "prefill_ms": 1e3 * prefill,
-           "total_ms": 1e3 * total, "decode_tokens_per_s": batch * (p.gen_new_tokens - 1) / decode,
-           "tokens_per_s": batch * p.gen_new_tokens / total, "ms_per_step": 1e3 * decode / (p.gen_new_tokens - 1),
-           "peak_gib": _peak_gib(device)}
-    del model
-    return out
+    stamps = timed(p.gen_new_tokens)
+    prefill, decode = stamps[1] - stamps[0], stamps[-1] - stamps[1]   # the first token comes from the prefill
+    steps = p.gen_new_tokens - 1
+    return {"prefill_ms": 1e3 * prefill, "total_ms": 1e3 * (stamps[-1] - stamps[0]),
+            "decode_tokens_per_s": batch * steps / decode, "ms_per_step": 1e3 * decode / steps,
+            "tokens_per_s": batch * p.gen_new_tokens / (stamps[-1] - stamps[0]), "peak_gib": _peak_gib(device)}
+
+
+def _criterion_class():
+    import transformers
+
+    class Criterion(transformers.StoppingCriteria):
+        def __init__(self, fn):
+            self.fn = fn
+
+        def __call__(self, input_ids, scores, **kwargs):
+            return self.fn(input_ids, scores, **kwargs)
+
+    return Criterion
 
 
 def section_generate(run: Run, impls: Sequence[str]) -> None:
+    """One bf16 model per implementation, every (batch, cache) on it. Dynamic: transformers' DynamicCache (the
+    keys grow by concatenation; flashgen runs dense calls, one query row against them). Static: preallocated
+    buffers; flashgen reads the written part in place through flash_attn_with_kvcache, sdpa the whole buffer under a
+    mask."""
+    import torch
     p = run.plan
-    for batch in p.gen_batches:
-        for impl in [i for i in impls if i != "eager"]:
-            run.guarded("generate", impl, f"{p.llama_label} prompt{p.gen_prompt} new{p.gen_new_tokens} b{batch}",
-                        lambda: _generate(run, impl, batch), batch=batch)
+    for impl in [i for i in impls if i != "eager"]:
+        holder = {}
+        try:
+            holder["model"] = _build("llama", p.llama, impl, run.device, dtype=torch.bfloat16)
+        except Exception as exc:   # noqa: BLE001 - a record, not a crash
+            run.record("generate", impl, f"{p.llama_label} build", "oom" if _is_oom(exc) else "error", _reason(exc))
+            _release(run.device)
+            continue
+        for cache in GEN_CACHES:
+            for batch in p.gen_batches:
+                run.guarded("generate", impl, f"{p.llama_label} {cache} cache prompt{p.gen_prompt} "
+                            f"new{p.gen_new_tokens} b{batch}", lambda: _generate(run, holder["model"], batch, cache),
+                            batch=batch, cache=cache, prompt=p.gen_prompt, new_tokens=p.gen_new_tokens)
+        holder.clear()
+        _release(run.device)
 
 
 def _attention_layer(run: Run, impl: str, seqlen: int) -> dict:
