@@ -13,9 +13,11 @@ transformers, generation "auto"). Sections:
 - `llama`: the same for a Llama-style 1B config (Llama 3.2 1B's shape: hidden 2048, 16 layers, 32 query / 8 KV heads
   of head_dim 64, tied 128k vocabulary) at seqlen 4k and 16k, batch 1. Eager runs where it fits: an out-of-memory is
   recorded as status "oom", never a crash.
-- `generate`: that Llama-style model in bf16, greedy, prompt 4k, 256 new tokens, batch 1 and 16, transformers'
-  dynamic KV cache: prefill time, decode tokens/s (new tokens after the first / the time after the prefill), sdpa
-  vs flashgen (whose decode steps run its split-KV decode path: one query row against the cache).
+- `generate`: that Llama-style model in bf16, greedy, prompt 4k, 256 new tokens, batch 1 and 16, with transformers'
+  dynamic cache (keys grow by concatenation; flashgen's decode steps are dense calls of one query row, which run its
+  split-KV decode path) and its static cache (preallocated; flashgen reads the written part in place through
+  flash_attn_with_kvcache, sdpa the whole buffer under a mask; both uncompiled): prefill time and decode tokens/s,
+  timed apart from a clock read after each token, sdpa vs flashgen.
 - `long`: one Llama-style attention layer (projections, rotary, attention) fwd+bwd in bf16 at seqlen 16k, 32k,
   64k, ... up to the largest that fits, per implementation (flashgen, sdpa, sdpa-math, eager): the longest context
   one GPU trains that layer at, its time and peak memory.
@@ -36,13 +38,12 @@ Records are JSON lines (a header, then one "result" per section x implementation
 from __future__ import annotations
 
 import argparse
-import copy
 import dataclasses
 import gc
 import os
 import sys
 import time
-from typing import Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Callable, List, Optional, Sequence, Tuple
 
 DEFAULT_OUT = os.path.join("bench", "results")
 SECTIONS = ("train", "llama", "generate", "long")
@@ -81,12 +82,13 @@ TINY_LLAMA = dict(vocab_size=256, hidden_size=64, intermediate_size=128, num_hid
                   num_key_value_heads=2, head_dim=16, max_position_embeddings=4096, tie_word_embeddings=True)
 
 PLANS = {
-    "full": Plan("full", "gpt2-124M", "llama-1B", GPT2_SMALL, 16, 1024, LLAMA_1B, (4096, 16384), 3, 10, (1, 16), 4096, 256,
-                 (16384, 32768, 65536, 131072, 262144, 524288), 3),
+    "full": Plan("full", "gpt2-124M", "llama-1B", GPT2_SMALL, 16, 1024, LLAMA_1B, (4096, 16384), 3, 10, (1, 16),
+                 4096, 256, (16384, 32768, 65536, 131072, 262144, 524288), 3),
     "quick": Plan("quick", "gpt2-124M", "llama-1B", GPT2_SMALL, 8, 1024, LLAMA_1B, (4096,), 2, 5, (1, 16), 4096, 64,
                   (16384, 65536, 131072), 2),
-    "tiny": Plan("tiny", "gpt2-tiny", "llama-tiny", dict(n_positions=128, n_embd=64, n_layer=2, n_head=4, vocab_size=256), 2, 64, TINY_LLAMA,
-                 (64, 128), 1, 2, (1, 2), 32, 4, (64, 128), 1),
+    "tiny": Plan("tiny", "gpt2-tiny", "llama-tiny", dict(n_positions=128, n_embd=64, n_layer=2, n_head=4,
+                                                         vocab_size=256),
+                 2, 64, TINY_LLAMA, (64,), 1, 2, (2,), 32, 4, (64, 128), 1),
 }
 
 
@@ -256,7 +258,6 @@ def _train(run: Run, section: str, kind: str, cfg_kwargs: dict, batch: int, seql
     out = {"batch": batch, "seqlen": seqlen, "step_ms": 1e3 * seconds, "tokens_per_s": tokens / seconds,
            "matmul_params": n, "model_flops_per_step": step_flops, "loss": float(loss.detach()),
            "peak_gib": _peak_gib(device), **run.utilization(step_flops / seconds)}
-    del model, opt
     return out
 
 
@@ -404,7 +405,6 @@ def _attention_layer(run: Run, impl: str, seqlen: int) -> dict:
     proj = 6.0 * sum(w.numel() for w in layer.parameters()) * seqlen
     out = {"seqlen": seqlen, "ms": 1e3 * seconds, "peak_gib": _peak_gib(device), "attention_tflops": fl / seconds
            / 1e12, **run.utilization((fl + proj) / seconds)}
-    del layer, x, dout, mask
     return out
 
 

@@ -261,7 +261,7 @@ def _scatter(out: torch.Tensor, rows, batch: int, seqlen: int) -> torch.Tensor:
 
 def _compute_dtype(query: torch.Tensor) -> Optional[torch.dtype]:
     """fp32 activations under autocast (layer norms kept in fp32) run in the autocast dtype, as transformers' flash
-    path does; everything else runs in its own dtype (flashgen refuses a dtype its generation lacks, e.g. fp32 on v2)."""
+    path does; everything else runs in its own dtype (flashgen refuses a dtype its generation lacks: fp32 on v2)."""
     if query.dtype == torch.float32 and torch.is_autocast_enabled(query.device.type):
         return torch.get_autocast_dtype(query.device.type)
     return None
