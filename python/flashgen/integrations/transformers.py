@@ -35,7 +35,8 @@ Host syncs. transformers' own flash_attention_2 path synchronizes twice per laye
   cu_seqlens on the device, common/mask.h), so the padded length is passed, which is an upper bound;
 - packed sequences: one sync per forward to find the sequence boundaries (transformers' detection syncs too);
 - cu_seq_lens kwargs: none if max_length_q/k are ints, one `.item()` each if they are tensors;
-- static cache: none (the written length stays on the device).
+- static cache: none where transformers drops the all-ones mask (5.24: the written length stays on the device),
+  one `.all()` per forward where it keeps it (5.17).
 
 The mask builder checks the mask function the model asks for: causal, bidirectional, sliding window and packed
 sequences are expressible; anything else (chunked attention, or_mask/and_mask overlays such as bidirectional image
@@ -131,6 +132,11 @@ def attention_mask(batch_size: int, q_length: int, kv_length: int, q_offset: int
             return seen.to(torch.int32).reshape(1).expand(batch_size).contiguous()
         if kv_length > seen:
             return torch.full((batch_size,), seen, dtype=torch.int32, device=kwargs.get("device"))
+    if attention_mask is not None and attention_mask.dim() == 2 and kv_offset == 0 and \
+            attention_mask.shape[1] < kv_length and bool(attention_mask.all()):
+        # The same with the 2-D mask kept (transformers < 5.2x keeps it for static caches): all ones over fewer
+        # tokens than the cache has slots. One host sync per forward (transformers' flash mask reads .all() too).
+        return torch.full((batch_size,), attention_mask.shape[1], dtype=torch.int32, device=attention_mask.device)
     return masking_utils.flash_attention_mask(batch_size, q_length, kv_length, q_offset, kv_offset, mask_function,
                                               attention_mask, **kwargs)
 
