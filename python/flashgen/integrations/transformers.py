@@ -1,0 +1,362 @@
+"""flashgen as an attention implementation of Hugging Face transformers (5.x).
+
+    import flashgen.integrations.transformers   # registers "FlashGen" (register() does it again, idempotently)
+    model = AutoModelForCausalLM.from_config(cfg, attn_implementation="FlashGen")   # the one line that switches
+    model.set_attn_implementation("FlashGen")                                         # or on a model you already have
+
+Importing this module registers two functions under the name "FlashGen": `attention_forward` with transformers'
+`AttentionInterface` (the attention itself) and `attention_mask` with its `AttentionMaskInterface` (what the model
+builds as `attention_mask` before the layers run). The mask stays what transformers' flash_attention_2 path uses: no
+mask at all when nothing is padded, else the 2-D (batch, seqlen_k) padding mask. So the kernels see:
+
+| the model passes                                   | flashgen runs                                              |
+|----------------------------------------------------|------------------------------------------------------------|
+| no mask                                            | flash_attn_func (dense, bottom-right causal)               |
+| 2-D padding mask (left or right padding, or holes) | flash_attn_varlen_func on the unpadded tokens, re-padded   |
+| cu_seq_lens_q/k + max_length_q/k kwargs            | flash_attn_varlen_func on them (padding-free batches)      |
+| packed sequences (position_ids restarting at 0)    | flash_attn_varlen_func, one sequence per restart           |
+| a 4-D mask equal to padding x causal/window        | the same as its 2-D padding mask                           |
+| a static cache (max_cache_len slots, some written) | flash_attn_with_kvcache over the buffers, in place         |
+| any other mask                                     | NotImplementedError/ValueError naming the mask             |
+
+query/key/value arrive as (batch, num_heads, seqlen, head_dim) views and go to flashgen as (b, s, h, d) views (no
+copy: flashgen needs only the last dim contiguous). GQA passes through (num_heads_k divides num_heads). Causal is
+bottom-right, which is what a KV cache needs (the new queries are the last rows). sliding_window w becomes
+window_size (w - 1, w - 1) (the mask keeps keys q - w < k <= q: w keys, inclusive window w - 1; causal folds the
+right side to 0). softcap and scaling are passed as given. dropout is what the model passes: models pass their
+config's attention dropout in training mode and 0.0 in eval mode, so `model.train()` / `model.eval()` decide.
+
+Host syncs. transformers' own flash_attention_2 path synchronizes twice per layer on a padded batch
+(`nonzero` for the token indices, `.item()` for max_seqlen). Here:
+- no padding: none (transformers' mask builder itself reads `attention_mask.all()` once per forward);
+- padding: one `nonzero` per forward, not per layer: the unpadding indices are cached on the mask tensor (the model
+  passes the same mask object to every layer of a kind). It cannot go: the number of real tokens is a tensor shape.
+  max_seqlen is NOT read back: flashgen's varlen takes it as a bound for its grid (each sequence's length comes from
+  cu_seqlens on the device, common/mask.h), so the padded length is passed, which is an upper bound;
+- packed sequences: one sync per forward to find the sequence boundaries (transformers' detection syncs too);
+- cu_seq_lens kwargs: none if max_length_q/k are ints, one `.item()` each if they are tensors;
+- static cache: none where transformers drops the all-ones mask (5.24: the written length stays on the device),
+  one `.all()` per forward where it keeps it (5.17).
+
+The mask builder checks the mask function the model asks for: causal, bidirectional, sliding window and packed
+sequences are expressible; anything else (chunked attention, or_mask/and_mask overlays such as bidirectional image
+tokens, block_sequence_ids) raises NotImplementedError naming it, where transformers' flash_attention_2 path would
+silently drop it. Attention sinks (s_aux) and output_attentions=True are refused the same way.
+
+Name: "FlashGen", capitalised, because transformers 5.x takes any name containing the lower-case "flash" for a
+flash-attn kernel to load (see NAME below). So transformers does not treat it as a flash-attention flavour: its
+generate drops an all-ones mask even with a static cache, which attention_mask() makes up for (static caches are read in
+place through flash_attn_with_kvcache, with the written length per row).
+"""
+
+from __future__ import annotations
+
+import inspect
+import weakref
+from typing import Optional, Tuple
+
+import torch
+import torch.nn.functional as F
+
+from transformers import AttentionInterface, AttentionMaskInterface
+from transformers import masking_utils
+
+import flashgen
+
+__all__ = ["NAME", "attention_forward", "attention_mask", "register", "unpad_data"]
+
+# Not "flashgen": transformers 5.x treats any implementation name containing the lower-case substring "flash" as a
+# flash-attention kernel to load (utils/generic.py `is_flash_attention_requested`, then `lazy_import_flash_attention`
+# tries flash_attn or a hub kernel and raises "Could not find the currently requested flash attention
+# implementation at `flashgen`"). The capitalised name is not matched (seen with 5.17 and 5.24).
+NAME = "FlashGen"
+
+# Mask functions the kernels express, by the name transformers' masking_utils gives them; a closure is named by the
+# function that made it (`and_masks.<locals>.and_mask` -> "and_masks").
+_EXPRESSIBLE = frozenset({
+    "causal_mask_function", "bidirectional_mask_function",
+    "sliding_window_overlay",                  # the window itself reaches the attention call as sliding_window
+    "and_masks",                               # an intersection: expressible when every part is
+    "remap_positions_for_packed_sequence",     # packed sequences (transformers >= 5.2x wraps the causal mask) ...
+    "packed_sequence_mask_function",           # ... and the sequence ids themselves
+})
+_WRAPPERS = frozenset({"and_masks", "remap_positions_for_packed_sequence", "packed_sequence_mask_function"})
+
+
+def _maker(fn) -> str:
+    """The name of a mask function, or of the function that built a closure."""
+    qual = getattr(fn, "__qualname__", None) or repr(fn)
+    return qual.split(".<locals>")[0]
+
+
+def _packed_ids(mask_function) -> Optional[torch.Tensor]:
+    """Check that every part of `mask_function` is expressible; return the packed-sequence ids it holds, if any."""
+    name = _maker(mask_function)
+    if name not in _EXPRESSIBLE:
+        raise NotImplementedError(
+            f"flashgen cannot express the attention mask function {getattr(mask_function, '__qualname__', name)!r} "
+            f"this model builds: its kernels take padding (as varlen), causal (bottom-right) and sliding-window masks "
+            f"and packed sequences only (mask functions it knows: {sorted(_EXPRESSIBLE)}). Use "
+            f"attn_implementation='sdpa' or 'eager' for this model.")
+    free = inspect.getclosurevars(mask_function).nonlocals if name in _WRAPPERS else {}
+    if name == "and_masks":
+        found = [ids for ids in map(_packed_ids, free["mask_functions"]) if ids is not None]
+        return found[0] if found else None
+    if name == "remap_positions_for_packed_sequence":
+        return _packed_ids(free["mask_function"])
+    if name == "packed_sequence_mask_function":
+        return free["packed_sequence_mask"]
+    return None
+
+
+def attention_mask(batch_size: int, q_length: int, kv_length: int, q_offset: int = 0, kv_offset: int = 0,
+                   mask_function=masking_utils.causal_mask_function, attention_mask=None, **kwargs):
+    """The mask transformers builds for "flashgen": None without padding, the bool (batch, kv_length) padding mask
+    with padding, the int64 (batch, seqlen) sequence ids for packed sequences. Raises on masks the kernels cannot
+    express (see the module docstring)."""
+    if attention_mask is not None and attention_mask.dim() == 1:
+        return attention_mask   # a static cache's lengths, made by this function for generate's step (see below)
+    packed = _packed_ids(mask_function)
+    if packed is not None:
+        if attention_mask is not None and not bool(attention_mask.all()):
+            raise NotImplementedError("flashgen: packed sequences together with a padding mask are not supported; "
+                                      "drop the padding (packing needs none) or use attn_implementation='sdpa'")
+        return packed.to(torch.int64)
+    if attention_mask is None and kv_offset == 0 and kv_length > q_length:
+        # A static cache hands the layers all its max_cache_len slots, the first q_offset + q_length of them written
+        # (transformers' generate keeps the 2-D mask for its own flash paths, recognized by name, but not for ours).
+        # Say how many: an int32 (batch,) length per row, which the attention passes to flash_attn_with_kvcache as
+        # cache_seqlens, reading the cache in place. q_offset is a device tensor there: no host sync.
+        seen = q_offset + q_length
+        if isinstance(seen, torch.Tensor):
+            return seen.to(torch.int32).reshape(1).expand(batch_size).contiguous()
+        if kv_length > seen:
+            return torch.full((batch_size,), seen, dtype=torch.int32, device=kwargs.get("device"))
+    if attention_mask is not None and attention_mask.dim() == 2 and kv_offset == 0 and \
+            attention_mask.shape[1] < kv_length and bool(attention_mask.all()):
+        # The same with the 2-D mask kept (transformers < 5.2x keeps it for static caches): all ones over fewer
+        # tokens than the cache has slots. One host sync per forward (transformers' flash mask reads .all() too).
+        return torch.full((batch_size,), attention_mask.shape[1], dtype=torch.int32, device=attention_mask.device)
+    return masking_utils.flash_attention_mask(batch_size, q_length, kv_length, q_offset, kv_offset, mask_function,
+                                              attention_mask, **kwargs)
+
+
+# ---- unpadding ----
+
+class _UnpadCache:
+    """Unpadding indices computed once per mask tensor: the model hands the same mask object to every layer of a
+    kind, so a forward pays one `nonzero` (one host sync) instead of one per layer. Entries are keyed by a weak
+    reference to the mask plus its version counter (an in-place edit invalidates) and the shapes used."""
+
+    SLOTS = 4  # full and sliding masks of a forward, with room for the previous forward's
+
+    def __init__(self):
+        self.entries = []
+
+    def get(self, mask: torch.Tensor, key: tuple, build):
+        if torch.compiler.is_compiling():
+            return build()
+        for ref, version, k, value in self.entries:
+            if ref() is mask and version == mask._version and k == key:
+                return value
+        value = build()
+        self.entries = [e for e in self.entries if e[0]() is not None][-(self.SLOTS - 1):]
+        self.entries.append((weakref.ref(mask), mask._version, key, value))
+        return value
+
+
+_CACHE = _UnpadCache()
+
+
+def _cu_seqlens(lengths: torch.Tensor) -> torch.Tensor:
+    return F.pad(torch.cumsum(lengths, dim=0, dtype=torch.int32), (1, 0))
+
+
+def unpad_data(mask: torch.Tensor, seqlen_q: int):
+    """From a bool (batch, seqlen_k) padding mask (True = real token) and the number of query rows (the last
+    seqlen_q positions, as with a KV cache): (rows_q, cu_seqlens_q, rows_k, cu_seqlens_k), where rows_* are
+    (batch_index, position) int64 pairs of the real tokens. One host sync (nonzero) per distinct mask."""
+    batch, seqlen_k = mask.shape
+    rows_k = torch.nonzero(mask)                                 # (total_k, 2): the one sync
+    cu_k = _cu_seqlens(mask.sum(dim=-1, dtype=torch.int32))
+    if seqlen_q == seqlen_k:
+        return (rows_k[:, 0], rows_k[:, 1]), cu_k, (rows_k[:, 0], rows_k[:, 1]), cu_k
+    mask_q = mask[:, -seqlen_q:]
+    if seqlen_q == 1:
+        # Decoding: one query per sequence, at the last position (transformers' _upad_input does the same).
+        rows = torch.arange(batch, device=mask.device)
+        return (rows, torch.zeros_like(rows)), _cu_seqlens(torch.ones(batch, dtype=torch.int32, device=mask.device)), \
+            (rows_k[:, 0], rows_k[:, 1]), cu_k
+    rows_q = torch.nonzero(mask_q)
+    return (rows_q[:, 0], rows_q[:, 1]), _cu_seqlens(mask_q.sum(dim=-1, dtype=torch.int32)), \
+        (rows_k[:, 0], rows_k[:, 1]), cu_k
+
+
+def _packed_data(ids: torch.Tensor):
+    """Sequence ids (batch, seqlen) of packed sequences -> (rows, cu_seqlens) over all tokens, one sequence per run of
+    equal ids within a batch row. One host sync (the number of sequences is a shape)."""
+    batch, seqlen = ids.shape
+    starts = torch.ones_like(ids, dtype=torch.bool)
+    starts[:, 1:] = ids[:, 1:] != ids[:, :-1]
+    start_pos = torch.nonzero(starts.flatten()).flatten().to(torch.int32)    # the sync
+    cu = torch.cat([start_pos, start_pos.new_tensor([batch * seqlen])])
+    b = torch.arange(batch, device=ids.device).repeat_interleave(seqlen)
+    s = torch.arange(seqlen, device=ids.device).repeat(batch)
+    return (b, s), cu
+
+
+def _padding_from_4d(mask: torch.Tensor, seqlen_q: int, seqlen_k: int, causal: bool,
+                     window: Tuple[int, int]) -> Optional[torch.Tensor]:
+    """A 4-D (batch, 1 or heads, seqlen_q, seqlen_k) mask -> its 2-D padding mask, if it is exactly padding combined
+    with the causal/window mask of this call on every real query row; else raise naming what it is."""
+    what = f"the 4-D attention mask of shape {tuple(mask.shape)} and dtype {mask.dtype}"
+    if mask.dim() != 4 or mask.shape[-2:] != (seqlen_q, seqlen_k):
+        raise ValueError(f"flashgen: {what} does not match seqlen_q {seqlen_q}, seqlen_k {seqlen_k}")
+    if mask.dtype == torch.bool:
+        keep = mask
+    elif mask.is_floating_point():
+        keep = mask == 0
+        blocked = mask[~keep]
+        if blocked.numel() and not bool((blocked <= torch.finfo(mask.dtype).min / 2).all()):
+            raise NotImplementedError(
+                f"flashgen cannot express {what}: it adds values other than 0 and -inf/dtype-min (an attention bias). "
+                "Use attn_implementation='sdpa' or 'eager' for it.")
+    else:
+        raise TypeError(f"flashgen: {what}: expected a bool or floating mask")
+    if keep.shape[1] != 1 and not bool((keep == keep[:, :1]).all()):
+        raise NotImplementedError(f"flashgen cannot express {what}: it differs between heads")
+    keep = keep[:, 0]
+    padding = keep.any(dim=1)                                        # a key no query sees is padding
+    i = torch.arange(seqlen_q, device=mask.device).view(-1, 1) + (seqlen_k - seqlen_q)
+    j = torch.arange(seqlen_k, device=mask.device).view(1, -1)
+    structure = torch.ones(seqlen_q, seqlen_k, dtype=torch.bool, device=mask.device)
+    left, right = window[0], (0 if causal else window[1])
+    if right >= 0:
+        structure &= j <= i + right
+    if left >= 0:
+        structure &= j >= i - left
+    expected = padding[:, None, :] & structure
+    real_q = padding[:, -seqlen_q:]
+    differ = (keep != expected) & real_q[:, :, None]
+    if bool(differ.any()):
+        b, q, k = (int(x) for x in torch.nonzero(differ)[0])
+        raise NotImplementedError(
+            f"flashgen cannot express {what}: it is not a padding mask combined with the "
+            f"{'causal' if causal else 'full'}{' sliding-window' if window != (-1, -1) else ''} mask of this layer "
+            f"(first difference at batch {b}, query {q}, key {k}). flashgen's kernels take padding (as varlen), causal "
+            "(bottom-right) and sliding windows only; use attn_implementation='sdpa' or 'eager' for this mask.")
+    return None if bool(padding.all()) else padding
+
+
+# ---- the attention function ----
+
+def _max_len(x) -> int:
+    return x if isinstance(x, int) else int(x.item())  # a tensor max_length costs one sync, as in transformers
+
+
+def _gather(t: torch.Tensor, rows) -> torch.Tensor:
+    """(batch, seqlen, heads, dim) -> (total, heads, dim) at (batch_index, position) rows: one gather."""
+    return t[rows[0], rows[1]]
+
+
+def _scatter(out: torch.Tensor, rows, batch: int, seqlen: int) -> torch.Tensor:
+    """(total, heads, dim) -> (batch, seqlen, heads, dim), zeros at the padding (differentiable)."""
+    full = out.new_zeros(batch * seqlen, *out.shape[1:])
+    return full.index_copy(0, rows[0] * seqlen + rows[1], out).view(batch, seqlen, *out.shape[1:])
+
+
+def _compute_dtype(query: torch.Tensor) -> Optional[torch.dtype]:
+    """fp32 activations under autocast (layer norms kept in fp32) run in the autocast dtype, as transformers' flash
+    path does; everything else runs in its own dtype (flashgen refuses a dtype its generation lacks: fp32 on v2)."""
+    if query.dtype == torch.float32 and torch.is_autocast_enabled(query.device.type):
+        return torch.get_autocast_dtype(query.device.type)
+    return None
+
+
+def attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                      attention_mask: Optional[torch.Tensor], dropout: float = 0.0, scaling: Optional[float] = None,
+                      sliding_window: Optional[int] = None, softcap: Optional[float] = None,
+                      is_causal: Optional[bool] = None, s_aux: Optional[torch.Tensor] = None, **kwargs):
+    """transformers' attention-function contract: query (batch, num_heads, seqlen_q, head_dim), key/value
+    (batch, num_heads_k, seqlen_k, head_dim) -> (out (batch, seqlen_q, num_heads, head_dim), None)."""
+    if kwargs.get("output_attentions", False):
+        raise NotImplementedError("flashgen does not return attention weights (output_attentions=True); use "
+                                  "attn_implementation='eager' for them")
+    if s_aux is not None:
+        raise NotImplementedError("flashgen does not implement attention sinks (s_aux); use "
+                                  "attn_implementation='eager' or 'sdpa' for this model")
+    batch, _, seqlen_q, head_dim = query.shape
+    causal = bool(is_causal if is_causal is not None else getattr(module, "is_causal", True))
+    window = (-1, -1) if not sliding_window else (int(sliding_window) - 1, int(sliding_window) - 1)
+    kw = dict(dropout_p=float(dropout or 0.0), softmax_scale=None if scaling is None else float(scaling),
+              causal=causal, window_size=window, softcap=float(softcap or 0.0))
+    q, k, v = (t.transpose(1, 2) for t in (query, key, value))       # (b, s, h, d) views
+    v_head_dim = v.shape[-1]
+    if v_head_dim != head_dim:                                      # e.g. MLA: pad v, crop the output
+        v = F.pad(v, (0, head_dim - v_head_dim))
+    dtype = _compute_dtype(q)
+    if dtype is not None:
+        q, k, v = q.to(dtype), k.to(dtype), v.to(dtype)
+
+    cu_q, cu_k = kwargs.get("cu_seq_lens_q"), kwargs.get("cu_seq_lens_k")
+    if attention_mask is not None and attention_mask.dim() == 4:
+        attention_mask = _CACHE.get(attention_mask, ("4d", seqlen_q, k.shape[1], causal, window),
+                                    lambda: _padding_from_4d(attention_mask, seqlen_q, k.shape[1], causal, window))
+
+    if cu_q is not None and cu_k is not None:
+        # Padding-free batches (DataCollatorWithFlattening): the caller's offsets over the flattened tokens.
+        out = flashgen.flash_attn_varlen_func(
+            q.reshape(-1, *q.shape[2:]), k.reshape(-1, *k.shape[2:]), v.reshape(-1, *v.shape[2:]),
+            cu_q.to(torch.int32), cu_k.to(torch.int32), _max_len(kwargs["max_length_q"]),
+            _max_len(kwargs["max_length_k"]), **kw).view(batch, seqlen_q, *q.shape[2:])
+    elif attention_mask is None:
+        out = flashgen.flash_attn_func(q, k, v, **kw)
+    elif attention_mask.dim() == 1:
+        # A static cache's written lengths (attention_mask() above): keys [0, lengths[b]) of the buffers, the queries
+        # the last seqlen_q of them. Inference reads the buffers in place through flash_attn_with_kvcache; a call that
+        # needs gradients or dropout (training through a static cache) slices the keys instead, which reads the
+        # longest length back (one host sync).
+        lengths = attention_mask.clamp(max=k.shape[1])
+        needs_grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
+        if not needs_grad and kw["dropout_p"] == 0.0:
+            out = flashgen.flash_attn_with_kvcache(q, k, v, cache_seqlens=lengths, softmax_scale=kw["softmax_scale"],
+                                                   causal=causal, window_size=window, softcap=kw["softcap"])
+        else:
+            n = int(lengths.max())
+            out = flashgen.flash_attn_func(q, k[:, :n], v[:, :n], **kw)
+    elif attention_mask.dim() == 2 and attention_mask.dtype == torch.bool:
+        mask = attention_mask
+        if k.shape[1] > mask.shape[1]:                               # a static cache longer than what was seen
+            k, v = k[:, :mask.shape[1]], v[:, :mask.shape[1]]
+        rows_q, cu_seqlens_q, rows_k, cu_seqlens_k = _CACHE.get(mask, ("pad", seqlen_q),
+                                                                lambda: unpad_data(mask, seqlen_q))
+        out = flashgen.flash_attn_varlen_func(
+            _gather(q, rows_q), _gather(k, rows_k), _gather(v, rows_k), cu_seqlens_q, cu_seqlens_k,
+            seqlen_q, mask.shape[1], **kw)                           # padded lengths: upper bounds, no sync
+        out = _scatter(out, rows_q, batch, seqlen_q)
+    elif attention_mask.dim() == 2 and not attention_mask.is_floating_point():
+        ids = attention_mask                                         # packed sequences (attention_mask() above)
+        if seqlen_q != k.shape[1] or tuple(ids.shape) != (batch, seqlen_q):
+            raise ValueError(f"flashgen: packed-sequence ids of shape {tuple(ids.shape)} need seqlen_q == seqlen_k "
+                             f"== {tuple(ids.shape)[1]}, got {seqlen_q} and {k.shape[1]}")
+        rows, cu = _CACHE.get(ids, ("packed",), lambda: _packed_data(ids))
+        out = flashgen.flash_attn_varlen_func(_gather(q, rows), _gather(k, rows), _gather(v, rows), cu, cu,
+                                              seqlen_q, seqlen_q, **kw)
+        out = _scatter(out, rows, batch, seqlen_q)
+    else:
+        raise NotImplementedError(
+            f"flashgen cannot express the attention mask of shape {tuple(attention_mask.shape)} and dtype "
+            f"{attention_mask.dtype}: it takes no mask, a bool (batch, seqlen_k) padding mask, or a 4-D mask that is "
+            "padding combined with causal/sliding-window. Use attn_implementation='sdpa' or 'eager' for this mask.")
+    if v_head_dim != head_dim:
+        out = out[..., :v_head_dim]
+    return out, None
+
+
+def register() -> None:
+    """Register "flashgen" with transformers' AttentionInterface and AttentionMaskInterface (idempotent)."""
+    AttentionInterface.register(NAME, attention_forward)
+    AttentionMaskInterface.register(NAME, attention_mask)
+
+
+register()

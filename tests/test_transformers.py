@@ -1,0 +1,299 @@
+"""flashgen inside Hugging Face transformers models (flashgen.integrations.transformers), on the CPU backend.
+
+Tiny models from configs (no weights, no network), fp32. Each check compares attn_implementation="FlashGen" with
+"eager" by the FlashAttention rule (flashgen.testing): the float64 eager model is the reference, the fp32 eager model
+the naive run, and flashgen's fp32 model must be within 2x the naive error (3x for gradients) plus a few fp32 ulps.
+Why that and not a fixed tolerance: both fp32 runs compute the same products and differ only in summation order and
+where the softmax is normalized (online vs. materialized), so their errors against float64 are of the same size
+(~1e-7 relative); a masking mistake (a padding key seen, a window off by one, softcap missed) moves logits by
+1e-2 or more and fails by orders of magnitude.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+
+import pytest
+import torch
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+transformers = pytest.importorskip("transformers")
+
+import flashgen  # noqa: E402
+from flashgen.integrations import transformers as fg_tf  # noqa: E402
+from flashgen.testing import check_fa_rule  # noqa: E402
+
+VOCAB = 96
+SEQLEN = 16
+BATCH = 2
+PAD = 5          # padding tokens in row 0
+WINDOW = 5       # sliding window (Mistral, Qwen2, Gemma 2): < SEQLEN, so it masks
+
+
+def _configs():
+    common = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+                  num_key_value_heads=2, max_position_embeddings=64)
+    return {
+        "llama": transformers.LlamaConfig(**common),
+        "mistral": transformers.MistralConfig(**common, sliding_window=WINDOW),
+        # layer 1 slides (layers >= max_window_layers do), layer 0 is full
+        "qwen2": transformers.Qwen2Config(**common, use_sliding_window=True, sliding_window=WINDOW,
+                                          max_window_layers=1),
+        # softcap 2.0 bites (raw scores here are O(1-5)); layers alternate sliding / full
+        "gemma2": transformers.Gemma2Config(**common, head_dim=16, query_pre_attn_scalar=16, sliding_window=WINDOW,
+                                            attn_logit_softcapping=2.0),
+        "gpt2": transformers.GPT2Config(vocab_size=VOCAB, n_positions=64, n_embd=64, n_layer=2, n_head=4,
+                                        attn_pdrop=0.0, embd_pdrop=0.0, resid_pdrop=0.0, bos_token_id=2,
+                                        eos_token_id=1),
+    }
+
+
+FAMILIES = list(_configs())
+
+
+def _models(family: str, **overrides):
+    """(flashgen fp32, eager fp32, eager fp64) with the same weights, in eval mode."""
+    cfg = _configs()[family]
+    for k, v in overrides.items():
+        setattr(cfg, k, v)
+    torch.manual_seed(0)
+    eager = transformers.AutoModelForCausalLM.from_config(copy.deepcopy(cfg), attn_implementation="eager")
+    fg = transformers.AutoModelForCausalLM.from_config(copy.deepcopy(cfg), attn_implementation=fg_tf.NAME)
+    fg.load_state_dict(eager.state_dict())
+    ref = copy.deepcopy(eager).double()
+    for m in (fg, eager, ref):
+        m.eval()
+    return fg, eager, ref
+
+
+def _batch(padding):
+    """input ids (BATCH, SEQLEN), the long attention mask (or None) and the bool mask of real tokens."""
+    ids = torch.randint(3, VOCAB, (BATCH, SEQLEN))
+    real = torch.ones(BATCH, SEQLEN, dtype=torch.bool)
+    if padding == "left":
+        real[0, :PAD] = False
+    elif padding == "right":
+        real[0, -PAD:] = False
+    mask = None if padding is None else real.long()
+    return ids, mask, real
+
+
+POSITIONS = torch.arange(SEQLEN)
+
+
+def _run(model, ids, mask, real, weights):
+    """Logits at real tokens and the gradient of a weighted sum of them, per parameter."""
+    model.zero_grad()
+    logits = model(ids, attention_mask=mask, position_ids=POSITIONS.expand(BATCH, -1)).logits
+    loss = (logits.double() * weights)[real].sum()
+    loss.backward()
+    return logits[real].detach(), _grads(model)
+
+
+def _run_unpadded(model, ids, real, weights):
+    """The same, one row at a time on its real tokens only (at the positions they have in the padded batch): the
+    reference needs no padding mask. (Eager's padded float64 run is no reference: Llama-style eager softmaxes in fp32,
+    where the float64 mask's dtype-min becomes -inf, and fully padded rows turn to NaN that later layers spread.)"""
+    model.zero_grad()
+    rows = []
+    for b in range(ids.shape[0]):
+        sel = real[b]
+        logits = model(ids[b:b + 1, sel], position_ids=POSITIONS[sel].view(1, -1)).logits[0]
+        (logits.double() * weights[b, sel]).sum().backward()
+        rows.append(logits.detach())
+    return torch.cat(rows), _grads(model)
+
+
+def _grads(model):
+    return {n: p.grad.detach().clone() for n, p in model.named_parameters() if p.grad is not None}
+
+
+@pytest.mark.parametrize("padding", [None, "left", "right"])
+@pytest.mark.parametrize("family", FAMILIES)
+def test_logits_and_grads_match_eager(family, padding):
+    fg, eager, ref = _models(family)
+    ids, mask, real = _batch(padding)
+    weights = torch.randn(BATCH, SEQLEN, VOCAB, dtype=torch.float64)
+    out, g_out = _run(fg, ids, mask, real, weights)
+    naive, g_naive = _run(eager, ids, mask, real, weights)
+    r, g_ref = _run_unpadded(ref, ids, real, weights)
+    name = f"{family} padding={padding}"
+    check_fa_rule(f"{name} logits", out, r, naive)
+    assert g_out.keys() == g_ref.keys()
+    for n in g_ref:
+        check_fa_rule(f"{name} d{n}", g_out[n], g_ref[n], g_naive[n], factor=3.0)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_greedy_generation_matches_eager(family):
+    """Left-padded prompts, KV cache (transformers' DynamicCache), a few greedy steps: the same tokens as eager."""
+    fg, eager, _ = _models(family)
+    ids, mask, _ = _batch("left")
+    kw = dict(attention_mask=mask, max_new_tokens=5, do_sample=False, pad_token_id=0)
+    assert torch.equal(fg.generate(ids, **kw), eager.generate(ids, **kw))
+
+
+@pytest.fixture
+def calls(monkeypatch):
+    """Every flashgen call the integration makes: (function name, q shape, k shape, keyword arguments)."""
+    seen = []
+    for name in ("flash_attn_func", "flash_attn_varlen_func", "flash_attn_with_kvcache"):
+        real = getattr(flashgen, name)
+
+        def spy(q, k, v, *args, _real=real, _name=name, **kw):
+            seen.append((_name, tuple(q.shape), tuple(k.shape), kw))
+            return _real(q, k, v, *args, **kw)
+
+        monkeypatch.setattr(fg_tf.flashgen, name, spy)
+    return seen
+
+
+@pytest.mark.parametrize("padding", [None, "left"])
+@pytest.mark.parametrize("family", ["llama", "gemma2"])
+def test_static_cache_generation_matches_eager(family, padding, calls):
+    """A static cache hands every layer max_cache_len slots, and without padding transformers drops the mask: the
+    mask builder passes the written length per row, and decoding reads the buffers in place through
+    flash_attn_with_kvcache (with padding: varlen over the written slots)."""
+    fg, eager, _ = _models(family)
+    ids, mask, _ = _batch(padding)
+    kw = dict(attention_mask=mask, max_new_tokens=5, do_sample=False, pad_token_id=0, cache_implementation="static")
+    assert torch.equal(fg.generate(ids, **kw), eager.generate(ids, **kw))
+    used = {c[0] for c in calls}
+    full_layers = {"flash_attn_with_kvcache"} if padding is None else {"flash_attn_varlen_func"}
+    # Gemma 2's sliding layers keep a window-sized rolling buffer: once full (the prompt is longer than the window)
+    # transformers passes no mask for them and they run dense over the buffer, as its flash_attention_2 path does.
+    assert used == full_layers if family == "llama" else used == full_layers | {"flash_attn_func"}
+
+
+def test_what_reaches_the_kernels(calls):
+    """GQA passes through (2 KV heads, no repeat), causal, Mistral's window w as (w - 1, w - 1), padding as varlen
+    with the padded lengths as max_seqlen (upper bounds: no host read of the real lengths)."""
+    fg, _, _ = _models("mistral")
+    ids, mask, real = _batch("left")
+    with torch.no_grad():
+        fg(ids)
+        fg(ids, attention_mask=mask)
+    dense, varlen = calls[:2], calls[2:]
+    assert [c[0] for c in dense] == ["flash_attn_func"] * 2 and [c[0] for c in varlen] == ["flash_attn_varlen_func"] * 2
+    assert dense[0][1] == (BATCH, SEQLEN, 4, 16) and dense[0][2] == (BATCH, SEQLEN, 2, 16)
+    for _, _, _, kw in calls:
+        assert kw["causal"] is True and kw["window_size"] == (WINDOW - 1, WINDOW - 1) and kw["dropout_p"] == 0.0
+    total = int(real.sum())
+    assert varlen[0][1] == (total, 4, 16) and varlen[0][2] == (total, 2, 16)
+
+
+def test_softcap_and_scale_reach_the_kernels(calls):
+    fg, _, _ = _models("gemma2")
+    with torch.no_grad():
+        fg(_batch(None)[0])
+    assert [c[3]["softcap"] for c in calls] == [2.0, 2.0]
+    assert [c[3]["window_size"] for c in calls] == [(WINDOW - 1, WINDOW - 1), (-1, -1)]  # sliding, then full
+    assert all(abs(c[3]["softmax_scale"] - 16 ** -0.5) < 1e-12 for c in calls)
+
+
+def test_dropout_follows_training_mode(calls):
+    """The config's attention dropout in train mode, 0 in eval mode; seeded from torch's generator."""
+    fg, _, _ = _models("llama", attention_dropout=0.25)
+    ids = _batch(None)[0]
+    with torch.no_grad():
+        fg.eval()
+        clean = fg(ids).logits
+        fg.train()
+        torch.manual_seed(1)
+        a = fg(ids).logits
+        torch.manual_seed(1)
+        b = fg(ids).logits
+        torch.manual_seed(2)
+        c = fg(ids).logits
+    assert [c_[3]["dropout_p"] for c_ in calls] == [0.0] * 2 + [0.25] * 6
+    assert torch.equal(a, b) and not torch.equal(a, c) and not torch.equal(a, clean)
+
+
+def test_dropout_training_step_has_gradients():
+    fg, _, _ = _models("gpt2", attn_pdrop=0.1)
+    fg.train()
+    ids, mask, real = _batch("right")
+    out = fg(ids, attention_mask=mask, labels=ids.masked_fill(~real, -100))
+    out.loss.backward()
+    assert torch.isfinite(out.loss) and all(torch.isfinite(p.grad).all() for p in fg.parameters() if p.grad is not None)
+
+
+def test_one_unpad_per_forward(monkeypatch):
+    """The unpadding indices (the one host sync of a padded batch) are computed once per forward, not per layer."""
+    count = []
+    real_unpad = fg_tf.unpad_data
+    monkeypatch.setattr(fg_tf, "unpad_data", lambda *a: count.append(1) or real_unpad(*a))
+    fg, _, _ = _models("llama")
+    ids, mask, _ = _batch("left")
+    with torch.no_grad():
+        fg(ids, attention_mask=mask)
+        assert len(count) == 1
+        fg(ids, attention_mask=mask)
+    assert len(count) == 2
+
+
+def _causal_4d(real: torch.Tensor, dtype=torch.float32) -> torch.Tensor:
+    keep = real[:, None, None, :] & torch.ones(SEQLEN, SEQLEN, dtype=torch.bool).tril()
+    return torch.zeros(keep.shape, dtype=dtype).masked_fill(~keep, torch.finfo(dtype).min)
+
+
+def test_4d_padding_mask_runs_as_varlen():
+    fg, _, _ = _models("llama")
+    ids, mask, real = _batch("left")
+    with torch.no_grad():
+        want = fg(ids, attention_mask=mask).logits[real]
+        got = fg(ids, attention_mask=_causal_4d(real)).logits[real]
+        got_bool = fg(ids, attention_mask=_causal_4d(real) == 0).logits[real]
+    assert torch.equal(got, want) and torch.equal(got_bool, want)
+
+
+def test_arbitrary_4d_masks_raise():
+    fg, _, _ = _models("llama")
+    ids, _, real = _batch(None)
+    bias = _causal_4d(real)
+    bias[..., 0] = -1.0                     # an additive bias, not a mask
+    with pytest.raises(NotImplementedError, match="4-D attention mask of shape .*attention bias"):
+        fg(ids, attention_mask=bias)
+    holes = _causal_4d(real)
+    holes[0, 0, 7, 3] = torch.finfo(torch.float32).min   # one (query, key) pair removed: not padding x causal
+    with pytest.raises(NotImplementedError, match=r"4-D attention mask .*first difference at batch 0, query 7, key 3"):
+        fg(ids, attention_mask=holes)
+
+
+def test_unexpressible_mask_function_raises():
+    """A mask overlay (here an or_mask, as multimodal models add for image tokens) is refused, not dropped."""
+    fg, _, _ = _models("llama")
+    embeds = torch.zeros(1, SEQLEN, 64)
+    with pytest.raises(NotImplementedError, match="or_mask"):
+        transformers.masking_utils.create_causal_mask(fg.config, embeds, None, None,
+                                                      or_mask_function=lambda b, h, q, k: q == k)
+
+
+def test_packed_sequences_are_separate():
+    """One row holding three sequences (position_ids restart at 0), or the same as cu_seq_lens kwargs
+    (DataCollatorWithFlattening): each sequence's logits equal its own unpacked run."""
+    fg, eager, _ = _models("llama")
+    lens = [6, 7, 3]
+    ids = torch.randint(3, VOCAB, (1, sum(lens)))
+    position_ids = torch.cat([torch.arange(n) for n in lens]).view(1, -1)
+    cu = torch.tensor([0, 6, 13, 16], dtype=torch.int32)
+    with torch.no_grad():
+        packed = fg(ids, position_ids=position_ids, use_cache=False).logits[0]  # transformers packs without a cache
+        flat = fg(ids, position_ids=position_ids, use_cache=False, cu_seq_lens_q=cu, cu_seq_lens_k=cu, max_length_q=7,
+                  max_length_k=7).logits[0]
+        alone = torch.cat([eager(ids[:, s:e]).logits[0] for s, e in zip(cu[:-1].tolist(), cu[1:].tolist())])
+    torch.testing.assert_close(packed, alone, rtol=1e-5, atol=1e-5)   # fp32 vs fp32: summation order only
+    torch.testing.assert_close(flat, packed, rtol=0, atol=0)
+
+
+def test_register_is_idempotent_and_named():
+    fg_tf.register()
+    fg_tf.register()
+    assert transformers.AttentionInterface._global_mapping[fg_tf.NAME] is fg_tf.attention_forward
+    assert transformers.masking_utils.ALL_MASK_ATTENTION_FUNCTIONS._global_mapping[fg_tf.NAME] is fg_tf.attention_mask
+    fg, _, _ = _models("qwen2")
+    assert fg.config._attn_implementation == fg_tf.NAME
+    fg.set_attn_implementation("eager")
+    fg.set_attn_implementation(fg_tf.NAME)
+    assert fg.config._attn_implementation == fg_tf.NAME
