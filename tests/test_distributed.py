@@ -360,6 +360,21 @@ def test_simulated_ring_on_cuda_streams(source):
         check_fa_rule(f"rank {rank} dq", q_r.grad, want, nv, factor=3.0, floor=grad_floor(q_r.grad, want, total))
 
 
+def test_bench_ring_cpu_smoke(tmp_path):
+    """python -m flashgen.bench.ring on the CPU (a group of one over gloo): the correctness check passes, records
+    are written."""
+    env = dict(os.environ, GLOO_SOCKET_IFNAME="lo", PYTHONPATH=os.pathsep.join(
+        [str(ROOT / "python"), os.environ.get("PYTHONPATH", "")]))
+    cmd = [sys.executable, "-m", "flashgen.bench.ring", "--device", "cpu", "--seqlen-per-gpu", "64",
+           "--check-seqlen-per-gpu", "32", "--heads", "2", "--head-dim", "16", "--impls", "ring,allgather",
+           "--reps", "1", "--warmup", "0", "--out", str(tmp_path)]
+    run = subprocess.run(cmd, capture_output=True, text=True, timeout=COMPILE_TIMEOUT_S, env=env)
+    assert run.returncode == 0, run.stdout + run.stderr
+    records = [json.loads(line) for f in tmp_path.glob("*.jsonl") for line in f.read_text().splitlines()]
+    assert [r["ok"] for r in records if r["record"] == "check"] == [True, True]
+    assert sum(r["record"] == "ring" for r in records) == 4
+
+
 def test_refusals():
     q = torch.randn(1, 8, 2, 16)
     k = v = torch.randn(1, 8, 2, 16)
