@@ -2,8 +2,13 @@
 
 Multi-GPU (one process per GPU; written for 2-8 H200s and NOT yet run on more than one GPU):
 
-    torchrun --nproc_per_node=8 -m flashgen.bench.ring --seqlen-per-gpu 131072 [--impls ring,allgather]
-             [--layouts zigzag,contiguous] [--no-causal] [--heads 32 --heads-k 8 --head-dim 128] [--nvtx]
+    torchrun --nproc_per_node=8 -m flashgen.bench.ring --seqlen-per-gpu 131072 --reps 3 --warmup 1
+             [--impls ring,allgather] [--layouts zigzag,contiguous] [--no-causal] [--heads 32 --heads-k 8] [--nvtx]
+
+At 131072 rows per GPU on 8 GPUs (1M tokens, causal, 32 heads, d128) one causal forward is ~1.1e15 FLOP per GPU,
+about 3 s at 400 TFLOP/s and fwd+bwd ~10 s: keep --reps small, or split layouts/impls over calls (10-minute device
+calls). A timeline with the ranges: `nsys profile -t cuda,nvtx,nccl torchrun ... --nvtx`. The all-gather variant
+holds the whole K/V (and fp32 dK/dV of the whole sequence in its backward): ~80 GB per GPU at that size.
 
 One GPU (world size 1 over NCCL, plus the overlap check on a simulated ring):
 
