@@ -55,8 +55,11 @@ def test_ampere_and_ada_run_v2(capability):
     assert choice.head_dim_multiple == 8 and choice.alignment_bytes == 16
 
 
-def test_sm90_falls_back_to_v2_while_v3_does_not_exist():
-    assert choose(_cuda((9, 0)), _build(generations=("v2", "v3"))).generation == "v2"
+def test_sm90_runs_v3_forward_and_v2_for_what_v3_lacks():
+    built = _build(generations=("v2", "v3"), kinds=("fwd", "bwd"))
+    assert choose(_cuda((9, 0)), built).generation == "v3"
+    for feature in ("backward", "dropout", "kvcache", "return_probs"):
+        assert choose(_cuda((9, 0), features={feature}), built).generation == "v2", feature
 
 
 def test_sm90_runs_v3_where_it_supports_the_request(v1_v3_implemented):
@@ -157,7 +160,9 @@ def test_v2_backward_features(feature):
     assert explain(_cuda((9, 0), features={feature, "backward"}), _build(kinds=("fwd", "bwd")))["v2"] == []
 
 
-def test_generation_without_kernels_says_so():
+def test_generation_without_kernels_says_so(monkeypatch):
+    spec = dispatch.GENERATIONS["v3"]
+    monkeypatch.setitem(dispatch.GENERATIONS, "v3", dataclasses.replace(spec, implements=frozenset()))
     reasons = explain(_cuda((9, 0)), _build(generations=("v2", "v3")))
     assert reasons["v3"] == ["v3 forward is not implemented yet"]
     assert reasons["v1"] == ["v1 is not compiled into this build (build_info)"]
@@ -198,9 +203,10 @@ def test_memoized_choice_follows_the_table_and_the_build(monkeypatch):
     changes, keys on the build, and does not memoize refusals."""
     built = _build(generations=("v2", "v3"))
     args = ("cuda", (9, 0), "bf16", 128, frozenset({"causal"}))
+    spec = dispatch.GENERATIONS["v3"]
+    monkeypatch.setitem(dispatch.GENERATIONS, "v3", dataclasses.replace(spec, implements=frozenset()))
     assert dispatch.choose_for(*args, built) == choose(_cuda((9, 0), features={"causal"}), built)
     assert dispatch.choose_for(*args, built).generation == "v2"
-    spec = dispatch.GENERATIONS["v3"]
     monkeypatch.setitem(dispatch.GENERATIONS, "v3", dataclasses.replace(spec, implements=frozenset({"forward",
                                                                                                   "causal"})))
     assert dispatch.choose_for(*args, built).generation == "v3", "a changed table must not reuse a memoized choice"

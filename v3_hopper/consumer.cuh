@@ -1,0 +1,235 @@
+// v3 forward consumers: each of the kConsumers warpgroups owns 64 query rows of the CTA's kBlockM-row tile and
+// computes O = softmax(mask(mod(Q K^T))) V for them with wgmma (FlashAttention-3, arXiv 2407.08608, Alg. 1 with
+// the Sec. 3.2 intra-warpgroup overlap): S_i = Q K_i^T is issued before the softmax of tile i - 1 runs, and
+// O += P_{i-1} V_{i-1} is issued right behind it, so both GEMMs run under the softmax. With ping-pong (tile_config.h)
+// the warpgroups issue their GEMMs in turns (Sec. 3.1). Tiles come from the persistent TileScheduler.
+// Loop invariant (after tile i): o = sum_{j<i} exp2(S_j*scale_log2 - m*scale_log2) V_j, P_i is in registers, and
+// l = the sum of every probability of tiles <= i; m is the running max (lazily raised, fwd_softmax.cuh).
+#pragma once
+
+#include "common/mask.h"
+#include "common/params.h"
+#include "common/softmax.h"
+#include "v3_hopper/acc_layout.cuh"
+#include "v3_hopper/fwd_softmax.cuh"
+#include "v3_hopper/kernel_traits.cuh"
+#include "v3_hopper/ptx.cuh"
+#include "v3_hopper/score.cuh"
+
+namespace flashgen {
+namespace v3 {
+
+constexpr uint32_t kKMajorLbo = 16;  // ignored by swizzled K-major descriptors; encodes as 1 like CUTLASS's
+
+// s = Q_w K^T: Q_w (64, kHeadDim) rows of this warpgroup, K (kBlockN, kHeadDim), both K-major in smem.
+template <typename T>
+__device__ __forceinline__ void gemm_qk(float (&s)[T::kSRegs], uint64_t desc_q, uint64_t desc_k) {
+  fence_regs(s);
+  wgmma_fence();
+#pragma unroll
+  for (int kk = 0; kk < T::kStepsQK; ++kk) {
+    const int chunk = kk / T::kStepsPerChunk, step = kk % T::kStepsPerChunk;
+    T::GemmS::template ss<T::Tag::kBf16>(s, desc_advance(desc_q, chunk * T::kChunkBytesQ + step * T::kKStepBytes),
+                                         desc_advance(desc_k, chunk * T::kChunkBytesKV + step * T::kKStepBytes),
+                                         kk > 0 ? 1u : 0u);
+  }
+  wgmma_commit();
+  fence_regs(s);
+}
+
+// o += P V: P (64, kBlockN) 16-bit A fragments in registers, V (kBlockN, kHeadDim) in smem read MN-major.
+template <typename T>
+__device__ __forceinline__ void gemm_pv(float (&o)[T::kORegs], uint32_t (&p)[T::kPRegs], uint64_t desc_v) {
+  fence_regs(o);
+  fence_regs(p);
+  wgmma_fence();
+#pragma unroll
+  for (int kk = 0; kk < T::kStepsPV; ++kk) {
+    T::GemmO::template rs<T::Tag::kBf16>(o, &p[4 * kk], desc_advance(desc_v, kk * T::kKStepRowsBytes));
+  }
+  wgmma_commit();
+  fence_regs(o);
+}
+
+// A buffer's empty barrier: one arrival per warp (every lane passed the same wgmma_wait).
+__device__ __forceinline__ void release(uint32_t bar, int lane) {
+  if (lane == 0) mbar_arrive(bar);
+}
+
+// Rows [valid, kBlockN) of a V stage hold whatever the tensor map has there (the KV cache past seqused_k may be
+// uninitialized, and 0 * NaN is NaN in P V): zero them, whole 128-byte rows so the swizzle does not matter.
+template <typename T>
+__device__ __forceinline__ void zero_v_rows(uint32_t v_stage, int valid, int tid, int wg) {
+  const int pieces = (T::kBlockN - valid) * (kSwizzleBytes / 16);  // 16-byte pieces per chunk
+  for (int idx = tid; idx < T::kChunks * pieces; idx += kWarpgroupThreads) {
+    const int chunk = idx / pieces, piece = idx % pieces;
+    st_shared_zero16(v_stage + chunk * T::kChunkBytesKV + valid * kSwizzleBytes + piece * 16);
+  }
+  fence_proxy_async_smem();
+  named_sync(kBarrierWarpgroup0 + wg, kWarpgroupThreads);
+}
+
+// Ping-pong turns (named barriers, ids in kernel_traits.cuh): a warpgroup waits for its turn before issuing its
+// GEMMs and passes the turn on right after issuing them. The last warpgroup grants warpgroup 0 the first turn.
+template <typename T>
+struct PingPong {
+  int wg;
+  static constexpr int kThreads = 2 * kWarpgroupThreads;  // the waiting warpgroup and the one granting its turn
+  __device__ __forceinline__ void start() const {
+    if constexpr (T::kPingPong) {
+      if (wg == T::kConsumers - 1) named_arrive(kBarrierScheduler0, kThreads);
+    }
+  }
+  __device__ __forceinline__ void wait_turn() const {
+    if constexpr (T::kPingPong) named_sync(kBarrierScheduler0 + wg, kThreads);
+  }
+  __device__ __forceinline__ void pass_turn() const {
+    if constexpr (T::kPingPong) named_arrive(kBarrierScheduler0 + (wg + 1) % T::kConsumers, kThreads);
+  }
+};
+
+// One query tile of one warpgroup: rows [wg_row0, wg_row0 + 64) against key blocks [range.begin, range.end),
+// visited last to first; the K/V tiles are the kv_iter-th .. (kv_iter + n_tiles - 1)-th of this CTA's ring.
+template <typename T>
+__device__ __forceinline__ void consume_tile(const SmemMap<T>& sm, const PingPong<T>& turn, uint64_t desc_q,
+                                             int kv_iter, int n_tiles, const BlockRange& range, const MaskSpec& mask,
+                                             const ScoreMods& mods, bool zero_v_tail, float scale_log2, int wg_row0,
+                                             int tid, int wg, float (&o)[T::kORegs], RowState (&rows)[2]) {
+  const int lane = tid % 32;
+  const AccCoord coord0{wg_row0 + 16 * (tid / 32) + lane / 4, 2 * (lane % 4)};
+  float s[T::kSRegs];      // (64, kBlockN) fp32 scores, then probabilities, of this warpgroup
+  uint32_t pa[T::kPRegs];  // (64, kBlockN) 16-bit P: the A operand of P V
+  float alpha[2];
+  auto k_desc = [&](int stage) { return smem_desc(sm.k(stage), kKMajorLbo, kSwizzleAtomBytes); };
+  auto v_desc = [&](int stage) { return smem_desc(sm.v(stage), T::kChunkBytesKV, kSwizzleAtomBytes); };
+  auto n_begin = [&](int i) { return (range.end - 1 - i) * T::kBlockN; };
+  // Score modifiers, mask and the softmax step on tile i's S; returns whether a row's max was raised.
+  auto softmax_tile = [&](int i) {
+    const AccCoord c{coord0.row0, n_begin(i) + coord0.col0};
+    if (mods.any()) apply_score_mods<T::kBlockN>(s, c, mods);
+    if (!tile_fully_visible(mask, wg_row0, wg_row0 + kWarpgroupRows, n_begin(i), n_begin(i) + T::kBlockN)) {
+      apply_mask<T::kBlockN>(s, c, mask);
+    }
+    return softmax_step<T::kBlockN>(s, rows, scale_log2, alpha);
+  };
+  // Only the first tile visited (the last key block) can reach past seqlen_k.
+  auto prepare_v = [&](int i, int stage) {
+    if (zero_v_tail && i == 0 && n_begin(0) + T::kBlockN > mask.seqlen_k) {
+      zero_v_rows<T>(sm.v(stage), mask.seqlen_k - n_begin(0), tid, wg);
+    }
+  };
+
+  {  // Prologue: S_0 and its softmax; O is still 0, so nothing to rescale.
+    const RingSlot<T> k_slot(kv_iter);
+    mbar_wait(sm.k_full(k_slot.stage), k_slot.phase);
+    turn.wait_turn();
+    gemm_qk<T>(s, desc_q, k_desc(k_slot.stage));
+    turn.pass_turn();
+    wgmma_wait<0>();
+    fence_regs(s);
+    release(sm.k_empty(k_slot.stage), lane);
+    if (n_tiles == 1) release(sm.q_empty(), lane);
+    softmax_tile(0);
+    convert_p<typename T::Tag, T::kBlockN>(s, pa);
+  }
+  for (int i = 1; i < n_tiles; ++i) {  // S_i = Q K_i^T and O += P_{i-1} V_{i-1} in flight, then softmax of S_i
+    const RingSlot<T> k_slot(kv_iter + i), v_slot(kv_iter + i - 1);
+    mbar_wait(sm.k_full(k_slot.stage), k_slot.phase);
+    turn.wait_turn();
+    gemm_qk<T>(s, desc_q, k_desc(k_slot.stage));
+    mbar_wait(sm.v_full(v_slot.stage), v_slot.phase);
+    prepare_v(i - 1, v_slot.stage);
+    gemm_pv<T>(o, pa, v_desc(v_slot.stage));
+    turn.pass_turn();
+    wgmma_wait<1>();  // S_i has landed; P V may still run
+    fence_regs(s);
+    release(sm.k_empty(k_slot.stage), lane);
+    if (i == n_tiles - 1) release(sm.q_empty(), lane);
+    const bool raised = softmax_tile(i);
+    wgmma_wait<0>();  // P_{i-1} V_{i-1} has landed: O and P's registers are free
+    fence_regs(o);
+    release(sm.v_empty(v_slot.stage), lane);
+    if (__any_sync(0xffffffffu, raised)) rescale_o<T::kHeadDim>(o, alpha);
+    convert_p<typename T::Tag, T::kBlockN>(s, pa);
+  }
+  {  // Epilogue of the loop: O += P_last V_last.
+    const RingSlot<T> v_slot(kv_iter + n_tiles - 1);
+    mbar_wait(sm.v_full(v_slot.stage), v_slot.phase);
+    prepare_v(n_tiles - 1, v_slot.stage);
+    turn.wait_turn();
+    gemm_pv<T>(o, pa, v_desc(v_slot.stage));
+    turn.pass_turn();
+    wgmma_wait<0>();
+    fence_regs(o);
+    release(sm.v_empty(v_slot.stage), lane);
+  }
+}
+
+// O = o / l and LSE for this thread's two rows, rows < seqlen_q only; O as packed pairs (a quad writes 16
+// contiguous bytes of a row per n8 column tile), columns < head_dim only.
+template <typename T>
+__device__ __forceinline__ void store_tile(const AttnParams& p, const SeqInfo& seq, const TileCoord& tc,
+                                           const AccCoord& coord, float (&o)[T::kORegs], RowState (&rows)[2],
+                                           int lane) {
+  using Element = typename T::Element;
+  finalize_rows<T::kHeadDim>(o, rows);
+  float* g_lse = p.lse + lse_offset(p, seq, tc.batch, tc.head);  // (seqlen_q,) of this (batch, head)
+  Element* g_o = static_cast<Element*>(p.o) + seq.o_offset + tc.head * p.o_head_stride + coord.col0;
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    const int row = coord.row(half);
+    if (row >= seq.seqlen_q) continue;
+    if (lane % 4 == 0) g_lse[row] = rows[half].lse(p.scale_log2);
+    Element* dst = g_o + static_cast<int64_t>(row) * p.o_row_stride;
+#pragma unroll
+    for (int j = 0; j < T::kHeadDim / 8; ++j) {
+      if (8 * j >= p.head_dim) break;
+      *reinterpret_cast<uint32_t*>(dst + 8 * j) = pack2<typename T::Tag>(o[4 * j + 2 * half], o[4 * j + 2 * half + 1]);
+    }
+  }
+}
+
+template <typename T>
+__device__ void consumer_loop(const AttnParams& p, const SmemMap<T>& sm, const TileScheduler& sched, int wg) {
+  const int tid = threadIdx.x % kWarpgroupThreads, lane = tid % 32;
+  const PingPong<T> turn{wg};
+  const uint64_t desc_q = smem_desc(sm.q() + wg * T::kWarpgroupRowBytes, kKMajorLbo, kSwizzleAtomBytes);
+  const bool zero_v_tail = p.seqused_k != nullptr;  // only a KV cache has rows past seqlen_k inside the tensor map
+  turn.start();
+  int kv_iter = 0, q_iter = 0;
+  for (int round = 0;; ++round) {
+    const int tile = sched.tile_of_round(round);
+    if (tile >= sched.num_tiles()) break;
+    const TileCoord tc = sched.coord(tile);
+    const SeqInfo seq = seq_info(p, tc.batch);
+    const int m_begin = tc.m_block * T::kBlockM;
+    if (m_begin >= seq.seqlen_q) continue;  // varlen: this sequence is shorter than max_seqlen_q
+    const MaskSpec mask = seq.mask(p);
+    const BlockRange range = tile_n_range<T>(mask, m_begin);
+    const int n_tiles = range.end - range.begin;
+    const int wg_row0 = m_begin + wg * kWarpgroupRows;
+
+    float o[T::kORegs];  // (64, kHeadDim) fp32 output accumulator of this warpgroup
+#pragma unroll
+    for (int i = 0; i < T::kORegs; ++i) o[i] = 0.f;
+    RowState rows[2];  // assigned, not default-initialized: see v2_partitioning/README.md (nvcc 13.0 RowState)
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      rows[half].m = -INFINITY;
+      rows[half].l = 0.f;
+    }
+    if (n_tiles > 0) {
+      mbar_wait(sm.q_full(), q_iter & 1);
+      consume_tile<T>(sm, turn, desc_q, kv_iter, n_tiles, range, mask,
+                      score_mods(p, tc.batch, tc.head, seq.seqlen_q, seq.seqlen_k), zero_v_tail, p.scale_log2,
+                      wg_row0, tid, wg, o, rows);
+      kv_iter += n_tiles;
+      ++q_iter;
+    }
+    const AccCoord coord{wg_row0 + 16 * (tid / 32) + lane / 4, 2 * (lane % 4)};
+    store_tile<T>(p, seq, tc, coord, o, rows, lane);
+  }
+}
+
+}  // namespace v3
+}  // namespace flashgen

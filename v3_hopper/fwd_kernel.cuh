@@ -1,0 +1,78 @@
+// v3 forward kernel: O = softmax(mask(mod(Q K^T))) V and LSE, exact, FlashAttention-3 (arXiv 2407.08608) on sm_90a.
+// Partition: a persistent grid (min(tiles, SMs) CTAs) walks the (query block of kBlockM rows, head, batch) tiles
+// of TileScheduler; a CTA is 1 + kConsumers warpgroups: warpgroup 0 produces (one thread issues TMA loads of Q and
+// of the K/V tiles into a kStages ring on mbarriers, producer.cuh), the others consume (each owns 64 rows: wgmma
+// S = Q K^T from shared memory, online softmax in registers, wgmma O += P V with P from registers; consumer.cuh).
+// setmaxnreg moves registers from the producer to the consumers. Invariant between the roles: every buffer
+// alternates full (TMA landed: its full mbarrier's phase completed) and empty (every consumer warp's GEMMs that
+// read it completed: its empty mbarrier's phase completed); both sides count phases with the same tile sequence.
+#pragma once
+
+#include "common/mask.h"
+#include "common/params.h"
+#include "v3_hopper/consumer.cuh"
+#include "v3_hopper/kernel_traits.cuh"
+#include "v3_hopper/producer.cuh"
+#include "v3_hopper/ptx.cuh"
+
+namespace flashgen {
+namespace v3 {
+
+// Column chunks at or past head_dim are never loaded (their boxes would lie wholly outside the tensor map): zero
+// them once in Q and in every K and V stage, so their products with each other are 0.
+template <typename T>
+__device__ __forceinline__ void zero_unused_chunks(const SmemMap<T>& sm, int chunks) {
+  auto zero = [&](uint32_t tile, int chunk_bytes) {
+    const int bytes = (T::kChunks - chunks) * chunk_bytes;
+    for (int off = threadIdx.x * 16; off < bytes; off += T::kNumThreads * 16) {
+      st_shared_zero16(tile + chunks * chunk_bytes + off);
+    }
+  };
+  zero(sm.q(), T::kChunkBytesQ);
+  for (int s = 0; s < T::kStages; ++s) {
+    zero(sm.k(s), T::kChunkBytesKV);
+    zero(sm.v(s), T::kChunkBytesKV);
+  }
+  fence_proxy_async_smem();
+}
+
+template <typename T>
+__global__ void __launch_bounds__(T::kNumThreads, 1)
+    fwd_kernel(const __grid_constant__ AttnParams p, const __grid_constant__ CUtensorMap map_q,
+               const __grid_constant__ CUtensorMap map_k, const __grid_constant__ CUtensorMap map_v) {
+  extern __shared__ __align__(kSwizzleAtomBytes) unsigned char smem_raw[];
+  const uint32_t raw = smem_u32(smem_raw);
+  const SmemMap<T> sm{(raw + kSwizzleAtomBytes - 1) & ~static_cast<uint32_t>(kSwizzleAtomBytes - 1)};
+  const int chunks = ceil_div(p.head_dim, kChunkCols);  // column chunks holding real columns
+
+  if (threadIdx.x == 0) {
+    mbar_init(sm.q_full(), 1);
+    mbar_init(sm.q_empty(), T::kConsumerArrivals);
+    for (int s = 0; s < T::kStages; ++s) {
+      mbar_init(sm.k_full(s), 1);
+      mbar_init(sm.k_empty(s), T::kConsumerArrivals);
+      mbar_init(sm.v_full(s), 1);
+      mbar_init(sm.v_empty(s), T::kConsumerArrivals);
+    }
+    mbar_init_fence();
+    prefetch_tensor_map(&map_q);
+    prefetch_tensor_map(&map_k);
+    prefetch_tensor_map(&map_v);
+  }
+  if (chunks < T::kChunks) zero_unused_chunks<T>(sm, chunks);
+  __syncthreads();
+
+  const TileScheduler sched{ceil_div(p.seqlen_q, T::kBlockM), p.num_heads, p.batch,
+                            p.window_left < 0 && p.window_right >= 0};
+  const int warpgroup = threadIdx.x / kWarpgroupThreads;
+  if (warpgroup == 0) {
+    setmaxnreg_dec<T::kProducerRegs>();
+    if (threadIdx.x == 0) producer_loop<T>(p, FwdMaps{&map_q, &map_k, &map_v}, sm, sched, chunks);
+  } else {
+    setmaxnreg_inc<T::kConsumerRegs>();
+    consumer_loop<T>(p, sm, sched, warpgroup - 1);
+  }
+}
+
+}  // namespace v3
+}  // namespace flashgen

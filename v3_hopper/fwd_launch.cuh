@@ -1,0 +1,39 @@
+// Launch of one forward instance: picks the masked or unmasked kernel (tile_config.h), opts in to its shared memory,
+// launches the persistent grid on the caller's stream with the tensor maps as __grid_constant__ parameters. Never
+// synchronizes; returns the launch error.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <string>
+
+#include "common/status.h"
+#include "v3_hopper/fwd_kernel.cuh"
+#include "v3_hopper/launch.h"
+
+namespace flashgen {
+namespace v3 {
+
+inline Status cuda_status(cudaError_t err, const char* what) {
+  if (err == cudaSuccess) return Status::ok();
+  return Status::runtime(std::string("v3 forward: ") + what + ": " + cudaGetErrorString(err));
+}
+
+template <typename T>
+Status launch_fwd_kernel(const AttnParams& p, const FwdLaunch& launch, cudaStream_t stream) {
+  auto kernel = fwd_kernel<T>;
+  Status st = cuda_status(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, T::kSmemBytes),
+                          "cudaFuncSetAttribute(MaxDynamicSharedMemorySize)");
+  if (!st.is_ok()) return st;
+  kernel<<<launch.grid, T::kNumThreads, T::kSmemBytes, stream>>>(p, launch.q, launch.k, launch.v);
+  return cuda_status(cudaGetLastError(), "fwd_kernel launch");
+}
+
+template <typename Tag, int kHeadDim>
+Status launch_fwd(const AttnParams& p, const FwdLaunch& launch, cudaStream_t stream) {
+  if (launch.masked) return launch_fwd_kernel<FwdTraits<Tag, kHeadDim, true>>(p, launch, stream);
+  return launch_fwd_kernel<FwdTraits<Tag, kHeadDim, false>>(p, launch, stream);
+}
+
+}  // namespace v3
+}  // namespace flashgen

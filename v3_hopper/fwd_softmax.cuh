@@ -1,0 +1,101 @@
+// Register-layout glue between the wgmma accumulators (acc_layout.cuh) and common/'s math: per-row column limits,
+// the online-softmax step split as FA3 does (max and probabilities while the P V GEMM of the previous tile runs,
+// the rescale of O once that GEMM has landed), the conversion of P to the A operand, and the final normalization.
+// Each thread holds two rows (halves); a row's values span the 4 lanes of a quad.
+#pragma once
+
+#include <cmath>
+
+#include "common/mask.h"
+#include "common/softmax.h"
+#include "v3_hopper/acc_layout.cuh"
+#include "v3_hopper/kernel_traits.cuh"
+
+namespace flashgen {
+namespace v3 {
+
+// Elements outside [col_begin(row), col_end(row)) become -inf (window, causal, the seqlen_k tail).
+template <int kN>
+__device__ __forceinline__ void apply_mask(float (&s)[kN / 2], const AccCoord& c, const MaskSpec& mask) {
+  int begin[2], end[2];
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    begin[half] = mask.col_begin(c.row(half));
+    end[half] = mask.col_end(c.row(half));
+  }
+#pragma unroll
+  for (int i = 0; i < kN / 2; ++i) {
+    const int col = c.col(i), half = acc_half(i);
+    if (col < begin[half] || col >= end[half]) s[i] = -INFINITY;
+  }
+}
+
+// A tile raises a row's running max only when its own max exceeds it by more than this many log2 units (lazy
+// rescaling, FA4; v2_partitioning/fwd_softmax.cuh, where it is measured): until then P <= 2^8, far inside fp32 (l,
+// O) and bf16/fp16 (P), and O and l keep sharing m, so the result is the same softmax with fewer O rescales.
+constexpr float kLazyRescaleLog2 = 8.f;
+
+// One online-softmax step on S (FA2 Sec. 3.1): raise the running max of rows that need it (alpha[half] is the
+// factor for that row of O, 1 otherwise), turn s into exp2(s * scale_log2 - m * scale_log2) and add them to the
+// thread's partial l (the quad's partials are summed once, in finalize). Returns whether any row of this thread
+// was raised (O must then be rescaled, after the P V GEMM that reads it has completed).
+template <int kN>
+__device__ __forceinline__ bool softmax_step(float (&s)[kN / 2], RowState (&rows)[2], float scale_log2,
+                                             float (&alpha)[2]) {
+  bool any_raise = false;
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    float mx = -INFINITY;
+#pragma unroll
+    for (int i = 0; i < kN / 2; ++i) {
+      if (acc_half(i) == half) mx = fmaxf(mx, s[i]);
+    }
+    mx = quad_max(mx);
+    const float m = rows[half].m;
+    const bool raise = mx > m && (m == -INFINITY || (mx - m) * scale_log2 > kLazyRescaleLog2);
+    alpha[half] = raise ? rows[half].rescale(mx, scale_log2) : 1.f;
+    any_raise |= raise;
+  }
+  float m_scaled[2], sum[2] = {0.f, 0.f};
+#pragma unroll
+  for (int half = 0; half < 2; ++half) m_scaled[half] = rows[half].max_scaled(scale_log2);
+#pragma unroll
+  for (int i = 0; i < kN / 2; ++i) {
+    const int half = acc_half(i);
+    s[i] = exp2f(fmaf(s[i], scale_log2, -m_scaled[half]));
+    sum[half] += s[i];
+  }
+#pragma unroll
+  for (int half = 0; half < 2; ++half) rows[half].add(sum[half]);
+  return any_raise;
+}
+
+// O <- alpha * O, row by row (only after the GEMM writing O has completed).
+template <int kNO>
+__device__ __forceinline__ void rescale_o(float (&o)[kNO / 2], const float (&alpha)[2]) {
+#pragma unroll
+  for (int i = 0; i < kNO / 2; ++i) o[i] *= alpha[acc_half(i)];
+}
+
+// P (fp32, in S's registers) -> 16-bit pairs: p[4k..4k+3] is the A fragment of k-step k (acc_layout.cuh).
+template <typename Tag, int kN>
+__device__ __forceinline__ void convert_p(const float (&s)[kN / 2], uint32_t (&p)[kN / 4]) {
+#pragma unroll
+  for (int i = 0; i < kN / 4; ++i) p[i] = pack2<Tag>(s[2 * i], s[2 * i + 1]);
+}
+
+// End of the key loop: sum each row's l over its quad and scale O by 1 / l (0 for an empty row: O = 0).
+template <int kNO>
+__device__ __forceinline__ void finalize_rows(float (&o)[kNO / 2], RowState (&rows)[2]) {
+  float inv[2];
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    rows[half].l = quad_sum(rows[half].l);
+    inv[half] = rows[half].inv_sum();
+  }
+#pragma unroll
+  for (int i = 0; i < kNO / 2; ++i) o[i] *= inv[acc_half(i)];
+}
+
+}  // namespace v3
+}  // namespace flashgen

@@ -1,0 +1,181 @@
+// Compile-time description of one v3 forward instance (element type x head-dim bucket): every size derived from
+// tile_config.h and asserted; the shared-memory map; named-barrier ids; the persistent tile order; where a batch
+// entry's rows sit in the tensor maps.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <cstdint>
+
+#include "common/mask.h"
+#include "common/params.h"
+#include "v3_hopper/dtype.cuh"
+#include "v3_hopper/ptx.cuh"
+#include "v3_hopper/tile_config.h"
+#include "v3_hopper/wgmma_gen.cuh"
+
+namespace flashgen {
+namespace v3 {
+
+// Two fp32 values -> one b32 of two 16-bit elements (lo = x, hi = y), round to nearest.
+template <typename Tag>
+__device__ __forceinline__ uint32_t pack2(float x, float y) {
+  if constexpr (Tag::kBf16) {
+    __nv_bfloat162 h = __floats2bfloat162_rn(x, y);
+    return *reinterpret_cast<uint32_t*>(&h);
+  } else {
+    __half2 h = __floats2half2_rn(x, y);
+    return *reinterpret_cast<uint32_t*>(&h);
+  }
+}
+
+// Every named barrier of the kernel (0 is __syncthreads). Scheduler barriers carry the ping-pong turn between the
+// consumer warpgroups; Warpgroup barriers sync one consumer warpgroup (128 threads).
+enum NamedBarrier : int {
+  kBarrierSyncThreads = 0,
+  kBarrierScheduler0 = 1,  // kBarrierScheduler0 + w: consumer warpgroup w may issue its GEMMs
+  kBarrierWarpgroup0 = kBarrierScheduler0 + kMaxConsumerWarpgroups,  // kBarrierWarpgroup0 + w
+  kBarrierCount = kBarrierWarpgroup0 + kMaxConsumerWarpgroups,
+};
+static_assert(kBarrierCount <= 16, "sm_90 has 16 named barriers per CTA");
+
+// kMasked: the instance for launches with a window (causal or local); tile_config.h may give it another tile.
+template <typename Tag_, int kHeadDim_, bool kMasked_>
+struct FwdTraits {
+  using Tag = Tag_;
+  using Element = typename Tag::type;
+  static constexpr int kHeadDim = kHeadDim_;
+  static constexpr bool kMasked = kMasked_;
+  static constexpr TileConfig kConfig = tile_config(kHeadDim, kMasked);
+  static constexpr int kConsumers = kConfig.consumers;  // consumer warpgroups
+  static constexpr int kBlockM = block_m(kConfig);
+  static constexpr int kBlockN = kConfig.block_n;
+  static constexpr int kStages = kConfig.stages;
+  static constexpr bool kPingPong = kConfig.pingpong;
+  static constexpr int kNumThreads = num_threads(kConfig);
+  static constexpr int kProducerRegs = register_budget(kConfig).producer;
+  static constexpr int kConsumerRegs = register_budget(kConfig).consumer;
+  // Arrivals that free a buffer: one per consumer warp, after the warp's wgmma_wait showed its GEMM reads done.
+  static constexpr int kConsumerArrivals = kConsumers * kWarpgroupThreads / 32;
+
+  static constexpr int kChunks = kHeadDim / kChunkCols;           // 128-byte swizzle column chunks per row
+  static constexpr int kChunkBytesQ = kBlockM * kSwizzleBytes;    // one chunk of the Q tile
+  static constexpr int kChunkBytesKV = kBlockN * kSwizzleBytes;   // one chunk of a K or V tile
+  static constexpr int kTileBytesQ = kChunks * kChunkBytesQ;
+  static constexpr int kTileBytesKV = kChunks * kChunkBytesKV;
+  static constexpr int kWarpgroupRowBytes = kWarpgroupRows * kSwizzleBytes;  // a consumer's 64 rows of a Q chunk
+
+  // wgmma shapes: S (64 x kBlockN) and O (64 x kHeadDim) per consumer warpgroup; k-steps of 16.
+  static constexpr int kKStep = 16;
+  static constexpr int kKStepBytes = kKStep * kElementBytes;      // along a K-major row (Q, K)
+  static constexpr int kKStepRowsBytes = kKStep * kSwizzleBytes;  // along V's key rows (MN-major B)
+  static constexpr int kStepsQK = kHeadDim / kKStep;
+  static constexpr int kStepsPV = kBlockN / kKStep;
+  static constexpr int kStepsPerChunk = kChunkCols / kKStep;
+  static constexpr int kSRegs = kBlockN / 2;     // fp32 S accumulators per thread
+  static constexpr int kORegs = kHeadDim / 2;    // fp32 O accumulators per thread
+  static constexpr int kPRegs = kBlockN / 4;     // b32 (two 16-bit P) A fragments per thread
+  using GemmS = WgmmaOps<kBlockN>;
+  using GemmO = WgmmaOps<kHeadDim>;
+
+  // Shared-memory map (byte offsets from a kSwizzleAtomBytes-aligned base).
+  static constexpr int kOffQ = 0;
+  static constexpr int kOffK = kOffQ + kTileBytesQ;
+  static constexpr int kOffV = kOffK + kStages * kTileBytesKV;
+  static constexpr int kOffBarriers = kOffV + kStages * kTileBytesKV;
+  static constexpr int kSmemBytes = smem_bytes(kConfig, kHeadDim);
+
+  static_assert(kHeadDim % kChunkCols == 0, "the head-dim bucket must be whole 128-byte swizzle chunks");
+  static_assert(kBlockN % kKStep == 0 && kBlockN >= 8 && kBlockN <= 256, "block_n: a wgmma N and a P V K");
+  static_assert(kHeadDim <= 256 && kBlockM <= 256, "wgmma N and TMA boxes are at most 256");
+  static_assert(budget_fits(kConfig) && kSmemBytes <= kMaxSmemPerBlock, "tile_config.h: registers or smem");
+  static_assert(kChunkBytesQ % kSwizzleAtomBytes == 0 && kChunkBytesKV % kSwizzleAtomBytes == 0 &&
+                    kWarpgroupRowBytes % kSwizzleAtomBytes == 0,
+                "every tile and warpgroup slice must start on a swizzle atom");
+  static_assert(kOffBarriers + barrier_count(kStages) * kBarrierBytes + kSwizzleAtomBytes == kSmemBytes,
+                "the shared-memory map and tile_config.h's smem_bytes disagree");
+  static_assert(kSRegs == GemmS::kRegs && kORegs == GemmO::kRegs, "accumulator counts");
+};
+
+// Shared-memory addresses of one CTA.
+template <typename T>
+struct SmemMap {
+  uint32_t base;  // kSwizzleAtomBytes-aligned
+  __device__ __forceinline__ uint32_t q() const { return base + T::kOffQ; }
+  __device__ __forceinline__ uint32_t k(int stage) const { return base + T::kOffK + stage * T::kTileBytesKV; }
+  __device__ __forceinline__ uint32_t v(int stage) const { return base + T::kOffV + stage * T::kTileBytesKV; }
+  __device__ __forceinline__ uint32_t bar(int i) const { return base + T::kOffBarriers + i * kBarrierBytes; }
+  __device__ __forceinline__ uint32_t q_full() const { return bar(0); }
+  __device__ __forceinline__ uint32_t q_empty() const { return bar(1); }
+  __device__ __forceinline__ uint32_t k_full(int s) const { return bar(2 + s); }
+  __device__ __forceinline__ uint32_t k_empty(int s) const { return bar(2 + T::kStages + s); }
+  __device__ __forceinline__ uint32_t v_full(int s) const { return bar(2 + 2 * T::kStages + s); }
+  __device__ __forceinline__ uint32_t v_empty(int s) const { return bar(2 + 3 * T::kStages + s); }
+};
+
+// Position of a K/V tile in the ring: the kv_iter-th tile this CTA streams lives in stage kv_iter % kStages, and
+// its full barrier completes phase (kv_iter / kStages) & 1.
+template <typename T>
+struct RingSlot {
+  int stage;
+  uint32_t phase;
+  __device__ __forceinline__ explicit RingSlot(int kv_iter)
+      : stage(kv_iter % T::kStages), phase(static_cast<uint32_t>(kv_iter / T::kStages) & 1u) {}
+};
+
+// Persistent tile order. A tile is (query block, head, batch); the CTAs take them in rounds of gridDim.x. Causal-like
+// masks (right-bounded, left-unbounded: work grows with the query block) go heaviest query block first, heads
+// fastest (FA3's LPT order), and odd rounds run backwards over the CTAs (snake), so each CTA pairs heavier with
+// lighter tiles and the CTAs' totals even out; otherwise query blocks run fastest, so the CTAs of one wave share a
+// head's K and V in L2.
+struct TileCoord {
+  int m_block, head, batch;
+};
+struct TileScheduler {
+  int num_m_blocks, num_heads, batch;
+  bool heavy_first;
+  __device__ __forceinline__ int num_tiles() const { return num_m_blocks * num_heads * batch; }
+  // The tile this CTA runs in round r; >= num_tiles() once it has none left (every later round is past it too).
+  __device__ __forceinline__ int tile_of_round(int r) const {
+    const int cta = heavy_first && (r & 1) ? gridDim.x - 1 - blockIdx.x : blockIdx.x;
+    return r * gridDim.x + cta;
+  }
+  __device__ __forceinline__ TileCoord coord(int tile) const {
+    int m_block, head_batch;
+    if (heavy_first) {
+      const int heads_batches = num_heads * batch;
+      m_block = num_m_blocks - 1 - tile / heads_batches;
+      head_batch = tile % heads_batches;
+    } else {
+      m_block = tile % num_m_blocks;
+      head_batch = tile / num_m_blocks;
+    }
+    return {m_block, head_batch % num_heads, head_batch / num_heads};
+  }
+};
+
+// Where batch entry b's rows are in the 4-D tensor maps (head_dim, rows, heads, batches) that v3_api.cu encodes:
+// varlen stacks rows (one batch of total rows, row offset cu_seqlens[b]); the KV cache picks its batch row through
+// kv_batch_idx. Mirrors common/mask.h seq_info, which gives element offsets rather than coordinates.
+struct TmaRows {
+  int q_row0, q_batch;
+  int k_row0, k_batch;
+};
+__device__ __forceinline__ TmaRows tma_rows(const AttnParams& p, int b) {
+  TmaRows r;
+  r.q_row0 = p.cu_seqlens_q ? p.cu_seqlens_q[b] : 0;
+  r.q_batch = p.cu_seqlens_q ? 0 : b;
+  r.k_row0 = p.cu_seqlens_k ? p.cu_seqlens_k[b] : 0;
+  r.k_batch = p.cu_seqlens_k ? 0 : (p.kv_batch_idx ? p.kv_batch_idx[b] : b);
+  return r;
+}
+
+// The K/V tiles query rows [m_begin, m_begin + kBlockM) visit, or none when their rows are past the sequence.
+template <typename T>
+__device__ __forceinline__ BlockRange tile_n_range(const MaskSpec& mask, int m_begin) {
+  return n_block_range(mask, m_begin, m_begin + T::kBlockM, T::kBlockN);
+}
+
+}  // namespace v3
+}  // namespace flashgen

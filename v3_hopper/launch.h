@@ -1,0 +1,24 @@
+// What v3_api.cu hands one forward instance: the tensor maps it encoded on the host and the persistent grid size.
+// Host-compilable; the instances are defined in fwd_launch.cuh and generated per (dtype, head-dim bucket).
+#pragma once
+
+#include <cuda.h>  // CUtensorMap (a type only; nothing links libcuda)
+#include <cuda_runtime_api.h>
+
+#include "common/params.h"
+#include "common/status.h"
+
+namespace flashgen {
+namespace v3 {
+
+struct FwdLaunch {
+  CUtensorMap q, k, v;  // 4-D (head_dim, rows, heads, batches) maps, boxes of tile_config.h's tile rows
+  int grid;             // CTAs: min(tiles, SMs)
+  bool masked;          // a window (causal or local): tile_config(bucket, masked) picked the tile
+};
+
+template <typename Tag, int kHeadDim>
+Status launch_fwd(const AttnParams& p, const FwdLaunch& launch, cudaStream_t stream);
+
+}  // namespace v3
+}  // namespace flashgen

@@ -1,0 +1,91 @@
+// v3 forward tile table: the one place tile sizes, thread roles and register budgets live. Host dispatch (tensor-map
+// box sizes, shared memory, grid) and the kernel traits both read it. Host-compilable (no CUDA headers).
+#pragma once
+
+#include "common/config.h"
+
+namespace flashgen {
+namespace v3 {
+
+// ---- thread roles: warpgroup 0 produces (TMA), warpgroups 1..consumers consume (wgmma + softmax) ----
+constexpr int kWarpgroupThreads = 128;   // wgmma is issued by 4 consecutive warps
+constexpr int kWarpgroupRows = 64;       // wgmma M: query rows per consumer warpgroup
+constexpr int kMaxConsumerWarpgroups = 3;
+
+// ---- shared-memory layout unit: 128-byte swizzle, as written by TMA (CU_TENSOR_MAP_SWIZZLE_128B) and read by
+// wgmma (descriptor layout 1). A tile (rows, head_dim) is stored as head_dim / 64 column chunks, each chunk
+// rows x 128 bytes; rows come in 1024-byte groups of 8 whose 16-byte pieces are XOR-swizzled by row % 8.
+constexpr int kElementBytes = 2;                           // fp16 / bf16
+constexpr int kSwizzleBytes = 128;                         // one row of a chunk
+constexpr int kChunkCols = kSwizzleBytes / kElementBytes;  // 64 elements
+constexpr int kSwizzleAtomBytes = 8 * kSwizzleBytes;       // 8 rows: the period of the swizzle pattern
+constexpr int kMaxSmemPerBlock = 227 * 1024;               // sm_90 opt-in limit per block
+
+// consumers: consumer warpgroups, each owning 64 query rows (block_m = 64 x consumers); block_n: keys per K/V tile
+// (the N of S = Q K^T, the K of O += P V); stages: K and V shared-memory buffers each (TMA ring on mbarriers);
+// pingpong: the consumer warpgroups take turns issuing their GEMMs (named barriers), so one's softmax runs under
+// the others' GEMMs (FA3 Sec. 3.1).
+struct TileConfig {
+  int consumers, block_n, stages;
+  bool pingpong;
+};
+
+// `masked`: the launch has a window (causal or local), so the tile sees a diagonal. Starting points from FA3's own
+// sm90 table (hopper/tile_size.h: d64 192 x 128 with three consumer warpgroups, d128 128 x 176 without a window and
+// 128 x 128 with one, d192 128 x 112, d256 128 x 80; ping-pong up to d128), sized by shared memory (Q + 2 x stages
+// x block_n rows must fit 227 KB). Measured on the H200 with the first tile table (results/2026-12-01-time-run1,
+// bf16 8k, ratio to SDPA cuDNN): d64 128 x 128 x 2 warpgroups 0.82-0.84 (softmax-bound: a d64 GEMM is half of d128's
+// for the same exponentials, so a third warpgroup's softmax must hide behind two GEMMs), d128 128 x 128 0.83-0.95,
+// d256 0.97-1.06.
+constexpr TileConfig tile_config(int head_dim, bool masked) {
+  if (head_dim <= 64) return {3, 128, 3, true};
+  if (head_dim <= 128) return masked ? TileConfig{2, 128, 2, true} : TileConfig{2, 176, 2, true};
+  if (head_dim <= 192) return {2, 112, 2, false};
+  return {2, 80, 2, false};
+}
+
+constexpr int block_m(const TileConfig& c) { return c.consumers * kWarpgroupRows; }
+constexpr int num_threads(const TileConfig& c) { return (1 + c.consumers) * kWarpgroupThreads; }
+
+// ---- register budgets (setmaxnreg): the SM's 64K registers split unevenly between the roles ----
+// __launch_bounds__(threads, 1) starts every thread at launch_regs; the producer gives registers back to the CTA's
+// pool and the consumers take them, so the producer must free at least what the consumers claim. FA3's budgets:
+// 2 consumer warpgroups 24 / 240 (from 168), 3 consumer warpgroups 32 / 160 (from 128).
+constexpr int kRegisterFile = 65536;
+constexpr int kRegisterGranule = 8;  // setmaxnreg counts and the per-thread allocation are multiples of 8
+struct RegisterBudget {
+  int producer, consumer;
+};
+constexpr RegisterBudget register_budget(const TileConfig& c) {
+  return c.consumers == 2 ? RegisterBudget{24, 240} : RegisterBudget{32, 160};
+}
+constexpr int launch_regs(const TileConfig& c) {
+  return kRegisterFile / num_threads(c) / kRegisterGranule * kRegisterGranule;
+}
+constexpr bool budget_fits(const TileConfig& c) {
+  return kWarpgroupThreads * (launch_regs(c) - register_budget(c).producer) >=
+             c.consumers * kWarpgroupThreads * (register_budget(c).consumer - launch_regs(c)) &&
+         c.consumers >= 1 && c.consumers <= kMaxConsumerWarpgroups;
+}
+
+// mbarriers: Q full/empty, then K full/empty and V full/empty per stage, 8 bytes each.
+constexpr int barrier_count(int stages) { return 2 + 4 * stages; }
+constexpr int kBarrierBytes = 8;
+
+// Shared memory of one CTA: Q + stages x (K + V) tiles, the mbarriers, and slack to align the base to the swizzle
+// atom (the dynamic shared-memory base is only guaranteed 16-byte alignment).
+constexpr int smem_bytes(const TileConfig& c, int head_dim_bucket) {
+  return (block_m(c) + 2 * c.stages * c.block_n) * head_dim_bucket * kElementBytes +
+         barrier_count(c.stages) * kBarrierBytes + kSwizzleAtomBytes;
+}
+
+constexpr bool config_ok(int head_dim_bucket, bool masked) {
+  return smem_bytes(tile_config(head_dim_bucket, masked), head_dim_bucket) <= kMaxSmemPerBlock &&
+         budget_fits(tile_config(head_dim_bucket, masked));
+}
+static_assert(config_ok(64, false) && config_ok(64, true) && config_ok(128, false) && config_ok(128, true) &&
+                  config_ok(192, false) && config_ok(192, true) && config_ok(256, false) && config_ok(256, true),
+              "a v3 tile exceeds the shared memory of one CTA or its register budget");
+
+}  // namespace v3
+}  // namespace flashgen

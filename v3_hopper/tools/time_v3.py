@@ -1,0 +1,85 @@
+#!/usr/bin/env python3
+"""Times the v3 forward against torch SDPA (cuDNN and flash backends) and v2, in one process, bf16.
+
+Grid: head dims 64/128/256 x seqlen 2k/8k x causal or not, 16k tokens (batch = 16384 / seqlen), hidden 2048
+(heads = 2048 / head_dim), so d128 8k is the flagship b2 h16. Median of triton's do_bench; a v3 output check
+against SDPA flash before each timed configuration. Prints a table and writes JSON lines to --out.
+    python3 v3_hopper/tools/time_v3.py [--out results.jsonl] [--head-dims 128] [--seqlens 8192]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+
+import torch
+import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
+from triton.testing import do_bench
+
+from flashgen import _native, _ops
+
+TOKENS, HIDDEN = 16384, 2048
+CHECK_ATOL = 3e-2  # bf16 outputs of two exact kernels on randn inputs agree far inside this
+
+
+def flops(b, h, s, d, causal):
+    return 4 * b * h * s * s * d / (2 if causal else 1)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", default=None)
+    ap.add_argument("--head-dims", default="64,128,256")
+    ap.add_argument("--seqlens", default="2048,8192")
+    args = ap.parse_args()
+    built = _native.build_info()
+    rows = []
+    print(f"{'config':<28}{'v3':>9}{'v2':>9}{'cudnn':>9}{'flash':>9}  (TFLOP/s)  v3/cudnn  max|v3-flash|")
+    for d in (int(x) for x in args.head_dims.split(",")):
+        for s in (int(x) for x in args.seqlens.split(",")):
+            for causal in (False, True):
+                b, h = TOKENS // s, HIDDEN // d
+                q, k, v = (torch.randn(b, s, h, d, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+                qt, kt, vt = (t.transpose(1, 2) for t in (q, k, v))  # SDPA's (b, h, s, d) views
+                scale = 1.0 / math.sqrt(d)
+                window = (-1, 0) if causal else (-1, -1)
+                impls = {"v3": lambda: _ops.forward("v3", q, k, v, softmax_scale=scale, window_size=window)}
+                if built.has("v2", "fwd", "bf16", d):
+                    impls["v2"] = lambda: _ops.forward("v2", q, k, v, softmax_scale=scale, window_size=window)
+
+                def sdpa(backend):
+                    def run():
+                        with sdpa_kernel(backend):
+                            return F.scaled_dot_product_attention(qt, kt, vt, is_causal=causal, scale=scale)
+                    return run
+                impls["cudnn"] = sdpa(SDPBackend.CUDNN_ATTENTION)
+                impls["flash"] = sdpa(SDPBackend.FLASH_ATTENTION)
+                out_v3 = impls["v3"]()[0]
+                ref = impls["flash"]().transpose(1, 2)
+                err = float((out_v3.float() - ref.float()).abs().max())
+                rec = {"head_dim": d, "seqlen": s, "batch": b, "heads": h, "causal": causal, "max_abs_vs_flash": err}
+                for name, fn in impls.items():
+                    try:
+                        ms = do_bench(fn, warmup=25, rep=100, return_mode="median")
+                        rec[name] = flops(b, h, s, d, causal) / ms / 1e9
+                    except RuntimeError as exc:  # a backend that refuses the shape
+                        rec[name] = None
+                        rec[name + "_error"] = str(exc)[:200]
+                rows.append(rec)
+                fmt = lambda x: f"{x:9.1f}" if x else f"{'-':>9}"  # noqa: E731
+                ratio = rec["v3"] / rec["cudnn"] if rec.get("cudnn") else float("nan")
+                name = f"d{d} s{s} b{b} h{h} {'causal' if causal else 'full'}"
+                ok = "ok" if err <= CHECK_ATOL else "MISMATCH"
+                print(f"{name:<28}{fmt(rec['v3'])}{fmt(rec.get('v2'))}{fmt(rec['cudnn'])}{fmt(rec['flash'])}"
+                      f"  {ratio:8.2f}  {err:.2e} {ok}", flush=True)
+                del q, k, v
+    if args.out:
+        with open(args.out, "w") as f:
+            for r in rows:
+                f.write(json.dumps(r) + "\n")
+
+
+if __name__ == "__main__":
+    main()

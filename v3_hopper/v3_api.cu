@@ -1,0 +1,257 @@
+// v3 host entry points: argument checks, the TMA tensor maps (cuTensorMapEncodeTiled reached through the runtime's
+// driver entry point, so nothing links libcuda), the persistent grid, and dispatch to the compiled (dtype, head-dim
+// bucket) instance. The instance list is the generated X-macro FLASHGEN_V3_INSTANCES (cmake/flashgen.cmake); a head
+// dim runs in the smallest compiled bucket >= it, predicated on the real head_dim (TMA zero-fills the columns past
+// it). What v3 does not implement returns not_implemented naming the feature, so the dispatcher can run v2.
+#include <cuda.h>
+#include <cudaTypedefs.h>
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+#include <string>
+
+#include "common/mask.h"
+#include "common/params.h"
+#include "common/status.h"
+#include "v3_hopper/dtype.cuh"
+#include "v3_hopper/launch.h"
+#include "v3_hopper/tile_config.h"
+#include "v3_hopper/v3_api.h"
+#include "v3_instances.h"
+
+namespace flashgen {
+namespace v3 {
+namespace {
+
+constexpr int kVectorElems = 8;         // TMA: 16-byte aligned base and strides = multiples of 8 16-bit elements
+constexpr uintptr_t kTmaAlignBytes = 16;
+constexpr int kTmaRank = 4;             // (head_dim, rows, heads, batches)
+constexpr int64_t kTmaMaxStrideBytes = int64_t(1) << 40;
+constexpr int64_t kTmaMaxCoord = (int64_t(1) << 31) - 1;  // box coordinates are int32
+constexpr int kSm90Major = 9, kSm90Minor = 0;
+constexpr unsigned kDriverApiVersion = 12000;  // cuTensorMapEncodeTiled's ABI (PFN_cuTensorMapEncodeTiled_v12000)
+
+#define FG_V3_IS_fwd 1
+#define FG_V3_IS_bwd 0
+#define FG_V3_CAT(a, b) a##b
+
+
+// Smallest compiled forward bucket >= head_dim for dtype, or 0.
+int fwd_bucket(DType dtype, int head_dim) {
+  int bucket = 0;
+#define FG_V3_BUCKET(kind, dt, hd)                                                           \
+  if (FG_V3_CAT(FG_V3_IS_, kind) && dtype::dt::kDType == dtype && (hd) >= head_dim &&          \
+      (bucket == 0 || (hd) < bucket))                                                            \
+    bucket = (hd);
+  FLASHGEN_V3_INSTANCES(FG_V3_BUCKET)
+#undef FG_V3_BUCKET
+  return bucket;
+}
+
+// Tensor extents the maps are bounded by that AttnParams does not carry yet (v3_hopper/README.md, "Needs from
+// common/"): total_q / total_k (rows of the stacked varlen tensors) and batch_k (the KV cache's batch dimension).
+// Read when params.h has them; -1 (unknown) otherwise, and the features that need them are refused.
+template <typename P>
+auto total_q_of(const P& p, int) -> decltype(static_cast<int64_t>(p.total_q)) { return p.total_q; }
+template <typename P>
+int64_t total_q_of(const P&, long) { return -1; }
+template <typename P>
+auto total_k_of(const P& p, int) -> decltype(static_cast<int64_t>(p.total_k)) { return p.total_k; }
+template <typename P>
+int64_t total_k_of(const P&, long) { return -1; }
+template <typename P>
+auto batch_k_of(const P& p, int) -> decltype(static_cast<int64_t>(p.batch_k)) { return p.batch_k; }
+template <typename P>
+int64_t batch_k_of(const P&, long) { return -1; }
+
+Status check_aligned(const char* name, const void* ptr, int64_t batch_stride, int64_t row_stride,
+                     int64_t head_stride) {
+  if (reinterpret_cast<uintptr_t>(ptr) % kTmaAlignBytes != 0) {
+    return Status::invalid(std::string(name) + ": v3 (TMA) needs a 16-byte aligned data pointer");
+  }
+  if (batch_stride % kVectorElems != 0 || row_stride % kVectorElems != 0 || head_stride % kVectorElems != 0) {
+    return Status::invalid(std::string(name) + ": v3 (TMA) needs batch/row/head strides that are multiples of 8 " +
+                           "elements, got (" + std::to_string(batch_stride) + ", " + std::to_string(row_stride) +
+                           ", " + std::to_string(head_stride) + ")");
+  }
+  return Status::ok();
+}
+
+PFN_cuTensorMapEncodeTiled_v12000 encode_fn() {
+  static const PFN_cuTensorMapEncodeTiled_v12000 fn = [] {
+    void* ptr = nullptr;
+    cudaDriverEntryPointQueryResult found = cudaDriverEntryPointSymbolNotFound;
+    const cudaError_t err =
+        cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &ptr, kDriverApiVersion, cudaEnableDefault, &found);
+    return err == cudaSuccess && found == cudaDriverEntryPointSuccess
+               ? reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(ptr)
+               : nullptr;
+  }();
+  return fn;
+}
+
+// One 4-D map (head_dim, rows, heads, batches) over `ptr` with element strides, boxes of 64 columns x box_rows,
+// 128-byte swizzle, zeros out of bounds. A dimension of extent 1 is never stepped: its stride is replaced by a
+// valid placeholder (torch gives such dimensions arbitrary strides).
+Status encode_map(CUtensorMap* map, const char* name, const void* ptr, DType dtype, int head_dim, int64_t rows,
+                  int64_t heads, int64_t batches, int64_t row_stride, int64_t head_stride, int64_t batch_stride,
+                  int box_rows) {
+  const auto fn = encode_fn();
+  if (fn == nullptr) return Status::runtime("v3 forward: cuTensorMapEncodeTiled is not available from the driver");
+  const cuuint64_t dims[kTmaRank] = {static_cast<cuuint64_t>(head_dim), static_cast<cuuint64_t>(rows > 1 ? rows : 1),
+                                     static_cast<cuuint64_t>(heads),
+                                     static_cast<cuuint64_t>(batches > 1 ? batches : 1)};
+  const int64_t strides_elems[kTmaRank - 1] = {row_stride, head_stride, batch_stride};
+  cuuint64_t strides[kTmaRank - 1];
+  for (int i = 0; i < kTmaRank - 1; ++i) {
+    const int64_t bytes = strides_elems[i] * kElementBytes;
+    const bool stepped = dims[i + 1] > 1;
+    if (stepped && (bytes <= 0 || bytes >= kTmaMaxStrideBytes)) {
+      return Status::invalid(std::string(name) + ": v3 (TMA) needs positive strides below 2^40 bytes, got " +
+                             std::to_string(strides_elems[i]) + " elements");
+    }
+    strides[i] = static_cast<cuuint64_t>(stepped ? bytes : static_cast<int64_t>(kTmaAlignBytes));
+  }
+  const cuuint32_t box[kTmaRank] = {static_cast<cuuint32_t>(kChunkCols), static_cast<cuuint32_t>(box_rows), 1, 1};
+  const cuuint32_t element_strides[kTmaRank] = {1, 1, 1, 1};
+  const CUtensorMapDataType type =
+      dtype == DType::kBFloat16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
+  const CUresult r = fn(map, type, kTmaRank, const_cast<void*>(ptr), dims, strides, box, element_strides,
+                        CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                        CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  if (r != CUDA_SUCCESS) {
+    return Status::invalid(std::string(name) + ": cuTensorMapEncodeTiled failed (CUresult " + std::to_string(r) +
+                           ") for extents (" + std::to_string(head_dim) + ", " + std::to_string(rows) + ", " +
+                           std::to_string(heads) + ", " + std::to_string(batches) + ")");
+  }
+  return Status::ok();
+}
+
+Status check_device(int* num_sms) {
+  int device = 0, major = 0, minor = 0;
+  if (cudaGetDevice(&device) != cudaSuccess ||
+      cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess ||
+      cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device) != cudaSuccess ||
+      cudaDeviceGetAttribute(num_sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess) {
+    return Status::runtime("v3 forward: could not query the current CUDA device");
+  }
+  if (major != kSm90Major || minor != kSm90Minor) {
+    return Status::not_implemented("device: v3 is compiled for sm_90a only, the device is sm_" +
+                                   std::to_string(major) + std::to_string(minor));
+  }
+  return Status::ok();
+}
+
+// Every check before anything is encoded or launched; *bucket receives the compiled head-dim bucket.
+Status check_fwd(const AttnParams& p, int* bucket) {
+  if (p.dtype != DType::kFloat16 && p.dtype != DType::kBFloat16) {
+    return Status::not_implemented(std::string("dtype: v3 runs fp16 and bf16, got ") + dtype_name(p.dtype));
+  }
+  if (p.head_dim <= 0 || p.head_dim % kVectorElems != 0) {
+    return Status::invalid("head_dim: v3 needs a positive multiple of 8 (the API pads), got " +
+                           std::to_string(p.head_dim));
+  }
+  *bucket = fwd_bucket(p.dtype, p.head_dim);
+  if (*bucket == 0) {
+    return Status::not_implemented("head_dim: no v3 forward bucket >= " + std::to_string(p.head_dim) + " for " +
+                                   dtype_name(p.dtype) + " in this build");
+  }
+  if (p.batch < 0 || p.seqlen_q < 0 || p.seqlen_k < 0 || p.num_heads <= 0 || p.num_heads_k <= 0) {
+    return Status::invalid("sizes: batch, seqlen_q, seqlen_k must be >= 0 and num_heads, num_heads_k > 0");
+  }
+  if (p.num_heads % p.num_heads_k != 0) {
+    return Status::invalid("num_heads_k: must divide num_heads (" + std::to_string(p.num_heads) + "), got " +
+                           std::to_string(p.num_heads_k));
+  }
+  if (!(p.p_dropout >= 0.f && p.p_dropout < 1.f)) {
+    return Status::invalid("dropout_p: expected [0, 1), got " + std::to_string(p.p_dropout));
+  }
+  if (p.p_dropout > 0.f) return Status::not_implemented("dropout: v3 has no dropout; v2 runs it");
+  if (p.p_out != nullptr) return Status::not_implemented("return_attn_probs: v3 returns no probabilities; v2 does");
+  if (p.block_mask != nullptr) return Status::not_implemented("block_mask: v3 has no block-sparse forward");
+  if (p.num_splits != 0) return Status::not_implemented("num_splits: v3 has no split-KV decode path");
+  if (p.q == nullptr || p.o == nullptr || p.lse == nullptr) return Status::invalid("q/out/lse: null data pointer");
+  const bool has_keys = p.cu_seqlens_k ? total_k_of(p, 0) != 0 : p.seqlen_k != 0;  // else never read
+  if (has_keys && (p.k == nullptr || p.v == nullptr)) return Status::invalid("k/v: null data pointer");
+  for (const Status& s : {check_aligned("q", p.q, p.q_batch_stride, p.q_row_stride, p.q_head_stride),
+                          check_aligned("k", p.k, p.k_batch_stride, p.k_row_stride, p.k_head_stride),
+                          check_aligned("v", p.v, p.v_batch_stride, p.v_row_stride, p.v_head_stride),
+                          check_aligned("out", p.o, p.o_batch_stride, p.o_row_stride, p.o_head_stride)}) {
+    if (!s.is_ok()) return s;
+  }
+  if (p.cu_seqlens_q != nullptr && total_q_of(p, 0) < 0) {
+    return Status::not_implemented("varlen: v3 needs the stacked row count (AttnParams::total_q) to bound its TMA "
+                                   "loads, and this build's params have none");
+  }
+  if (p.cu_seqlens_k != nullptr && total_k_of(p, 0) < 0) {
+    return Status::not_implemented("varlen: v3 needs the stacked key row count (AttnParams::total_k) to bound its "
+                                   "TMA loads, and this build's params have none");
+  }
+  if (p.kv_batch_idx != nullptr && p.cu_seqlens_k == nullptr && batch_k_of(p, 0) <= 0) {
+    return Status::not_implemented("kv_batch_idx: v3 needs the cache's batch size (AttnParams::batch_k) to bound its "
+                                   "TMA loads, and this build's params have none");
+  }
+  return Status::ok();
+}
+
+}  // namespace
+
+Status fwd(const AttnParams& p, void* stream) {
+  int bucket = 0;
+  const int64_t q_rows = p.cu_seqlens_q ? total_q_of(p, 0) : p.seqlen_q;
+  if (p.batch == 0 || p.seqlen_q == 0 || q_rows == 0) return Status::ok();  // no output row exists
+  Status st = check_fwd(p, &bucket);
+  if (!st.is_ok()) return st;
+  int num_sms = 0;
+  st = check_device(&num_sms);
+  if (!st.is_ok()) return st;
+  const int64_t k_rows = p.cu_seqlens_k ? total_k_of(p, 0) : p.seqlen_k;
+  const int64_t k_batches = p.cu_seqlens_k ? 1 : (p.kv_batch_idx ? batch_k_of(p, 0) : p.batch);
+  FwdLaunch launch;
+  launch.masked = p.window_left >= 0 || p.window_right >= 0;
+  const TileConfig tile = tile_config(bucket, launch.masked);
+  const int tile_rows = block_m(tile);
+  const int64_t tiles = static_cast<int64_t>(ceil_div(p.seqlen_q, tile_rows)) * p.num_heads * p.batch;
+  if (q_rows + tile_rows > kTmaMaxCoord || k_rows + kMaxHeadDim > kTmaMaxCoord || tiles > kTmaMaxCoord) {
+    return Status::not_implemented("sizes: v3 addresses rows and tiles with 32-bit coordinates");
+  }
+
+  const int64_t q_batches = p.cu_seqlens_q ? 1 : p.batch;
+  st = encode_map(&launch.q, "q", p.q, p.dtype, p.head_dim, q_rows, p.num_heads, q_batches, p.q_row_stride,
+                  p.q_head_stride, p.q_batch_stride, tile_rows);
+  if (!st.is_ok()) return st;
+  if (k_rows == 0) {  // no key exists, so no key tile is ever loaded: the maps only need to be valid (q's)
+    launch.k = launch.q;
+    launch.v = launch.q;
+  } else {
+    st = encode_map(&launch.k, "k", p.k, p.dtype, p.head_dim, k_rows, p.num_heads_k, k_batches, p.k_row_stride,
+                    p.k_head_stride, p.k_batch_stride, tile.block_n);
+    if (!st.is_ok()) return st;
+    st = encode_map(&launch.v, "v", p.v, p.dtype, p.head_dim, k_rows, p.num_heads_k, k_batches, p.v_row_stride,
+                    p.v_head_stride, p.v_batch_stride, tile.block_n);
+    if (!st.is_ok()) return st;
+  }
+  const int slots = p.num_sms > 0 ? p.num_sms : num_sms;  // one CTA per SM (384-512 threads, 120-225 KB)
+  launch.grid = static_cast<int>(tiles < slots ? tiles : slots);
+
+  cudaStream_t cuda_stream = static_cast<cudaStream_t>(stream);
+#define FG_V3_LAUNCH(kind, dt, hd)                                                                \
+  if (FG_V3_CAT(FG_V3_IS_, kind) && dtype::dt::kDType == p.dtype && (hd) == bucket)               \
+    return launch_fwd<dtype::dt, hd>(p, launch, cuda_stream);
+  FLASHGEN_V3_INSTANCES(FG_V3_LAUNCH)
+#undef FG_V3_LAUNCH
+  return Status::not_implemented("v3 forward: no instance for bucket " + std::to_string(bucket));
+}
+
+Status bwd(const AttnBwdParams& p, void* stream) {
+  (void)p, (void)stream;
+  return Status::not_implemented("backward: v3 has no backward kernel yet; v2 runs it");
+}
+
+const GenerationOps& ops() {
+  static const GenerationOps table{"v3", &fwd, nullptr, nullptr, nullptr};
+  return table;
+}
+
+}  // namespace v3
+}  // namespace flashgen
