@@ -363,8 +363,11 @@ def test_simulated_ring_on_cuda_streams(source):
 def test_bench_ring_cpu_smoke(tmp_path):
     """python -m flashgen.bench.ring on the CPU (a group of one over gloo): the correctness check passes, records
     are written."""
+    # The flashgen this test imported (an installed package or the dev tree), not necessarily python/ of the repo,
+    # which holds no _C unless tools/dev_build.sh linked one there.
+    here = pathlib.Path(flashgen.__file__).resolve().parents[1]
     env = dict(os.environ, GLOO_SOCKET_IFNAME="lo", PYTHONPATH=os.pathsep.join(
-        [str(ROOT / "python"), os.environ.get("PYTHONPATH", "")]))
+        [str(here), os.environ.get("PYTHONPATH", "")]))
     cmd = [sys.executable, "-m", "flashgen.bench.ring", "--device", "cpu", "--seqlen-per-gpu", "64",
            "--check-seqlen-per-gpu", "32", "--heads", "2", "--head-dim", "16", "--impls", "ring,allgather",
            "--reps", "1", "--warmup", "0", "--out", str(tmp_path)]
