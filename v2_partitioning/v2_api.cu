@@ -8,6 +8,7 @@
 
 #include "common/element.cuh"
 #include "common/generation.h"
+#include "common/host_checks.h"
 #include "common/params.h"
 #include "common/split_kv.h"
 #include "common/status.h"
@@ -23,7 +24,6 @@ namespace {
 
 constexpr int kGridYZMax = 65535;   // gridDim.y (num_heads) and gridDim.z (batch) limits
 constexpr int kVectorElems = 8;     // 16-byte cp.async / stores of 2-byte elements
-constexpr uintptr_t kVectorBytes = 16;
 
 #define FG_V2_IS_fwd 1
 #define FG_V2_IS_bwd 0
@@ -45,18 +45,6 @@ int bucket_of(int want_fwd, DType dtype, int head_dim) {
 int fwd_bucket(DType dtype, int head_dim) { return bucket_of(1, dtype, head_dim); }
 int bwd_bucket(DType dtype, int head_dim) { return bucket_of(0, dtype, head_dim); }
 
-Status check_aligned(const char* name, const void* ptr, int64_t batch_stride, int64_t row_stride,
-                     int64_t head_stride) {
-  if (reinterpret_cast<uintptr_t>(ptr) % kVectorBytes != 0) {
-    return Status::invalid(std::string(name) + ": v2 needs a 16-byte aligned data pointer");
-  }
-  if (batch_stride % kVectorElems != 0 || row_stride % kVectorElems != 0 || head_stride % kVectorElems != 0) {
-    return Status::invalid(std::string(name) + ": v2 needs batch/row/head strides that are multiples of 8 elements, got (" +
-                           std::to_string(batch_stride) + ", " + std::to_string(row_stride) + ", " +
-                           std::to_string(head_stride) + ")");
-  }
-  return Status::ok();
-}
 
 // The checks the forward and the backward share: dtype, head dim and its compiled bucket (returned through
 // *bucket), sizes, grid limits, block-sparse, dropout, and the q/k/v/out pointers and strides.
@@ -93,10 +81,10 @@ Status check_shared(const AttnParams& p, bool forward, int* bucket) {
   if (p.q == nullptr || p.k == nullptr || p.v == nullptr || p.o == nullptr || p.lse == nullptr) {
     return Status::invalid("q/k/v/out/lse: null data pointer");
   }
-  for (const Status& s : {check_aligned("q", p.q, p.q_batch_stride, p.q_row_stride, p.q_head_stride),
-                          check_aligned("k", p.k, p.k_batch_stride, p.k_row_stride, p.k_head_stride),
-                          check_aligned("v", p.v, p.v_batch_stride, p.v_row_stride, p.v_head_stride),
-                          check_aligned("out", p.o, p.o_batch_stride, p.o_row_stride, p.o_head_stride)}) {
+  for (const Status& s : {check_rows_aligned("v2", "q", p.q, p.q_batch_stride, p.q_row_stride, p.q_head_stride),
+                          check_rows_aligned("v2", "k", p.k, p.k_batch_stride, p.k_row_stride, p.k_head_stride),
+                          check_rows_aligned("v2", "v", p.v, p.v_batch_stride, p.v_row_stride, p.v_head_stride),
+                          check_rows_aligned("v2", "out", p.o, p.o_batch_stride, p.o_row_stride, p.o_head_stride)}) {
     if (!s.is_ok()) return s;
   }
   return Status::ok();
@@ -182,10 +170,10 @@ Status bwd(const AttnBwdParams& p, void* stream) {
   if (p.dout == nullptr || p.dq == nullptr || p.dk == nullptr || p.dv == nullptr) {
     return Status::invalid("dout/dq/dk/dv: null data pointer");
   }
-  for (const Status& s : {check_aligned("dout", p.dout, p.do_batch_stride, p.do_row_stride, p.do_head_stride),
-                          check_aligned("dq", p.dq, p.dq_batch_stride, p.dq_row_stride, p.dq_head_stride),
-                          check_aligned("dk", p.dk, p.dk_batch_stride, p.dk_row_stride, p.dk_head_stride),
-                          check_aligned("dv", p.dv, p.dv_batch_stride, p.dv_row_stride, p.dv_head_stride)}) {
+  for (const Status& s : {check_rows_aligned("v2", "dout", p.dout, p.do_batch_stride, p.do_row_stride, p.do_head_stride),
+                          check_rows_aligned("v2", "dq", p.dq, p.dq_batch_stride, p.dq_row_stride, p.dq_head_stride),
+                          check_rows_aligned("v2", "dk", p.dk, p.dk_batch_stride, p.dk_row_stride, p.dk_head_stride),
+                          check_rows_aligned("v2", "dv", p.dv, p.dv_batch_stride, p.dv_row_stride, p.dv_head_stride)}) {
     if (!s.is_ok()) return s;
   }
   const std::string ws = check_workspaces(bwd_workspaces(p), p.ws, "v2");

@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <string>
 
+#include "common/host_checks.h"
 #include "common/mask.h"
 #include "common/params.h"
 #include "common/status.h"
@@ -48,34 +49,6 @@ int fwd_bucket(DType dtype, int head_dim) {
   return bucket;
 }
 
-// Tensor extents the maps are bounded by that AttnParams does not carry yet (v3_hopper/README.md, "Needs from
-// common/"): total_q / total_k (rows of the stacked varlen tensors) and batch_k (the KV cache's batch dimension).
-// Read when params.h has them; -1 (unknown) otherwise, and the features that need them are refused.
-template <typename P>
-auto total_q_of(const P& p, int) -> decltype(static_cast<int64_t>(p.total_q)) { return p.total_q; }
-template <typename P>
-int64_t total_q_of(const P&, long) { return -1; }
-template <typename P>
-auto total_k_of(const P& p, int) -> decltype(static_cast<int64_t>(p.total_k)) { return p.total_k; }
-template <typename P>
-int64_t total_k_of(const P&, long) { return -1; }
-template <typename P>
-auto batch_k_of(const P& p, int) -> decltype(static_cast<int64_t>(p.batch_k)) { return p.batch_k; }
-template <typename P>
-int64_t batch_k_of(const P&, long) { return -1; }
-
-Status check_aligned(const char* name, const void* ptr, int64_t batch_stride, int64_t row_stride,
-                     int64_t head_stride) {
-  if (reinterpret_cast<uintptr_t>(ptr) % kTmaAlignBytes != 0) {
-    return Status::invalid(std::string(name) + ": v3 (TMA) needs a 16-byte aligned data pointer");
-  }
-  if (batch_stride % kVectorElems != 0 || row_stride % kVectorElems != 0 || head_stride % kVectorElems != 0) {
-    return Status::invalid(std::string(name) + ": v3 (TMA) needs batch/row/head strides that are multiples of 8 " +
-                           "elements, got (" + std::to_string(batch_stride) + ", " + std::to_string(row_stride) +
-                           ", " + std::to_string(head_stride) + ")");
-  }
-  return Status::ok();
-}
 
 PFN_cuTensorMapEncodeTiled_v12000 encode_fn() {
   static const PFN_cuTensorMapEncodeTiled_v12000 fn = [] {
@@ -171,23 +144,15 @@ Status check_fwd(const AttnParams& p, int* bucket) {
   if (p.block_mask != nullptr) return Status::not_implemented("block_mask: v3 has no block-sparse forward");
   if (p.num_splits != 0) return Status::not_implemented("num_splits: v3 has no split-KV decode path");
   if (p.q == nullptr || p.o == nullptr || p.lse == nullptr) return Status::invalid("q/out/lse: null data pointer");
-  const bool has_keys = p.cu_seqlens_k ? total_k_of(p, 0) != 0 : p.seqlen_k != 0;  // else never read
+  const bool has_keys = p.cu_seqlens_k ? p.total_k != 0 : p.seqlen_k != 0;  // else never read
   if (has_keys && (p.k == nullptr || p.v == nullptr)) return Status::invalid("k/v: null data pointer");
-  for (const Status& s : {check_aligned("q", p.q, p.q_batch_stride, p.q_row_stride, p.q_head_stride),
-                          check_aligned("k", p.k, p.k_batch_stride, p.k_row_stride, p.k_head_stride),
-                          check_aligned("v", p.v, p.v_batch_stride, p.v_row_stride, p.v_head_stride),
-                          check_aligned("out", p.o, p.o_batch_stride, p.o_row_stride, p.o_head_stride)}) {
+  for (const Status& s : {check_rows_aligned("v3 (TMA)", "q", p.q, p.q_batch_stride, p.q_row_stride, p.q_head_stride),
+                          check_rows_aligned("v3 (TMA)", "k", p.k, p.k_batch_stride, p.k_row_stride, p.k_head_stride),
+                          check_rows_aligned("v3 (TMA)", "v", p.v, p.v_batch_stride, p.v_row_stride, p.v_head_stride),
+                          check_rows_aligned("v3 (TMA)", "out", p.o, p.o_batch_stride, p.o_row_stride, p.o_head_stride)}) {
     if (!s.is_ok()) return s;
   }
-  if (p.cu_seqlens_q != nullptr && total_q_of(p, 0) < 0) {
-    return Status::not_implemented("varlen: v3 needs the stacked row count (AttnParams::total_q) to bound its TMA "
-                                   "loads, and this build's params have none");
-  }
-  if (p.cu_seqlens_k != nullptr && total_k_of(p, 0) < 0) {
-    return Status::not_implemented("varlen: v3 needs the stacked key row count (AttnParams::total_k) to bound its "
-                                   "TMA loads, and this build's params have none");
-  }
-  if (p.kv_batch_idx != nullptr && p.cu_seqlens_k == nullptr && batch_k_of(p, 0) <= 0) {
+  if (p.kv_batch_idx != nullptr && p.cu_seqlens_k == nullptr && p.batch_k <= 0) {
     return Status::not_implemented("kv_batch_idx: v3 needs the cache's batch size (AttnParams::batch_k) to bound its "
                                    "TMA loads, and this build's params have none");
   }
@@ -198,15 +163,15 @@ Status check_fwd(const AttnParams& p, int* bucket) {
 
 Status fwd(const AttnParams& p, void* stream) {
   int bucket = 0;
-  const int64_t q_rows = p.cu_seqlens_q ? total_q_of(p, 0) : p.seqlen_q;
+  const int64_t q_rows = p.cu_seqlens_q ? p.total_q : p.seqlen_q;
   if (p.batch == 0 || p.seqlen_q == 0 || q_rows == 0) return Status::ok();  // no output row exists
   Status st = check_fwd(p, &bucket);
   if (!st.is_ok()) return st;
   int num_sms = 0;
   st = check_device(&num_sms);
   if (!st.is_ok()) return st;
-  const int64_t k_rows = p.cu_seqlens_k ? total_k_of(p, 0) : p.seqlen_k;
-  const int64_t k_batches = p.cu_seqlens_k ? 1 : (p.kv_batch_idx ? batch_k_of(p, 0) : p.batch);
+  const int64_t k_rows = p.cu_seqlens_k ? p.total_k : p.seqlen_k;
+  const int64_t k_batches = p.cu_seqlens_k ? 1 : (p.kv_batch_idx ? p.batch_k : p.batch);
   FwdLaunch launch;
   launch.masked = p.window_left >= 0 || p.window_right >= 0;
   const TileConfig tile = tile_config(bucket, launch.masked);
