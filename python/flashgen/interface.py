@@ -100,6 +100,8 @@ def _pad(t: Optional[torch.Tensor], multiple: int) -> Optional[torch.Tensor]:
     """Zero-pad the last dim up to a multiple (differentiable: the gradient of the padding is dropped)."""
     if t is None or t.shape[-1] % multiple == 0:
         return t
+    if t.dtype == validate.FP8_DTYPE:  # padded as bytes (constant_pad_nd has no float8 kernel); byte 0 is +0.0
+        return F.pad(t.view(torch.uint8), (0, multiple - t.shape[-1] % multiple)).view(t.dtype)
     return F.pad(t, (0, multiple - t.shape[-1] % multiple))
 
 

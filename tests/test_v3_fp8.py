@@ -1,0 +1,197 @@
+"""v3 FP8 (e4m3) forward against the float64 oracle on the dequantized inputs, on the GPU.
+
+Inputs are e4m3 tensors with fp32 (batch, num_heads_k) descales; the oracle runs attention in float64 on
+x8.float() * descale, so what is measured is the kernel's own error: P rounded to e4m3 before P V, fp32
+accumulation, the bf16 output. Error rule (STYLE.md's, with FP8 as "the same dtype"): max|out - ref| <= 2 x the
+error of a naive FP8 attention (float64 scores and row sums, P = exp(s - rowmax) rounded to e4m3, P V in float64,
+out rounded to bf16) + a floor of 2^-8 max|ref|. Why the factor 2 covers the kernel: rounding P to e4m3 costs
+each product a relative 2^-4 at most, in the naive run and in the kernel alike; the kernel's P differ from the
+naive's by a power of two per row (lazily raised max, fwd_softmax.cuh: P <= 2^8), which moves the e4m3 subnormal
+threshold by that power, and its fp32 sums reorder; the floor covers the bf16 output's half ulp (2^-9 relative).
+LSE is compared to the oracle's: the scores are exact e4m3 products summed in fp32.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+pytestmark = pytest.mark.gpu
+
+if not torch.cuda.is_available():
+    pytest.skip("v3 FP8 tests need a CUDA device", allow_module_level=True)
+if torch.cuda.get_device_capability() != (9, 0):
+    pytest.skip("v3 runs on sm_90 (H100/H200) only", allow_module_level=True)
+
+import flashgen  # noqa: E402
+from flashgen import _native, _ops, fp8  # noqa: E402
+from flashgen.reference import attention_ref, visible_mask  # noqa: E402
+
+E4M3 = torch.float8_e4m3fn
+LSE_ATOL = 2e-3
+FLOOR_REL = 2.0 ** -8
+
+
+def _need(head_dim: int) -> None:
+    bucket = next((b for b in (128, 256) if b >= head_dim and _native.build_info().has("v3", "fwd", "e4m3", b)), None)
+    if bucket is None:
+        pytest.skip(f"v3 fwd e4m3 bucket >= {head_dim} not compiled into this build")
+
+
+def _fp8(*shape, scale=1.0, gen=None):
+    """e4m3 values of scale x N(0, 1) with 0.1% outliers x 10 (the FA3 paper's test input)."""
+    x = torch.randn(*shape, device="cuda", generator=gen) * scale
+    outlier = torch.rand(*shape, device="cuda", generator=gen) < 1e-3
+    return torch.where(outlier, x * 10, x).clamp(-fp8.E4M3_MAX, fp8.E4M3_MAX).to(E4M3)
+
+
+def _descale(batch, heads_k, gen=None):
+    return (torch.rand(batch, heads_k, device="cuda", generator=gen) * 1.5 + 0.25).float()
+
+
+def _deq(x8, d, heads_per_kv=1, cu=None):
+    """float64 x8 * descale per (batch, kv head); varlen rows take their sequence's."""
+    d = d.double().repeat_interleave(heads_per_kv, dim=1)
+    if cu is None:
+        return x8.double() * d[:, None, :, None]
+    lengths = (cu[1:] - cu[:-1]).long()
+    return x8.double() * torch.repeat_interleave(d, lengths, dim=0)[:, :, None]
+
+
+def _naive_fp8(q, k, v, softmax_scale, causal=False, window_size=(-1, -1), softcap=0.0):
+    """Dense naive FP8 attention on float64 dequantized inputs (see the module docstring)."""
+    heads_per_kv = q.shape[2] // k.shape[2]
+    k, v = (t.repeat_interleave(heads_per_kv, dim=2) for t in (k, v))
+    s = torch.einsum("bshd,bthd->bhst", q, k) * softmax_scale
+    if softcap > 0:
+        s = softcap * torch.tanh(s / softcap)
+    mask = visible_mask(q.shape[1], k.shape[1], window_size, causal).to(q.device)
+    s = s.masked_fill(~mask, -math.inf)
+    m = s.amax(dim=-1, keepdim=True)
+    m = torch.where(torch.isinf(m), torch.zeros_like(m), m)
+    p = torch.exp(s - m)
+    l = p.sum(dim=-1, keepdim=True)
+    p8 = p.float().to(E4M3).double()
+    o = torch.einsum("bhst,bthd->bshd", p8, v) / l.transpose(1, 2).clamp_min(1e-300)  # l: (b, s, h, 1)
+    return o.to(torch.bfloat16).double()
+
+
+def _check(name, out, lse, ref, ref_lse, naive):
+    assert out.dtype == torch.bfloat16
+    assert not torch.isnan(out).any(), f"{name}: NaN in out (an element left unwritten?)"
+    err = (out.double() - ref).abs().max().item()
+    naive_err = (naive - ref).abs().max().item()
+    allowed = 2 * naive_err + FLOOR_REL * ref.abs().max().item() + 1e-6
+    assert err <= allowed, f"{name}: max|out - ref| = {err:.3e}, allowed {allowed:.3e} (naive FP8 {naive_err:.3e})"
+    inf = torch.isinf(ref_lse)
+    assert torch.equal(torch.isinf(lse), inf), f"{name}: LSE +inf pattern differs"
+    lse_err = (lse.double() - ref_lse)[~inf].abs().max().item() if (~inf).any() else 0.0
+    assert lse_err <= LSE_ATOL, f"{name}: max|lse - ref| = {lse_err:.3e}, allowed {LSE_ATOL}"
+
+
+def _run(q, k, v, qd, kd, vd, **kw):
+    """v3 FP8 forward into a NaN-poisoned bf16 output."""
+    out = torch.full(q.shape, float("nan"), device="cuda", dtype=torch.bfloat16)
+    scale = kw.pop("softmax_scale", 1.0 / math.sqrt(q.shape[-1]))
+    o, lse, _ = _ops.forward("v3", q, k, v, softmax_scale=scale, out=out, q_descale=qd, k_descale=kd,
+                             v_descale=vd, **kw)
+    assert o.data_ptr() == out.data_ptr()
+    return o, lse
+
+
+SHAPES = [(1, 1), (113, 203), (239, 1), (128, 128), (1023, 1024), (256, 4100)]
+
+
+@pytest.mark.parametrize("head_dim", [64, 128, 192, 256])
+@pytest.mark.parametrize("seqlen_q,seqlen_k", SHAPES)
+@pytest.mark.parametrize("causal", [False, True])
+def test_fp8_dense(head_dim, seqlen_q, seqlen_k, causal):
+    _need(head_dim)
+    gen = torch.Generator(device="cuda").manual_seed(seqlen_q * 7 + seqlen_k + head_dim)
+    b, h, hk = 2, 4, 2
+    q, k, v = _fp8(b, seqlen_q, h, head_dim, gen=gen), _fp8(b, seqlen_k, hk, head_dim, gen=gen), \
+        _fp8(b, seqlen_k, hk, head_dim, gen=gen)
+    qd, kd, vd = (_descale(b, hk, gen) for _ in range(3))
+    window = (-1, 0) if causal else (-1, -1)
+    out, lse = _run(q, k, v, qd, kd, vd, window_size=window)
+    dq, dk, dv = _deq(q, qd, h // hk), _deq(k, kd), _deq(v, vd)
+    scale = 1.0 / math.sqrt(head_dim)
+    ref, ref_lse = attention_ref(dq, dk, dv, causal=causal, softmax_scale=scale)
+    _check(f"d{head_dim} {seqlen_q}x{seqlen_k} causal={causal}", out, lse, ref, ref_lse,
+           _naive_fp8(dq, dk, dv, scale, causal=causal))
+
+
+@pytest.mark.parametrize("window", [(64, 0), (100, 37), (-1, 5)])
+def test_fp8_window_gqa_mqa(window):
+    _need(128)
+    gen = torch.Generator(device="cuda").manual_seed(11)
+    b, s, h, hk, d = 1, 700, 6, 1, 128
+    q, k, v = _fp8(b, s, h, d, gen=gen), _fp8(b, s, hk, d, gen=gen), _fp8(b, s, hk, d, gen=gen)
+    qd, kd, vd = (_descale(b, hk, gen) for _ in range(3))
+    out, lse = _run(q, k, v, qd, kd, vd, window_size=window)
+    dq, dk, dv = _deq(q, qd, h), _deq(k, kd), _deq(v, vd)
+    ref, ref_lse = attention_ref(dq, dk, dv, window_size=window)
+    _check(f"window {window}", out, lse, ref, ref_lse, _naive_fp8(dq, dk, dv, 1 / math.sqrt(d), window_size=window))
+
+
+def test_fp8_softcap():
+    _need(128)
+    gen = torch.Generator(device="cuda").manual_seed(5)
+    b, s, h, d = 2, 300, 2, 128
+    q, k, v = _fp8(b, s, h, d, scale=3.0, gen=gen), _fp8(b, s, h, d, scale=3.0, gen=gen), _fp8(b, s, h, d, gen=gen)
+    qd, kd, vd = (_descale(b, h, gen) for _ in range(3))
+    out, lse = _run(q, k, v, qd, kd, vd, window_size=(-1, 0), softcap=5.0)
+    dq, dk, dv = _deq(q, qd), _deq(k, kd), _deq(v, vd)
+    ref, ref_lse = attention_ref(dq, dk, dv, causal=True, softcap=5.0)
+    _check("softcap", out, lse, ref, ref_lse, _naive_fp8(dq, dk, dv, 1 / math.sqrt(d), causal=True, softcap=5.0))
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_fp8_varlen(causal):
+    _need(128)
+    gen = torch.Generator(device="cuda").manual_seed(3)
+    lens_q, lens_k = [1, 300, 0, 129, 77], [5, 260, 3, 129, 200]
+    cu_q = torch.tensor([0] + list(torch.tensor(lens_q).cumsum(0)), dtype=torch.int32, device="cuda")
+    cu_k = torch.tensor([0] + list(torch.tensor(lens_k).cumsum(0)), dtype=torch.int32, device="cuda")
+    h, hk, d = 4, 2, 128
+    q, k, v = _fp8(sum(lens_q), h, d, gen=gen), _fp8(sum(lens_k), hk, d, gen=gen), _fp8(sum(lens_k), hk, d, gen=gen)
+    qd, kd, vd = (_descale(len(lens_q), hk, gen) for _ in range(3))
+    window = (-1, 0) if causal else (-1, -1)
+    out, lse = _run(q, k, v, qd, kd, vd, window_size=window, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k,
+                    max_seqlen_q=max(lens_q), max_seqlen_k=max(lens_k))
+    dq, dk, dv = _deq(q, qd, h // hk, cu_q), _deq(k, kd, 1, cu_k), _deq(v, vd, 1, cu_k)
+    ref, ref_lse = attention_ref(dq, dk, dv, causal=causal, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k)
+    naive = torch.zeros_like(ref)
+    for i in range(len(lens_q)):
+        a, z, c, e = int(cu_q[i]), int(cu_q[i + 1]), int(cu_k[i]), int(cu_k[i + 1])
+        if z > a:
+            naive[a:z] = _naive_fp8(dq[None, a:z], dk[None, c:e], dv[None, c:e], 1 / math.sqrt(d), causal=causal)[0]
+    _check(f"varlen causal={causal}", out, lse, ref, ref_lse, naive)
+
+
+def test_fp8_public_api_and_quantize_helpers():
+    """flash_attn_func with FP8 inputs and descales dispatches to v3; quantize_qkv's descales are read as given."""
+    _need(128)
+    gen = torch.Generator(device="cuda").manual_seed(9)
+    q, k, v = (torch.randn(2, 512, 4, 128, device="cuda", generator=gen) for _ in range(3))
+    for granularity, hadamard in (("tensor", False), ("head", False), ("head", True)):
+        t = fp8.quantize_qkv(q, k, v, granularity, hadamard)
+        out, lse, _ = flashgen.flash_attn_func(t.q, t.k, t.v, causal=True, q_descale=t.q_descale,
+                                               k_descale=t.k_descale, v_descale=t.v_descale, return_attn_probs=True)
+        dq, dk, dv = _deq(t.q, t.q_descale), _deq(t.k, t.k_descale), _deq(t.v, t.v_descale)
+        ref, ref_lse = attention_ref(dq, dk, dv, causal=True)
+        _check(f"api {granularity} hadamard={hadamard}", out, lse, ref, ref_lse,
+               _naive_fp8(dq, dk, dv, 1 / math.sqrt(128), causal=True))
+    explained = flashgen.explain(t.q, t.k, t.v)
+    assert "v3" in str(explained)
+
+
+def test_fp8_refusals_on_the_gpu():
+    _need(128)
+    q = torch.zeros(1, 64, 2, 128, device="cuda", dtype=E4M3)
+    with pytest.raises((NotImplementedError, ValueError), match="dropout"):
+        flashgen.flash_attn_func(q, q, q, dropout_p=0.1)
+    with pytest.raises(NotImplementedError, match="KV-cache|seqused_k"):
+        _ops.forward("v3", q, q, q, softmax_scale=0.1, seqused_k=torch.ones(1, dtype=torch.int32, device="cuda"))
