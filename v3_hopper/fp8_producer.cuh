@@ -61,7 +61,7 @@ __device__ __forceinline__ void transpose_v(uint32_t raw, uint32_t vt, int tid) 
   const int lane = tid % 32, g = lane / 4, t = lane % 4;
   const int key0 = 16 * g + 2 * t;  // keys key0, key0 + 1, key0 + 8, key0 + 9 -> positions 16g + 4t + 0..3
   const int keys[4] = {key0, key0 + 1, key0 + 8, key0 + 9};
-#pragma unroll
+#pragma unroll 1  // one unit's 16 data registers live at a time: the producer runs on 24-56 registers
   for (int it = 0; it < T::kTransposeIters; ++it) {
     const int block = tid / 32 + it * (kWarpgroupThreads / 32);  // 16-column block of the head dim
     const int chunk = block / (kFp8ChunkCols / 16), col = (block % (kFp8ChunkCols / 16)) * 16;
