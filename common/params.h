@@ -1,7 +1,9 @@
 // The one plain-old-data description of an attention call, shared by every generation and the CPU backend.
 // Raw pointers and element strides only (no framework types), so the Python binding fills it from integers.
 // Layout is flash_attn's: q (batch, seqlen_q, num_heads, head_dim), k/v (batch, seqlen_k, num_heads_k, head_dim);
-// with varlen the batch dimension is gone and rows of all sequences are stacked (total, heads, head_dim).
+// with varlen the batch dimension is gone and rows of all sequences are stacked (total, heads, head_dim); a paged KV
+// cache is k/v (num_pages, page_block_size, num_heads_k, head_dim) with a block table. Where key j of a sequence
+// lives is common/kv_layout.h's rule, for every layout.
 #pragma once
 
 #include "config.h"
@@ -18,8 +20,8 @@ struct AttnParams {
   float* lse = nullptr;  // (batch, num_heads, seqlen_q) fp32; varlen: (num_heads, total_q)
 
   int64_t q_batch_stride = 0, q_row_stride = 0, q_head_stride = 0;
-  int64_t k_batch_stride = 0, k_row_stride = 0, k_head_stride = 0;
-  int64_t v_batch_stride = 0, v_row_stride = 0, v_head_stride = 0;
+  int64_t k_batch_stride = 0, k_row_stride = 0, k_head_stride = 0;  // paged: k_batch_stride is the page stride
+  int64_t v_batch_stride = 0, v_row_stride = 0, v_head_stride = 0;  // paged: v_batch_stride is the page stride
   int64_t o_batch_stride = 0, o_row_stride = 0, o_head_stride = 0;
   int64_t lse_batch_stride = 0, lse_head_stride = 0;  // lse row stride is 1
 
@@ -55,6 +57,13 @@ struct AttnParams {
   const int* cu_seqlens_k = nullptr;  // (batch + 1) int32, or null
   const int* seqused_k = nullptr;     // (batch) int32 number of keys used per sequence (KV cache), or null
   const int* kv_batch_idx = nullptr;  // (batch) int32 cache row per sequence (cache_batch_idx), or null
+  const int* cache_leftpad = nullptr; // (batch) int32 first cache row used per sequence, or null (0): the keys are
+                                      // rows [cache_leftpad, seqused_k), so seqlen_k = seqused_k - cache_leftpad
+
+  // ---- paged KV cache: key row r of sequence b at page block_table[b][r / page_block_size] (common/kv_layout.h) ----
+  const int* block_table = nullptr;   // (batch, max_blocks_per_seq) int32 page indices, or null (dense cache)
+  int64_t block_table_batch_stride = 0;
+  int page_block_size = 0;            // rows per page (any size >= 1); seqlen_k = max_blocks_per_seq * page_block_size
 
   // ---- ALiBi: bias -slope * |i + seqlen_k - seqlen_q - j| ----
   const float* alibi_slopes = nullptr;  // (num_heads) or (batch, num_heads) fp32, or null
@@ -82,6 +91,8 @@ struct AttnParams {
   // 0: not planned (the generation's prefill kernels). >= 1: the count the generation's plan gave (ops table,
   // common/generation.h), with the workspaces that plan asked for below.
   int num_splits = 0;
+  // The caller's bound on that count (flash_attn's num_splits): 0 = the plan chooses, 1 = no split, n = at most n.
+  int max_splits = 0;
 
   // ---- workspaces the generation asked for (common/workspace.h), allocated by the caller ----
   Workspaces ws;
