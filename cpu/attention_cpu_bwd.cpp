@@ -168,7 +168,9 @@ Status bwd(const AttnBwdParams& p) {
   const Status ok = check_params(p);
   if (!ok.is_ok()) return ok;
   if (!p.dout || !p.dq || !p.dk || !p.dv) return Status::invalid("cpu: dout, dq, dk and dv must be non-null");
-  if (p.seqused_k || p.kv_batch_idx) return Status::invalid("cpu: the backward takes no seqused_k / kv_batch_idx");
+  if (p.seqused_k || p.kv_batch_idx || p.block_table || p.cache_leftpad) {
+    return Status::invalid("cpu: the backward takes no KV cache (seqused_k, kv_batch_idx, block_table, cache_leftpad)");
+  }
   const int group = p.num_heads / p.num_heads_k;
 
   // Chunks per kv head: enough units to occupy every thread when batch * num_heads_k is small.

@@ -32,7 +32,11 @@ inline Status check_params(const AttnParams& p) {
   if (p.block_mask && (p.sparse_block_m < 1 || p.sparse_block_n < 1)) {
     return Status::invalid("cpu: block_size must be positive with block_mask");
   }
-  if (p.p_out && p.cu_seqlens_q) return Status::invalid("cpu: return_probs is dense-only (no cu_seqlens)");
+  if (p.block_table && p.page_block_size < 1) {
+    return Status::invalid("cpu: page_block_size must be >= 1 with a block_table, got " +
+                           std::to_string(p.page_block_size));
+  }
+  if (p.block_table && p.kv_batch_idx) return Status::invalid("cpu: kv_batch_idx cannot be combined with block_table");
   return Status::ok();
 }
 

@@ -24,8 +24,8 @@ from ._native import BuildInfo
 
 # Every optional feature a call can use. The plain dense forward is always part of a problem.
 FEATURES: Tuple[str, ...] = (
-    "causal", "window", "softcap", "alibi", "dropout", "gqa", "varlen", "kvcache", "block_sparse", "return_probs",
-    "backward",
+    "causal", "window", "softcap", "alibi", "dropout", "gqa", "varlen", "kvcache", "paged_kv", "cache_leftpad",
+    "block_sparse", "return_probs", "backward",
 )
 
 # Requested-version values besides a generation name.
