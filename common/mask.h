@@ -8,7 +8,6 @@
 #pragma once
 
 #include "config.h"
-#include "kv_layout.h"
 #include "params.h"
 
 namespace flashgen {
@@ -82,41 +81,38 @@ FH_HD bool tile_fully_visible(const MaskSpec& mask, int m_begin, int m_end, int 
 // ---- varlen / KV cache: where one batch entry's rows live and how long it is ----
 struct SeqInfo {
   int64_t q_offset;   // element offset of row 0, head 0 of this sequence in q (o uses o strides: see o_offset)
-  int64_t k_offset;   // dense K/V: element offset of key 0, head 0 (key j at k_offset + j * k_row_stride);
-  int64_t v_offset;   //   paged (p.block_table): 0, keys are not contiguous: kv_row_offset (common/kv_layout.h)
+  int64_t k_offset;   // dense K/V: element offset of key 0, head 0 (key j at k_offset + j * k_row_stride, which is
+  int64_t v_offset;   //   common/kv_layout.h's kv_row_offset); paged (p.block_table): not an address, use that rule
   int64_t o_offset;
   int64_t q_row0;     // index of this sequence's first row among stacked rows (varlen), else 0
   int seqlen_q;
-  int seqlen_k;       // keys used: after seqused_k and cache_leftpad (the mask's bottom-right corner is its last)
+  int seqlen_k;       // keys used (seqused_k when given; with a block table and cache_leftpad, counted from the pad)
 
   FH_HD MaskSpec mask(const AttnParams& p) const { return {seqlen_q, seqlen_k, p.window_left, p.window_right}; }
 };
 
 FH_HD SeqInfo seq_info(const AttnParams& p, int b) {
   SeqInfo s;
-  int64_t q_row0 = 0;
+  int64_t q_row0 = 0, k_row0 = 0;
   if (p.cu_seqlens_q) {
     q_row0 = p.cu_seqlens_q[b];
     s.seqlen_q = p.cu_seqlens_q[b + 1] - p.cu_seqlens_q[b];
   } else {
     s.seqlen_q = p.seqlen_q;
   }
+  const int kb = p.kv_batch_idx ? p.kv_batch_idx[b] : b;
   if (p.cu_seqlens_k) {
+    k_row0 = p.cu_seqlens_k[b];
     s.seqlen_k = p.cu_seqlens_k[b + 1] - p.cu_seqlens_k[b];
   } else {
     s.seqlen_k = p.seqlen_k;
   }
   if (p.seqused_k) s.seqlen_k = p.seqused_k[b];
-  if (p.cache_leftpad) s.seqlen_k = imax(s.seqlen_k - p.cache_leftpad[b], 0);  // keys [leftpad, seqused_k)
-  const int64_t qb = p.cu_seqlens_q ? 0 : b;
+  const int64_t qb = p.cu_seqlens_q ? 0 : b, kbb = p.cu_seqlens_k ? 0 : kb;
   s.q_offset = qb * p.q_batch_stride + q_row0 * p.q_row_stride;
   s.o_offset = qb * p.o_batch_stride + q_row0 * p.o_row_stride;
-  if (p.block_table) {
-    s.k_offset = s.v_offset = 0;
-  } else {
-    s.k_offset = kv_row_offset(p, b, 0, p.k_batch_stride, p.k_row_stride);
-    s.v_offset = kv_row_offset(p, b, 0, p.v_batch_stride, p.v_row_stride);
-  }
+  s.k_offset = kbb * p.k_batch_stride + k_row0 * p.k_row_stride;
+  s.v_offset = kbb * p.v_batch_stride + k_row0 * p.v_row_stride;
   s.q_row0 = q_row0;
   return s;
 }

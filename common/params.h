@@ -57,13 +57,6 @@ struct AttnParams {
   const int* cu_seqlens_k = nullptr;  // (batch + 1) int32, or null
   const int* seqused_k = nullptr;     // (batch) int32 number of keys used per sequence (KV cache), or null
   const int* kv_batch_idx = nullptr;  // (batch) int32 cache row per sequence (cache_batch_idx), or null
-  const int* cache_leftpad = nullptr; // (batch) int32 first cache row used per sequence, or null (0): the keys are
-                                      // rows [cache_leftpad, seqused_k), so seqlen_k = seqused_k - cache_leftpad
-
-  // ---- paged KV cache: key row r of sequence b at page block_table[b][r / page_block_size] (common/kv_layout.h) ----
-  const int* block_table = nullptr;   // (batch, max_blocks_per_seq) int32 page indices, or null (dense cache)
-  int64_t block_table_batch_stride = 0;
-  int page_block_size = 0;            // rows per page (any size >= 1); seqlen_k = max_blocks_per_seq * page_block_size
 
   // ---- ALiBi: bias -slope * |i + seqlen_k - seqlen_q - j| ----
   const float* alibi_slopes = nullptr;  // (num_heads) or (batch, num_heads) fp32, or null
@@ -91,11 +84,24 @@ struct AttnParams {
   // 0: not planned (the generation's prefill kernels). >= 1: the count the generation's plan gave (ops table,
   // common/generation.h), with the workspaces that plan asked for below.
   int num_splits = 0;
-  // The caller's bound on that count (flash_attn's num_splits): 0 = the plan chooses, 1 = no split, n = at most n.
-  int max_splits = 0;
 
   // ---- workspaces the generation asked for (common/workspace.h), allocated by the caller ----
   Workspaces ws;
+
+  // Fields added after the rest keep the offsets of those above, so kernels that do not read them compile to the
+  // code they had (tools: compare cuobjdump -sass before and after).
+
+  // ---- paged KV cache: key row r of sequence b at page block_table[b][r / page_block_size] (common/kv_layout.h) ----
+  const int* block_table = nullptr;    // (batch, max_blocks_per_seq) int32 page indices, or null (dense cache)
+  int64_t block_table_batch_stride = 0;
+  int page_block_size = 0;             // rows per page (any size >= 1); seqlen_k = max_blocks_per_seq * page_block_size
+  const int* cache_leftpad = nullptr;  // with a block table: (batch) int32 cache row of key 0 (flash_attn's
+                                       // cache_leftpad), or null (0); seqused_k then counts keys from there. A dense
+                                       // cache with a left pad is passed as one page per sequence (the API does).
+
+  // ---- split-KV bound: the caller's limit on num_splits (flash_attn's num_splits): 0 = the plan chooses, 1 = no
+  // split, n = at most n ----
+  int max_splits = 0;
 };
 
 struct AttnBwdParams : AttnParams {

@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <vector>
 
+#include "common/kv_layout.h"
 #include "cpu/cpu_api.h"
 #include "cpu/cpu_checks.h"
 #include "cpu/cpu_kernels.h"

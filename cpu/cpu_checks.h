@@ -37,6 +37,9 @@ inline Status check_params(const AttnParams& p) {
                            std::to_string(p.page_block_size));
   }
   if (p.block_table && p.kv_batch_idx) return Status::invalid("cpu: kv_batch_idx cannot be combined with block_table");
+  if (p.cache_leftpad && !p.block_table) {
+    return Status::invalid("cpu: cache_leftpad is taken with a block_table (a dense cache: one page per sequence)");
+  }
   return Status::ok();
 }
 

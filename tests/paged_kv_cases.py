@@ -140,7 +140,8 @@ def expected(case: KvCase, before) -> Dict[str, torch.Tensor]:
         interleaved = case.rotary == "interleaved"
         cos, sin = before["rotary_cos"], before["rotary_sin"]
         local = case.causal or case.window != (-1, -1)
-        q_pos = lens.view(-1, 1) + (torch.arange(case.seqlen_q) if local else torch.zeros(case.seqlen_q, dtype=torch.int64))
+        steps = torch.arange(case.seqlen_q) if local else torch.zeros(case.seqlen_q, dtype=torch.int64)
+        q_pos = lens.view(-1, 1) + steps
         q = rotate_ref(q, cos, sin, q_pos, interleaved)
         if k_new is not None:
             k_new = rotate_ref(k_new, cos, sin, lens.view(-1, 1) + torch.arange(case.seqlen_new), interleaved)
@@ -172,6 +173,12 @@ def check_cache_after(case: KvCase, before, after, want) -> None:
             named[after["block_table"].long().flatten()] = True
             assert torch.equal(after[name][~named], before[name][~named]), \
                 f"{case.id} {name}: a page no table names changed"
+
+
+def keys_used(inputs) -> torch.Tensor:
+    """seqused_k as flashgen._ops takes it with a block table: cache_seqlens less the left pad (keys from the pad)."""
+    lens = inputs["cache_seqlens"]
+    return lens if inputs["cache_leftpad"] is None else (lens - inputs["cache_leftpad"]).to(torch.int32)
 
 
 def clone_inputs(inputs):

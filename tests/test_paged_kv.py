@@ -20,7 +20,7 @@ from conftest import check_lse, run_fwd
 from flashgen import _native, _ops, testing
 from flashgen.reference import attention_ref, pages_to_dense, philox_keep_mask
 from paged_kv_cases import (PAGE_SIZES, SCENARIOS, KvCase, build, call, check_cache_after, clone_inputs, expected,
-                            with_page)
+                            keys_used, with_page)
 
 CASES = [with_page(c, p) for c in SCENARIOS for p in (0,) + PAGE_SIZES]
 
@@ -57,7 +57,7 @@ def test_poisoned_output_through_ops(case, page):
     """The forward itself (flashgen._ops, no append) writes every output element: out starts as NaN."""
     case = with_page(case, page)
     inputs = build(case, "cpu", torch.float32)
-    out, lse, _ = run_fwd("cpu", inputs["q"], inputs["k_cache"], inputs["v_cache"], seqused_k=inputs["cache_seqlens"],
+    out, lse, _ = run_fwd("cpu", inputs["q"], inputs["k_cache"], inputs["v_cache"], seqused_k=keys_used(inputs),
                           block_table=inputs["block_table"], cache_leftpad=inputs["cache_leftpad"],
                           window_size=(case.window[0], 0 if case.causal else case.window[1]))
     want = expected(case, inputs)

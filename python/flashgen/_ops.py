@@ -226,8 +226,9 @@ def forward(generation: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, 
 
     probs (only with return_probs): fp32 softmax probabilities of probs_shape, dropped entries negated.
     block_table: k, v are pages (num_pages, page_block_size, num_heads_k, head_dim) and block_table int32 (batch,
-    max_blocks_per_seq) names each sequence's pages; cache_leftpad int32 (batch,): first cache row used;
-    max_splits: bound on a split-KV plan's count (0 = the generation's choice).
+    max_blocks_per_seq) names each sequence's pages; cache_leftpad int32 (batch,), with a block table only: cache row
+    of key 0, seqused_k then counting the keys from there (common/kv_layout.h); max_splits: bound on a split-KV
+    plan's count (0 = the generation's choice).
     """
     batch = cu_seqlens_q.numel() - 1 if cu_seqlens_q is not None else q.shape[0]
     o = torch.empty_like(q) if out is None else out

@@ -349,6 +349,17 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
         k_cache.index_put_(index, k)
         v_cache.index_put_(index, v)
         seqused_k = (cache_seqlens + seqlen_new).to(torch.int32)
+    kv_batch_idx = cache_batch_idx
+    if cache_leftpad is not None:
+        # The kernels take a left pad with a block table only (common/kv_layout.h): a dense cache becomes one page per
+        # sequence (page = the capacity, the table names the cache entry), a zero-copy view; the keys used are
+        # counted from the pad.
+        if block_table is None:
+            entries = torch.arange(batch, device=q.device, dtype=torch.int32) if cache_batch_idx is None \
+                else cache_batch_idx
+            block_table, kv_batch_idx = entries.view(batch, 1), None
+        ends = seqused_k if seqused_k is not None else torch.full_like(cache_leftpad, capacity)
+        seqused_k = (ends - cache_leftpad).to(torch.int32)
     qp, kc, vc = (_pad(validate.last_dim_contiguous(t), choice.head_dim_multiple) for t in (q, k_cache, v_cache))
     if not torch.compiler.is_compiling():
         validate.check_alignment((("q", qp), ("k_cache", kc), ("v_cache", vc)), choice.alignment_bytes)
@@ -359,7 +370,7 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
             args = _library.FwdArgs(
                 generation=choice.generation, softmax_scale=float(softmax_scale), window_left=int(window_left),
                 window_right=int(window_right), softcap=float(softcap), alibi_slopes=alibi_slopes,
-                seqused_k=seqused_k, kv_batch_idx=cache_batch_idx, block_table=block_table,
+                seqused_k=seqused_k, kv_batch_idx=kv_batch_idx, block_table=block_table,
                 cache_leftpad=cache_leftpad, max_splits=int(num_splits))
             out, lse, _ = _library.fwd(qp, kc, vc, *args)
     else:
@@ -367,7 +378,7 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
                            (window_left, window_right)):
             out, lse, _ = _ops.forward(choice.generation, qp, kc, vc, softmax_scale=float(softmax_scale),
                                        window_size=(int(window_left), int(window_right)), softcap=float(softcap),
-                                       alibi_slopes=alibi_slopes, seqused_k=seqused_k, kv_batch_idx=cache_batch_idx,
+                                       alibi_slopes=alibi_slopes, seqused_k=seqused_k, kv_batch_idx=kv_batch_idx,
                                        block_table=block_table, cache_leftpad=cache_leftpad,
                                        max_splits=int(num_splits))
     if out.shape[-1] != head_dim:

@@ -1,9 +1,9 @@
-// Host tests of common/kv_layout.h (where key j of sequence b lives) and of seq_info's key range with a left pad,
-// against caches built the way a caller fills them, without the header's arithmetic:
+// Host tests of common/kv_layout.h (where key j of sequence b lives) with seq_info's key counts and offsets, against
+// caches built the way a caller fills them, without the header's arithmetic:
 //   dense     one (capacity, heads_k, head_dim) block per cache batch entry, picked by kv_batch_idx;
 //   varlen    the sequences' keys stacked, each starting at cu_seqlens_k[b];
 //   paged     pages handed out from a shuffled free list, each sequence's rows written in order by a cursor that
-//             moves to the sequence's next table entry when its page is full (no division, no modulo).
+//             moves to the sequence's next table entry when its page is full (no division, no modulo); left pads.
 // Every element of a cache holds a code of (sequence, cache row, kv head, column) or a poison value; the test reads
 // key j of sequence b through kv_row_offset and checks it finds row cache_leftpad[b] + j of that sequence.
 // Prints each failure with its values, a final "N passed, N failed" line, and exits non-zero on any failure.
@@ -51,19 +51,25 @@ struct Lcg {
   }
 };
 
-// Reads key j of sequence b through the rule and checks every (head, column) of it.
+// Reads key j of sequence b through the rule and checks every (head, column) of it: cache row pad[b] + j, where
+// cache_lens[b] - pad[b] keys are used (seqused_k counts from the pad; pad only with a block table).
 void check_keys(const char* what, const AttnParams& p, const std::vector<float>& k, const std::vector<float>& v,
-                const std::vector<int>& seqused, const std::vector<int>& leftpad) {
+                const std::vector<int>& cache_lens, const std::vector<int>& leftpad) {
   for (int b = 0; b < p.batch; ++b) {
     const flashgen::SeqInfo s = flashgen::seq_info(p, b);
     const int pad = leftpad.empty() ? 0 : leftpad[b];
-    CHECK(s.seqlen_k == seqused[b] - pad, "%s b=%d: seqlen_k %d, want seqused %d - leftpad %d", what, b, s.seqlen_k,
-          seqused[b], pad);
-    CHECK(flashgen::kv_first_row(p, b) == pad, "%s b=%d: first row %d, want %d", what, b,
+    CHECK(s.seqlen_k == cache_lens[b] - pad, "%s b=%d: seqlen_k %d, want cache length %d - leftpad %d", what, b,
+          s.seqlen_k, cache_lens[b], pad);
+    CHECK(!p.block_table || flashgen::kv_first_row(p, b) == pad, "%s b=%d: first row %d, want %d", what, b,
           flashgen::kv_first_row(p, b), pad);
     for (int j = 0; j < s.seqlen_k; ++j) {
       const int64_t ko = flashgen::kv_row_offset(p, b, j, p.k_batch_stride, p.k_row_stride);
       const int64_t vo = flashgen::kv_row_offset(p, b, j, p.v_batch_stride, p.v_row_stride);
+      const int64_t by_case = p.block_table
+                                  ? flashgen::paged_kv_row_offset(p, b, pad + j, p.k_batch_stride, p.k_row_stride)
+                                  : flashgen::dense_kv_row_offset(p, b, j, p.k_batch_stride, p.k_row_stride);
+      CHECK(by_case == ko, "%s b=%d j=%d: the %s case gives %lld, kv_row_offset %lld", what, b, j,
+            p.block_table ? "paged" : "dense", static_cast<long long>(by_case), static_cast<long long>(ko));
       if (!p.block_table) {  // dense: seq_info's offsets are key 0's, and key j is j rows further
         CHECK(ko == s.k_offset + j * p.k_row_stride && vo == s.v_offset + j * p.v_row_stride,
               "%s b=%d j=%d: offsets %lld/%lld not seq_info's %lld/%lld + j rows", what, b, j,
@@ -84,7 +90,14 @@ void check_keys(const char* what, const AttnParams& p, const std::vector<float>&
   }
 }
 
-// (seqused, leftpad) per sequence: empty, one key, a left pad as long as the cache, rows past the first page.
+// seqused_k as the API passes it: the keys after the pad.
+std::vector<int> keys_used(const std::vector<int>& cache_lens, const std::vector<int>& leftpad) {
+  std::vector<int> used = cache_lens;
+  for (size_t b = 0; b < used.size() && !leftpad.empty(); ++b) used[b] -= leftpad[b];
+  return used;
+}
+
+// (cache length, leftpad) per sequence: empty, one key, a left pad as long as the cache, rows past the first page.
 struct Lens {
   std::vector<int> seqused, leftpad;
 };
@@ -120,9 +133,21 @@ void test_dense() {
       p.k_batch_stride = static_cast<int64_t>(kCapacity) * k_row, p.k_row_stride = k_row, p.k_head_stride = kHeadDim;
       p.v_batch_stride = static_cast<int64_t>(kCapacity) * v_row, p.v_row_stride = v_row, p.v_head_stride = kHeadDim;
       p.seqused_k = lens.seqused.data();
-      p.cache_leftpad = lens.leftpad.empty() ? nullptr : lens.leftpad.data();
       p.kv_batch_idx = batch_idx ? idx.data() : nullptr;
-      check_keys(batch_idx ? "dense kv_batch_idx" : "dense", p, k, v, lens.seqused, lens.leftpad);
+      check_keys(batch_idx ? "dense kv_batch_idx" : "dense", p, k, v, lens.seqused, {});
+      // The API's form of a left-padded dense cache: one page per sequence (page = capacity rows, the entry's batch
+      // stride as page stride), the table naming each sequence's cache entry.
+      std::vector<int> entries(kBatch);
+      for (int b = 0; b < kBatch; ++b) entries[b] = batch_idx ? idx[b] : b;
+      const std::vector<int> used = keys_used(lens.seqused, lens.leftpad);
+      AttnParams q = p;
+      q.kv_batch_idx = nullptr;
+      q.block_table = entries.data();
+      q.block_table_batch_stride = 1;
+      q.page_block_size = kCapacity;
+      q.seqused_k = used.data();
+      q.cache_leftpad = lens.leftpad.empty() ? nullptr : lens.leftpad.data();
+      check_keys("dense as pages", q, k, v, lens.seqused, lens.leftpad);
     }
   }
 }
@@ -192,28 +217,40 @@ void test_paged(int page_block_size) {
     p.page_block_size = page_block_size;
     p.k_batch_stride = k_page, p.k_row_stride = k_row, p.k_head_stride = kHeadDim;
     p.v_batch_stride = v_page, p.v_row_stride = v_row, p.v_head_stride = kHeadDim;
-    p.seqused_k = lens.seqused.data();
+    const std::vector<int> used = keys_used(lens.seqused, lens.leftpad);
+    p.seqused_k = used.data();
     p.cache_leftpad = lens.leftpad.empty() ? nullptr : lens.leftpad.data();
     char what[64];
     std::snprintf(what, sizeof(what), "paged %d", page_block_size);
     check_keys(what, p, k, v, lens.seqused, lens.leftpad);
-    for (int b = 0; b < kBatch; ++b) {
-      const flashgen::SeqInfo s = flashgen::seq_info(p, b);
-      CHECK(s.k_offset == 0 && s.v_offset == 0, "%s b=%d: seq_info offsets %lld/%lld, want 0 (paged)", what, b,
-            static_cast<long long>(s.k_offset), static_cast<long long>(s.v_offset));
-    }
   }
 }
 
-// A left pad past seqused_k (refused by the API) gives an empty sequence, never a negative length.
-void test_leftpad_past_seqused() {
-  const std::vector<int> seqused = {3}, leftpad = {5};
-  AttnParams p;
-  p.batch = 1;
-  p.seqlen_k = 8;
-  p.seqused_k = seqused.data();
-  p.cache_leftpad = leftpad.data();
-  CHECK(flashgen::seq_info(p, 0).seqlen_k == 0, "leftpad 5 > seqused 3: seqlen_k %d", flashgen::seq_info(p, 0).seqlen_k);
+// PagedRowCursor visits rows r0, r0 + step, ... at paged_kv_row_offset's offsets, for any page size and step.
+void test_cursor() {
+  constexpr int kMaxBlocks = 400;
+  std::vector<int> table(2 * kMaxBlocks);
+  Lcg rng{99};
+  for (int& t : table) t = rng.below(1000);
+  for (int page : {1, 2, 3, 5, 7, 8, 16, 17, 64, 256}) {
+    for (int step : {1, 2, 3, 4, 8, 16, 32, 64}) {
+      for (int r0 : {0, 1, 2, 5, 15, 16, 17, 255, 256, 300}) {
+        AttnParams p;
+        p.block_table = table.data();
+        p.block_table_batch_stride = kMaxBlocks;
+        p.page_block_size = page;
+        const int64_t page_stride = 1000003, row_stride = 97;
+        flashgen::PagedRowCursor cursor(p, 1, r0, step);
+        for (int i = 0; i < 40 && r0 + i * step < kMaxBlocks * page; ++i, cursor.advance()) {
+          const int r = r0 + i * step;
+          const int64_t want = flashgen::paged_kv_row_offset(p, 1, r, page_stride, row_stride);
+          const int64_t got = cursor.offset(page_stride, row_stride);
+          CHECK(got == want, "cursor page %d step %d from row %d, row %d: offset %lld, the rule %lld", page, step, r0,
+                r, static_cast<long long>(got), static_cast<long long>(want));
+        }
+      }
+    }
+  }
 }
 
 }  // namespace
@@ -222,7 +259,7 @@ int main() {
   test_dense();
   test_varlen();
   for (int page : {1, 3, 16, 256}) test_paged(page);
-  test_leftpad_past_seqused();
+  test_cursor();
   std::printf("%d passed, %d failed\n", g_passed, g_failed);
   return g_failed == 0 ? 0 : 1;
 }
