@@ -258,3 +258,21 @@ def test_varlen_probs_shape_under_fake_tensors():
         fake = _library._fwd_fake(*(mode.from_tensor(t) for t in (q, q, q)), *args)[2]
     assert tuple(fake.shape) == tuple(eager.shape) == (2, 2, 128, 128)
     assert math.isclose(float(eager[0, 0, :4, :4].sum()), 4.0, rel_tol=1e-5)
+
+
+# ---- torch.compile traces the paged path (the FwdArgs fields block_table, cache_leftpad, max_splits) ----
+
+@pytest.mark.parametrize("page", [0, 3])
+def test_paged_append_is_traced(page):
+    torch._dynamo.reset()
+    case = with_page(SCENARIOS[2], page)  # leftpad, append, rotary, causal
+    compiled_inputs, eager_inputs = build(case, "cpu", torch.float32), build(case, "cpu", torch.float32)
+
+    def step(inputs):
+        return call(case, inputs, num_splits=2)
+
+    out, lse = torch.compile(step, backend="aot_eager", fullgraph=True)(compiled_inputs)
+    out_eager, lse_eager = step(eager_inputs)
+    assert torch.allclose(out, out_eager, atol=1e-6) and torch.allclose(lse, lse_eager, atol=1e-6)
+    for name in ("k_cache", "v_cache"):
+        assert torch.equal(compiled_inputs[name], eager_inputs[name]), f"compiled append into {name} differs"
