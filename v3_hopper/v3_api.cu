@@ -143,6 +143,9 @@ Status check_fwd(const AttnParams& p, int* bucket) {
   if (p.p_out != nullptr) return Status::not_implemented("return_attn_probs: v3 returns no probabilities; v2 does");
   if (p.block_mask != nullptr) return Status::not_implemented("block_mask: v3 has no block-sparse forward");
   if (p.num_splits != 0) return Status::not_implemented("num_splits: v3 has no split-KV decode path");
+  if (p.block_table != nullptr || p.cache_leftpad != nullptr) {
+    return Status::not_implemented("block_table/cache_leftpad: v3 reads no paged or left-padded KV cache; v2 does");
+  }
   if (p.q == nullptr || p.o == nullptr || p.lse == nullptr) return Status::invalid("q/out/lse: null data pointer");
   const bool has_keys = p.cu_seqlens_k ? p.total_k != 0 : p.seqlen_k != 0;  // else never read
   if (has_keys && (p.k == nullptr || p.v == nullptr)) return Status::invalid("k/v: null data pointer");
