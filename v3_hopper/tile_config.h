@@ -44,6 +44,21 @@ constexpr TileConfig tile_config(int head_dim, bool masked) {
   return {2, 80, 2, false};
 }
 
+// ---- ablation switches (FA3 paper Sec. 4.3): compile definitions, 1 (on) unless a measurement turns one off
+// (tools/ablate_v3.sh builds one module per switch and times each against the default in one device call) ----
+#ifndef FLASHGEN_V3_PINGPONG
+#define FLASHGEN_V3_PINGPONG 1  // 0: consumer warpgroups issue their GEMMs whenever ready (no turn-taking)
+#endif
+#ifndef FLASHGEN_V3_OVERLAP
+#define FLASHGEN_V3_OVERLAP 1  // 0: S = Q K^T, softmax, O += P V one after another inside a warpgroup
+#endif
+#ifndef FLASHGEN_V3_PERSISTENT
+#define FLASHGEN_V3_PERSISTENT 1  // 0: one CTA per tile (grid = tiles) instead of one per SM looping over tiles
+#endif
+constexpr bool kPingPongEnabled = FLASHGEN_V3_PINGPONG != 0;
+constexpr bool kIntraWarpgroupOverlap = FLASHGEN_V3_OVERLAP != 0;
+constexpr bool kPersistentGrid = FLASHGEN_V3_PERSISTENT != 0;
+
 constexpr int block_m(const TileConfig& c) { return c.consumers * kWarpgroupRows; }
 constexpr int num_threads(const TileConfig& c) { return (1 + c.consumers) * kWarpgroupThreads; }
 

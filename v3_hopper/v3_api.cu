@@ -199,7 +199,8 @@ Status fwd(const AttnParams& p, void* stream) {
                     p.v_head_stride, p.v_batch_stride, tile.block_n);
     if (!st.is_ok()) return st;
   }
-  const int slots = p.num_sms > 0 ? p.num_sms : num_sms;  // one CTA per SM (384-512 threads, 120-225 KB)
+  // One CTA per SM (384-512 threads, 120-225 KB), or one per tile when the persistent grid is ablated.
+  const int64_t slots = !kPersistentGrid ? tiles : (p.num_sms > 0 ? p.num_sms : num_sms);
   launch.grid = static_cast<int>(tiles < slots ? tiles : slots);
 
   cudaStream_t cuda_stream = static_cast<cudaStream_t>(stream);
