@@ -5,7 +5,8 @@
 //   S^T = K_w Q^T, dP^T = V_w dO^T                       (SS, both K-major in smem)
 //   P^T = exp2(S^T * scale_log2 - LSE_log2), dS^T = P^T o (dP^T - D)   (common/score.h's path, transposed coordinates)
 //   dV += P^T dO, dK += dS^T Q                           (RS: P^T, dS^T from registers; dO, Q read MN-major)
-//   dS^T -> smem; dQ_partial = dS K                      (SS, both MN-major), red.global.add into dq_accum (fp32)
+//   dS^T -> smem; dQ_partial = dS K                      (SS, both MN-major), staged in smem and added into the
+//                                                        fp32 dq_accum by one bulk reduce-add (cp.reduce.async.bulk)
 // Loop invariant (after step i): dv = sum P^T dO and dk = sum dS^T Q over the steps <= i (softmax_scale applied to dK
 // at the end, and to dQ by the postprocess).
 #pragma once
@@ -89,6 +90,37 @@ __device__ __forceinline__ void scores_to_grads(float (&s)[T::kSRegs], float (&d
   }
 }
 
+// The same step in two halves for launches without score modifiers, so P^T (and dV's GEMM) can start while dP^T is
+// still in flight: s (S^T) -> P^T, then dp (dP^T) -> dS^T from P^T.
+template <typename T, bool kMask>
+__device__ __forceinline__ void scores_to_probs(float (&s)[T::kSRegs], const AccCoord& c, int m_begin,
+                                                uint32_t lse_smem, const MaskSpec& mask, const ScorePath& path) {
+#pragma unroll
+  for (int j = 0; j < T::kBlockM / 8; ++j) {
+    const int qcol = 8 * j + (c.col0 - m_begin);
+    float2 lse2;
+    asm volatile("ld.shared.v2.f32 {%0, %1}, [%2];\n" : "=f"(lse2.x), "=f"(lse2.y) : "r"(lse_smem + 4 * qcol));
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int i = 4 * j + e;
+      float x = s[i];
+      if (kMask) x = ScorePath::masked(x, c.row(acc_half(i)), row_limits(mask, c.col(i)));
+      s[i] = exp2f(path.exponent(x, (e & 1) ? lse2.y : lse2.x));
+    }
+  }
+}
+template <typename T>
+__device__ __forceinline__ void probs_to_grads(const float (&pr)[T::kSRegs], float (&dp)[T::kSRegs], int qcol0,
+                                               uint32_t dsum_smem) {
+#pragma unroll
+  for (int j = 0; j < T::kBlockM / 8; ++j) {
+    float2 d2;
+    asm volatile("ld.shared.v2.f32 {%0, %1}, [%2];\n" : "=f"(d2.x), "=f"(d2.y) : "r"(dsum_smem + 4 * (8 * j + qcol0)));
+#pragma unroll
+    for (int e = 0; e < 4; ++e) dp[4 * j + e] = pr[4 * j + e] * (dp[4 * j + e] - ((e & 1) ? d2.y : d2.x));
+  }
+}
+
 template <typename T>
 __device__ __forceinline__ void to_fragments(const float (&x)[T::kSRegs], uint32_t (&a)[T::kPRegs]) {
 #pragma unroll
@@ -111,16 +143,15 @@ __device__ __forceinline__ void store_ds(uint32_t ds_buf, const uint32_t (&a)[T:
     }
 }
 
-// dq (64 queries x kDqCols, wgmma D layout) added into dq_accum rows [m_begin, m_begin + 64), columns
-// [col0, col0 + kDqCols) of a (ws_rows x kHeadDim) fp32 block: one 8-byte reduction per register pair.
+// dq (64 queries x kDqCols, wgmma D layout) -> this warpgroup's staging part in fragment order (dq_offset):
+// register group k of thread tid at float 4 (128 k + tid), one 16-byte store each, a warp's 32 stores contiguous.
 template <typename T>
-__device__ __forceinline__ void add_dq(float* dq_block, const float (&dq)[T::kDqRegs], int col0, int tid) {
-  const int lane = tid % 32, warp = tid / 32;
+__device__ __forceinline__ void stage_dq(uint32_t part, const float (&dq)[T::kDqRegs], int tid) {
 #pragma unroll
-  for (int half = 0; half < 2; ++half) {
-    float* row = dq_block + static_cast<int64_t>(16 * warp + lane / 4 + 8 * half) * T::kHeadDim + col0 + 2 * (lane % 4);
-#pragma unroll
-    for (int j = 0; j < T::kDqCols / 8; ++j) red_add_v2(row + 8 * j, dq[4 * j + 2 * half], dq[4 * j + 2 * half + 1]);
+  for (int k = 0; k < T::kDqRegs / 4; ++k) {
+    asm volatile("st.shared.v4.f32 [%0], {%1, %2, %3, %4};\n" ::"r"(part + 16 * (kWarpgroupThreads * k + tid)),
+                 "f"(dq[4 * k]), "f"(dq[4 * k + 1]), "f"(dq[4 * k + 2]), "f"(dq[4 * k + 3])
+                 : "memory");
   }
 }
 
@@ -183,15 +214,24 @@ __device__ void bwd_consumer(const AttnBwdParams& p, const BwdSmem<T>& sm, const
     wgmma_commit();
     gemm_scores<T>(dp, v_w, T::kChunkBytesK, sm.dout(stage));
     wgmma_commit();
-    wgmma_wait<0>();
+    wgmma_wait<1>();  // S^T has landed; dP^T may still run
     fence_regs(s);
-    fence_regs(dp);
 
     const AccCoord c{key0 + 16 * warp + lane / 4, m_begin + 2 * (lane % 4)};
     const bool need_mask =
         !tile_fully_visible(w.mask, m_begin, m_begin + T::kBlockM, key0, key0 + kWarpgroupRows);
     const bool softcap = path.softcap > 0.f, alibi = path.slope != 0.f;
-    if (softcap || alibi) {
+    uint32_t pa[T::kPRegs], dsa[T::kPRegs];  // P^T, dS^T as 16-bit A fragments
+    auto issue_grad = [&](float (&grad)[T::kGradRegs], uint32_t (&a)[T::kPRegs], uint32_t b) {
+      fence_regs(grad);
+      fence_regs(a);
+      wgmma_fence();
+      gemm_grad<T>(grad, a, b);
+      wgmma_commit();
+    };
+    if (softcap || alibi) {  // softcap's chain factor is only known with the score: one fused pass after dP^T
+      wgmma_wait<0>();
+      fence_regs(dp);
       if (softcap && alibi) {
         scores_to_grads<T, true, true, true>(s, dp, c, m_begin, sm.lse(stage), sm.dsum(stage), w.mask, path);
       } else if (softcap) {
@@ -199,27 +239,29 @@ __device__ void bwd_consumer(const AttnBwdParams& p, const BwdSmem<T>& sm, const
       } else {
         scores_to_grads<T, false, true, true>(s, dp, c, m_begin, sm.lse(stage), sm.dsum(stage), w.mask, path);
       }
-    } else if (need_mask) {
-      scores_to_grads<T, false, false, true>(s, dp, c, m_begin, sm.lse(stage), sm.dsum(stage), w.mask, path);
-    } else {
-      scores_to_grads<T, false, false, false>(s, dp, c, m_begin, sm.lse(stage), sm.dsum(stage), w.mask, path);
+      to_fragments<T>(s, pa);
+      issue_grad(dv, pa, sm.dout(stage));
+      to_fragments<T>(dp, dsa);
+      issue_grad(dk, dsa, sm.q(stage));
+    } else {  // P^T and dV's GEMM under dP^T's GEMM, then dS^T and dK's
+      if (need_mask) {
+        scores_to_probs<T, true>(s, c, m_begin, sm.lse(stage), w.mask, path);
+      } else {
+        scores_to_probs<T, false>(s, c, m_begin, sm.lse(stage), w.mask, path);
+      }
+      to_fragments<T>(s, pa);
+      issue_grad(dv, pa, sm.dout(stage));
+      wgmma_wait<1>();  // dP^T has landed; dV's GEMM may still run
+      fence_regs(dp);
+      probs_to_grads<T>(s, dp, c.col0 - m_begin, sm.dsum(stage));
+      to_fragments<T>(dp, dsa);
+      issue_grad(dk, dsa, sm.q(stage));
     }
-    uint32_t pa[T::kPRegs], dsa[T::kPRegs];  // P^T, dS^T as 16-bit A fragments
-    to_fragments<T>(s, pa);
-    to_fragments<T>(dp, dsa);
-
-    fence_regs(dv);
-    fence_regs(dk);
-    fence_regs(pa);
-    fence_regs(dsa);
-    wgmma_fence();
-    gemm_grad<T>(dv, pa, sm.dout(stage));
-    gemm_grad<T>(dk, dsa, sm.q(stage));
-    wgmma_commit();
 
     const uint32_t ds_buf = sm.ds(it & 1);
     store_ds<T>(ds_buf, dsa, wg, tid);
     fence_proxy_async_smem();
+    if (tid == 0) bulk_wait_read();  // the previous step's dQ part has left this warpgroup's staging buffer
     if constexpr (T::kDqSplitCols) {
       named_sync(kBwdBarrierDsReady, T::kConsumers * kWarpgroupThreads);
     } else {
@@ -235,10 +277,17 @@ __device__ void bwd_consumer(const AttnBwdParams& p, const BwdSmem<T>& sm, const
     fence_regs(dk);
     fence_regs(dq);
     if (lane == 0) mbar_arrive(sm.empty(stage));
-    float* dq_block = p.ws.get(WorkspaceId::kDqAccum) +
-                      ((static_cast<int64_t>(batch) * p.num_heads + head) * ws_rows + m_begin) * T::kHeadDim;
-    add_dq<T>(dq_block, dq, dq_col0, tid);
+    stage_dq<T>(sm.dq(wg), dq, tid);
+    fence_proxy_async_smem();
+    named_sync(kBwdBarrierWarpgroup0 + wg, kWarpgroupThreads);
+    if (tid == 0) {
+      float* dq_block = p.ws.get(WorkspaceId::kDqAccum) +
+                        ((static_cast<int64_t>(batch) * p.num_heads + head) * ws_rows + m_begin) * T::kHeadDim;
+      bulk_reduce_add_f32(dq_block + T::dq_offset(0, dq_col0), sm.dq(wg), T::kDqPartBytes);
+      bulk_commit();
+    }
   }
+  if (tid == 0) bulk_wait_all();
 
   const AccCoord c{key0 + 16 * warp + lane / 4, 2 * (lane % 4)};
   const int64_t k_off = k_side_row0(p, batch, p.dk_batch_stride, p.dk_row_stride) + head_k * p.dk_head_stride;

@@ -2,7 +2,8 @@
 //   preprocess : per (batch, head, row) of the padded row workspaces (bwd_traits.cuh bwd_ws_rows):
 //                LSE in log2 units (kRowStats) and D = rowsum(dO o O) (kDSum); padding rows get +inf and 0, so
 //                their probabilities are 0 and the main kernel's bulk copies never read past a workspace;
-//   postprocess: dQ = softmax_scale * dq_accum (fp32, rows of kHeadDim floats) -> the input dtype.
+//   postprocess: dQ = softmax_scale * dq_accum (fp32, BwdTraits::dq_offset's order per query block) -> the input
+//                dtype.
 // Partition of both: grid (row blocks of kPrepostRows, num_heads, batch); the preprocess gives each row 8 lanes
 // (shuffle-reduced), the postprocess one thread per 8 output columns.
 #pragma once
@@ -87,12 +88,17 @@ __global__ void __launch_bounds__(kPrepostThreads) bwd_postprocess_kernel(const 
   for (int idx = threadIdx.x; idx < kPrepostRows * chunks; idx += kPrepostThreads) {
     const int row = m_begin + idx / chunks, chunk = idx % chunks;
     if (row >= seq.seqlen_q) break;  // idx grows with row
-    const float4* src = reinterpret_cast<const float4*>(g_acc + static_cast<int64_t>(row) * T::kHeadDim + chunk * 8);
-    const float4 a = src[0], b = src[1];
+    const int r = row % T::kBlockM;
+    const float* block = g_acc + static_cast<int64_t>(row - r) * T::kHeadDim;  // this query block's parts
     const float s = p.softmax_scale;
+    uint32_t packed[4];
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {  // columns 8 chunk + 2k, +1: adjacent floats of one register pair
+      const float2 x = *reinterpret_cast<const float2*>(block + T::dq_offset(r, chunk * 8 + 2 * k));
+      packed[k] = pack2<typename T::Tag>(x.x * s, x.y * s);
+    }
     *reinterpret_cast<uint4*>(g_dq + static_cast<int64_t>(row) * p.dq_row_stride + chunk * 8) =
-        make_uint4(pack2<typename T::Tag>(a.x * s, a.y * s), pack2<typename T::Tag>(a.z * s, a.w * s),
-                   pack2<typename T::Tag>(b.x * s, b.y * s), pack2<typename T::Tag>(b.z * s, b.w * s));
+        make_uint4(packed[0], packed[1], packed[2], packed[3]);
   }
 }
 

@@ -60,8 +60,10 @@ struct BwdTraits {
   // dQ = dS K (64 queries x head dim) is split between the warpgroups: at d128 by columns (each takes 64 columns over
   // all kBlockN keys, so dS^T of both warpgroups is read: a barrier between them), at d64 by keys (each its own 64
   // keys over all columns, both adding into dq_accum).
-  static constexpr bool kDqSplitCols = kHeadDim == 2 * kChunkCols;
-  static constexpr int kDqCols = kDqSplitCols ? kChunkCols : kHeadDim;
+  static constexpr bool kDqSplitCols = kHeadDim == 2 * kBwdDqCols;
+  static constexpr int kDqCols = kBwdDqCols;
+  static constexpr int kDqPartFloats = kBlockM * kDqCols;  // one warpgroup's dQ part, fragment order (dq_part_offset)
+  static constexpr int kDqPartBytes = kDqPartFloats * 4;
   static constexpr int kDqKeys = kDqSplitCols ? kBlockN : kWarpgroupRows;
   static constexpr int kStepsDq = kDqKeys / kKStep;
 
@@ -78,12 +80,25 @@ struct BwdTraits {
   static constexpr int kOffK = kOffDo + kStages * kTileBytesQ;
   static constexpr int kOffV = kOffK + kTileBytesK;
   static constexpr int kOffDs = kOffV + kTileBytesK;
-  static constexpr int kOffLse = kOffDs + 2 * kDsBytes;
+  static constexpr int kOffDq = kOffDs + 2 * kDsBytes;
+  static constexpr int kOffLse = kOffDq + kConsumers * kDqPartBytes;
   static constexpr int kOffDsum = kOffLse + kStages * kRowBytes;
   static constexpr int kOffBarriers = kOffDsum + kStages * kRowBytes;
   static constexpr int kSmemBytes = bwd_smem_bytes(kConfig, kHeadDim);
 
   static_assert(kHeadDim % kChunkCols == 0 && kHeadDim <= kBwdMaxHeadDim, "bucket: whole chunks, at most 128");
+  static_assert(kHeadDim == kDqCols || kHeadDim == kConsumers * kDqCols, "dQ: split by keys (d64) or columns (d128)");
+
+  // dq_accum holds, per (batch, head) and query block, kHeadDim / kDqCols parts of kDqPartFloats, each in the order
+  // a consumer warpgroup's wgmma accumulators leave registers: group k of 4 registers of all 128 threads, thread
+  // after thread (so staging it in shared memory is conflict-free 16-byte stores). Offset of (row, col) inside the
+  // query block's parts:
+  __host__ __device__ static constexpr int dq_offset(int row, int col) {
+    const int part = col / kDqCols, c = col % kDqCols;
+    const int tid = 32 * (row / 16) + 4 * (row % 8) + (c % 8) / 2;  // wgmma D layout: warp, g = row % 8, t
+    const int reg = 4 * (c / 8) + 2 * ((row % 16) / 8) + c % 2;
+    return part * kDqPartFloats + (reg / 4) * (4 * kWarpgroupThreads) + 4 * tid + reg % 4;
+  }
   static_assert(kBlockM == kChunkCols, "dS^T rows are one 128-byte swizzle row (64 queries)");
   static_assert(kBlockN == kConsumers * kWarpgroupRows, "each consumer warpgroup owns 64 keys");
   static_assert(kSmemBytes <= kMaxSmemPerBlock, "tile_config.h: smem");
@@ -110,6 +125,7 @@ struct BwdSmem {
   __device__ __forceinline__ uint32_t k() const { return base + T::kOffK; }
   __device__ __forceinline__ uint32_t v() const { return base + T::kOffV; }
   __device__ __forceinline__ uint32_t ds(int buf) const { return base + T::kOffDs + buf * T::kDsBytes; }
+  __device__ __forceinline__ uint32_t dq(int wg) const { return base + T::kOffDq + wg * T::kDqPartBytes; }
   __device__ __forceinline__ uint32_t lse(int s) const { return base + T::kOffLse + s * T::kRowBytes; }
   __device__ __forceinline__ uint32_t dsum(int s) const { return base + T::kOffDsum + s * T::kRowBytes; }
   __device__ __forceinline__ uint32_t bar(int i) const { return base + T::kOffBarriers + i * kBarrierBytes; }
@@ -154,10 +170,17 @@ __device__ __forceinline__ void bulk_load(uint32_t dst, const void* src, uint32_
                : "memory");
 }
 
-// Two fp32 added to global memory in one reduction (sm_90), 8-byte aligned.
-__device__ __forceinline__ void red_add_v2(float* addr, float x, float y) {
-  asm volatile("red.global.add.v2.f32 [%0], {%1, %2};\n" ::"l"(addr), "f"(x), "f"(y) : "memory");
+// Bulk reduce-add of `bytes` fp32 from shared to global memory (16-byte aligned, multiple of 16), in a bulk group.
+__device__ __forceinline__ void bulk_reduce_add_f32(float* dst, uint32_t src, uint32_t bytes) {
+  asm volatile("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;\n" ::"l"(dst), "r"(src),
+               "r"(bytes)
+               : "memory");
 }
+__device__ __forceinline__ void bulk_commit() { asm volatile("cp.async.bulk.commit_group;\n" ::: "memory"); }
+// The source shared memory of every committed bulk group has been read (it may be rewritten).
+__device__ __forceinline__ void bulk_wait_read() { asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory"); }
+// Every committed bulk group has completed.
+__device__ __forceinline__ void bulk_wait_all() { asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory"); }
 
 }  // namespace v3
 }  // namespace flashgen

@@ -101,10 +101,15 @@ constexpr int bwd_num_threads() { return (1 + kBwdConsumers) * kWarpgroupThreads
 constexpr RegisterBudget bwd_register_budget() { return {24, 240}; }
 // mbarriers: K/V full, then per stage full and empty (Q, dO, LSE, D of one query block).
 constexpr int bwd_barrier_count(int stages) { return 1 + 2 * stages; }
-// Q and dO per stage, K, V, two dS^T buffers (block_n x block_m), LSE and D rows per stage, barriers, align slack.
+// dQ = dS K of one step is split between the consumer warpgroups in (block_m x kBwdDqCols) fp32 parts, each staged
+// in shared memory for one bulk reduce-add into dq_accum.
+constexpr int kBwdDqCols = 64;
+// Q and dO per stage, K, V, two dS^T buffers (block_n x block_m), the dQ parts, LSE and D rows per stage, barriers,
+// align slack.
 constexpr int bwd_smem_bytes(const BwdTileConfig& c, int head_dim_bucket) {
   return (2 * c.stages * c.block_m + 2 * c.block_n) * head_dim_bucket * kElementBytes +
-         2 * c.block_n * c.block_m * kElementBytes + 2 * c.stages * c.block_m * 4 +
+         2 * c.block_n * c.block_m * kElementBytes + kBwdConsumers * c.block_m * kBwdDqCols * 4 +
+         2 * c.stages * c.block_m * 4 +
          bwd_barrier_count(c.stages) * kBarrierBytes + kSwizzleAtomBytes;
 }
 static_assert(bwd_smem_bytes(bwd_tile_config(128), 128) <= kMaxSmemPerBlock, "v3 backward tile exceeds smem");
