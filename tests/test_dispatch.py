@@ -58,8 +58,23 @@ def test_ampere_and_ada_run_v2(capability):
 def test_sm90_runs_v3_forward_and_v2_for_what_v3_lacks():
     built = _build(generations=("v2", "v3"), kinds=("fwd", "bwd"))
     assert choose(_cuda((9, 0)), built).generation == "v3"
-    for feature in ("backward", "dropout", "kvcache", "return_probs"):
+    assert choose(_cuda((9, 0), features={"backward", "causal", "gqa"}), built).generation == "v3"
+    for feature in ("dropout", "kvcache", "return_probs"):
         assert choose(_cuda((9, 0), features={feature}), built).generation == "v2", feature
+    deterministic = explain(_cuda((9, 0), features={"backward", "deterministic"}), built)
+    assert deterministic["v3"] == ["deterministic is not implemented in v3 yet"]
+    assert choose(_cuda((9, 0), features={"backward", "deterministic"}), built).generation == "v2"
+
+
+def test_sm90_v3_backward_buckets_from_build_info():
+    """The v3 backward compiles head-dim buckets up to 128 (v3_hopper/CMakeLists.txt): a larger head dim's backward
+    runs on v2, with the reason."""
+    built = BuildInfo(_build(generations=("v2", "v3"), kinds=("fwd", "bwd")).instances -
+                      {("v3", "bwd", dt, d) for dt in ("fp16", "bf16") for d in (192, 256)}, ("80", "90a"), "13.0", 256)
+    assert choose(_cuda((9, 0), head_dim=96, features={"backward"}), built).generation == "v3"
+    assert choose(_cuda((9, 0), head_dim=256, features={"backward"}), built).generation == "v2"
+    assert "v3 bwd for bf16 head_dim 256 is not compiled" in explain(
+        _cuda((9, 0), head_dim=256, features={"backward"}), built)["v3"][0]
 
 
 def test_sm90_runs_v3_where_it_supports_the_request(v1_v3_implemented):

@@ -25,7 +25,7 @@ from ._native import BuildInfo
 # Every optional feature a call can use. The plain dense forward is always part of a problem.
 FEATURES: Tuple[str, ...] = (
     "causal", "window", "softcap", "alibi", "dropout", "gqa", "varlen", "kvcache", "paged_kv", "cache_leftpad",
-    "block_sparse", "return_probs", "backward",
+    "block_sparse", "return_probs", "backward", "deterministic",
 )
 
 # Requested-version values besides a generation name.
@@ -90,7 +90,7 @@ GENERATIONS: Dict[str, GenerationSpec] = _Table({
                          frozenset({"forward"}) | (frozenset(FEATURES) - {"block_sparse"}), min_capability=(8, 0),
                          head_dim_multiple=_GPU_HEAD_DIM_MULTIPLE, alignment_bytes=_GPU_ALIGNMENT_BYTES),
     "v3": GenerationSpec("v3", "cuda", frozenset({"fp16", "bf16"}),
-                         frozenset({"forward", "causal", "window", "softcap", "alibi", "gqa", "varlen"}),
+                         frozenset({"forward", "causal", "window", "softcap", "alibi", "gqa", "varlen", "backward"}),
                          min_capability=(9, 0),
                          max_capability=(9, 0), head_dim_multiple=_GPU_HEAD_DIM_MULTIPLE,
                          alignment_bytes=_GPU_ALIGNMENT_BYTES),

@@ -58,7 +58,8 @@ def _capability(device: torch.device) -> Optional[Tuple[int, int]]:
 
 
 def _features(q, k, *, causal, window_size, softcap, alibi_slopes, dropout_p, return_probs, varlen=False,
-              kvcache=False, block_mask=None, tensors=(), paged_kv=False, cache_leftpad=False) -> frozenset:
+              kvcache=False, block_mask=None, tensors=(), paged_kv=False, cache_leftpad=False,
+              deterministic=False) -> frozenset:
     used = []
     if causal:
         used.append("causal")
@@ -86,6 +87,8 @@ def _features(q, k, *, causal, window_size, softcap, alibi_slopes, dropout_p, re
         used.append("return_probs")
     if tensors and torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
         used.append("backward")
+        if deterministic:
+            used.append("deterministic")  # a backward whose dQ additions are ordered (v3's are not: v2 runs it)
     return frozenset(used)
 
 
@@ -140,7 +143,7 @@ def _attention(q, k, v, *, dropout_p, softmax_scale, causal, window_size, softca
         block_mask = validate.last_dim_contiguous(block_mask)
     features = _features(q, k, causal=causal, window_size=window_size, softcap=softcap, alibi_slopes=alibi_slopes,
                          dropout_p=dropout_p, return_probs=return_probs, varlen=varlen, block_mask=block_mask,
-                         tensors=(q, k, v))
+                         tensors=(q, k, v), deterministic=deterministic)
     choice = _choose(q, features, version)
     if _args.no_work(q, k):  # batch 0, no query rows, no heads or no keys: out 0, lse +inf, nothing launched
         out, lse, probs = _args.empty_result(q, k, v, _ops.lse_shape(q, cu_seqlens_q), (
@@ -456,7 +459,7 @@ def explain(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, window_siz
         validate.check_block_mask(block_mask, block_size, q, k)
     features = _features(q, k, causal=causal, window_size=window_size, softcap=softcap, alibi_slopes=alibi_slopes,
                          dropout_p=dropout_p, return_probs=return_attn_probs, varlen=varlen, kvcache=kvcache,
-                         block_mask=block_mask, tensors=(q, k, v))
+                         block_mask=block_mask, tensors=(q, k, v), deterministic=deterministic)
     if backward is not None:
         features = features | {"backward"} if backward else features - {"backward"}
     problem = _problem(q, features)
