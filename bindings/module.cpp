@@ -58,6 +58,7 @@ class NvtxRange {
       name += " window";
     }
     if (p.cu_seqlens_q) name += " varlen";
+    if (p.block_table) name += " paged";
     nvtxRangePushA(name.c_str());
 #else
     (void)generation, (void)kind, (void)p;
@@ -176,6 +177,8 @@ PYBIND11_MODULE(_C, m) {
       FG_RW(AttnParams, window_left) FG_RW(AttnParams, window_right)
       FG_PTR(AttnParams, cu_seqlens_q, const int*) FG_PTR(AttnParams, cu_seqlens_k, const int*)
       FG_PTR(AttnParams, seqused_k, const int*) FG_PTR(AttnParams, kv_batch_idx, const int*)
+      FG_PTR(AttnParams, cache_leftpad, const int*) FG_PTR(AttnParams, block_table, const int*)
+      FG_RW(AttnParams, block_table_batch_stride) FG_RW(AttnParams, page_block_size)
       FG_PTR(AttnParams, alibi_slopes, const float*) FG_RW(AttnParams, alibi_batch_stride)
       FG_RW(AttnParams, p_dropout) FG_RW(AttnParams, seed) FG_RW(AttnParams, offset)
       FG_PTR(AttnParams, p_out, void*)
@@ -184,7 +187,7 @@ PYBIND11_MODULE(_C, m) {
       FG_RW(AttnParams, block_mask_head_stride) FG_RW(AttnParams, block_mask_row_stride)
       FG_RW(AttnParams, sparse_block_m) FG_RW(AttnParams, sparse_block_n)
       FG_RW(AttnParams, num_threads) FG_RW(AttnParams, num_sms)
-      FG_RW(AttnParams, num_splits)
+      FG_RW(AttnParams, num_splits) FG_RW(AttnParams, max_splits)
       .def(
           "set_workspace",
           [](AttnParams& s, const std::string& name, std::uintptr_t ptr, int64_t floats) {

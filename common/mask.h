@@ -91,12 +91,12 @@ FH_HD bool tile_fully_visible(const MaskSpec& mask, int m_begin, int m_end, int 
 // ---- varlen / KV cache: where one batch entry's rows live and how long it is ----
 struct SeqInfo {
   int64_t q_offset;   // element offset of row 0, head 0 of this sequence in q (o uses o strides: see o_offset)
-  int64_t k_offset;
-  int64_t v_offset;
+  int64_t k_offset;   // dense K/V: element offset of key 0, head 0 (key j at k_offset + j * k_row_stride, which is
+  int64_t v_offset;   //   common/kv_layout.h's kv_row_offset); paged (p.block_table): not an address, use that rule
   int64_t o_offset;
   int64_t q_row0;     // index of this sequence's first row among stacked rows (varlen), else 0
   int seqlen_q;
-  int seqlen_k;
+  int seqlen_k;       // keys used (seqused_k when given; with a block table and cache_leftpad, counted from the pad)
 
   FH_HD MaskSpec mask(const AttnParams& p) const { return {seqlen_q, seqlen_k, p.window_left, p.window_right}; }
 };

@@ -1,7 +1,9 @@
 // The one plain-old-data description of an attention call, shared by every generation and the CPU backend.
 // Raw pointers and element strides only (no framework types), so the Python binding fills it from integers.
 // Layout is flash_attn's: q (batch, seqlen_q, num_heads, head_dim), k/v (batch, seqlen_k, num_heads_k, head_dim);
-// with varlen the batch dimension is gone and rows of all sequences are stacked (total, heads, head_dim).
+// with varlen the batch dimension is gone and rows of all sequences are stacked (total, heads, head_dim); a paged KV
+// cache is k/v (num_pages, page_block_size, num_heads_k, head_dim) with a block table. Where key j of a sequence
+// lives is common/kv_layout.h's rule, for every layout.
 #pragma once
 
 #include "config.h"
@@ -18,8 +20,8 @@ struct AttnParams {
   float* lse = nullptr;  // (batch, num_heads, seqlen_q) fp32; varlen: (num_heads, total_q)
 
   int64_t q_batch_stride = 0, q_row_stride = 0, q_head_stride = 0;
-  int64_t k_batch_stride = 0, k_row_stride = 0, k_head_stride = 0;
-  int64_t v_batch_stride = 0, v_row_stride = 0, v_head_stride = 0;
+  int64_t k_batch_stride = 0, k_row_stride = 0, k_head_stride = 0;  // paged: k_batch_stride is the page stride
+  int64_t v_batch_stride = 0, v_row_stride = 0, v_head_stride = 0;  // paged: v_batch_stride is the page stride
   int64_t o_batch_stride = 0, o_row_stride = 0, o_head_stride = 0;
   int64_t lse_batch_stride = 0, lse_head_stride = 0;  // lse row stride is 1
 
@@ -90,6 +92,21 @@ struct AttnParams {
 
   // ---- workspaces the generation asked for (common/workspace.h), allocated by the caller ----
   Workspaces ws;
+
+  // Fields added after the rest keep the offsets of those above, so kernels that do not read them compile to the
+  // code they had (tools: compare cuobjdump -sass before and after).
+
+  // ---- paged KV cache: key row r of sequence b at page block_table[b][r / page_block_size] (common/kv_layout.h) ----
+  const int* block_table = nullptr;    // (batch, max_blocks_per_seq) int32 page indices, or null (dense cache)
+  int64_t block_table_batch_stride = 0;
+  int page_block_size = 0;             // rows per page (any size >= 1); seqlen_k = max_blocks_per_seq * page_block_size
+  const int* cache_leftpad = nullptr;  // with a block table: (batch) int32 cache row of key 0 (flash_attn's
+                                       // cache_leftpad), or null (0); seqused_k then counts keys from there. A dense
+                                       // cache with a left pad is passed as one page per sequence (the API does).
+
+  // ---- split-KV bound: the caller's limit on num_splits (flash_attn's num_splits): 0 = the plan chooses, 1 = no
+  // split, n = at most n ----
+  int max_splits = 0;
 };
 
 struct AttnBwdParams : AttnParams {

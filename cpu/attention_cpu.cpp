@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <vector>
 
+#include "common/kv_layout.h"
 #include "cpu/cpu_api.h"
 #include "cpu/cpu_checks.h"
 #include "cpu/cpu_kernels.h"
@@ -38,16 +39,20 @@ class PackedKV {
     kt_.resize(tiles * tile_elems_);
     v_.resize(tiles * tile_elems_);
   }
+  // Keys of sequence b through common/kv_layout.h's rule (dense, varlen, left-padded or paged caches alike).
   void pack(int b, int head_k) {
     const SeqInfo seq = seq_info(p_, b);
     std::vector<float> row(p_.head_dim);
+    const int64_t k_head = head_k * p_.k_head_stride, v_head = head_k * p_.v_head_stride;
     for (int n_block = 0; n_block < ceil_div(seq.seqlen_k, kBlockN); ++n_block) {
       const int n0 = n_block * kBlockN;
       const int valid = std::min(kBlockN, seq.seqlen_k - n0);
-      load_tile_t(p_.k, p_.dtype, seq.k_offset + head_k * p_.k_head_stride, p_.k_row_stride, n0, valid, p_.head_dim,
-                  row.data(), kt_mut(b, head_k, n_block));
-      load_tile(p_.v, p_.dtype, seq.v_offset + head_k * p_.v_head_stride, p_.v_row_stride, n0, kBlockN, valid,
-                p_.head_dim, padded_dim(p_.head_dim), v_mut(b, head_k, n_block));
+      load_rows_t(p_.k, p_.dtype,
+                  [&](int j) { return kv_row_offset(p_, b, n0 + j, p_.k_batch_stride, p_.k_row_stride) + k_head; },
+                  valid, p_.head_dim, row.data(), kt_mut(b, head_k, n_block));
+      load_rows(p_.v, p_.dtype,
+                [&](int j) { return kv_row_offset(p_, b, n0 + j, p_.v_batch_stride, p_.v_row_stride) + v_head; },
+                kBlockN, valid, p_.head_dim, padded_dim(p_.head_dim), v_mut(b, head_k, n_block));
     }
   }
   const float* kt(int b, int head_k, int n_block) const { return kt_.data() + offset(b, head_k, n_block); }

@@ -172,7 +172,9 @@ Status bwd(const AttnBwdParams& p) {
   if (missing(p.dout, has_q) || missing(p.dq, has_q) || missing(p.dk, has_k) || missing(p.dv, has_k)) {
     return Status::invalid("cpu: dout, dq, dk and dv must be non-null when they hold elements");
   }
-  if (p.seqused_k || p.kv_batch_idx) return Status::invalid("cpu: the backward takes no seqused_k / kv_batch_idx");
+  if (p.seqused_k || p.kv_batch_idx || p.block_table || p.cache_leftpad) {
+    return Status::invalid("cpu: the backward takes no KV cache (seqused_k, kv_batch_idx, block_table, cache_leftpad)");
+  }
   const int group = p.num_heads / p.num_heads_k;
 
   // Chunks per kv head: enough units to occupy every thread when batch * num_heads_k is small.

@@ -72,7 +72,6 @@ inline Status check_params(const AttnParams& p) {
   if (p.block_mask && (p.sparse_block_m < 1 || p.sparse_block_n < 1)) {
     return Status::invalid("cpu: block_size must be positive with block_mask");
   }
-  if (p.p_out && p.cu_seqlens_q) return Status::invalid("cpu: return_probs is dense-only (no cu_seqlens)");
   if ((p.cu_seqlens_q == nullptr) != (p.cu_seqlens_k == nullptr)) {
     return Status::invalid("cpu: cu_seqlens_q and cu_seqlens_k must be given together");
   }
@@ -80,10 +79,37 @@ inline Status check_params(const AttnParams& p) {
   if (!s.is_ok()) return s;
   s = check_offsets("cu_seqlens_k", p.cu_seqlens_k, p.batch, p.seqlen_k, "max_seqlen_k");
   if (!s.is_ok()) return s;
-  for (int b = 0; p.seqused_k && b < p.batch; ++b) {
-    if (p.seqused_k[b] < 0 || p.seqused_k[b] > p.seqlen_k) {
-      return Status::invalid("cpu: seqused_k[" + std::to_string(b) + "] = " + std::to_string(p.seqused_k[b]) +
+  if (p.block_table && p.page_block_size < 1) {
+    return Status::invalid("cpu: page_block_size must be >= 1 with a block_table, got " +
+                           std::to_string(p.page_block_size));
+  }
+  if (p.block_table && p.kv_batch_idx) return Status::invalid("cpu: kv_batch_idx cannot be combined with block_table");
+  if (p.cache_leftpad && !p.block_table) {
+    return Status::invalid("cpu: cache_leftpad is taken with a block_table (a dense cache: one page per sequence)");
+  }
+  for (int b = 0; p.cache_leftpad && b < p.batch; ++b) {
+    if (p.cache_leftpad[b] < 0 || p.cache_leftpad[b] > p.seqlen_k) {
+      return Status::invalid("cpu: cache_leftpad[" + std::to_string(b) + "] = " + std::to_string(p.cache_leftpad[b]) +
                              " must be in [0, " + std::to_string(p.seqlen_k) + "] (the cache capacity)");
+    }
+  }
+  for (int b = 0; p.seqused_k && b < p.batch; ++b) {
+    const int room = p.seqlen_k - (p.cache_leftpad ? p.cache_leftpad[b] : 0);  // keys counted from the left pad
+    if (p.seqused_k[b] < 0 || p.seqused_k[b] > room) {
+      return Status::invalid("cpu: seqused_k[" + std::to_string(b) + "] = " + std::to_string(p.seqused_k[b]) +
+                             " must be in [0, " + std::to_string(room) + "] (the cache capacity past the left pad)");
+    }
+  }
+  for (int b = 0; p.block_table && b < p.batch; ++b) {  // the pages this call reads: rows [left pad, end)
+    const int pad = p.cache_leftpad ? p.cache_leftpad[b] : 0;
+    const int end = p.seqused_k ? pad + p.seqused_k[b] : p.seqlen_k;
+    for (int blk = pad / p.page_block_size; blk * p.page_block_size < end; ++blk) {
+      const int page = p.block_table[b * p.block_table_batch_stride + blk];
+      if (page < 0 || (p.batch_k > 0 && page >= p.batch_k)) {
+        return Status::invalid("cpu: block_table[" + std::to_string(b) + ", " + std::to_string(blk) + "] = " +
+                               std::to_string(page) + " must be in [0, " + std::to_string(p.batch_k) +
+                               ") (the pages k_cache holds)");
+      }
     }
   }
   for (int b = 0; p.kv_batch_idx && b < p.batch; ++b) {

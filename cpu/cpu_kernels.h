@@ -216,14 +216,16 @@ FG_INLINE void gemm_pt_x(const float* src, const float* x, float* dst, int rows,
 
 // ---- loading tiles of one head into fp32 ----
 
-// rows [row0, row0 + rows) of a (seqlen, heads, head_dim) tensor slice starting at `base_offset`, into dst
-// (rows, ld); rows past `valid` and columns past head_dim are zero.
-FG_INLINE void load_tile(const void* base, DType dtype, int64_t base_offset, int64_t row_stride, int row0, int rows,
-                         int valid, int head_dim, int ld, float* dst) {
+// Rows 0 .. rows - 1 of a tile whose row r (< valid) starts at element row_offset(r) of `base` (any layout: a
+// strided tensor, or a paged KV cache through common/kv_layout.h), into dst (rows, ld); rows past `valid` and
+// columns past head_dim are zero.
+template <class RowOffset>
+FG_INLINE void load_rows(const void* base, DType dtype, RowOffset&& row_offset, int rows, int valid, int head_dim,
+                         int ld, float* dst) {
   for (int r = 0; r < rows; ++r) {
     float* d = dst + r * ld;
     if (r < valid) {
-      load_row(elem_ptr(base, dtype, base_offset + (row0 + r) * row_stride), dtype, d, head_dim);
+      load_row(elem_ptr(base, dtype, row_offset(r)), dtype, d, head_dim);
       std::fill(d + head_dim, d + ld, 0.f);
     } else {
       std::fill(d, d + ld, 0.f);
@@ -231,17 +233,31 @@ FG_INLINE void load_tile(const void* base, DType dtype, int64_t base_offset, int
   }
 }
 
-// Transpose of load_tile: dst (head_dim, kBlockN), key columns past `valid` are zero.
-FG_INLINE void load_tile_t(const void* base, DType dtype, int64_t base_offset, int64_t row_stride, int row0, int valid,
-                           int head_dim, float* row_buf, float* dst) {
+// Transpose of load_rows: dst (head_dim, kBlockN), key columns past `valid` are zero.
+template <class RowOffset>
+FG_INLINE void load_rows_t(const void* base, DType dtype, RowOffset&& row_offset, int valid, int head_dim,
+                           float* row_buf, float* dst) {
   for (int j = 0; j < kBlockN; ++j) {
     if (j < valid) {
-      load_row(elem_ptr(base, dtype, base_offset + (row0 + j) * row_stride), dtype, row_buf, head_dim);
+      load_row(elem_ptr(base, dtype, row_offset(j)), dtype, row_buf, head_dim);
       for (int c = 0; c < head_dim; ++c) dst[c * kBlockN + j] = row_buf[c];
     } else {
       for (int c = 0; c < head_dim; ++c) dst[c * kBlockN + j] = 0.f;
     }
   }
+}
+
+// rows [row0, row0 + rows) of a (seqlen, heads, head_dim) tensor slice starting at `base_offset`, into dst
+// (rows, ld); rows past `valid` and columns past head_dim are zero.
+FG_INLINE void load_tile(const void* base, DType dtype, int64_t base_offset, int64_t row_stride, int row0, int rows,
+                         int valid, int head_dim, int ld, float* dst) {
+  load_rows(base, dtype, [&](int r) { return base_offset + (row0 + r) * row_stride; }, rows, valid, head_dim, ld, dst);
+}
+
+// Transpose of load_tile: dst (head_dim, kBlockN), key columns past `valid` are zero.
+FG_INLINE void load_tile_t(const void* base, DType dtype, int64_t base_offset, int64_t row_stride, int row0, int valid,
+                           int head_dim, float* row_buf, float* dst) {
+  load_rows_t(base, dtype, [&](int j) { return base_offset + (row0 + j) * row_stride; }, valid, head_dim, row_buf, dst);
 }
 
 // ---- one (batch, head) problem: the sequence, its mask and score path (common/score.h), resolved once ----

@@ -163,7 +163,8 @@ def test_varlen(causal):
                                                       causal=causal, return_attn_probs=True)
     kw = dict(causal=causal, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k)
     (ref, ref_lse), (naive, _) = _ref_pair(q, k, v, **kw)
-    assert out.shape == q.shape and lse.shape == (4, sum(SEQLENS_Q)) and probs is None
+    assert out.shape == q.shape and lse.shape == (4, sum(SEQLENS_Q))
+    assert probs.shape == (len(SEQLENS_Q), 4, 128, 128), f"flash_attn's padded S_dmask shape, got {probs.shape}"
     check_fa_rule(out, ref, naive, f"varlen causal={causal}")
     finite = torch.isfinite(ref_lse)
     assert torch.equal(torch.isfinite(lse), finite), "varlen lse: +inf exactly on the oracle's empty rows"

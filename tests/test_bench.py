@@ -59,7 +59,8 @@ def test_gpu_grid_is_flash_attentions():
     assert {m for _, ms in plan.configs() for m in ms} == set(sweeps.ALL_MODES)
     dec = [c for c, _ in plan.configs() if c.kind == "decode"]
     assert len(set(dec)) == len(dec) == len(plan.decode.query_lens) * len(plan.decode.cache_lens) * len(
-        plan.decode.batches)
+        plan.decode.batches) * len(plan.decode.page_sizes)
+    assert 0 in plan.decode.page_sizes and {16, 256} <= set(plan.decode.page_sizes), "dense and paged decode rows"
     for c in dec:
         assert c.num_heads % c.num_heads_k == 0 and c.num_heads > c.num_heads_k, f"not GQA: {c}"
         assert c.seqlen_q < c.seqlen_k and not c.causal, c
@@ -277,3 +278,36 @@ def test_discover_lists_every_gpu_generation_and_a_nosplit_twin_where_it_decodes
     assert sorted(names) == sorted([f"flashgen-{g}" for g in gens] + [f"flashgen-{g}-nosplit" for g in decodes])
     chosen = {i.name for i in bench_impls.select(bench_impls.discover("cuda")[0], ["flashgen-v2"])}
     assert chosen == {"flashgen-v2"} | ({"flashgen-v2-nosplit"} if "v2" in decodes else set()), chosen  # a prefix
+
+
+def test_paged_cache_holds_the_same_keys_in_shuffled_pages():
+    from flashgen.reference import pages_to_dense
+    k = torch.randn(3, 37, 2, 8)
+    for page in (1, 16, 256):
+        pages, table = bench_impls.paged_cache(k, page)
+        assert table.dtype == torch.int32 and table.shape == (3, -(-37 // page))
+        assert sorted(table.flatten().tolist()) == list(range(pages.shape[0])), "each page named once"
+        dense = pages_to_dense(pages, table)
+        assert torch.equal(dense[:, :37], k) and not dense[:, 37:].any()
+        if page < 37:
+            assert table.flatten().tolist() != list(range(pages.shape[0])), "pages are shuffled"
+
+
+def test_paged_decode_rows_bind_the_same_keys(monkeypatch):
+    """A paged decode row runs flash_attn_with_kvcache with a block table over the same keys as its dense row (CPU
+    backend standing in for a GPU generation), and the label tells the rows apart; records without page_size (older
+    runs) still load."""
+    from flashgen import _native
+    impl = bench_impls.FlashgenImpl("cpu", _native.build_info())
+    dense_cfg = sweeps.Config("decode", 2, 1, 300, 4, 2, 32, False, "fp32")
+    q, k, v, _ = runner.make_inputs(dense_cfg, "cpu", 0)
+    outs = {}
+    for page in (0, 16, 256):
+        cfg = dataclasses.replace(dense_cfg, page_size=page)
+        bound = impl.bind(cfg, q, k, v, requires_grad=False)
+        outs[page] = bound.run()
+        assert (f" p{page}" in cfg.label) == bool(page) and ("block_table" in bound.note) == bool(page)
+    assert torch.allclose(outs[16], outs[0], atol=1e-5) and torch.allclose(outs[256], outs[0], atol=1e-5)
+    old = dense_cfg.as_dict()
+    del old["page_size"]
+    assert sweeps.Config.from_dict(old) == dense_cfg

@@ -11,12 +11,14 @@ import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 SOURCES = {"common": ROOT / "tests" / "cpp" / "test_common.cpp",  # masks, softmax, Philox, split-KV
-           "score": ROOT / "tests" / "cpp" / "test_score.cpp"}   # the score path (common/score.h)
+           "score": ROOT / "tests" / "cpp" / "test_score.cpp",   # the score path (common/score.h)
+           "kv_layout": ROOT / "tests" / "cpp" / "test_kv_layout.cpp"}  # key addresses (common/kv_layout.h)
 COMPILE_TIMEOUT_S = 300
 RUN_TIMEOUT_S = 120
 
 DEVICE_SOURCE = r"""
 #include "common/element.cuh"
+#include "common/kv_layout.h"
 #include "common/mask.h"
 #include "common/philox.h"
 #include "common/score.h"
@@ -43,7 +45,8 @@ __global__ void instantiate_common(AttnParams p, float* out) {
                   softcap_grad(0.5f) + to_float<dtype::bf16>(__float2bfloat16(1.f));
   const float merged = merged_lse(partial_log_weight(1.f), merge_weight(2.f, 1.f));
   out[threadIdx.x] = m.lse(p.scale_log2) + st.inv_sum() + merged + r.end + c.begin + full +
-                     keep + x + static_cast<float>(lse_offset(p, s, 0, 0)) + dropout_keep_scale(p.p_dropout);
+                     keep + x + static_cast<float>(lse_offset(p, s, 0, 0)) + dropout_keep_scale(p.p_dropout) +
+                     static_cast<float>(kv_row_offset(p, blockIdx.x, threadIdx.x, p.k_batch_stride, p.k_row_stride));
 }
 """
 

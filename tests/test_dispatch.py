@@ -58,8 +58,23 @@ def test_ampere_and_ada_run_v2(capability):
 def test_sm90_runs_v3_forward_and_v2_for_what_v3_lacks():
     built = _build(generations=("v2", "v3"), kinds=("fwd", "bwd"))
     assert choose(_cuda((9, 0)), built).generation == "v3"
-    for feature in ("backward", "dropout", "kvcache", "return_probs"):
+    assert choose(_cuda((9, 0), features={"backward", "causal", "gqa"}), built).generation == "v3"
+    for feature in ("dropout", "kvcache", "return_probs"):
         assert choose(_cuda((9, 0), features={feature}), built).generation == "v2", feature
+    deterministic = explain(_cuda((9, 0), features={"backward", "deterministic"}), built)
+    assert deterministic["v3"] == ["deterministic is not implemented in v3 yet"]
+    assert choose(_cuda((9, 0), features={"backward", "deterministic"}), built).generation == "v2"
+
+
+def test_sm90_v3_backward_buckets_from_build_info():
+    """The v3 backward compiles head-dim buckets up to 128 (v3_hopper/CMakeLists.txt): a larger head dim's backward
+    runs on v2, with the reason."""
+    built = BuildInfo(_build(generations=("v2", "v3"), kinds=("fwd", "bwd")).instances -
+                      {("v3", "bwd", dt, d) for dt in ("fp16", "bf16") for d in (192, 256)}, ("80", "90a"), "13.0", 256)
+    assert choose(_cuda((9, 0), head_dim=96, features={"backward"}), built).generation == "v3"
+    assert choose(_cuda((9, 0), head_dim=256, features={"backward"}), built).generation == "v2"
+    assert "v3 bwd for bf16 head_dim 256 is not compiled" in explain(
+        _cuda((9, 0), head_dim=256, features={"backward"}), built)["v3"][0]
 
 
 def test_sm90_runs_v3_where_it_supports_the_request(v1_v3_implemented):
@@ -100,10 +115,13 @@ def test_sm75_runs_v1_fp16_only(v1_v3_implemented):
         choose(_cuda((7, 5), dtype="bf16"), built, "v1")
 
 
-@pytest.mark.parametrize("feature", sorted(ALL_FEATURES))
+_V1_NOT_IMPLEMENTED = {"paged_kv", "cache_leftpad"}  # v1 reads dense K/V only; paged caches run on v2
+
+
+@pytest.mark.parametrize("feature", sorted(ALL_FEATURES - _V1_NOT_IMPLEMENTED))
 def test_v1_implements_every_feature(feature):
-    """v1 (FA1 Alg. 1 / Alg. 4, with block-sparse) runs every feature, fp16 from sm_75 and bf16 from sm_80, when
-    requested by name; auto picks it on sm_75 only."""
+    """v1 (FA1 Alg. 1 / Alg. 4, with block-sparse) runs every feature but paged caches, fp16 from sm_75 and bf16
+    from sm_80, when requested by name; auto picks it on sm_75 only."""
     built = _build(generations=("v1", "v2"), kinds=("fwd", "bwd"), archs=("75", "80"))
     for cap, dtype in (((7, 5), "fp16"), ((8, 0), "bf16"), ((9, 0), "fp16")):
         assert explain(_cuda(cap, dtype=dtype, features={feature}), built)["v1"] == [], (cap, dtype, feature)

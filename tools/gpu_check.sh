@@ -8,6 +8,7 @@
 #   FLASHGEN_CHECK_BENCH_ARGS="--head-dims 64,128"   # extra flashgen.bench arguments
 #   FLASHGEN_GIT_SHA=<sha>                   # recorded by the bench: pass it (see below why the default is flagged)
 #   FLASHGEN_CHECK_EXTRA="cmd"               # run after the bench (e.g. compute-sanitizer), output in extra.log
+#   FLASHGEN_CHECK_TEST_TIMEOUT=300          # kill the test tier after this many seconds (the rest still runs)
 set -uo pipefail
 # The device returns at most 8 files, so everything lands in one work folder that is packed into
 # $OUT/gpu_check.tgz at the end (unpack with: tar xzf gpu_check.tgz).
@@ -53,7 +54,8 @@ python3 -c "import json, flashgen._C as c; print(json.dumps(c.build_info()))" > 
 tests=${FLASHGEN_CHECK_TESTS:-tests}
 tests_rc=0
 if [ "$tests" != "none" ]; then
-  python3 -m pytest $tests -m "gpu and not slow" -q -rs --junitxml="$OUT/junit_gpu.xml" 2>&1 | tee "$OUT/gpu_tests.log" | tail -n 40
+  timeout -s KILL "${FLASHGEN_CHECK_TEST_TIMEOUT:-1800}" \
+    python3 -m pytest $tests -m "gpu and not slow" -q -rs --junitxml="$OUT/junit_gpu.xml" 2>&1 | tee "$OUT/gpu_tests.log" | tail -n 40
   tests_rc=${PIPESTATUS[0]}
   summary+=("gpu tests: rc=$tests_rc in $(( $(date +%s) - t1 )) s: $(tail -n 1 "$OUT/gpu_tests.log")")
 fi

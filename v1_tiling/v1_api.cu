@@ -125,6 +125,9 @@ Status fwd(const AttnParams& p, void* stream) {
   if (p.p_out != nullptr && p.cu_seqlens_q != nullptr) {
     return Status::not_implemented("return_attn_probs: v1 returns probabilities for dense (non-varlen) inputs only");
   }
+  if (p.block_table != nullptr || p.cache_leftpad != nullptr) {
+    return Status::not_implemented("block_table/cache_leftpad: v1 reads no paged or left-padded KV cache; v2 does");
+  }
   if (p.p_out != nullptr && (p.num_heads > kGridYZMax || p.batch > kGridYZMax)) {
     return Status::not_implemented("return_attn_probs: v1's probabilities kernel launches at most 65535 heads and "
                                    "batches");

@@ -6,6 +6,9 @@
 // Pipeline: K and V tiles in kStages-deep cp.async rings, K issued kStages tiles ahead and V kStages - 1 (two
 // barriers per tile; kStages = 1 is FA2's schedule: V_i loads under Q K_i^T, K_{i+1} under P V_i); or, with
 // syncs == 1 (tile_config.h), K and V both kStages - 1 tiles ahead behind one barrier per tile.
+// Keys and values: a dense cache is a strided tile per key block (load_tile_async); a paged KV cache
+// (p.block_table, the T::kPaged instances) gives every key row its own address, common/kv_layout.h's rule
+// (load_rows_async). cache_leftpad and kv_batch_idx are resolved by seq_info / that rule.
 // Decode instance (T::kDecode, tile_config.h decode_tile_config): blockIdx.x also carries the split s of
 // p.num_splits; the CTA visits share s of the key blocks (common/split_kv.h) and, with more than one split,
 // writes O normalized by its own sum and its LSE to the oaccum / lse_accum workspaces for fwd_combine.cuh.
@@ -16,6 +19,7 @@
 
 #include <cstdint>
 
+#include "common/kv_layout.h"
 #include "common/mask.h"
 #include "common/params.h"
 #include "common/score.h"
@@ -120,18 +124,38 @@ __global__ void __launch_bounds__(T::kNThreads, T::kMinBlocksPerSm) fwd_kernel(c
   const Element* g_k = static_cast<const Element*>(p.k) + seq.k_offset + head_k * p.k_head_stride;  // (seqlen_k, d)
   const Element* g_v = static_cast<const Element*>(p.v) + seq.v_offset + head_k * p.v_head_stride;  // (seqlen_k, d)
 
-  // Tile i of the loop is key block range.end - 1 - i.
+  // Tile i of the loop is key block range.end - 1 - i. Paged (T::kPaged): key n_block * kBlockN + row is cache row
+  // kv_first_row + key, each row at its page (common/kv_layout.h: a PagedRowCursor walks a thread's rows of the tile,
+  // one block-table read per row), from the tensor's head head_k.
+  constexpr int kCopyStep = copy_rows_per_pass<T::kHeadDim, T::kNThreads>();
+  auto paged_cursor = [&](int n_block) {
+    return PagedRowCursor(p, batch, kv_first_row(p, batch) + n_block * T::kBlockN + tid / T::kChunks, kCopyStep);
+  };
   auto load_k = [&](int i) {
     const int n_block = range.end - 1 - i;
-    load_tile_async<T::kBlockN, T::kHeadDim, T::kNThreads>(
-        s_k + (i % T::kStages) * T::kSmemKV, g_k + static_cast<int64_t>(n_block) * T::kBlockN * p.k_row_stride,
-        p.k_row_stride, seq.seqlen_k - n_block * T::kBlockN, p.head_dim, tid);
+    Element* dst = s_k + (i % T::kStages) * T::kSmemKV;
+    if constexpr (T::kPaged) {
+      load_rows_async<T::kBlockN, T::kHeadDim, T::kNThreads>(
+          dst, static_cast<const Element*>(p.k) + head_k * p.k_head_stride, paged_cursor(n_block), p.k_batch_stride,
+          p.k_row_stride, seq.seqlen_k - n_block * T::kBlockN, p.head_dim, tid);
+    } else {
+      load_tile_async<T::kBlockN, T::kHeadDim, T::kNThreads>(
+          dst, g_k + static_cast<int64_t>(n_block) * T::kBlockN * p.k_row_stride, p.k_row_stride,
+          seq.seqlen_k - n_block * T::kBlockN, p.head_dim, tid);
+    }
   };
   auto load_v = [&](int i) {
     const int n_block = range.end - 1 - i;
-    load_tile_async<T::kBlockN, T::kHeadDim, T::kNThreads>(
-        s_v + (i % T::kStages) * T::kSmemKV, g_v + static_cast<int64_t>(n_block) * T::kBlockN * p.v_row_stride,
-        p.v_row_stride, seq.seqlen_k - n_block * T::kBlockN, p.head_dim, tid);
+    Element* dst = s_v + (i % T::kStages) * T::kSmemKV;
+    if constexpr (T::kPaged) {
+      load_rows_async<T::kBlockN, T::kHeadDim, T::kNThreads>(
+          dst, static_cast<const Element*>(p.v) + head_k * p.v_head_stride, paged_cursor(n_block), p.v_batch_stride,
+          p.v_row_stride, seq.seqlen_k - n_block * T::kBlockN, p.head_dim, tid);
+    } else {
+      load_tile_async<T::kBlockN, T::kHeadDim, T::kNThreads>(
+          dst, g_v + static_cast<int64_t>(n_block) * T::kBlockN * p.v_row_stride, p.v_row_stride,
+          seq.seqlen_k - n_block * T::kBlockN, p.head_dim, tid);
+    }
   };
 
   // Prologue, syncs == 2: Q rides with K_0; then V_0, K_1, ..., V_{S-2}, K_{S-1} (S = kStages), one commit group

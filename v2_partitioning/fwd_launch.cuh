@@ -1,7 +1,7 @@
-// Launch geometry and checks for one forward instance: grid (ceil(seqlen_q / kBlockM), num_heads, batch),
-// kNThreads threads, kSmemBytes dynamic shared memory (opted in above 48 KB); then, when p_out is requested,
-// the probabilities kernel on the same stream; or the split-KV decode instance and its combine (launch_fwd).
-// Never synchronizes; returns the launch error.
+// Launch geometry and checks for one forward instance (dense or paged K/V): grid (ceil(seqlen_q / kBlockM),
+// num_heads, batch), kNThreads threads, kSmemBytes dynamic shared memory (opted in above 48 KB); then, when p_out is
+// requested, the probabilities kernel on the same stream; or the split-KV decode instance and its combine
+// (launch_fwd). Never synchronizes; returns the launch error.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -33,10 +33,11 @@ Status launch_fwd_kernel(const AttnParams& p, dim3 grid, cudaStream_t stream) {
 // p.num_splits >= 1 (planned by v2_api.cu plan_fwd, which also decided that the decode instance applies):
 // the decode instance over (query blocks x num_splits, heads, batch), then, with more than one split, the combine.
 // Else the prefill instance over (query blocks, heads, batch), then the probabilities kernel when p_out is asked.
-template <typename Tag, int kHeadDim>
-Status launch_fwd(const AttnParams& p, cudaStream_t stream) {
+// kPaged: the instances that read K/V from a paged cache (p.block_table).
+template <typename Tag, int kHeadDim, bool kPaged>
+Status launch_fwd_instances(const AttnParams& p, cudaStream_t stream) {
   if (p.num_splits >= 1) {
-    using T = FwdTraits<Tag, kHeadDim, /*kDecode=*/true>;
+    using T = FwdTraits<Tag, kHeadDim, /*kDecode=*/true, kPaged>;
     const dim3 grid(ceil_div(p.seqlen_q, T::kBlockM) * p.num_splits, p.num_heads, p.batch);
     Status st = launch_fwd_kernel<T>(p, grid, stream);
     if (!st.is_ok() || p.num_splits == 1) return st;
@@ -44,11 +45,17 @@ Status launch_fwd(const AttnParams& p, cudaStream_t stream) {
                                     kCombineWarps * 32, 0, stream>>>(p);
     return cuda_status(cudaGetLastError(), kFwdWho, "combine_kernel launch");
   }
-  using T = FwdTraits<Tag, kHeadDim>;
+  using T = FwdTraits<Tag, kHeadDim, /*kDecode=*/false, kPaged>;
   const Status st = launch_fwd_kernel<T>(p, dim3(ceil_div(p.seqlen_q, T::kBlockM), p.num_heads, p.batch), stream);
   if (!st.is_ok() || p.p_out == nullptr) return st;
   probs_kernel<Tag><<<dim3(p.seqlen_q, p.num_heads, p.batch), kProbsThreads, 0, stream>>>(p);
   return cuda_status(cudaGetLastError(), kFwdWho, "probs_kernel launch");
+}
+
+template <typename Tag, int kHeadDim>
+Status launch_fwd(const AttnParams& p, cudaStream_t stream) {
+  return p.block_table != nullptr ? launch_fwd_instances<Tag, kHeadDim, /*kPaged=*/true>(p, stream)
+                                  : launch_fwd_instances<Tag, kHeadDim, /*kPaged=*/false>(p, stream);
 }
 
 }  // namespace v2

@@ -1,5 +1,5 @@
 // Compile-time shape of one v2 forward instance, derived from tile_config(head_dim) (or decode_tile_config for
-// the decode instance, kDecode) and the element type.
+// the decode instance, kDecode), the element type and the K/V layout (kPaged: the same tile over a paged cache).
 // Every size the kernel uses comes from here, asserted against the mma/ldmatrix/cp.async granularities.
 #pragma once
 
@@ -10,11 +10,15 @@
 namespace flashgen {
 namespace v2 {
 
-template <typename Tag, int kHeadDim_, bool kDecode_ = false>
+template <typename Tag, int kHeadDim_, bool kDecode_ = false, bool kPaged_ = false>
 struct FwdTraits {
   using DTag = Tag;
   using Element = typename Tag::type;
   static constexpr bool kDecode = kDecode_;  // split-KV decode instance (fwd_kernel.cuh, tile_config.h)
+  // K/V rows from a paged KV cache (p.block_table; fwd_kernel.cuh load_k / load_v): an instance of its own, so the
+  // dense instances compile to the code they had (a runtime branch per tile load grew the dense d128 kernels' SASS
+  // from 4437 / 3912 to 6225 / 6422 instructions and the decode instance from 238 to 245 registers: v2 README).
+  static constexpr bool kPaged = kPaged_;
   static constexpr TileConfig kCfg = kDecode ? decode_tile_config(kHeadDim_) : tile_config(kHeadDim_);
   static constexpr int kHeadDim = kHeadDim_;
   static constexpr int kBlockM = kCfg.block_m;

@@ -3,12 +3,14 @@
 // entries 0, written after the forward kernel on the same stream (it reads that kernel's LSE).
 // Algorithm: direct evaluation, one thread per (row, key) with an fp32 dot product from global memory; meant for
 // the small shapes tests use (O(seqlen_q * seqlen_k * head_dim) global reads), not for speed.
-// Partition: grid (seqlen_q, num_heads, batch) -> block strides over the keys of one query row.
+// Partition: grid (seqlen_q, num_heads, batch) -> block strides over the keys of one query row. Varlen: row i of
+// sequence b at p_out[b, h, i] (flash_attn's padded S_dmask); keys through common/kv_layout.h (any cache layout).
 #pragma once
 
 #include <cstdint>
 
 #include "common/element.cuh"
+#include "common/kv_layout.h"
 #include "common/mask.h"
 #include "common/params.h"
 #include "common/score.h"
@@ -28,7 +30,7 @@ __global__ void __launch_bounds__(kProbsThreads) probs_kernel(const __grid_const
   const int head_k = head / (p.num_heads / p.num_heads_k);
   const Element* q = static_cast<const Element*>(p.q) + seq.q_offset + head * p.q_head_stride +
                      static_cast<int64_t>(row) * p.q_row_stride;  // (head_dim,)
-  const Element* k = static_cast<const Element*>(p.k) + seq.k_offset + head_k * p.k_head_stride;  // (seqlen_k, d)
+  const Element* k = static_cast<const Element*>(p.k) + head_k * p.k_head_stride;  // key col at kv_row_offset
   const float lse_log2 = p.lse[lse_offset(p, seq, batch, head) + row] * kLog2e;
   const ScorePath path = ScorePath::make(p, batch, head, seq.seqlen_q, seq.seqlen_k);  // common/score.h
   float* out = static_cast<float*>(p.p_out) + batch * p.p_batch_stride + head * p.p_head_stride +
@@ -38,7 +40,7 @@ __global__ void __launch_bounds__(kProbsThreads) probs_kernel(const __grid_const
     float prob = 0.f;
     if (mask.visible(row, col)) {
       float qk = 0.f;
-      const Element* kr = k + static_cast<int64_t>(col) * p.k_row_stride;
+      const Element* kr = k + kv_row_offset(p, batch, col, p.k_batch_stride, p.k_row_stride);
       for (int d = 0; d < p.head_dim; ++d) qk = fmaf(to_float<Tag>(q[d]), to_float<Tag>(kr[d]), qk);
       const float x = path.score(qk, row, col, lim);
       prob = lse_log2 == INFINITY ? 0.f : exp2f(path.exponent(x, lse_log2));

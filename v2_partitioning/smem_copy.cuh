@@ -93,6 +93,39 @@ __device__ __forceinline__ void load_tile_async(Element* smem, const Element* gm
   }
 }
 
+// load_tile_async for a tile whose rows lie anywhere (a paged KV cache). `cursor` is at this thread's first row
+// (row tid / kChunks of the tile) and steps kRowsPerPass rows per advance() (common/kv_layout.h PagedRowCursor):
+// cursor.offset(page_stride, row_stride) is that row's element offset from gmem. Rows >= rows_valid and columns >=
+// head_dim become zeros without a global read, and the cursor reads no block-table entry for those rows (the table
+// holds no page past them). Same thread-to-chunk map and swizzle as load_tile_async.
+template <int kRows, int kHeadDim, int kNThreads, typename Element, typename RowCursor>
+__device__ __forceinline__ void load_rows_async(Element* smem, const Element* gmem, RowCursor cursor,
+                                                int64_t page_stride, int64_t row_stride, int rows_valid, int head_dim,
+                                                int tid) {
+  constexpr int kChunks = kHeadDim / 8;
+  constexpr int kRowsPerPass = kNThreads / kChunks;
+  static_assert(kRows % kRowsPerPass == 0, "copy passes must tile the rows");
+  const int chunk = tid % kChunks;
+  const int row0 = tid / kChunks;
+  const uint32_t smem_base = smem_u32(smem);
+  constexpr int kElemBytes = sizeof(Element);
+  const bool col_ok = chunk * 8 < head_dim;
+#pragma unroll
+  for (int pass = 0; pass < kRows / kRowsPerPass; ++pass) {
+    const int row = row0 + pass * kRowsPerPass;
+    const bool pred = col_ok && row < rows_valid;
+    const Element* src = pred ? gmem + cursor.offset(page_stride, row_stride) + chunk * 8 : gmem;
+    cp_async_16(smem_base + swizzled_offset<kHeadDim>(row, chunk) * kElemBytes, src, pred);
+    cursor.advance();
+  }
+}
+
+// The rows per pass of load_tile_async / load_rows_async: the step of a thread's rows (a PagedRowCursor's step).
+template <int kHeadDim, int kNThreads>
+constexpr int copy_rows_per_pass() {
+  return kNThreads / (kHeadDim / 8);
+}
+
 // Store a (kRows, kHeadDim) swizzled smem tile to global, 16 bytes per thread, rows < rows_valid and
 // columns < head_dim only.
 template <int kRows, int kHeadDim, int kNThreads, typename Element>

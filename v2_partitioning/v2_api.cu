@@ -81,6 +81,16 @@ Status check_shared(const AttnParams& p, bool forward, int* bucket) {
   if (p.q == nullptr || p.k == nullptr || p.v == nullptr || p.o == nullptr || p.lse == nullptr) {
     return Status::invalid("q/k/v/out/lse: null data pointer");
   }
+  if (p.block_table != nullptr && p.page_block_size < 1) {
+    return Status::invalid("page_block_size: expected >= 1 with a block_table, got " +
+                           std::to_string(p.page_block_size));
+  }
+  if (p.block_table != nullptr && p.kv_batch_idx != nullptr) {
+    return Status::invalid("kv_batch_idx: cannot be combined with a block_table (a paged cache names its pages)");
+  }
+  if (p.cache_leftpad != nullptr && p.block_table == nullptr) {
+    return Status::invalid("cache_leftpad: taken with a block_table only (a dense cache: one page per sequence)");
+  }
   for (const Status& s : {check_rows_aligned("v2", "q", p.q, p.q_batch_stride, p.q_row_stride, p.q_head_stride),
                           check_rows_aligned("v2", "k", p.k, p.k_batch_stride, p.k_row_stride, p.k_head_stride),
                           check_rows_aligned("v2", "v", p.v, p.v_batch_stride, p.v_row_stride, p.v_head_stride),
@@ -94,7 +104,9 @@ constexpr int kMaxTilesForSplit = 1 << 30;  // beyond this many query tiles the 
 
 // The decode instance's plan (AttnParams::num_splits): dense queries that fit one of its tiles (one token, or a
 // folded GQA group), without the features whose outputs it does not write (probabilities) or whose RNG it does not
-// split (dropout). Workspaces (fwd_kernel.cuh / fwd_combine.cuh), element (split s, batch b, head h, row r):
+// split (dropout). The split count is split_kv_count's, at most p.max_splits when the caller bounds it (flash_attn's
+// num_splits: 0 = this rule alone, 1 = no split). Workspaces (fwd_kernel.cuh / fwd_combine.cuh), element (split s,
+// batch b, head h, row r):
 //   oaccum    (((s * batch + b) * num_heads + h) * seqlen_q + r) * bucket + col: O of split s over its own sum
 //   lse_accum  ((s * batch + b) * num_heads + h) * seqlen_q + r: its LSE
 FwdPlan plan_fwd(const AttnParams& p) {
@@ -107,10 +119,11 @@ FwdPlan plan_fwd(const AttnParams& p) {
     return plan;
   }
   const int64_t tiles = static_cast<int64_t>(p.num_heads) * p.batch;  // one query block each
+  const int max_splits = p.max_splits > 0 ? imin(p.max_splits, kMaxSplits) : kMaxSplits;
   plan.num_splits = tiles > kMaxTilesForSplit
                         ? 1
                         : split_kv_count(static_cast<int>(tiles), p.num_sms * c.ctas_per_sm,
-                                         ceil_div(p.seqlen_k, c.block_n));
+                                         ceil_div(p.seqlen_k, c.block_n), max_splits);
   if (plan.num_splits > 1) {
     const int64_t lse_floats = plan.num_splits * tiles * p.seqlen_q;
     plan.workspaces.need(WorkspaceId::kLseAccum, lse_floats, /*zero=*/false);
@@ -147,9 +160,6 @@ Status fwd(const AttnParams& p, void* stream) {
     const std::string ws = check_workspaces(plan.workspaces, p.ws, "v2");
     if (!ws.empty()) return Status::invalid(ws);
   }
-  if (p.p_out != nullptr && p.cu_seqlens_q != nullptr) {
-    return Status::not_implemented("return_attn_probs: v2 returns probabilities for dense (non-varlen) inputs only");
-  }
   if (p.batch == 0 || p.seqlen_q == 0) return Status::ok();  // nothing to compute, nothing to launch
 
   cudaStream_t st = static_cast<cudaStream_t>(stream);
@@ -164,8 +174,8 @@ Status bwd(const AttnBwdParams& p, void* stream) {
   int bucket = 0;
   const Status shared = check_shared(p, /*forward=*/false, &bucket);
   if (!shared.is_ok()) return shared;
-  if (p.seqused_k != nullptr || p.kv_batch_idx != nullptr) {
-    return Status::invalid("seqused_k/kv_batch_idx: the backward takes no KV cache");
+  if (p.seqused_k != nullptr || p.kv_batch_idx != nullptr || p.block_table != nullptr || p.cache_leftpad != nullptr) {
+    return Status::invalid("seqused_k/kv_batch_idx/block_table/cache_leftpad: the backward takes no KV cache");
   }
   if (p.dout == nullptr || p.dq == nullptr || p.dk == nullptr || p.dv == nullptr) {
     return Status::invalid("dout/dq/dk/dv: null data pointer");

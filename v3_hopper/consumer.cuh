@@ -119,6 +119,31 @@ __device__ __forceinline__ void consume_tile(const SmemMap<T>& sm, const PingPon
     }
   };
 
+  if constexpr (!kIntraWarpgroupOverlap) {  // ablation (tile_config.h): each GEMM waited for before the next step
+    for (int i = 0; i < n_tiles; ++i) {
+      const RingSlot<T> slot(kv_iter + i);
+      mbar_wait(sm.k_full(slot.stage), slot.phase);
+      turn.wait_turn();
+      gemm_qk<T>(s, desc_q, k_desc(slot.stage));
+      turn.pass_turn();
+      wgmma_wait<0>();
+      fence_regs(s);
+      release(sm.k_empty(slot.stage), lane);
+      if (i == n_tiles - 1) release(sm.q_empty(), lane);
+      const bool raised = softmax_tile(i);
+      if (i > 0 && __any_sync(0xffffffffu, raised)) rescale_o<T::kHeadDim>(o, alpha);
+      convert_p<typename T::Tag, T::kBlockN>(s, pa);
+      mbar_wait(sm.v_full(slot.stage), slot.phase);
+      prepare_v(i, slot.stage);
+      turn.wait_turn();
+      gemm_pv<T>(o, pa, v_desc(slot.stage));
+      turn.pass_turn();
+      wgmma_wait<0>();
+      fence_regs(o);
+      release(sm.v_empty(slot.stage), lane);
+    }
+    return;
+  }
   {  // Prologue: S_0 and its softmax; O is still 0, so nothing to rescale.
     const RingSlot<T> k_slot(kv_iter);
     mbar_wait(sm.k_full(k_slot.stage), k_slot.phase);

@@ -52,7 +52,7 @@ struct FwdTraits {
   static constexpr int kBlockM = block_m(kConfig);
   static constexpr int kBlockN = kConfig.block_n;
   static constexpr int kStages = kConfig.stages;
-  static constexpr bool kPingPong = kConfig.pingpong;
+  static constexpr bool kPingPong = kConfig.pingpong && kPingPongEnabled;
   static constexpr int kNumThreads = num_threads(kConfig);
   static constexpr int kProducerRegs = register_budget(kConfig).producer;
   static constexpr int kConsumerRegs = register_budget(kConfig).consumer;

@@ -20,5 +20,13 @@ struct FwdLaunch {
 template <typename Tag, int kHeadDim>
 Status launch_fwd(const AttnParams& p, const FwdLaunch& launch, cudaStream_t stream);
 
+struct BwdLaunch {
+  CUtensorMap q, dout;  // boxes of the backward's block_m rows (tile_config.h bwd_tile_config)
+  CUtensorMap k, v;     // boxes of block_n rows
+};
+
+template <typename Tag, int kHeadDim>
+Status launch_bwd(const AttnBwdParams& p, const BwdLaunch& launch, cudaStream_t stream);
+
 }  // namespace v3
 }  // namespace flashgen

@@ -44,6 +44,21 @@ constexpr TileConfig tile_config(int head_dim, bool masked) {
   return {2, 80, 2, false};
 }
 
+// ---- ablation switches (FA3 paper Sec. 4.3): compile definitions, 1 (on) unless a measurement turns one off
+// (tools/ablate_v3.sh builds one module per switch and times each against the default in one device call) ----
+#ifndef FLASHGEN_V3_PINGPONG
+#define FLASHGEN_V3_PINGPONG 1  // 0: consumer warpgroups issue their GEMMs whenever ready (no turn-taking)
+#endif
+#ifndef FLASHGEN_V3_OVERLAP
+#define FLASHGEN_V3_OVERLAP 1  // 0: S = Q K^T, softmax, O += P V one after another inside a warpgroup
+#endif
+#ifndef FLASHGEN_V3_PERSISTENT
+#define FLASHGEN_V3_PERSISTENT 1  // 0: one CTA per tile (grid = tiles) instead of one per SM looping over tiles
+#endif
+constexpr bool kPingPongEnabled = FLASHGEN_V3_PINGPONG != 0;
+constexpr bool kIntraWarpgroupOverlap = FLASHGEN_V3_OVERLAP != 0;
+constexpr bool kPersistentGrid = FLASHGEN_V3_PERSISTENT != 0;
+
 constexpr int block_m(const TileConfig& c) { return c.consumers * kWarpgroupRows; }
 constexpr int num_threads(const TileConfig& c) { return (1 + c.consumers) * kWarpgroupThreads; }
 
@@ -86,6 +101,33 @@ constexpr bool config_ok(int head_dim_bucket, bool masked) {
 static_assert(config_ok(64, false) && config_ok(64, true) && config_ok(128, false) && config_ok(128, true) &&
                   config_ok(192, false) && config_ok(192, true) && config_ok(256, false) && config_ok(256, true),
               "a v3 tile exceeds the shared memory of one CTA or its register budget");
+
+// ---- backward (bwd_traits.cuh): a CTA owns block_n keys of one KV head, split between 2 consumer warpgroups (64
+// keys each, the wgmma M of S^T = K Q^T), and walks the query blocks of block_m rows that see them, streaming Q, dO,
+// LSE and D through a stages-deep ring. dK and dV stay in registers (2 x head_dim / 2 fp32 per thread), so the
+// backward runs head-dim buckets up to 128 (d192/d256 stay on v2: their dK + dV alone would take 192-256 registers).
+struct BwdTileConfig {
+  int block_m, block_n, stages;
+};
+constexpr int kBwdConsumers = 2;
+constexpr int kBwdMaxHeadDim = 128;
+constexpr BwdTileConfig bwd_tile_config(int /*head_dim*/) { return {64, 128, 2}; }
+constexpr int bwd_num_threads() { return (1 + kBwdConsumers) * kWarpgroupThreads; }
+constexpr RegisterBudget bwd_register_budget() { return {24, 240}; }
+// mbarriers: K/V full, then per stage full and empty (Q, dO, LSE, D of one query block).
+constexpr int bwd_barrier_count(int stages) { return 1 + 2 * stages; }
+// dQ = dS K of one step is split between the consumer warpgroups in (block_m x kBwdDqCols) fp32 parts, each staged
+// in shared memory for one bulk reduce-add into dq_accum.
+constexpr int kBwdDqCols = 64;
+// Q and dO per stage, K, V, two dS^T buffers (block_n x block_m), the dQ parts, LSE and D rows per stage, barriers,
+// align slack.
+constexpr int bwd_smem_bytes(const BwdTileConfig& c, int head_dim_bucket) {
+  return (2 * c.stages * c.block_m + 2 * c.block_n) * head_dim_bucket * kElementBytes +
+         2 * c.block_n * c.block_m * kElementBytes + kBwdConsumers * c.block_m * kBwdDqCols * 4 +
+         2 * c.stages * c.block_m * 4 +
+         bwd_barrier_count(c.stages) * kBarrierBytes + kSwizzleAtomBytes;
+}
+static_assert(bwd_smem_bytes(bwd_tile_config(128), 128) <= kMaxSmemPerBlock, "v3 backward tile exceeds smem");
 
 }  // namespace v3
 }  // namespace flashgen

@@ -50,6 +50,23 @@ int fwd_bucket(DType dtype, int head_dim) {
   return bucket;
 }
 
+// Smallest compiled backward bucket >= head_dim for dtype, or 0.
+int bwd_bucket(DType dtype, int head_dim) {
+  int bucket = 0;
+#define FG_V3_BUCKET(kind, dt, hd)                                                           \
+  if (!FG_V3_CAT(FG_V3_IS_, kind) && dtype::dt::kDType == dtype && (hd) >= head_dim &&         \
+      (bucket == 0 || (hd) < bucket))                                                            \
+    bucket = (hd);
+  FLASHGEN_V3_INSTANCES(FG_V3_BUCKET)
+#undef FG_V3_BUCKET
+  return bucket;
+}
+
+// Rows per (batch, head) of the backward's row workspaces and dq_accum (bwd_traits.cuh bwd_ws_rows).
+int64_t bwd_rows(const AttnParams& p) {
+  const int block_m = bwd_tile_config(kBwdMaxHeadDim).block_m;
+  return (static_cast<int64_t>(p.seqlen_q) + block_m - 1) / block_m * block_m;
+}
 
 // The 16-bit rows of the instance list launch fwd_launch.cuh's kernel; e4m3 rows belong to fwd_fp8 (fp8_api.cu).
 template <typename Tag, int kHeadDim>
@@ -154,6 +171,9 @@ Status check_fwd(const AttnParams& p, int* bucket) {
   if (p.p_out != nullptr) return Status::not_implemented("return_attn_probs: v3 returns no probabilities; v2 does");
   if (p.block_mask != nullptr) return Status::not_implemented("block_mask: v3 has no block-sparse forward");
   if (p.num_splits != 0) return Status::not_implemented("num_splits: v3 has no split-KV decode path");
+  if (p.block_table != nullptr || p.cache_leftpad != nullptr) {
+    return Status::not_implemented("block_table/cache_leftpad: v3 reads no paged or left-padded KV cache; v2 does");
+  }
   if (p.q == nullptr || p.o == nullptr || p.lse == nullptr) return Status::invalid("q/out/lse: null data pointer");
   const bool has_keys = p.cu_seqlens_k ? p.total_k != 0 : p.seqlen_k != 0;  // else never read
   if (has_keys && (p.k == nullptr || p.v == nullptr)) return Status::invalid("k/v: null data pointer");
@@ -208,25 +228,152 @@ Status fwd(const AttnParams& p, void* stream) {
                     p.v_head_stride, p.v_batch_stride, tile.block_n);
     if (!st.is_ok()) return st;
   }
-  const int slots = p.num_sms > 0 ? p.num_sms : num_sms;  // one CTA per SM (384-512 threads, 120-225 KB)
+  // One CTA per SM (384-512 threads, 120-225 KB), or one per tile when the persistent grid is ablated.
+  const int64_t slots = !kPersistentGrid ? tiles : (p.num_sms > 0 ? p.num_sms : num_sms);
   launch.grid = static_cast<int>(tiles < slots ? tiles : slots);
 
   cudaStream_t cuda_stream = static_cast<cudaStream_t>(stream);
 #define FG_V3_LAUNCH(kind, dt, hd)                                                                \
-  if (FG_V3_CAT(FG_V3_IS_, kind) && dtype::dt::kDType == p.dtype && (hd) == bucket)               \
-    return launch_16bit<dtype::dt, hd>(p, launch, cuda_stream);
+  if constexpr (FG_V3_CAT(FG_V3_IS_, kind)) {                                                     \
+    if (dtype::dt::kDType == p.dtype && (hd) == bucket)                                           \
+      return launch_16bit<dtype::dt, hd>(p, launch, cuda_stream);                                  \
+  }
   FLASHGEN_V3_INSTANCES(FG_V3_LAUNCH)
 #undef FG_V3_LAUNCH
   return Status::not_implemented("v3 forward: no instance for bucket " + std::to_string(bucket));
 }
 
+namespace {
+
+// The backward's workspaces, per (batch or sequence, head) and bwd_rows rows: LSE in log2 units (row_stats) and
+// D (dsoftmax_sum), written whole by the preprocess; dq_accum (rows of the bucket's head_dim floats), zeroed.
+WorkspaceSpec bwd_workspaces(const AttnBwdParams& p) {
+  WorkspaceSpec spec;
+  const int bucket = bwd_bucket(p.dtype, p.head_dim);
+  if (bucket == 0 || p.batch <= 0 || p.seqlen_q <= 0 || p.num_heads <= 0) return spec;
+  const int64_t rows = static_cast<int64_t>(p.batch) * p.num_heads * bwd_rows(p);
+  spec.need(WorkspaceId::kRowStats, rows, /*zero=*/false);
+  spec.need(WorkspaceId::kDSum, rows, /*zero=*/false);
+  spec.need(WorkspaceId::kDqAccum, rows * bucket, /*zero=*/true);
+  return spec;
+}
+
+Status check_bwd(const AttnBwdParams& p, int* bucket) {
+  if (p.dtype != DType::kFloat16 && p.dtype != DType::kBFloat16) {
+    return Status::not_implemented(std::string("dtype: v3 runs fp16 and bf16, got ") + dtype_name(p.dtype));
+  }
+  if (p.head_dim <= 0 || p.head_dim % kVectorElems != 0) {
+    return Status::invalid("head_dim: v3 needs a positive multiple of 8 (the API pads), got " +
+                           std::to_string(p.head_dim));
+  }
+  *bucket = bwd_bucket(p.dtype, p.head_dim);
+  if (*bucket == 0) {
+    return Status::not_implemented("head_dim: no v3 backward bucket >= " + std::to_string(p.head_dim) + " for " +
+                                   dtype_name(p.dtype) + " in this build (v2 runs it)");
+  }
+  if (p.head_dim <= *bucket - kChunkCols) {
+    return Status::not_implemented("head_dim: the v3 backward loads every 64-column chunk of its bucket; " +
+                                   std::to_string(p.head_dim) + " leaves one of bucket " + std::to_string(*bucket) +
+                                   " empty (compile a smaller bucket)");
+  }
+  if (p.batch < 0 || p.seqlen_q < 0 || p.seqlen_k < 0 || p.num_heads <= 0 || p.num_heads_k <= 0) {
+    return Status::invalid("sizes: batch, seqlen_q, seqlen_k must be >= 0 and num_heads, num_heads_k > 0");
+  }
+  if (p.num_heads % p.num_heads_k != 0) {
+    return Status::invalid("num_heads_k: must divide num_heads (" + std::to_string(p.num_heads) + "), got " +
+                           std::to_string(p.num_heads_k));
+  }
+  if (!(p.p_dropout >= 0.f && p.p_dropout < 1.f)) {
+    return Status::invalid("dropout_p: expected [0, 1), got " + std::to_string(p.p_dropout));
+  }
+  if (p.p_dropout > 0.f) return Status::not_implemented("dropout: v3 has no dropout; v2 runs it");
+  if (p.block_mask != nullptr) return Status::not_implemented("block_mask: v3 has no block-sparse backward");
+  if (p.deterministic) {
+    return Status::not_implemented("deterministic: the v3 backward adds dQ with unordered atomics; v2 runs it");
+  }
+  if (p.seqused_k != nullptr || p.kv_batch_idx != nullptr) {
+    return Status::invalid("seqused_k/kv_batch_idx: the backward takes no KV cache");
+  }
+  const bool has_queries = p.cu_seqlens_q ? p.total_q != 0 : p.seqlen_q != 0;  // else never read or written
+  if (has_queries && (p.q == nullptr || p.o == nullptr || p.lse == nullptr || p.dout == nullptr || p.dq == nullptr)) {
+    return Status::invalid("q/out/lse/dout/dq: null data pointer");
+  }
+  const bool has_keys = p.cu_seqlens_k ? p.total_k != 0 : p.seqlen_k != 0;
+  if (has_keys && (p.k == nullptr || p.v == nullptr || p.dk == nullptr || p.dv == nullptr)) {
+    return Status::invalid("k/v/dk/dv: null data pointer");
+  }
+  for (const Status& s :
+       {check_rows_aligned("v3 (TMA)", "q", p.q, p.q_batch_stride, p.q_row_stride, p.q_head_stride),
+        check_rows_aligned("v3 (TMA)", "k", p.k, p.k_batch_stride, p.k_row_stride, p.k_head_stride),
+        check_rows_aligned("v3 (TMA)", "v", p.v, p.v_batch_stride, p.v_row_stride, p.v_head_stride),
+        check_rows_aligned("v3", "out", p.o, p.o_batch_stride, p.o_row_stride, p.o_head_stride),
+        check_rows_aligned("v3 (TMA)", "dout", p.dout, p.do_batch_stride, p.do_row_stride, p.do_head_stride),
+        check_rows_aligned("v3", "dq", p.dq, p.dq_batch_stride, p.dq_row_stride, p.dq_head_stride),
+        check_rows_aligned("v3", "dk", p.dk, p.dk_batch_stride, p.dk_row_stride, p.dk_head_stride),
+        check_rows_aligned("v3", "dv", p.dv, p.dv_batch_stride, p.dv_row_stride, p.dv_head_stride)}) {
+    if (!s.is_ok()) return s;
+  }
+  const std::string ws = check_workspaces(bwd_workspaces(p), p.ws, "v3");
+  if (!ws.empty()) return Status::invalid(ws);
+  return Status::ok();
+}
+
+}  // namespace
+
 Status bwd(const AttnBwdParams& p, void* stream) {
-  (void)p, (void)stream;
-  return Status::not_implemented("backward: v3 has no backward kernel yet; v2 runs it");
+  int bucket = 0;
+  Status st = check_bwd(p, &bucket);
+  if (!st.is_ok()) return st;
+  if (p.batch == 0 || (p.seqlen_q == 0 && p.seqlen_k == 0)) return Status::ok();  // no gradient element exists
+  int num_sms = 0;
+  st = check_device(&num_sms);
+  if (!st.is_ok()) return st;
+  const int64_t q_rows = p.cu_seqlens_q ? p.total_q : p.seqlen_q;
+  const int64_t k_rows = p.cu_seqlens_k ? p.total_k : p.seqlen_k;
+  const BwdTileConfig tile = bwd_tile_config(bucket);
+  if (q_rows + tile.block_m > kTmaMaxCoord || k_rows + tile.block_n > kTmaMaxCoord) {
+    return Status::not_implemented("sizes: v3 addresses rows with 32-bit coordinates");
+  }
+  const int64_t q_batches = p.cu_seqlens_q ? 1 : p.batch;
+  const int64_t k_batches = p.cu_seqlens_k ? 1 : p.batch;
+  BwdLaunch launch;
+  if (q_rows == 0 || k_rows == 0) {
+    // Only the pre/postprocess (dQ = 0) or only dK = dV = 0 run; the maps are never read but must be valid.
+    const bool have_q = q_rows != 0;
+    st = have_q ? encode_map(&launch.q, "q", p.q, p.dtype, p.head_dim, q_rows, p.num_heads, q_batches,
+                             p.q_row_stride, p.q_head_stride, p.q_batch_stride, tile.block_m)
+                : encode_map(&launch.q, "k", p.k, p.dtype, p.head_dim, k_rows, p.num_heads_k, k_batches,
+                             p.k_row_stride, p.k_head_stride, p.k_batch_stride, tile.block_m);
+    if (!st.is_ok()) return st;
+    launch.dout = launch.k = launch.v = launch.q;
+  } else {
+    st = encode_map(&launch.q, "q", p.q, p.dtype, p.head_dim, q_rows, p.num_heads, q_batches, p.q_row_stride,
+                    p.q_head_stride, p.q_batch_stride, tile.block_m);
+    if (!st.is_ok()) return st;
+    st = encode_map(&launch.dout, "dout", p.dout, p.dtype, p.head_dim, q_rows, p.num_heads, q_batches,
+                    p.do_row_stride, p.do_head_stride, p.do_batch_stride, tile.block_m);
+    if (!st.is_ok()) return st;
+    st = encode_map(&launch.k, "k", p.k, p.dtype, p.head_dim, k_rows, p.num_heads_k, k_batches, p.k_row_stride,
+                    p.k_head_stride, p.k_batch_stride, tile.block_n);
+    if (!st.is_ok()) return st;
+    st = encode_map(&launch.v, "v", p.v, p.dtype, p.head_dim, k_rows, p.num_heads_k, k_batches, p.v_row_stride,
+                    p.v_head_stride, p.v_batch_stride, tile.block_n);
+    if (!st.is_ok()) return st;
+  }
+
+  cudaStream_t cuda_stream = static_cast<cudaStream_t>(stream);
+#define FG_V3_LAUNCH_BWD(kind, dt, hd)                                                            \
+  if constexpr (!FG_V3_CAT(FG_V3_IS_, kind)) {                                                    \
+    if (dtype::dt::kDType == p.dtype && (hd) == bucket)                                           \
+      return launch_bwd<dtype::dt, hd>(p, launch, cuda_stream);                                    \
+  }
+  FLASHGEN_V3_INSTANCES(FG_V3_LAUNCH_BWD)
+#undef FG_V3_LAUNCH_BWD
+  return Status::not_implemented("v3 backward: no instance for bucket " + std::to_string(bucket));
 }
 
 const GenerationOps& ops() {
-  static const GenerationOps table{"v3", &fwd, nullptr, nullptr, nullptr};
+  static const GenerationOps table{"v3", &fwd, &bwd, nullptr, &bwd_workspaces};
   return table;
 }
 

@@ -14,10 +14,11 @@ namespace v3 {
 // the TMA tensor maps, launches asynchronously, returns the launch error. Never synchronizes.
 Status fwd(const AttnParams& p, void* stream);
 
-// Backward: not implemented in v3 (v2 runs it).
+// Backward (bwd_kernel.cuh): dq, dk, dv for head-dim buckets up to 128, with the forward's masks, score modifiers,
+// GQA and varlen; dropout, block_mask and deterministic=True are not_implemented (v2 runs them). Same contract as fwd.
 Status bwd(const AttnBwdParams& p, void* stream);
 
-// The ops table the binding looks up (common/generation.h): fwd; no backward, no split plan, no workspaces yet.
+// The ops table the binding looks up (common/generation.h): fwd, bwd and the backward's workspaces; no split plan.
 const GenerationOps& ops();
 
 }  // namespace v3

@@ -23,7 +23,7 @@ from . import _ops, nvtx
 _DTYPE_NAMES = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16", torch.float8_e4m3fn: "e4m3"}
 
 Tensor = torch.Tensor
-_NO_PROBS_SHAPE = (0,)  # probs not requested (or varlen): an empty fp32 tensor stands in for None
+_NO_PROBS_SHAPE = (0,)  # probs not requested: an empty fp32 tensor stands in for None
 
 
 class FwdArgs(NamedTuple):
@@ -51,6 +51,9 @@ class FwdArgs(NamedTuple):
     q_descale: Optional[Tensor] = None  # FP8 inputs: fp32 (batch, num_heads_k) factors; None = 1
     k_descale: Optional[Tensor] = None
     v_descale: Optional[Tensor] = None
+    block_table: Optional[Tensor] = None    # paged KV cache: int32 (batch, max_blocks_per_seq), k/v are pages
+    cache_leftpad: Optional[Tensor] = None  # int32 (batch,): first cache row used
+    max_splits: int = 0                     # flash_attn's num_splits: 0 = auto, 1 = no split, n = at most n
 
 
 class BwdArgs(NamedTuple):
@@ -103,10 +106,10 @@ def _seed_offset(rng_state: Optional[Tensor]) -> Tuple[int, int]:
     return int(seed), int(offset)
 
 
-def _probs_shape(q: Tensor, k: Tensor, varlen: bool, return_probs: bool) -> Tuple[int, ...]:
-    if varlen or not return_probs:
+def _probs_shape(q: Tensor, k: Tensor, a: FwdArgs) -> Tuple[int, ...]:
+    if not a.return_probs:
         return _NO_PROBS_SHAPE
-    return (q.shape[0], q.shape[2], q.shape[1], k.shape[1])
+    return _ops.probs_shape(q, k, a.cu_seqlens_q, a.max_seqlen_q, a.max_seqlen_k, a.block_table)
 
 
 def run_fwd(q: Tensor, k: Tensor, v: Tensor, a: FwdArgs) -> Tuple[Tensor, Tensor, Tensor]:
@@ -119,7 +122,8 @@ def run_fwd(q: Tensor, k: Tensor, v: Tensor, a: FwdArgs) -> Tuple[Tensor, Tensor
         softcap=a.softcap, alibi_slopes=a.alibi_slopes, dropout_p=a.dropout_p, seed=seed, offset=offset,
         cu_seqlens_q=a.cu_seqlens_q, cu_seqlens_k=a.cu_seqlens_k, max_seqlen_q=a.max_seqlen_q if varlen else None,
         max_seqlen_k=a.max_seqlen_k if varlen else None, seqused_k=a.seqused_k, kv_batch_idx=a.kv_batch_idx,
-        block_mask=a.block_mask, block_size=(a.block_m, a.block_n), return_probs=a.return_probs and not varlen,
+        block_mask=a.block_mask, block_size=(a.block_m, a.block_n), return_probs=a.return_probs,
+        block_table=a.block_table, cache_leftpad=a.cache_leftpad, max_splits=a.max_splits,
         q_descale=a.q_descale, k_descale=a.k_descale, v_descale=a.v_descale)
     if probs is None:
         probs = q.new_empty(_NO_PROBS_SHAPE, dtype=torch.float32)
@@ -132,17 +136,16 @@ def fwd_impl(q, k, v, *args):
 
 _with_signature(fwd_impl, FWD_TENSORS, FwdArgs, Tuple[Tensor, Tensor, Tensor])
 
-# Forward of `generation`: (out like q, lse fp32, probs fp32 (batch, num_heads, seqlen_q, seqlen_k) or empty).
+# Forward of `generation`: (out like q, lse fp32, probs fp32 of _ops.probs_shape or empty).
 fwd = torch.library.custom_op("flashgen::fwd", fwd_impl, mutates_args=())
 
 
 @fwd.register_fake
 def _fwd_fake(q, k, v, *args):
     a = FwdArgs(*args)
-    varlen = a.cu_seqlens_q is not None
     out = torch.empty_like(q, dtype=_ops.out_dtype(q.dtype))
     lse = q.new_empty(_ops.lse_shape(q, a.cu_seqlens_q), dtype=torch.float32)
-    probs = q.new_empty(_probs_shape(q, k, varlen, a.return_probs), dtype=torch.float32)
+    probs = q.new_empty(_probs_shape(q, k, a), dtype=torch.float32)
     return out, lse, probs
 
 

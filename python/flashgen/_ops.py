@@ -68,7 +68,8 @@ def _set_qkvo(p, q, k, v, o, varlen_q: bool, varlen_k: bool) -> None:
 
 def _fill(p, q, k, v, o, lse, *, softmax_scale, window_size, softcap, alibi_slopes, dropout_p, seed, offset,
           cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_k, kv_batch_idx, block_mask,
-          block_size, probs, batch, q_descale=None, k_descale=None, v_descale=None):
+          block_size, probs, batch, block_table=None, cache_leftpad=None, max_splits=0, q_descale=None,
+          k_descale=None, v_descale=None):
     varlen_q = cu_seqlens_q is not None
     varlen_k = cu_seqlens_k is not None
     _set_qkvo(p, q, k, v, o, varlen_q, varlen_k)
@@ -80,7 +81,7 @@ def _fill(p, q, k, v, o, lse, *, softmax_scale, window_size, softcap, alibi_slop
     q_shape, k_shape = q.shape, k.shape
     p.batch = batch
     p.seqlen_q = max_seqlen_q if varlen_q else q_shape[1]
-    p.seqlen_k = max_seqlen_k if varlen_k else k_shape[1]
+    p.seqlen_k = max_seqlen_k if varlen_k else kv_capacity(k, block_table)
     p.num_heads = q_shape[-2]
     p.num_heads_k = k_shape[-2]
     p.head_dim = q_shape[-1]
@@ -103,6 +104,13 @@ def _fill(p, q, k, v, o, lse, *, softmax_scale, window_size, softcap, alibi_slop
         p.seqused_k = seqused_k.data_ptr()
     if kv_batch_idx is not None:
         p.kv_batch_idx = kv_batch_idx.data_ptr()
+    if block_table is not None:  # k, v are pages (num_pages, page_block_size, heads_k, d): batch strides are pages'
+        p.block_table = block_table.data_ptr()
+        p.block_table_batch_stride = block_table.stride(0)
+        p.page_block_size = k_shape[1]
+    if cache_leftpad is not None:
+        p.cache_leftpad = cache_leftpad.data_ptr()
+    p.max_splits = int(max_splits)
     if alibi_slopes is not None:
         p.alibi_slopes = alibi_slopes.data_ptr()
         p.alibi_batch_stride = alibi_slopes.stride(0) if alibi_slopes.dim() == 2 else 0
@@ -128,6 +136,28 @@ def _fill(p, q, k, v, o, lse, *, softmax_scale, window_size, softcap, alibi_slop
         p.v_descale_batch_stride, p.v_descale_head_stride = v_descale.stride()
     if q.is_cuda:
         p.num_sms = _num_sms(q.device.index if q.device.index is not None else torch.cuda.current_device())
+
+
+def kv_capacity(k: torch.Tensor, block_table: Optional[torch.Tensor]) -> int:
+    """Keys each sequence's K/V can hold (dense k: its seqlen dim; paged: max_blocks_per_seq * page_block_size)."""
+    return k.shape[1] if block_table is None else block_table.shape[1] * k.shape[1]
+
+
+PROBS_ROUND = 128  # flash_attn's varlen S_dmask: (batch, heads, round_multiple(max_seqlen_q / _k, 128))
+
+
+def _round_up(n: int, multiple: int) -> int:
+    return -(-n // multiple) * multiple
+
+
+def probs_shape(q: torch.Tensor, k: torch.Tensor, cu_seqlens_q: Optional[torch.Tensor], max_seqlen_q: Optional[int],
+                max_seqlen_k: Optional[int], block_table: Optional[torch.Tensor] = None) -> Tuple[int, ...]:
+    """The probabilities' shape, fp32: dense (batch, num_heads, seqlen_q, seqlen_k); varlen flash_attn's padded
+    (batch, num_heads, max_seqlen_q rounded up to PROBS_ROUND, max_seqlen_k likewise), zero outside each sequence."""
+    if cu_seqlens_q is not None:
+        return (cu_seqlens_q.shape[0] - 1, q.shape[-2], _round_up(max_seqlen_q, PROBS_ROUND),
+                _round_up(max_seqlen_k, PROBS_ROUND))
+    return (q.shape[0], q.shape[2], q.shape[1], kv_capacity(k, block_table))
 
 
 def lse_shape(q: torch.Tensor, cu_seqlens_q: Optional[torch.Tensor]) -> Tuple[int, ...]:
@@ -210,18 +240,23 @@ def forward(generation: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, 
             offset: int = 0, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q: Optional[int] = None,
             max_seqlen_k: Optional[int] = None, seqused_k=None, kv_batch_idx=None, block_mask=None,
             block_size=(128, 128), return_probs: bool = False, out: Optional[torch.Tensor] = None,
-            q_descale=None, k_descale=None, v_descale=None):
+            block_table=None, cache_leftpad=None, max_splits: int = 0, q_descale=None, k_descale=None,
+            v_descale=None):
     """Launch `generation`'s forward. Returns (out, lse, probs-or-None).
 
-    probs (only with return_probs): fp32 (batch, num_heads, seqlen_q, seqlen_k) softmax probabilities, dropped
-    entries negated; dense inputs only.
+    probs (only with return_probs): fp32 softmax probabilities of probs_shape, dropped entries negated.
+    block_table: k, v are pages (num_pages, page_block_size, num_heads_k, head_dim) and block_table int32 (batch,
+    max_blocks_per_seq) names each sequence's pages; cache_leftpad int32 (batch,), with a block table only: cache row
+    of key 0, seqused_k then counting the keys from there (common/kv_layout.h); max_splits: bound on a split-KV
+    plan's count (0 = the generation's choice).
     """
     batch = cu_seqlens_q.numel() - 1 if cu_seqlens_q is not None else q.shape[0]
     o = torch.empty_like(q, dtype=out_dtype(q.dtype)) if out is None else out
     lse = q.new_empty(lse_shape(q, cu_seqlens_q), dtype=torch.float32)
     probs = None
-    if return_probs:
-        probs = torch.empty(batch, q.shape[-2], q.shape[1], k.shape[1], dtype=torch.float32, device=q.device)
+    if return_probs:  # varlen: zeros past each sequence, which no kernel writes
+        shape = probs_shape(q, k, cu_seqlens_q, max_seqlen_q, max_seqlen_k, block_table)
+        probs = (torch.zeros if cu_seqlens_q is not None else torch.empty)(shape, dtype=torch.float32, device=q.device)
     groups = _grouped_decode(q, k, cu_seqlens_q, window_size, alibi_slopes, dropout_p, block_mask, return_probs)
     q_run, o_run, lse_run = q, o, lse
     if groups:  # lse (batch, h_k * g, 1) contiguous == (batch, h_k, g): row i of KV head j is query head j * g + i
@@ -233,6 +268,7 @@ def forward(generation: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, 
           alibi_slopes=alibi_slopes, dropout_p=dropout_p, seed=seed, offset=offset, cu_seqlens_q=cu_seqlens_q,
           cu_seqlens_k=cu_seqlens_k, max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k, seqused_k=seqused_k,
           kv_batch_idx=kv_batch_idx, block_mask=block_mask, block_size=block_size, probs=probs, batch=batch,
+          block_table=block_table, cache_leftpad=cache_leftpad, max_splits=max_splits,
           q_descale=q_descale, k_descale=k_descale, v_descale=v_descale)
     workspace = _plan_forward(generation, p, q.device) if q.is_cuda else None
     _native.C.fwd(generation, p, _stream_of(q))

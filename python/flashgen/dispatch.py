@@ -24,8 +24,8 @@ from ._native import BuildInfo
 
 # Every optional feature a call can use. The plain dense forward is always part of a problem.
 FEATURES: Tuple[str, ...] = (
-    "causal", "window", "softcap", "alibi", "dropout", "gqa", "varlen", "kvcache", "block_sparse", "return_probs",
-    "backward",
+    "causal", "window", "softcap", "alibi", "dropout", "gqa", "varlen", "kvcache", "paged_kv", "cache_leftpad",
+    "block_sparse", "return_probs", "backward", "deterministic",
 )
 
 # Requested-version values besides a generation name.
@@ -83,14 +83,15 @@ class _Table(dict):
 # The one table of what each generation implements today, per dtype where that differs (implements_by_dtype). Edit
 # it when a kernel lands and its tests pass.
 GENERATIONS: Dict[str, GenerationSpec] = _Table({
-    "v1": GenerationSpec("v1", "cuda", frozenset({"fp16", "bf16"}), frozenset({"forward"}) | frozenset(FEATURES),
+    "v1": GenerationSpec("v1", "cuda", frozenset({"fp16", "bf16"}),
+                         frozenset({"forward"}) | (frozenset(FEATURES) - {"paged_kv", "cache_leftpad"}),
                          min_capability=(7, 5), min_capability_by_dtype={"bf16": (8, 0)},
                          head_dim_multiple=_GPU_HEAD_DIM_MULTIPLE, alignment_bytes=_GPU_ALIGNMENT_BYTES),
     "v2": GenerationSpec("v2", "cuda", frozenset({"fp16", "bf16"}),
                          frozenset({"forward"}) | (frozenset(FEATURES) - {"block_sparse"}), min_capability=(8, 0),
                          head_dim_multiple=_GPU_HEAD_DIM_MULTIPLE, alignment_bytes=_GPU_ALIGNMENT_BYTES),
     "v3": GenerationSpec("v3", "cuda", frozenset({"fp16", "bf16", "e4m3"}),
-                         frozenset({"forward", "causal", "window", "softcap", "alibi", "gqa", "varlen"}),
+                         frozenset({"forward", "causal", "window", "softcap", "alibi", "gqa", "varlen", "backward"}),
                          min_capability=(9, 0),
                          max_capability=(9, 0), head_dim_multiple=_GPU_HEAD_DIM_MULTIPLE,
                          alignment_bytes=_GPU_ALIGNMENT_BYTES,

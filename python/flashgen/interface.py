@@ -58,7 +58,8 @@ def _capability(device: torch.device) -> Optional[Tuple[int, int]]:
 
 
 def _features(q, k, *, causal, window_size, softcap, alibi_slopes, dropout_p, return_probs, varlen=False,
-              kvcache=False, block_mask=None, tensors=()) -> frozenset:
+              kvcache=False, block_mask=None, tensors=(), paged_kv=False, cache_leftpad=False,
+              deterministic=False) -> frozenset:
     used = []
     if causal:
         used.append("causal")
@@ -76,12 +77,18 @@ def _features(q, k, *, causal, window_size, softcap, alibi_slopes, dropout_p, re
         used.append("varlen")
     if kvcache:
         used.append("kvcache")
+    if paged_kv:
+        used.append("paged_kv")
+    if cache_leftpad:
+        used.append("cache_leftpad")
     if block_mask is not None:
         used.append("block_sparse")
     if return_probs:
         used.append("return_probs")
     if tensors and torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
         used.append("backward")
+        if deterministic:
+            used.append("deterministic")  # a backward whose dQ additions are ordered (v3's are not: v2 runs it)
     return frozenset(used)
 
 
@@ -153,7 +160,7 @@ def _attention(q, k, v, *, dropout_p, softmax_scale, causal, window_size, softca
         block_mask = validate.last_dim_contiguous(block_mask)
     features = _features(q, k, causal=causal, window_size=window_size, softcap=softcap, alibi_slopes=alibi_slopes,
                          dropout_p=dropout_p, return_probs=return_probs, varlen=varlen, block_mask=block_mask,
-                         tensors=(q, k, v))
+                         tensors=(q, k, v), deterministic=deterministic)
     choice = _choose(q, features, version)
     if _args.no_work(q, k):  # batch 0, no query rows, no heads or no keys: out 0, lse +inf, nothing launched
         out, lse, probs = _args.empty_result(q, k, v, _ops.lse_shape(q, cu_seqlens_q), (
@@ -186,7 +193,7 @@ def _attention(q, k, v, *, dropout_p, softmax_scale, causal, window_size, softca
     if out.shape[-1] != head_dim:
         out = out[..., :head_dim]
     out, lse = _args.cover_rows(out, lse, total_q)
-    return out, lse, (probs if return_probs and not varlen else None)
+    return out, lse, (probs if return_probs else None)
 
 
 def _dequantize_fp8(q, k, v, q_descale, k_descale, v_descale, cu_seqlens_q, cu_seqlens_k):
@@ -261,7 +268,8 @@ def flash_attn_kvpacked_func(q, kv, dropout_p=0.0, softmax_scale=None, causal=Fa
 
 def _no_block_table(block_table) -> None:
     if block_table is not None:
-        raise NotImplementedError("block_table (paged KV cache) is not implemented in flashgen yet; pass None")
+        raise NotImplementedError("block_table: a paged KV cache is implemented for flash_attn_with_kvcache; "
+                                  "flash_attn_varlen_func does not take one in flashgen yet; pass None")
 
 
 def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p=0.0,
@@ -271,8 +279,10 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     """Attention over stacked sequences: q (total_q, num_heads, head_dim), k/v (total_k, num_heads_k, head_dim).
 
     cu_seqlens_q/k: int32 (batch + 1) offsets; max_seqlen_q/k: Python ints (never read from the device).
-    Returns out (total_q, num_heads, head_dim), or (out, softmax_lse (num_heads, total_q) fp32, None) with
-    return_attn_probs (probabilities are returned for dense inputs only).
+    Returns out (total_q, num_heads, head_dim), or (out, softmax_lse (num_heads, total_q) fp32, S_dmask) with
+    return_attn_probs: S_dmask is flash_attn's padded fp32 (batch, num_heads, max_seqlen_q_rounded,
+    max_seqlen_k_rounded) (rounded up to a multiple of 128), entry [b, h, i, j] the probability of query i and key j
+    of sequence b (dropped entries negated), 0 outside the sequence's seqlen_q x seqlen_k.
     """
     _no_block_table(block_table)
     out, lse, probs = _attention(q, k, v, dropout_p=dropout_p, softmax_scale=softmax_scale, causal=causal,
@@ -346,41 +356,47 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
                             alibi_slopes=None, num_splits=0, return_softmax_lse=False, *, version=None):
     """Decode-time attention against a KV cache, appending the new k/v in place first (inference only, no grad).
 
-    q (batch, seqlen_q, num_heads, head_dim); k_cache/v_cache (batch_cache, seqlen_cache, num_heads_k, head_dim);
-    k/v (batch, seqlen_new, num_heads_k, head_dim) are written at positions cache_seqlens[i] + j of cache row
-    cache_batch_idx[i] (default i); attention then uses the first cache_seqlens[i] + seqlen_new keys. rotary_cos/sin
-    (seqlen_ro, rotary_dim / 2) rotate k at those positions and q at cache_seqlens + j when causal or local, else at
-    cache_seqlens. num_splits is a tuning hint and is ignored. Returns out, or (out, softmax_lse) with
+    q (batch, seqlen_q, num_heads, head_dim); k_cache/v_cache (batch_cache, seqlen_cache, num_heads_k, head_dim), or
+    paged: (num_pages, page_block_size, num_heads_k, head_dim) with block_table int32 (batch, max_blocks_per_seq),
+    cache row r of sequence i at page block_table[i, r // page_block_size], row r % page_block_size (any page size;
+    capacity max_blocks_per_seq * page_block_size; not with cache_batch_idx). k/v (batch, seqlen_new, num_heads_k,
+    head_dim) are written at rows cache_seqlens[i] + j of cache entry cache_batch_idx[i] (default i), or of sequence
+    i's pages; attention then uses rows [cache_leftpad[i], cache_seqlens[i] + seqlen_new) (cache_leftpad default 0;
+    the masks' bottom-right corner is the last of them). rotary_cos/sin (seqlen_ro, rotary_dim / 2) rotate k at
+    those cache rows and q at cache_seqlens + j when causal or local, else at cache_seqlens: positions are cache
+    rows, with or without a left pad, as in flash_attn. num_splits bounds the split-KV count of a generation's
+    decode path (0 = its heuristic, 1 = no split, n = at most n). Returns out, or (out, softmax_lse) with
     return_softmax_lse.
     """
-    _no_block_table(block_table)
-    if cache_leftpad is not None:
-        raise NotImplementedError("cache_leftpad (left-padded KV cache) is not implemented in flashgen yet; pass None")
     _, softmax_scale, causal, window_size, softcap, _, _ = _args.scalars(0.0, softmax_scale, causal, window_size,
                                                                         softcap, False, False)
     rotary_interleaved = _args.as_bool("rotary_interleaved", rotary_interleaved)
     return_softmax_lse = _args.as_bool("return_softmax_lse", return_softmax_lse)
     if cache_seqlens is not None and not isinstance(cache_seqlens, torch.Tensor):
         cache_seqlens = _args.as_int("cache_seqlens", cache_seqlens)
-    _args.as_int("num_splits", num_splits)
-    validate.check_kvcache(q, k_cache, v_cache, k, v, cache_seqlens, cache_batch_idx)
+    num_splits = _args.as_int("num_splits", num_splits)
+    validate.check_kvcache(q, k_cache, v_cache, k, v, cache_seqlens, cache_batch_idx, block_table, cache_leftpad)
     validate.check_scalars(dropout_p=0.0, softmax_scale=softmax_scale, causal=causal, window_size=window_size,
                            softcap=softcap, head_dim=q.shape[-1])
-    validate.check_rotary(rotary_cos, rotary_sin, q, k_cache, k_cache.shape[1])
+    validate.check_num_splits(num_splits)
+    capacity = validate.kv_capacity(k_cache, block_table)
+    validate.check_rotary(rotary_cos, rotary_sin, q, k_cache, capacity)
     validate.check_alibi(alibi_slopes, q, q.shape[0])
     if k is not None and cache_seqlens is None:
         raise ValueError("cache_seqlens: expected an int or int32 (batch,) tensor when appending k/v")
-    validate.check_kvcache_values(k_cache, k, cache_seqlens, cache_batch_idx)  # before the append writes anything
-    window_size = validate.clamp_window(window_size, q.shape[1], k_cache.shape[1])
+    # Before the append writes anything:
+    validate.check_kvcache_values(k_cache, k, cache_seqlens, cache_batch_idx, cache_leftpad, block_table)
+    window_size = validate.clamp_window(window_size, q.shape[1], capacity)
     batch, seqlen_q = q.shape[0], q.shape[1]
+    seqlen_new = 0 if k is None else k.shape[1]
+    if isinstance(cache_seqlens, int):
+        cache_seqlens = torch.full((batch,), cache_seqlens, dtype=torch.int32, device=q.device)
     features = _features(q, k_cache, causal=causal, window_size=window_size, softcap=softcap,
-                         alibi_slopes=alibi_slopes, dropout_p=0.0, return_probs=False, kvcache=True)
+                         alibi_slopes=alibi_slopes, dropout_p=0.0, return_probs=False, kvcache=True,
+                         paged_kv=block_table is not None, cache_leftpad=cache_leftpad is not None)
     choice = _choose(q, features, version)
     head_dim = q.shape[-1]
     softmax_scale, (window_left, window_right) = _scale_and_window(head_dim, softmax_scale, window_size, causal)
-    if isinstance(cache_seqlens, int):
-        cache_seqlens = torch.full((batch,), cache_seqlens, dtype=torch.int32, device=q.device)
-    seqlen_new = 0 if k is None else k.shape[1]
     if rotary_cos is not None:
         start = cache_seqlens.long().view(batch, 1)
         local = causal or tuple(window_size) != (-1, -1)
@@ -391,16 +407,31 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
             k = _rotate(k, rotary_cos, rotary_sin, k_pos, rotary_interleaved)
     seqused_k = cache_seqlens
     if k is not None:
-        rows = torch.arange(batch, device=q.device, dtype=torch.int64) if cache_batch_idx is None \
-            else cache_batch_idx.long()
         positions = cache_seqlens.long().view(batch, 1) + torch.arange(seqlen_new, device=q.device)
-        rows = rows.view(batch, 1).expand(batch, seqlen_new)
-        k_cache.index_put_((rows, positions), k)
-        v_cache.index_put_((rows, positions), v)
+        if block_table is not None:  # row r of sequence i: page block_table[i, r // page], row r % page of it
+            page_block_size = k_cache.shape[1]
+            index = (block_table.long().gather(1, positions // page_block_size), positions % page_block_size)
+        else:
+            rows = torch.arange(batch, device=q.device, dtype=torch.int64) if cache_batch_idx is None \
+                else cache_batch_idx.long()
+            index = (rows.view(batch, 1).expand(batch, seqlen_new), positions)
+        k_cache.index_put_(index, k)
+        v_cache.index_put_(index, v)
         seqused_k = (cache_seqlens + seqlen_new).to(torch.int32)
     if _args.no_work(q, k_cache):  # batch 0, no query rows, no heads or a cache of capacity 0: out 0, lse +inf
         out, lse, _ = _args.empty_result(q, k_cache, v_cache, _ops.lse_shape(q, None), None)
         return (out, lse) if return_softmax_lse else out
+    kv_batch_idx = cache_batch_idx
+    if cache_leftpad is not None:
+        # The kernels take a left pad with a block table only (common/kv_layout.h): a dense cache becomes one page per
+        # sequence (page = the capacity, the table names the cache entry), a zero-copy view; the keys used are
+        # counted from the pad.
+        if block_table is None:
+            entries = torch.arange(batch, device=q.device, dtype=torch.int32) if cache_batch_idx is None \
+                else cache_batch_idx
+            block_table, kv_batch_idx = entries.view(batch, 1), None
+        ends = seqused_k if seqused_k is not None else torch.full_like(cache_leftpad, capacity)
+        seqused_k = (ends - cache_leftpad).to(torch.int32)
     qp, kc, vc = (_pad(validate.last_dim_contiguous(t), choice.head_dim_multiple) for t in (q, k_cache, v_cache))
     if not torch.compiler.is_compiling():
         validate.check_alignment((("q", qp), ("k_cache", kc), ("v_cache", vc)), choice.alignment_bytes)
@@ -411,14 +442,17 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
             args = _library.FwdArgs(
                 generation=choice.generation, softmax_scale=float(softmax_scale), window_left=int(window_left),
                 window_right=int(window_right), softcap=float(softcap), alibi_slopes=alibi_slopes,
-                seqused_k=seqused_k, kv_batch_idx=cache_batch_idx)
+                seqused_k=seqused_k, kv_batch_idx=kv_batch_idx, block_table=block_table,
+                cache_leftpad=cache_leftpad, max_splits=int(num_splits))
             out, lse, _ = _library.fwd(qp, kc, vc, *args)
     else:
         with nvtx.annotate(q.is_cuda, choice.generation, "fwd", validate.DTYPE_NAMES[q.dtype], head_dim,
                            (window_left, window_right)):
             out, lse, _ = _ops.forward(choice.generation, qp, kc, vc, softmax_scale=float(softmax_scale),
                                        window_size=(int(window_left), int(window_right)), softcap=float(softcap),
-                                       alibi_slopes=alibi_slopes, seqused_k=seqused_k, kv_batch_idx=cache_batch_idx)
+                                       alibi_slopes=alibi_slopes, seqused_k=seqused_k, kv_batch_idx=kv_batch_idx,
+                                       block_table=block_table, cache_leftpad=cache_leftpad,
+                                       max_splits=int(num_splits))
     if out.shape[-1] != head_dim:
         out = out[..., :head_dim]
     return (out, lse) if return_softmax_lse else out
@@ -468,7 +502,7 @@ def explain(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, window_siz
         validate.check_block_mask(block_mask, block_size, q, k)
     features = _features(q, k, causal=causal, window_size=window_size, softcap=softcap, alibi_slopes=alibi_slopes,
                          dropout_p=dropout_p, return_probs=return_attn_probs, varlen=varlen, kvcache=kvcache,
-                         block_mask=block_mask, tensors=(q, k, v))
+                         block_mask=block_mask, tensors=(q, k, v), deterministic=deterministic)
     if backward is not None:
         features = features | {"backward"} if backward else features - {"backward"}
     problem = _problem(q, features)

@@ -2,8 +2,9 @@
 
 Every mask semantic flashgen implements is spelled out here independently of the kernels and of common/:
 bottom-right causal for any seqlen_q/seqlen_k, sliding window (left, right) inclusive, GQA/MQA, varlen
-(cu_seqlens), KV-cache lengths (seqused_k), softcap, ALiBi, block-sparse layouts, and dropout from a given
-keep-mask. Fully masked rows give out = 0 and lse = +inf (flash_attn 2.x's convention).
+(cu_seqlens), KV-cache lengths (seqused_k) and left pads (cache_leftpad), paged KV caches (block_table: the pages
+gathered into a dense cache first), softcap, ALiBi, block-sparse layouts, and dropout from a given keep-mask. Fully
+masked rows give out = 0 and lse = +inf (flash_attn 2.x's convention).
 
 `philox_keep_mask` re-derives the dropout keep-mask from the documented keying in numpy, as a spec that the
 C++ header and the kernels are tested against.
@@ -17,7 +18,7 @@ from typing import Optional, Sequence, Tuple
 import numpy as np
 import torch
 
-__all__ = ["attention_ref", "visible_mask", "philox_keep_mask", "alibi_bias"]
+__all__ = ["attention_ref", "visible_mask", "philox_keep_mask", "alibi_bias", "pages_to_dense"]
 
 
 def visible_mask(seqlen_q: int, seqlen_k: int, window_size: Tuple[int, int] = (-1, -1), causal: bool = False,
@@ -96,12 +97,25 @@ def _lse_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.float32 if dtype != torch.float64 else dtype
 
 
+def pages_to_dense(pages: torch.Tensor, block_table: torch.Tensor) -> torch.Tensor:
+    """A paged cache (num_pages, page_block_size, heads_k, d) read through block_table (batch, max_blocks) as the
+    dense cache (batch, max_blocks * page_block_size, heads_k, d) it stands for: sequence b's pages in table order,
+    concatenated. Table entries that name no page (negative or past num_pages) read as NaN rows."""
+    num_pages = pages.shape[0]
+    table = block_table.long().to(pages.device)
+    valid = (table >= 0) & (table < num_pages)
+    gathered = pages[table.clamp(0, num_pages - 1)]  # (batch, max_blocks, page, heads_k, d)
+    gathered = torch.where(valid.view(*valid.shape, 1, 1, 1), gathered, torch.full_like(gathered, float("nan")))
+    return gathered.flatten(1, 2)
+
+
 def attention_ref(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, softmax_scale: Optional[float] = None,
                   causal: bool = False, window_size: Tuple[int, int] = (-1, -1), softcap: float = 0.0,
                   alibi_slopes: Optional[torch.Tensor] = None, dropout_p: float = 0.0,
                   keep_mask: Optional[torch.Tensor] = None, cu_seqlens_q: Optional[torch.Tensor] = None,
                   cu_seqlens_k: Optional[torch.Tensor] = None, seqused_k: Optional[torch.Tensor] = None,
                   block_mask: Optional[torch.Tensor] = None, block_size: Sequence[int] = (128, 128),
+                  cache_leftpad: Optional[torch.Tensor] = None, block_table: Optional[torch.Tensor] = None,
                   dtype: torch.dtype = torch.float64) -> Tuple[torch.Tensor, torch.Tensor]:
     """Attention in `dtype` (float64 by default), returning (out, lse).
 
@@ -109,6 +123,10 @@ def attention_ref(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, softmax_
     Varlen (cu_seqlens_q/k given): q (total_q, h, d), k/v (total_k, hk, d) -> out (total_q, h, d), lse (h, total_q);
     rows past cu_seqlens_q[-1] belong to no sequence: out 0, lse +inf.
     seqused_k (b,): only the first seqused_k[i] keys of sequence i are used (KV cache).
+    cache_leftpad (b,) (dense, KV cache): sequence i uses keys [cache_leftpad[i], seqused_k[i] or sk) only; the mask
+    and ALiBi see that range as the whole sequence.
+    block_table (b, max_blocks) (dense): k/v are pages (num_pages, page_block_size, hk, d), gathered by
+    pages_to_dense into the cache (b, max_blocks * page_block_size, hk, d) first.
     keep_mask: bool (b, h, sq, sk) (dense) or a list of (h, sq_i, sk_i) (varlen), True = kept; scaled by 1/(1-p).
     block_mask: bool (heads or 1, ceil(sq / bm), ceil(sk / bn)) with block_size (bm, bn).
     """
@@ -118,14 +136,18 @@ def attention_ref(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, softmax_
     kw = dict(softmax_scale=softmax_scale, causal=causal, window_size=tuple(window_size), softcap=softcap,
               dropout_p=dropout_p, block_mask=block_mask, block_size=tuple(block_size), dtype=dtype)
     if cu_seqlens_q is None:
-        if seqused_k is None:
+        if block_table is not None:
+            k, v = pages_to_dense(k, block_table), pages_to_dense(v, block_table)
+        if seqused_k is None and cache_leftpad is None:
             return _dense(q, k, v, alibi_slopes=alibi_slopes, keep_mask=keep_mask, **kw)
         outs, lses = [], []
         for i in range(q.shape[0]):
-            n = int(seqused_k[i])
+            n = k.shape[1] if seqused_k is None else int(seqused_k[i])
+            first = 0 if cache_leftpad is None else int(cache_leftpad[i])
             slopes = alibi_slopes if alibi_slopes is None or alibi_slopes.dim() == 1 else alibi_slopes[i:i + 1]
-            km = None if keep_mask is None else keep_mask[i:i + 1, :, :, :n]
-            o, l = _dense(q[i:i + 1], k[i:i + 1, :n], v[i:i + 1, :n], alibi_slopes=slopes, keep_mask=km, **kw)
+            km = None if keep_mask is None else keep_mask[i:i + 1, :, :, :n - first]
+            o, l = _dense(q[i:i + 1], k[i:i + 1, first:n], v[i:i + 1, first:n], alibi_slopes=slopes, keep_mask=km,
+                          **kw)
             outs.append(o)
             lses.append(l)
         if not outs:  # batch 0

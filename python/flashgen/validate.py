@@ -251,20 +251,31 @@ def check_block_mask(block_mask, block_size, q: torch.Tensor, k: torch.Tensor) -
                          f"seqlen_k {k.shape[1]}, block_size {tuple(block_size)}, got {tuple(t.shape)}")
 
 
-def check_kvcache(q, k_cache, v_cache, k, v, cache_seqlens, cache_batch_idx) -> None:
-    """q (b, seqlen_q, num_heads, head_dim); caches (b_cache, seqlen_cache, num_heads_k, head_dim); new k/v
-    (b, seqlen_new, num_heads_k, head_dim); cache_seqlens int32 (b,) or an int; cache_batch_idx int32 (b,).
-    Values of the index tensors: check_kvcache_values."""
+def kv_capacity(k_cache: torch.Tensor, block_table: Optional[torch.Tensor]) -> int:
+    """Rows each sequence's cache can hold: seqlen_cache, or max_blocks_per_seq * page_block_size when paged."""
+    return k_cache.shape[1] if block_table is None else block_table.shape[1] * k_cache.shape[1]
+
+
+def check_kvcache(q, k_cache, v_cache, k, v, cache_seqlens, cache_batch_idx, block_table=None,
+                  cache_leftpad=None) -> None:
+    """q (b, seqlen_q, num_heads, head_dim); caches (b_cache, seqlen_cache, num_heads_k, head_dim), or with a
+    block_table int32 (b, max_blocks_per_seq) pages (num_pages, page_block_size, num_heads_k, head_dim); new k/v
+    (b, seqlen_new, num_heads_k, head_dim); cache_seqlens int32 (b,) or an int; cache_batch_idx and cache_leftpad
+    int32 (b,). Shapes only: the values are check_kvcache_values'."""
     check_qkv(q, k_cache, v_cache, names=("q", "k_cache", "v_cache"), same_batch=False)
     batch = q.shape[0]
-    if cache_batch_idx is None and k_cache.shape[0] != batch:
+    if block_table is not None:
+        check_block_table(block_table, q, k_cache, cache_batch_idx)
+    elif cache_batch_idx is None and k_cache.shape[0] != batch:
         raise ValueError(f"k_cache: expected batch {batch} (the batch of q) without cache_batch_idx, "
                          f"got {k_cache.shape[0]}")
     if cache_batch_idx is not None:
         check_index("cache_batch_idx", cache_batch_idx, q, batch)
+    if cache_leftpad is not None:
+        check_index("cache_leftpad", cache_leftpad, q, batch)
+    capacity = kv_capacity(k_cache, block_table)
     if (k is None) != (v is None):
         raise ValueError("k, v: expected both or neither of the new keys and values")
-    capacity = k_cache.shape[1]
     seqlen_new = 0
     if k is not None:
         check_qkv(q, k, v, names=("q", "k", "v"))
@@ -283,11 +294,13 @@ def check_kvcache(q, k_cache, v_cache, k, v, cache_seqlens, cache_batch_idx) -> 
         raise ValueError(f"cache_seqlens: expected an int in {room} or an int32 tensor, got {cache_seqlens!r}")
 
 
-def check_kvcache_values(k_cache: torch.Tensor, k: Optional[torch.Tensor], cache_seqlens, cache_batch_idx) -> None:
-    """cache_seqlens[i] in [0, capacity - seqlen_new] and cache_batch_idx[i] in [0, batch of k_cache), where they are
-    read (indices_readable). Run before the append writes anything, so a refused call leaves both caches as they
-    were."""
-    capacity = k_cache.shape[1]
+def check_kvcache_values(k_cache: torch.Tensor, k: Optional[torch.Tensor], cache_seqlens, cache_batch_idx,
+                          cache_leftpad: Optional[torch.Tensor] = None,
+                          block_table: Optional[torch.Tensor] = None) -> None:
+    """cache_seqlens[i] in [0, capacity - seqlen_new], cache_batch_idx[i] in [0, batch of k_cache), and with a left
+    pad or a block table check_kvcache_indices' rules, where the tensors are read (indices_readable). Run before the
+    append writes anything, so a refused call leaves both caches as they were."""
+    capacity = kv_capacity(k_cache, block_table)
     seqlen_new = 0 if k is None else k.shape[1]
     if isinstance(cache_seqlens, torch.Tensor) and indices_readable(cache_seqlens):
         for i, n in enumerate(cache_seqlens.tolist()):
@@ -302,6 +315,79 @@ def check_kvcache_values(k_cache: torch.Tensor, k: Optional[torch.Tensor], cache
             if not 0 <= b < rows:
                 raise IndexError(f"cache_batch_idx: cache_batch_idx[{i}] = {b} is out of range for the {rows} "
                                  f"entries of k_cache (batch dim)")
+    extra = [t for t in (cache_leftpad, block_table) if t is not None]
+    seqlens_t = cache_seqlens if isinstance(cache_seqlens, torch.Tensor) else None
+    if extra and all(indices_readable(t) for t in extra + ([seqlens_t] if seqlens_t is not None else [])):
+        if isinstance(cache_seqlens, int):
+            seqlens_t = torch.full((extra[0].shape[0],), cache_seqlens, dtype=torch.int64)
+        check_kvcache_indices(seqlens_t, cache_leftpad, block_table, capacity=capacity, seqlen_new=seqlen_new,
+                              num_pages=k_cache.shape[0])
+
+
+def check_block_table(block_table, q: torch.Tensor, k_cache: torch.Tensor, cache_batch_idx) -> None:
+    """block_table int32 (batch, max_blocks_per_seq) on the device of q, its last dim contiguous, beside pages of
+    k_cache (num_pages, page_block_size, ...); not with cache_batch_idx (flash_attn refuses the pair too)."""
+    t = _tensor("block_table", block_table)
+    if t.dtype != INDEX_DTYPE:
+        raise TypeError(f"block_table: expected dtype torch.int32, got {t.dtype}")
+    _same_device("block_table", t, q)
+    if t.dim() != 2 or t.shape[0] != q.shape[0] or t.shape[1] < 1:
+        raise ValueError(f"block_table: expected shape ({q.shape[0]}, max_blocks_per_seq >= 1) (batch of q), got "
+                         f"{tuple(t.shape)}")
+    if t.stride(1) != 1:
+        raise ValueError("block_table: expected a contiguous last dim")
+    if cache_batch_idx is not None:
+        raise ValueError("cache_batch_idx: cannot be combined with block_table (a paged cache names its pages per "
+                         "sequence; flash_attn refuses the pair too); pass None")
+    if k_cache.shape[0] < 1 or k_cache.shape[1] < 1:
+        raise ValueError(f"k_cache: expected pages (num_pages >= 1, page_block_size >= 1, num_heads_k, head_dim) "
+                         f"with block_table, got {tuple(k_cache.shape)}")
+
+
+def check_num_splits(num_splits) -> None:
+    """flash_attn's num_splits: 0 = the generation's heuristic, 1 = no split, n = at most n splits."""
+    if not isinstance(num_splits, int) or isinstance(num_splits, bool) or num_splits < 0:
+        raise ValueError(f"num_splits: expected an int >= 0 (0 = auto, 1 = no split, n = at most n), "
+                         f"got {num_splits!r}")
+
+
+def check_kvcache_indices(cache_seqlens: Optional[torch.Tensor], cache_leftpad: Optional[torch.Tensor],
+                          block_table: Optional[torch.Tensor], *, capacity: int, seqlen_new: int,
+                          num_pages: int) -> None:
+    """The values flash_attn_with_kvcache's index tensors must hold, read on the host (a device synchronization for
+    CUDA tensors: call it for CPU tensors, or where the caller asked for index checks):
+    cache_seqlens in [0, capacity - seqlen_new] (the appended keys fit the cache or the pages the table gives),
+    cache_leftpad in [0, cache_seqlens] (the capacity without cache_seqlens), and the block_table entries a call
+    reads or writes (pages of rows [cache_leftpad, cache_seqlens + seqlen_new)) in [0, num_pages)."""
+    seqlens = None if cache_seqlens is None else cache_seqlens.detach().to("cpu", torch.int64)
+    if seqlens is not None:
+        bad = (seqlens < 0) | (seqlens + seqlen_new > capacity)
+        if bool(bad.any()):
+            i = int(bad.nonzero()[0, 0])
+            raise ValueError(f"cache_seqlens: entry {i} is {int(seqlens[i])}; with {seqlen_new} new keys it must be in "
+                             f"[0, {capacity - seqlen_new}] (the cache holds {capacity} rows per sequence)")
+    ends = seqlens + seqlen_new if seqlens is not None else None
+    pads = None
+    if cache_leftpad is not None:
+        pads = cache_leftpad.detach().to("cpu", torch.int64)
+        limit = seqlens if seqlens is not None else torch.full_like(pads, capacity)
+        bad = (pads < 0) | (pads > limit)
+        if bool(bad.any()):
+            i = int(bad.nonzero()[0, 0])
+            raise ValueError(f"cache_leftpad: entry {i} is {int(pads[i])}; it must be in [0, {int(limit[i])}] "
+                             f"(cache_seqlens[{i}]: the keys are rows [cache_leftpad, cache_seqlens))")
+    if block_table is not None:
+        table = block_table.detach().to("cpu", torch.int64)
+        page = capacity // table.shape[1]
+        end = ends if ends is not None else torch.full((table.shape[0],), capacity, dtype=torch.int64)
+        first = pads // page if pads is not None else torch.zeros_like(end)
+        blocks = torch.arange(table.shape[1]).view(1, -1)
+        used = (blocks >= first.view(-1, 1)) & (blocks < (-(-end // page)).view(-1, 1))
+        bad = used & ((table < 0) | (table >= num_pages))
+        if bool(bad.any()):
+            b, j = (int(x) for x in bad.nonzero()[0])
+            raise ValueError(f"block_table: entry [{b}, {j}] is {int(table[b, j])}; the pages this call reads or "
+                             f"writes must be in [0, {num_pages}) (k_cache holds {num_pages} pages)")
 
 
 def check_rotary(rotary_cos, rotary_sin, q: torch.Tensor, k_cache: torch.Tensor, cache_len: int) -> None:

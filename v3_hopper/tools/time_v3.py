@@ -33,6 +33,7 @@ def main() -> None:
     ap.add_argument("--out", default=None)
     ap.add_argument("--head-dims", default="64,128,256")
     ap.add_argument("--seqlens", default="2048,8192")
+    ap.add_argument("--label", default="", help="recorded in every row (e.g. the ablation switch of this build)")
     args = ap.parse_args()
     built = _native.build_info()
     rows = []
@@ -59,7 +60,7 @@ def main() -> None:
                 out_v3 = impls["v3"]()[0]
                 ref = impls["flash"]().transpose(1, 2)
                 err = float((out_v3.float() - ref.float()).abs().max())
-                rec = {"head_dim": d, "seqlen": s, "batch": b, "heads": h, "causal": causal, "max_abs_vs_flash": err}
+                rec = {"label": args.label, "head_dim": d, "seqlen": s, "batch": b, "heads": h, "causal": causal, "max_abs_vs_flash": err}
                 for name, fn in impls.items():
                     try:
                         ms = do_bench(fn, warmup=25, rep=100, return_mode="median")

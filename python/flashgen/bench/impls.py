@@ -56,6 +56,23 @@ def _to_bhsd(t: torch.Tensor) -> torch.Tensor:
     return t.transpose(1, 2)
 
 
+PAGED_SEED = 1234  # the shuffled page order of paged_cache
+
+
+def paged_cache(t: torch.Tensor, page_size: int) -> Tuple[torch.Tensor, torch.Tensor]:
+    """The (batch, seqlen, heads_k, d) cache t in pages, as a serving stack holds it: (pages, block_table) with pages
+    (batch * ceil(seqlen / page_size), page_size, heads_k, d) handed out in a shuffled order (seeded) and block_table
+    int32 (batch, ceil(seqlen / page_size)). Rows past seqlen in a sequence's last page are zeros."""
+    batch, seqlen = t.shape[:2]
+    blocks = -(-seqlen // page_size)
+    padded = torch.zeros(batch, blocks * page_size, *t.shape[2:], dtype=t.dtype, device=t.device)
+    padded[:, :seqlen] = t
+    order = torch.randperm(batch * blocks, generator=torch.Generator().manual_seed(PAGED_SEED)).to(t.device)
+    pages = torch.empty(batch * blocks, page_size, *t.shape[2:], dtype=t.dtype, device=t.device)
+    pages[order] = padded.view(batch * blocks, page_size, *t.shape[2:])
+    return pages, order.view(batch, blocks).to(torch.int32)
+
+
 def _first(out):
     """flash_attn_interface / flash_attn.cute return (out, lse) in some versions."""
     return out[0] if isinstance(out, (tuple, list)) else out
@@ -111,6 +128,13 @@ class FlashgenImpl(Impl):
         if cfg.kind == "decode":
             cache_seqlens = torch.full((cfg.batch,), cfg.seqlen_k, dtype=torch.int32, device=q.device)
             api = self.kvcache_api
+            if cfg.page_size:  # the same keys in shuffled pages: times the paged instances against the dense rows
+                (k_pages, table), (v_pages, _) = paged_cache(k, cfg.page_size), paged_cache(v, cfg.page_size)
+                fn = lambda q_, k_, v_: _first(api(q_, k_, v_, cache_seqlens=cache_seqlens,  # noqa: E731
+                                                   block_table=table, causal=cfg.causal,
+                                                   window_size=tuple(cfg.window_size), version=gen))
+                return Bound(fn, [leaves[0], k_pages, v_pages], _same,
+                             note=f"flash_attn_with_kvcache, block_table, page {cfg.page_size}")
             fn = lambda q_, k_, v_: _first(api(q_, k_, v_, cache_seqlens=cache_seqlens, causal=cfg.causal,  # noqa: E731
                                                window_size=tuple(cfg.window_size), version=gen))
             return Bound(fn, leaves, _same, note="flash_attn_with_kvcache")
@@ -176,11 +200,12 @@ class SdpaImpl(Impl):
         import torch.nn.functional as F
         leaves = self._leaves((q, k, v), requires_grad)
         causal = cfg.causal
+        paged = " (dense copy of a paged row's keys)" if cfg.page_size else ""
         if cfg.num_heads == cfg.num_heads_k:
             return Bound(lambda q_, k_, v_: F.scaled_dot_product_attention(q_, k_, v_, is_causal=causal),
-                         leaves, _to_bhsd)
+                         leaves, _to_bhsd, note=paged.strip())
         gqa = Bound(lambda q_, k_, v_: F.scaled_dot_product_attention(q_, k_, v_, is_causal=causal, enable_gqa=True),
-                    leaves, _to_bhsd, note="enable_gqa")
+                    leaves, _to_bhsd, note="enable_gqa" + paged)
         try:
             with self.context():
                 gqa.run()
@@ -267,10 +292,23 @@ class FlashAttnPackageImpl(Impl):
         self.name = name
         self.func = getattr(self.module, "flash_attn_func")
         self.kvcache = getattr(self.module, "flash_attn_with_kvcache", None)
+        # The paged-cache keyword: flash_attn 2.x's block_table, FlashAttention-3's page_table.
+        self.table_arg = None
+        if self.kvcache is not None:
+            import inspect
+            try:
+                params = inspect.signature(self.kvcache).parameters
+            except (TypeError, ValueError):
+                params = {}
+            self.table_arg = next((a for a in ("block_table", "page_table") if a in params), None)
 
     def why_not(self, cfg, mode):
         if cfg.kind == "decode" and self.kvcache is None:
             return UNSUPPORTED, f"{self.name} has no flash_attn_with_kvcache"
+        if cfg.kind == "decode" and cfg.page_size and self.table_arg is None:
+            return UNSUPPORTED, f"{self.name}'s flash_attn_with_kvcache takes no block table"
+        if cfg.kind == "decode" and cfg.page_size % FLASH_ATTN_PAGE_MULTIPLE and self.name == "flash_attn":
+            return UNSUPPORTED, f"flash_attn 2.x needs page_block_size % {FLASH_ATTN_PAGE_MULTIPLE} == 0"
         return None
 
     def bind(self, cfg, q, k, v, requires_grad):
@@ -278,10 +316,18 @@ class FlashAttnPackageImpl(Impl):
         func, kvcache, causal = self.func, self.kvcache, cfg.causal
         if cfg.kind == "decode":
             cache_seqlens = torch.full((cfg.batch,), cfg.seqlen_k, dtype=torch.int32, device=q.device)
+            if cfg.page_size:
+                (k_pages, table), (v_pages, _) = paged_cache(k, cfg.page_size), paged_cache(v, cfg.page_size)
+                paged = {self.table_arg: table}
+                return Bound(lambda q_, k_, v_: _first(kvcache(q_, k_, v_, cache_seqlens=cache_seqlens, causal=causal,
+                                                               **paged)),
+                             [leaves[0], k_pages, v_pages], _same, note=f"{self.table_arg}, page {cfg.page_size}")
             return Bound(lambda q_, k_, v_: _first(kvcache(q_, k_, v_, cache_seqlens=cache_seqlens, causal=causal)),
                          leaves, _same)
         return Bound(lambda q_, k_, v_: _first(func(q_, k_, v_, causal=causal)), leaves, _same)
 
+
+FLASH_ATTN_PAGE_MULTIPLE = 256  # flash_attn 2.x's paged KV cache: page_block_size a multiple of 256
 
 # flash_attn 2.x, FlashAttention-3 (hopper/ build), FlashAttention-4 (CuTe DSL): module -> implementation name.
 FLASH_ATTN_PACKAGES: Sequence[Tuple[str, str]] = (

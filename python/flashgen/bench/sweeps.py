@@ -2,7 +2,8 @@
 
 The GPU grid is FlashAttention's: 16k tokens per batch (batch = tokens / seqlen), hidden 2048 (num_heads = hidden /
 head_dim), bf16, seqlen 512..16k, head dim 64/128/256, causal and not. The CPU grid is the issue-3 CPU table: batch 1,
-8 heads, d64, fp32. Decoding: a few query tokens against a long KV cache, 32 query heads / 8 KV heads (GQA 4), d128.
+8 heads, d64, fp32. Decoding: a few query tokens against a long KV cache, 32 query heads / 8 KV heads (GQA 4), d128,
+the cache dense and paged (pages of 16 rows, vLLM/SGLang's, and 256, flash_attn's smallest) with the same keys.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ class Config:
     causal: bool
     dtype: str                     # 'bf16', 'fp16', 'fp32' (build_info's names)
     window_size: Tuple[int, int] = (-1, -1)
+    page_size: int = 0             # decode: 0 = a dense KV cache, else the same keys in pages of this many rows
 
     @property
     def label(self) -> str:
@@ -41,8 +43,9 @@ class Config:
         if self.window_size != (-1, -1):
             mask = f"win{self.window_size[0]},{self.window_size[1]}"
         if self.kind == "decode":
+            paged = f" p{self.page_size}" if self.page_size else ""
             return (f"decode b{self.batch} q{self.seqlen_q} kv{_k(self.seqlen_k)} "
-                    f"h{self.num_heads}/{self.num_heads_k} d{self.head_dim}")
+                    f"h{self.num_heads}/{self.num_heads_k} d{self.head_dim}{paged}")
         return f"d{self.head_dim} {mask} s{_k(self.seqlen_q)} b{self.batch} h{self.num_heads}"
 
     def as_dict(self) -> dict:
@@ -86,7 +89,8 @@ class AttentionSweep:
 
 @dataclasses.dataclass(frozen=True)
 class DecodeSweep:
-    """seqlen_q query tokens (not causal: each sees the whole cache) against a full KV cache of seqlen_k."""
+    """seqlen_q query tokens (not causal: each sees the whole cache) against a full KV cache of seqlen_k, dense (page
+    size 0) and paged (the same keys in shuffled pages; impls.paged_cache)."""
 
     query_lens: Tuple[int, ...]
     cache_lens: Tuple[int, ...]
@@ -95,10 +99,13 @@ class DecodeSweep:
     num_heads_k: int
     head_dim: int
     dtype: str
+    page_sizes: Tuple[int, ...] = (0,)
 
     def configs(self) -> List[Config]:
-        return [Config("decode", b, sq, sk, self.num_heads, self.num_heads_k, self.head_dim, False, self.dtype)
-                for sq, b, sk in itertools.product(self.query_lens, self.batches, self.cache_lens)]
+        return [Config("decode", b, sq, sk, self.num_heads, self.num_heads_k, self.head_dim, False, self.dtype,
+                       page_size=page)
+                for sq, b, sk, page in itertools.product(self.query_lens, self.batches, self.cache_lens,
+                                                         self.page_sizes)]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -118,7 +125,7 @@ class Plan:
 
 # d128 first: it is the head dim the anchors cover most, so it is measured before any time budget runs out.
 _GPU_DECODE = DecodeSweep(query_lens=(1, 4), cache_lens=(8192, 32768, 131072), batches=(1, 16), num_heads=32,
-                          num_heads_k=8, head_dim=128, dtype="bf16")
+                          num_heads_k=8, head_dim=128, dtype="bf16", page_sizes=(0, 16, 256))
 PLANS: Dict[str, Plan] = {
     "gpu": Plan("full", AttentionSweep(seqlens=(512, 1024, 2048, 4096, 8192, 16384), head_dims=(128, 64, 256),
                                        causal=(False, True), modes=ATTENTION_MODES, dtype="bf16"),

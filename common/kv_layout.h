@@ -1,0 +1,77 @@
+// Where key j of sequence b lives in the K and V tensors: the one address rule the CPU backend and the kernels read
+// keys and values through, the same on host and device.
+// Keys are numbered from the first one attention uses (j = 0 .. seq_info(p, b).seqlen_k - 1), and key j lives
+//   dense KV cache / batch:  batch kv_batch_idx[b] (b without), row j:      batch * batch_stride + j * row_stride
+//   varlen keys:             stacked row cu_seqlens_k[b] + j:               (cu_seqlens_k[b] + j) * row_stride
+//   paged KV cache:          cache row r = first_row + j (first_row = cache_leftpad[b], 0 without a left pad), at
+//                            page block_table[b][r / page_block_size],     page * batch_stride
+//                            row r % page_block_size of that page:          + (r % page_block_size) * row_stride
+// (with a block table, batch_stride is the stride of one page of (page_block_size, num_heads_k, head_dim)). A left
+// pad is honoured with a block table only: the API passes a left-padded dense cache as one page per sequence (page
+// size = its capacity, table = the cache entry), so the dense case stays seq_info's affine offsets.
+// Offsets are in elements from the tensor's data pointer, head 0: add head_k * head_stride. The rule reads the table
+// only for the rows asked for; a caller asks only for j < seqlen_k (so r < cache_seqlens <= the table's capacity).
+#pragma once
+
+#include <cstdint>
+
+#include "common/config.h"
+#include "common/params.h"
+
+namespace flashgen {
+
+// Cache row of key 0 of sequence b in a paged cache (flash_attn's cache_leftpad: the keys are rows [leftpad,
+// cache_seqlens), and seqused_k counts them from the pad).
+FH_HD int kv_first_row(const AttnParams& p, int b) { return p.cache_leftpad ? p.cache_leftpad[b] : 0; }
+
+// The two cases of the rule, for code that has already branched on p.block_table (the kernels' instances), so
+// neither carries the other's code. Dense: key j (seq_info's k_offset + j * row_stride). Paged: cache row r.
+FH_HD int64_t dense_kv_row_offset(const AttnParams& p, int b, int j, int64_t batch_stride, int64_t row_stride) {
+  if (p.cu_seqlens_k) return (static_cast<int64_t>(p.cu_seqlens_k[b]) + j) * row_stride;
+  const int64_t cache_batch = p.kv_batch_idx ? p.kv_batch_idx[b] : b;
+  return cache_batch * batch_stride + static_cast<int64_t>(j) * row_stride;
+}
+
+FH_HD int64_t paged_kv_row_offset(const AttnParams& p, int b, int r, int64_t page_stride, int64_t row_stride) {
+  const int page = p.block_table[b * p.block_table_batch_stride + r / p.page_block_size];
+  return static_cast<int64_t>(page) * page_stride + static_cast<int64_t>(r % p.page_block_size) * row_stride;
+}
+
+// Cache rows r, r + step, r + 2 step, ... of one sequence of a paged cache, for a loop that visits them in order (the
+// kernels' tile loads, each thread every step-th row): paged_kv_row_offset of each row without a division per row.
+// The row's page index and row in the page advance by step's quotient and remainder, one carry at most (both stay
+// below page_block_size). Two divisions when made; tests/cpp/test_kv_layout.cpp checks it against the rule.
+struct PagedRowCursor {
+  const int* pages;     // this sequence's row of the block table
+  int page_index;       // entry of `pages` holding the current row
+  int row_in_page;
+  int step_pages, step_rows, page_block_size;
+
+  FH_HD PagedRowCursor(const AttnParams& p, int b, int r, int step)
+      : pages(p.block_table + b * p.block_table_batch_stride),
+        page_index(r / p.page_block_size),
+        row_in_page(r - page_index * p.page_block_size),
+        step_pages(step / p.page_block_size),
+        step_rows(step - step_pages * p.page_block_size),
+        page_block_size(p.page_block_size) {}
+  // paged_kv_row_offset of the current row (reads its block-table entry).
+  FH_HD int64_t offset(int64_t page_stride, int64_t row_stride) const {
+    return static_cast<int64_t>(pages[page_index]) * page_stride + static_cast<int64_t>(row_in_page) * row_stride;
+  }
+  FH_HD void advance() {
+    page_index += step_pages;
+    row_in_page += step_rows;
+    if (row_in_page >= page_block_size) {
+      row_in_page -= page_block_size;
+      ++page_index;
+    }
+  }
+};
+
+// Element offset of key j of sequence b in K (pass k_batch_stride, k_row_stride) or V (the v strides).
+FH_HD int64_t kv_row_offset(const AttnParams& p, int b, int j, int64_t batch_stride, int64_t row_stride) {
+  return p.block_table ? paged_kv_row_offset(p, b, kv_first_row(p, b) + j, batch_stride, row_stride)
+                       : dense_kv_row_offset(p, b, j, batch_stride, row_stride);
+}
+
+}  // namespace flashgen

@@ -1,0 +1,265 @@
+// Host tests of common/kv_layout.h (where key j of sequence b lives) with seq_info's key counts and offsets, against
+// caches built the way a caller fills them, without the header's arithmetic:
+//   dense     one (capacity, heads_k, head_dim) block per cache batch entry, picked by kv_batch_idx;
+//   varlen    the sequences' keys stacked, each starting at cu_seqlens_k[b];
+//   paged     pages handed out from a shuffled free list, each sequence's rows written in order by a cursor that
+//             moves to the sequence's next table entry when its page is full (no division, no modulo); left pads.
+// Every element of a cache holds a code of (sequence, cache row, kv head, column) or a poison value; the test reads
+// key j of sequence b through kv_row_offset and checks it finds row cache_leftpad[b] + j of that sequence.
+// Prints each failure with its values, a final "N passed, N failed" line, and exits non-zero on any failure.
+#include <algorithm>
+#include <cstdint>
+#include <cstdio>
+#include <vector>
+
+#include "common/kv_layout.h"
+#include "common/mask.h"
+#include "common/params.h"
+
+namespace {
+
+int g_passed = 0;
+int g_failed = 0;
+constexpr int kMaxReported = 30;
+
+#define CHECK(cond, ...)                                             \
+  do {                                                               \
+    if (cond) {                                                      \
+      ++g_passed;                                                    \
+    } else if (++g_failed <= kMaxReported) {                         \
+      std::printf("FAIL %s:%d: %s | ", __FILE__, __LINE__, #cond);   \
+      std::printf(__VA_ARGS__);                                      \
+      std::printf("\n");                                             \
+    }                                                                \
+  } while (0)
+
+using flashgen::AttnParams;
+
+constexpr int kHeadsK = 3;
+constexpr int kHeadDim = 5;
+constexpr int kRowPad = 2;      // extra elements per row: row strides that are not heads_k * head_dim
+constexpr float kPoison = -1.f;  // never a code
+
+// The code stored at (sequence b, cache row r, kv head h, column c).
+float code(int b, int r, int h, int c) { return static_cast<float>(((b * 1000 + r) * kHeadsK + h) * kHeadDim + c); }
+
+struct Lcg {
+  uint64_t state;
+  int below(int n) {
+    state = state * 6364136223846793005ull + 1442695040888963407ull;
+    return static_cast<int>((state >> 33) % static_cast<uint64_t>(n));
+  }
+};
+
+// Reads key j of sequence b through the rule and checks every (head, column) of it: cache row pad[b] + j, where
+// cache_lens[b] - pad[b] keys are used (seqused_k counts from the pad; pad only with a block table).
+void check_keys(const char* what, const AttnParams& p, const std::vector<float>& k, const std::vector<float>& v,
+                const std::vector<int>& cache_lens, const std::vector<int>& leftpad) {
+  for (int b = 0; b < p.batch; ++b) {
+    const flashgen::SeqInfo s = flashgen::seq_info(p, b);
+    const int pad = leftpad.empty() ? 0 : leftpad[b];
+    CHECK(s.seqlen_k == cache_lens[b] - pad, "%s b=%d: seqlen_k %d, want cache length %d - leftpad %d", what, b,
+          s.seqlen_k, cache_lens[b], pad);
+    CHECK(!p.block_table || flashgen::kv_first_row(p, b) == pad, "%s b=%d: first row %d, want %d", what, b,
+          flashgen::kv_first_row(p, b), pad);
+    for (int j = 0; j < s.seqlen_k; ++j) {
+      const int64_t ko = flashgen::kv_row_offset(p, b, j, p.k_batch_stride, p.k_row_stride);
+      const int64_t vo = flashgen::kv_row_offset(p, b, j, p.v_batch_stride, p.v_row_stride);
+      const int64_t by_case = p.block_table
+                                  ? flashgen::paged_kv_row_offset(p, b, pad + j, p.k_batch_stride, p.k_row_stride)
+                                  : flashgen::dense_kv_row_offset(p, b, j, p.k_batch_stride, p.k_row_stride);
+      CHECK(by_case == ko, "%s b=%d j=%d: the %s case gives %lld, kv_row_offset %lld", what, b, j,
+            p.block_table ? "paged" : "dense", static_cast<long long>(by_case), static_cast<long long>(ko));
+      if (!p.block_table) {  // dense: seq_info's offsets are key 0's, and key j is j rows further
+        CHECK(ko == s.k_offset + j * p.k_row_stride && vo == s.v_offset + j * p.v_row_stride,
+              "%s b=%d j=%d: offsets %lld/%lld not seq_info's %lld/%lld + j rows", what, b, j,
+              static_cast<long long>(ko), static_cast<long long>(vo), static_cast<long long>(s.k_offset),
+              static_cast<long long>(s.v_offset));
+      }
+      for (int h = 0; h < kHeadsK; ++h) {
+        for (int c = 0; c < kHeadDim; ++c) {
+          const int64_t ki = ko + h * p.k_head_stride + c, vi = vo + h * p.v_head_stride + c;
+          const bool in = ki >= 0 && vi >= 0 && ki < static_cast<int64_t>(k.size()) &&
+                          vi < static_cast<int64_t>(v.size());
+          CHECK(in && k[ki] == code(b, pad + j, h, c) && v[vi] == -code(b, pad + j, h, c) - 2.f,
+                "%s b=%d key %d head %d col %d: read k %g v %g, want row %d (code %g)", what, b, j, h, c,
+                in ? k[ki] : kPoison, in ? v[vi] : kPoison, pad + j, code(b, pad + j, h, c));
+        }
+      }
+    }
+  }
+}
+
+// seqused_k as the API passes it: the keys after the pad.
+std::vector<int> keys_used(const std::vector<int>& cache_lens, const std::vector<int>& leftpad) {
+  std::vector<int> used = cache_lens;
+  for (size_t b = 0; b < used.size() && !leftpad.empty(); ++b) used[b] -= leftpad[b];
+  return used;
+}
+
+// (cache length, leftpad) per sequence: empty, one key, a left pad as long as the cache, rows past the first page.
+struct Lens {
+  std::vector<int> seqused, leftpad;
+};
+const Lens kLens[] = {
+    {{0, 1, 7, 40}, {}},
+    {{5, 9, 40, 23}, {0, 9, 3, 22}},  // leftpad == seqused: no key
+    {{40, 40, 1, 17}, {39, 0, 1, 16}},
+};
+constexpr int kBatch = 4;
+constexpr int kCapacity = 40;
+
+// A dense cache of cache_batch entries, kv_batch_idx a permutation into it; K and V with different row strides.
+void test_dense() {
+  for (const Lens& lens : kLens) {
+    for (bool batch_idx : {false, true}) {
+      const int cache_batch = kBatch + 1;
+      const std::vector<int> idx = {3, 0, 4, 1};  // cache entry of sequence b
+      const int k_row = kHeadsK * kHeadDim, v_row = kHeadsK * kHeadDim + kRowPad;
+      std::vector<float> k(static_cast<size_t>(cache_batch) * kCapacity * k_row, kPoison);
+      std::vector<float> v(static_cast<size_t>(cache_batch) * kCapacity * v_row, kPoison);
+      for (int b = 0; b < kBatch; ++b) {
+        const int e = batch_idx ? idx[b] : b;
+        for (int r = 0; r < kCapacity; ++r)
+          for (int h = 0; h < kHeadsK; ++h)
+            for (int c = 0; c < kHeadDim; ++c) {
+              k[(static_cast<size_t>(e) * kCapacity + r) * k_row + h * kHeadDim + c] = code(b, r, h, c);
+              v[(static_cast<size_t>(e) * kCapacity + r) * v_row + h * kHeadDim + c] = -code(b, r, h, c) - 2.f;
+            }
+      }
+      AttnParams p;
+      p.batch = kBatch;
+      p.seqlen_k = kCapacity;
+      p.k_batch_stride = static_cast<int64_t>(kCapacity) * k_row, p.k_row_stride = k_row, p.k_head_stride = kHeadDim;
+      p.v_batch_stride = static_cast<int64_t>(kCapacity) * v_row, p.v_row_stride = v_row, p.v_head_stride = kHeadDim;
+      p.seqused_k = lens.seqused.data();
+      p.kv_batch_idx = batch_idx ? idx.data() : nullptr;
+      check_keys(batch_idx ? "dense kv_batch_idx" : "dense", p, k, v, lens.seqused, {});
+      // The API's form of a left-padded dense cache: one page per sequence (page = capacity rows, the entry's batch
+      // stride as page stride), the table naming each sequence's cache entry.
+      std::vector<int> entries(kBatch);
+      for (int b = 0; b < kBatch; ++b) entries[b] = batch_idx ? idx[b] : b;
+      const std::vector<int> used = keys_used(lens.seqused, lens.leftpad);
+      AttnParams q = p;
+      q.kv_batch_idx = nullptr;
+      q.block_table = entries.data();
+      q.block_table_batch_stride = 1;
+      q.page_block_size = kCapacity;
+      q.seqused_k = used.data();
+      q.cache_leftpad = lens.leftpad.empty() ? nullptr : lens.leftpad.data();
+      check_keys("dense as pages", q, k, v, lens.seqused, lens.leftpad);
+    }
+  }
+}
+
+// Varlen keys: sequence b's rows start at cu_seqlens_k[b] of the stacked rows; its length is the difference.
+void test_varlen() {
+  const std::vector<int> lens = {3, 0, 11, 1};
+  std::vector<int> cu = {0};
+  for (int n : lens) cu.push_back(cu.back() + n);
+  const int row = kHeadsK * kHeadDim + kRowPad;
+  std::vector<float> k(static_cast<size_t>(cu.back()) * row, kPoison), v(k.size(), kPoison);
+  int stacked = 0;
+  for (int b = 0; b < kBatch; ++b) {
+    for (int r = 0; r < lens[b]; ++r, ++stacked)
+      for (int h = 0; h < kHeadsK; ++h)
+        for (int c = 0; c < kHeadDim; ++c) {
+          k[static_cast<size_t>(stacked) * row + h * kHeadDim + c] = code(b, r, h, c);
+          v[static_cast<size_t>(stacked) * row + h * kHeadDim + c] = -code(b, r, h, c) - 2.f;
+        }
+  }
+  AttnParams p;
+  p.batch = kBatch;
+  p.seqlen_k = 11;
+  p.cu_seqlens_k = cu.data();
+  p.k_row_stride = p.v_row_stride = row;
+  p.k_head_stride = p.v_head_stride = kHeadDim;
+  check_keys("varlen", p, k, v, lens, {});
+}
+
+// A paged cache: num_pages pages of page_block_size rows, handed out in a shuffled order, a few left unused; each
+// sequence owns max_blocks table entries (unused entries hold -1, which the rule must never read).
+void test_paged(int page_block_size) {
+  for (const Lens& lens : kLens) {
+    const int max_blocks = (kCapacity + page_block_size - 1) / page_block_size;  // capacity not a page multiple
+    const int num_pages = kBatch * max_blocks + 3;
+    std::vector<int> free_list(num_pages);
+    for (int i = 0; i < num_pages; ++i) free_list[i] = i;
+    Lcg rng{static_cast<uint64_t>(page_block_size) * 77 + lens.seqused[0]};
+    for (int i = num_pages - 1; i > 0; --i) std::swap(free_list[i], free_list[rng.below(i + 1)]);
+    std::vector<int> table(static_cast<size_t>(kBatch) * (max_blocks + 1), -1);  // a padded table row stride
+    const int table_stride = max_blocks + 1;
+    const int k_row = kHeadsK * kHeadDim, v_row = kHeadsK * kHeadDim + kRowPad;
+    const int64_t k_page = static_cast<int64_t>(page_block_size) * k_row, v_page = page_block_size * v_row + 1;
+    std::vector<float> k(num_pages * k_page, kPoison), v(num_pages * v_page, kPoison);
+    int next_free = 0;
+    for (int b = 0; b < kBatch; ++b) {
+      int entry = -1, in_page = page_block_size;  // the cursor: a full page makes the next row open a new one
+      for (int r = 0; r < lens.seqused[b]; ++r) {
+        if (in_page == page_block_size) {
+          table[b * table_stride + ++entry] = free_list[next_free++];
+          in_page = 0;
+        }
+        const int page = table[b * table_stride + entry];
+        for (int h = 0; h < kHeadsK; ++h)
+          for (int c = 0; c < kHeadDim; ++c) {
+            k[page * k_page + in_page * k_row + h * kHeadDim + c] = code(b, r, h, c);
+            v[page * v_page + in_page * v_row + h * kHeadDim + c] = -code(b, r, h, c) - 2.f;
+          }
+        ++in_page;
+      }
+    }
+    AttnParams p;
+    p.batch = kBatch;
+    p.seqlen_k = max_blocks * page_block_size;
+    p.block_table = table.data();
+    p.block_table_batch_stride = table_stride;
+    p.page_block_size = page_block_size;
+    p.k_batch_stride = k_page, p.k_row_stride = k_row, p.k_head_stride = kHeadDim;
+    p.v_batch_stride = v_page, p.v_row_stride = v_row, p.v_head_stride = kHeadDim;
+    const std::vector<int> used = keys_used(lens.seqused, lens.leftpad);
+    p.seqused_k = used.data();
+    p.cache_leftpad = lens.leftpad.empty() ? nullptr : lens.leftpad.data();
+    char what[64];
+    std::snprintf(what, sizeof(what), "paged %d", page_block_size);
+    check_keys(what, p, k, v, lens.seqused, lens.leftpad);
+  }
+}
+
+// PagedRowCursor visits rows r0, r0 + step, ... at paged_kv_row_offset's offsets, for any page size and step.
+void test_cursor() {
+  constexpr int kMaxBlocks = 400;
+  std::vector<int> table(2 * kMaxBlocks);
+  Lcg rng{99};
+  for (int& t : table) t = rng.below(1000);
+  for (int page : {1, 2, 3, 5, 7, 8, 16, 17, 64, 256}) {
+    for (int step : {1, 2, 3, 4, 8, 16, 32, 64}) {
+      for (int r0 : {0, 1, 2, 5, 15, 16, 17, 255, 256, 300}) {
+        AttnParams p;
+        p.block_table = table.data();
+        p.block_table_batch_stride = kMaxBlocks;
+        p.page_block_size = page;
+        const int64_t page_stride = 1000003, row_stride = 97;
+        flashgen::PagedRowCursor cursor(p, 1, r0, step);
+        for (int i = 0; i < 40 && r0 + i * step < kMaxBlocks * page; ++i, cursor.advance()) {
+          const int r = r0 + i * step;
+          const int64_t want = flashgen::paged_kv_row_offset(p, 1, r, page_stride, row_stride);
+          const int64_t got = cursor.offset(page_stride, row_stride);
+          CHECK(got == want, "cursor page %d step %d from row %d, row %d: offset %lld, the rule %lld", page, step, r0,
+                r, static_cast<long long>(got), static_cast<long long>(want));
+        }
+      }
+    }
+  }
+}
+
+}  // namespace
+
+int main() {
+  test_dense();
+  test_varlen();
+  for (int page : {1, 3, 16, 256}) test_paged(page);
+  test_cursor();
+  std::printf("%d passed, %d failed\n", g_passed, g_failed);
+  return g_failed == 0 ? 0 : 1;
+}

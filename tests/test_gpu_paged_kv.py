@@ -1,0 +1,245 @@
+"""Paged KV caches, left pads, num_splits and varlen probabilities on every compiled GPU generation (v2 today).
+
+The CPU tier's cases (tests/paged_kv_cases.py, tests/test_paged_kv.py) on CUDA: page sizes 1, 3, 16, 256 with shuffled
+block tables, appends with and without rotary, left pads, GQA, causal and window masks, softcap and ALiBi, each through
+flash_attn_with_kvcache against the float64 oracle (FA rule; LSE within LSE_ATOL) with the caches afterwards checked
+row by row. Then the kernels' two paths over pages: the split-KV decode instance (small batch, long cache: the plan
+splits, num_splits bounds it) and the prefill instance (more query rows than a decode tile, or FLASHGEN_SPLIT_KV=0),
+the forward written into a NaN-poisoned output, a paged decode step captured in a CUDA graph, and varlen
+return_attn_probs (flash_attn's padded S_dmask) against the oracle's probabilities and the Philox keep-mask.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import pytest
+import torch
+
+pytestmark = pytest.mark.gpu
+
+if not torch.cuda.is_available():
+    pytest.skip("GPU paged KV tests need a CUDA device", allow_module_level=True)
+
+import flashgen  # noqa: E402
+from conftest import check_lse, cu_seqlens, gpu_generations, need, run_fwd  # noqa: E402
+from flashgen import _native, _ops, testing  # noqa: E402
+from flashgen.reference import attention_ref, philox_keep_mask  # noqa: E402
+from paged_kv_cases import (PAGE_SIZES, SCENARIOS, KvCase, build, call, check_cache_after, clone_inputs,  # noqa: E402
+                            expected, keys_used, with_page)
+
+
+@pytest.fixture(params=gpu_generations("fwd"))
+def generation(request):
+    return request.param
+
+
+@pytest.fixture
+def splits_seen(monkeypatch):
+    """The decode path on (FLASHGEN_SPLIT_KV=1), and p.num_splits / p.max_splits of every forward launch recorded."""
+    monkeypatch.setenv(_ops.DECODE_ENV, "1")
+    seen = []
+    real = _native.C.fwd
+
+    def spy(generation, p, stream):
+        seen.append((p.num_splits, p.max_splits))
+        return real(generation, p, stream)
+
+    monkeypatch.setattr(_native.C, "fwd", spy)
+    return seen
+
+
+def _features(case: KvCase):
+    used = ["kvcache"]
+    if case.page:
+        used.append("paged_kv")
+    if case.leftpad is not None:
+        used.append("cache_leftpad")
+    if case.heads != case.heads_k:
+        used.append("gqa")
+    if case.causal:
+        used.append("causal")
+    if case.window != (-1, -1):
+        used.append("window")
+    if case.softcap:
+        used.append("softcap")
+    if case.alibi:
+        used.append("alibi")
+    return used
+
+
+def _check(case, inputs, before, out, lse):
+    want = expected(case, before)
+    testing.check_fa_rule(f"{case.id} out", out.cpu(), want["ref"], want["naive"])
+    check_lse(f"{case.id} lse", lse.cpu(), want["ref_lse"])
+    check_cache_after(case, before, inputs, want)
+
+
+# ---- the CPU tier's cases, at two head dims ----
+CASES = [dataclasses.replace(with_page(c, p), head_dim=d) for c in SCENARIOS for p in (0,) + PAGE_SIZES
+         for d in (32, 128)]
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: f"{c.id}-d{c.head_dim}")
+def test_kvcache_against_oracle(generation, case):
+    need(generation, "bf16", case.head_dim, *_features(case))
+    inputs = build(case, "cuda", torch.bfloat16)
+    before = clone_inputs(inputs)
+    out, lse = call(case, inputs, version=generation)
+    _check(case, inputs, before, out, lse)
+
+
+# ---- the split-KV decode instance over pages: small batch, long cache ----
+LONG = 6000  # keys: many key blocks of any decode tile, not a multiple of any page or block
+
+
+@pytest.mark.parametrize("page", [1, 16, 256])
+@pytest.mark.parametrize("variant", ["gqa-1-token", "append-leftpad-rotary", "mha-4-tokens-causal"])
+def test_paged_split_decode(generation, page, variant, splits_seen):
+    base = dict(page=page, cache_lens=(LONG, 37, LONG - 700), capacity=LONG + 8, head_dim=128, heads=8, heads_k=2)
+    case = {"gqa-1-token": KvCase("split-gqa", **base),
+            "append-leftpad-rotary": KvCase("split-append", **base, seqlen_new=1, leftpad=(1000, 0, 5),
+                                            causal=True, rotary="interleaved", rotary_dim=64),
+            "mha-4-tokens-causal": KvCase("split-causal", **dict(base, heads_k=8), seqlen_q=4, causal=True)}[variant]
+    need(generation, "bf16", 128, *_features(case))
+    inputs = build(case, "cuda", torch.bfloat16)
+    before = clone_inputs(inputs)
+    out, lse = call(case, inputs, version=generation)
+    if generation == "v2":
+        assert splits_seen[-1][0] > 1, f"expected the split decode instance, saw (num_splits, max_splits) {splits_seen}"
+    _check(case, inputs, before, out, lse)
+
+
+@pytest.mark.parametrize("num_splits", [1, 2, 5])
+def test_num_splits_bounds_the_split(generation, num_splits, splits_seen):
+    """num_splits = n: at most n splits (1: the decode instance unsplit); the result is the same attention."""
+    case = KvCase("bounded", 16, cache_lens=(LONG, 900), capacity=LONG, head_dim=128, heads=8, heads_k=2)
+    need(generation, "bf16", 128, *_features(case))
+    inputs = build(case, "cuda", torch.bfloat16)
+    out, lse = call(case, inputs, version=generation, num_splits=num_splits)
+    assert splits_seen[-1][1] == num_splits, f"max_splits {splits_seen[-1][1]} != num_splits {num_splits}"
+    if generation == "v2":
+        assert 1 <= splits_seen[-1][0] <= num_splits, f"num_splits {num_splits}: the plan gave {splits_seen[-1][0]}"
+    _check(case, inputs, clone_inputs(inputs), out, lse)
+
+
+# ---- the prefill instance over pages ----
+
+@pytest.mark.parametrize("page", [3, 16, 256])
+def test_paged_prefill(generation, page, splits_seen):
+    """More query rows than a decode tile (a chunked prefill against the cache): the prefill instance reads pages."""
+    case = KvCase("prefill", page, cache_lens=(700, 0, 333), seqlen_q=150, seqlen_new=150, capacity=1000,
+                  head_dim=128, heads=8, heads_k=2, causal=True, leftpad=(20, 0, 0))
+    need(generation, "bf16", 128, *_features(case))
+    inputs = build(case, "cuda", torch.bfloat16)
+    before = clone_inputs(inputs)
+    out, lse = call(case, inputs, version=generation)
+    if generation == "v2":
+        assert splits_seen[-1][0] == 0, f"expected the prefill instance, saw {splits_seen}"
+    _check(case, inputs, before, out, lse)
+
+
+@pytest.mark.parametrize("page", [1, 16])
+def test_paged_decode_on_the_prefill_instance(generation, page, splits_seen, monkeypatch):
+    monkeypatch.setenv(_ops.DECODE_ENV, "0")
+    case = KvCase("nosplit", page, cache_lens=(LONG, 5), capacity=LONG, head_dim=64, heads=4, heads_k=1,
+                  leftpad=(300, 0))
+    need(generation, "bf16", 64, *_features(case))
+    inputs = build(case, "cuda", torch.bfloat16)
+    out, lse = call(case, inputs, version=generation)
+    assert splits_seen[-1][0] == 0
+    _check(case, inputs, clone_inputs(inputs), out, lse)
+
+
+@pytest.mark.parametrize("head_dim", [64, 128, 256])
+@pytest.mark.parametrize("seqlen_q", [1, 100])
+def test_paged_forward_writes_every_output(generation, head_dim, seqlen_q):
+    """The forward alone (flashgen._ops, decode and prefill instances) into a NaN-poisoned output, page size 5."""
+    case = KvCase("poisoned", 5, cache_lens=(3000, 1, 0, 77), seqlen_q=seqlen_q, capacity=3001, head_dim=head_dim,
+                  heads=4, heads_k=2, leftpad=(10, 0, 0, 77))
+    need(generation, "bf16", head_dim, *_features(case))
+    inputs = build(case, "cuda", torch.bfloat16)
+    out, lse, _ = run_fwd(generation, inputs["q"], inputs["k_cache"], inputs["v_cache"],
+                          seqused_k=keys_used(inputs), block_table=inputs["block_table"],
+                          cache_leftpad=inputs["cache_leftpad"])
+    want = expected(case, inputs)
+    testing.check_fa_rule(f"poisoned d{head_dim} sq{seqlen_q}", out.cpu(), want["ref"], want["naive"])
+    check_lse("poisoned", lse.cpu(), want["ref_lse"])
+
+
+def test_paged_decode_step_replays_from_a_cuda_graph(generation, splits_seen):
+    """A paged decode step (append, then attend) captured once and replayed with new tokens, lengths and tables:
+    nothing on the path reads a tensor value on the host. The replay equals the eager call bit for bit."""
+    case = KvCase("graph", 16, cache_lens=(3001, 17, 4000, 0), capacity=4096, head_dim=128, heads=32, heads_k=8,
+                  seqlen_new=1)
+    need(generation, "bf16", 128, *_features(case))
+    inputs = build(case, "cuda", torch.bfloat16)
+
+    def step():
+        return call(case, inputs, version=generation)[0]
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        step()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        static_out = step()
+    for lens in ([5, 4095, 64, 1], [4000, 0, 2048, 3999]):
+        for name in ("q", "k", "v"):
+            inputs[name].copy_(torch.randn_like(inputs[name]))
+        inputs["cache_seqlens"].copy_(torch.tensor(lens, dtype=torch.int32))
+        inputs["block_table"].copy_(inputs["block_table"].flip(0))  # other pages for every sequence
+        before = clone_inputs(inputs)
+        static_out.fill_(float("nan"))
+        graph.replay()
+        replayed = static_out.clone()
+        after = clone_inputs(inputs)
+        for name in ("k_cache", "v_cache"):  # undo the replay's append so the eager call sees the same cache
+            inputs[name].copy_(before[name])
+        eager = step()
+        assert torch.equal(replayed, eager), f"cache lengths {lens}: graph replay differs from the eager call"
+        check_cache_after(dataclasses.replace(case, cache_lens=tuple(lens)), before, after,
+                          expected(dataclasses.replace(case, cache_lens=tuple(lens)), before))
+
+
+# ---- varlen return_attn_probs ----
+
+@pytest.mark.parametrize("dropout_p", [0.0, 0.25])
+def test_varlen_probs(generation, dropout_p):
+    need(generation, "bf16", 64, "varlen", "return_probs", "causal", "gqa", *(["dropout"] if dropout_p else []))
+    lens_q, lens_k = [3, 130, 1, 0, 64], [9, 200, 1, 5, 64]
+    h, hk, d = 4, 2, 64
+    cu_q, cu_k = cu_seqlens(lens_q), cu_seqlens(lens_k)
+    gen = torch.Generator().manual_seed(11)
+    q = torch.randn(sum(lens_q), h, d, generator=gen).to("cuda", torch.bfloat16)
+    k = torch.randn(sum(lens_k), hk, d, generator=gen).to("cuda", torch.bfloat16)
+    v = torch.randn(sum(lens_k), hk, d, generator=gen).to("cuda", torch.bfloat16)
+    torch.manual_seed(5)
+    out, lse, probs = flashgen.flash_attn_varlen_func(q, k, v, cu_q, cu_k, max(lens_q), max(lens_k),
+                                                      dropout_p=dropout_p, causal=True, return_attn_probs=True,
+                                                      version=generation)
+    rounded = lambda n: -(-n // 128) * 128  # noqa: E731
+    assert probs.shape == (len(lens_q), h, rounded(max(lens_q)), rounded(max(lens_k)))
+    probs = probs.cpu()
+    seed = offset = None
+    if dropout_p:
+        torch.manual_seed(5)
+        seed, offset = torch.randint(0, 2 ** 62, (2,), dtype=torch.int64).tolist()
+    for b, (lq, lk) in enumerate(zip(lens_q, lens_k)):
+        block = probs[b, :, :lq, :lk]
+        rest = probs[b].clone()
+        rest[:, :lq, :lk] = 0
+        assert not rest.abs().any(), f"sequence {b}: nonzero entries outside its {lq} x {lk} block"
+        if not (lq and lk):
+            continue
+        qb = q[int(cu_q[b]):int(cu_q[b + 1])].cpu().unsqueeze(0)
+        kb = k[int(cu_k[b]):int(cu_k[b + 1])].cpu().unsqueeze(0)
+        eye = torch.eye(lk, dtype=torch.float64).view(1, lk, 1, lk).expand(1, lk, hk, lk)
+        want, _ = attention_ref(qb, kb.double(), eye, causal=True)
+        want = want.permute(0, 2, 1, 3)[0]
+        err = float((block.abs().double() - want).abs().max())
+        assert err <= 1e-3, f"sequence {b}: |probs| vs the oracle's softmax max error {err:.3e} > 1e-3"
+        if dropout_p:
+            keep = philox_keep_mask(seed, offset, 1, h, lq, lk, dropout_p, batch_index=b)[0]
+            assert torch.equal(torch.signbit(block), ~keep), f"sequence {b}: dropped signs differ from the keep-mask"

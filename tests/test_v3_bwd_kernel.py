@@ -1,0 +1,84 @@
+"""v3 backward (FlashAttention-3's backward on sm_90a: TMA ring, wgmma, warp specialization) beyond the shared
+GPU backward suite (tests/test_gpu_bwd.py runs every generation's backward, v3 included): long sequences with many
+query blocks per key block, GQA groups looped inside a CTA, head dims between the buckets, empty sides, and the
+routing of what v3's backward refuses. Gradients pass the FA rule with factor 3 (conftest.check_grads), outputs
+poisoned. Skips what build_info() says was not compiled and devices other than sm_90.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+pytestmark = pytest.mark.gpu
+
+if not torch.cuda.is_available():
+    pytest.skip("v3 backward tests need a CUDA device", allow_module_level=True)
+if torch.cuda.get_device_capability() != (9, 0):
+    pytest.skip("v3 runs on sm_90 (H100/H200) only", allow_module_level=True)
+
+import flashgen  # noqa: E402
+from conftest import check_grads, randn, run_bwd  # noqa: E402
+from flashgen import _native, _ops  # noqa: E402
+
+DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def _need(dtype_name: str, head_dim: int) -> None:
+    if not _native.build_info().has("v3", "bwd", dtype_name, head_dim):
+        pytest.skip(f"v3 bwd {dtype_name} d{head_dim} not compiled into this build")
+
+
+@pytest.mark.parametrize("dtype", ["bf16", "fp16"])
+@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_long_sequence(dtype, head_dim, causal):
+    """1100 x 1300: 18 query blocks per key block, a partial last key block, GQA 4 -> 2."""
+    _need(dtype, head_dim)
+    torch.manual_seed(21)
+    q = randn(1, 1100, 4, head_dim, dtype=DTYPES[dtype])
+    k, v = (randn(1, 1300, 2, head_dim, dtype=DTYPES[dtype]) for _ in range(2))
+    check_grads("v3", f"long {dtype} d{head_dim} causal={causal}", q, k, v,
+                window_size=(-1, 0) if causal else (-1, -1))
+
+
+@pytest.mark.parametrize("head_dim", [72, 96, 120, 32, 8])
+def test_head_dims_between_buckets(head_dim):
+    _need("bf16", head_dim)
+    torch.manual_seed(22)
+    q, k, v = (randn(2, s, 3, head_dim, dtype=torch.bfloat16) for s in (200, 333, 333))
+    check_grads("v3", f"d{head_dim}", q, k, v, window_size=(-1, 0))
+
+
+def test_mqa_window_softcap_alibi():
+    _need("bf16", 128)
+    torch.manual_seed(23)
+    q = randn(2, 257, 8, 128, dtype=torch.bfloat16)
+    k, v = (randn(2, 300, 1, 128, dtype=torch.bfloat16) for _ in range(2))
+    slopes = torch.rand(2, 8, device="cuda", dtype=torch.float32) * 0.5
+    check_grads("v3", "mqa window softcap alibi", q, k, v, window_size=(70, 20), softcap=30.0, alibi_slopes=slopes)
+
+
+@pytest.mark.parametrize("sq,sk", [(0, 50), (50, 0)])
+def test_empty_side(sq, sk):
+    """No queries: dK = dV = 0. No keys: dQ = 0."""
+    _need("bf16", 64)
+    q = randn(1, sq, 2, 64, dtype=torch.bfloat16)
+    k, v = (randn(1, sk, 2, 64, dtype=torch.bfloat16) for _ in range(2))
+    out = torch.zeros_like(q)
+    lse = torch.full((1, 2, sq), float("inf"), device="cuda")
+    dq, dk, dv = run_bwd("v3", q, k, v, torch.randn_like(q), out, lse, softmax_scale=0.125)
+    for t in (dq, dk, dv):
+        assert bool((t == 0).all()), "an empty side must give zero gradients"
+
+
+def test_deterministic_goes_to_v2():
+    """deterministic=True: v3's dQ additions are unordered, so v3 refuses it and auto runs v2's backward."""
+    _need("bf16", 64)
+    q, k, v = (randn(1, 64, 2, 64, dtype=torch.bfloat16) for _ in range(3))
+    out, lse, _ = _ops.forward("v3", q, k, v, softmax_scale=0.125)
+    with pytest.raises(NotImplementedError, match="deterministic"):
+        _ops.backward("v3", torch.randn_like(q), q, k, v, out, lse, softmax_scale=0.125, deterministic=True)
+    leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+    assert flashgen.explain(*leaves, deterministic=True).generation == "v2"
+    assert flashgen.explain(*leaves).generation == "v3"

@@ -1,0 +1,300 @@
+// v3 backward consumers (FlashAttention-2 Alg. 2 with FlashAttention-3's Hopper mapping, arXiv 2407.08608 Sec. 3 and
+// App. B): consumer warpgroup w owns keys [n_begin + 64w, n_begin + 64w + 64) of the CTA's key block and, per step
+// (one query block of 64 rows of one query head), computes with wgmma, in the transposed orientation so that keys
+// are the M of every GEMM and dK, dV stay in registers:
+//   S^T = K_w Q^T, dP^T = V_w dO^T                       (SS, both K-major in smem)
+//   P^T = exp2(S^T * scale_log2 - LSE_log2), dS^T = P^T o (dP^T - D)   (common/score.h's path, transposed coordinates)
+//   dV += P^T dO, dK += dS^T Q                           (RS: P^T, dS^T from registers; dO, Q read MN-major)
+//   dS^T -> smem; dQ_partial = dS K                      (SS, both MN-major), staged in smem and added into the
+//                                                        fp32 dq_accum by one bulk reduce-add (cp.reduce.async.bulk)
+// Loop invariant (after step i): dv = sum P^T dO and dk = sum dS^T Q over the steps <= i (softmax_scale applied to dK
+// at the end, and to dQ by the postprocess).
+#pragma once
+
+#include "common/mask.h"
+#include "common/params.h"
+#include "common/score.h"
+#include "v3_hopper/acc_layout.cuh"
+#include "v3_hopper/bwd_traits.cuh"
+#include "v3_hopper/ptx.cuh"
+
+namespace flashgen {
+namespace v3 {
+
+constexpr uint32_t kBwdKMajorLbo = 16;  // ignored by swizzled K-major descriptors (as consumer.cuh's kKMajorLbo)
+
+// acc (64 x kBlockM) = A (64 x kHeadDim) B^T, A and B (kBlockM x kHeadDim) K-major in smem in 64-column chunks.
+template <typename T>
+__device__ __forceinline__ void gemm_scores(float (&acc)[T::kSRegs], uint32_t a, int a_chunk_bytes, uint32_t b) {
+  const uint64_t desc_a = smem_desc(a, kBwdKMajorLbo, kSwizzleAtomBytes);
+  const uint64_t desc_b = smem_desc(b, kBwdKMajorLbo, kSwizzleAtomBytes);
+#pragma unroll
+  for (int kk = 0; kk < T::kStepsD; ++kk) {
+    const int chunk = kk / T::kStepsPerChunk, step = kk % T::kStepsPerChunk;
+    T::GemmS::template ss<T::Tag::kBf16>(acc, desc_advance(desc_a, chunk * a_chunk_bytes + step * T::kKStepBytes),
+                                         desc_advance(desc_b, chunk * T::kChunkBytesQ + step * T::kKStepBytes),
+                                         kk > 0 ? 1u : 0u);
+  }
+}
+
+// grad (64 x kHeadDim) += A (64 x kBlockM, 16-bit fragments in registers) B, B (kBlockM x kHeadDim) a Q or dO tile
+// read MN-major (its rows are the K of this GEMM).
+template <typename T>
+__device__ __forceinline__ void gemm_grad(float (&grad)[T::kGradRegs], const uint32_t (&a)[T::kPRegs], uint32_t b) {
+  const uint64_t desc_b = smem_desc(b, T::kChunkBytesQ, kSwizzleAtomBytes);
+#pragma unroll
+  for (int kk = 0; kk < T::kStepsM; ++kk) {
+    T::GemmGrad::template rs<T::Tag::kBf16>(grad, &a[4 * kk], desc_advance(desc_b, kk * T::kKStepRowsBytes));
+  }
+}
+
+// dq (64 queries x kDqCols) = dS (64 x kDqKeys) K (kDqKeys x kDqCols): A = dS^T as stored (keys x queries, M-major),
+// B = the K tile as stored (keys x columns, N-major).
+template <typename T>
+__device__ __forceinline__ void gemm_dq(float (&dq)[T::kDqRegs], uint32_t ds, uint32_t k) {
+  const uint64_t desc_a = smem_desc(ds, T::kDsBytes, kSwizzleAtomBytes);
+  const uint64_t desc_b = smem_desc(k, T::kChunkBytesK, kSwizzleAtomBytes);
+#pragma unroll
+  for (int kk = 0; kk < T::kStepsDq; ++kk) {
+    T::GemmDq::template ss_tt<T::Tag::kBf16>(dq, desc_advance(desc_a, kk * T::kKStepRowsBytes),
+                                             desc_advance(desc_b, kk * T::kKStepRowsBytes), kk > 0 ? 1u : 0u);
+  }
+}
+
+// The elementwise step on one (64 keys x kBlockM queries) tile: s holds S^T, dp holds dP^T; on return s holds P^T
+// and dp holds dS^T. Element i of this thread is (key c.row(acc_half(i)), query c.col(i)); lse_log2 and dsum are
+// the block's rows in smem (query m_begin + j at index j). kMods: softcap / ALiBi on; kMask: some element of the
+// tile is outside the mask.
+template <typename T, bool kSoftcap, bool kAlibi, bool kMask>
+__device__ __forceinline__ void scores_to_grads(float (&s)[T::kSRegs], float (&dp)[T::kSRegs], const AccCoord& c,
+                                                int m_begin, uint32_t lse_smem, uint32_t dsum_smem,
+                                                const MaskSpec& mask, const ScorePath& path) {
+#pragma unroll
+  for (int j = 0; j < T::kBlockM / 8; ++j) {
+    const int qcol = 8 * j + (c.col0 - m_begin);  // column inside the block of this n8 tile's first register
+    float2 lse2, d2;
+    asm volatile("ld.shared.v2.f32 {%0, %1}, [%2];\n" : "=f"(lse2.x), "=f"(lse2.y) : "r"(lse_smem + 4 * qcol));
+    asm volatile("ld.shared.v2.f32 {%0, %1}, [%2];\n" : "=f"(d2.x), "=f"(d2.y) : "r"(dsum_smem + 4 * qcol));
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int i = 4 * j + e, half = acc_half(i), cc = e & 1;
+      const int key = c.row(half), query = c.col(i);
+      float x = s[i], chain = 1.f;
+      if (kSoftcap || kAlibi) x = path.logit_with<kSoftcap, kAlibi>(x, query, key, &chain);
+      if (kMask) x = ScorePath::masked(x, key, row_limits(mask, query));
+      const float pr = exp2f(path.exponent(x, cc ? lse2.y : lse2.x));
+      const float ds = pr * (dp[i] - (cc ? d2.y : d2.x));
+      s[i] = pr;
+      dp[i] = kSoftcap ? ds * chain : ds;
+    }
+  }
+}
+
+// The same step in two halves for launches without score modifiers, so P^T (and dV's GEMM) can start while dP^T is
+// still in flight: s (S^T) -> P^T, then dp (dP^T) -> dS^T from P^T.
+template <typename T, bool kMask>
+__device__ __forceinline__ void scores_to_probs(float (&s)[T::kSRegs], const AccCoord& c, int m_begin,
+                                                uint32_t lse_smem, const MaskSpec& mask, const ScorePath& path) {
+#pragma unroll
+  for (int j = 0; j < T::kBlockM / 8; ++j) {
+    const int qcol = 8 * j + (c.col0 - m_begin);
+    float2 lse2;
+    asm volatile("ld.shared.v2.f32 {%0, %1}, [%2];\n" : "=f"(lse2.x), "=f"(lse2.y) : "r"(lse_smem + 4 * qcol));
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int i = 4 * j + e;
+      float x = s[i];
+      if (kMask) x = ScorePath::masked(x, c.row(acc_half(i)), row_limits(mask, c.col(i)));
+      s[i] = exp2f(path.exponent(x, (e & 1) ? lse2.y : lse2.x));
+    }
+  }
+}
+template <typename T>
+__device__ __forceinline__ void probs_to_grads(const float (&pr)[T::kSRegs], float (&dp)[T::kSRegs], int qcol0,
+                                               uint32_t dsum_smem) {
+#pragma unroll
+  for (int j = 0; j < T::kBlockM / 8; ++j) {
+    float2 d2;
+    asm volatile("ld.shared.v2.f32 {%0, %1}, [%2];\n" : "=f"(d2.x), "=f"(d2.y) : "r"(dsum_smem + 4 * (8 * j + qcol0)));
+#pragma unroll
+    for (int e = 0; e < 4; ++e) dp[4 * j + e] = pr[4 * j + e] * (dp[4 * j + e] - ((e & 1) ? d2.y : d2.x));
+  }
+}
+
+template <typename T>
+__device__ __forceinline__ void to_fragments(const float (&x)[T::kSRegs], uint32_t (&a)[T::kPRegs]) {
+#pragma unroll
+  for (int i = 0; i < T::kPRegs; ++i) a[i] = pack2<typename T::Tag>(x[2 * i], x[2 * i + 1]);
+}
+
+// dS^T fragments -> rows [64 wg, 64 wg + 64) of a dS^T buffer (kBlockN keys x 64 queries, 128-byte rows, 128-byte
+// swizzle: the 16-byte piece j of row r sits at piece j ^ (r % 8)). Register pair 2i, 2i+1 of n8 tile j is row
+// 16 warp + g + 8 half, columns 8j + 2t, +1.
+template <typename T>
+__device__ __forceinline__ void store_ds(uint32_t ds_buf, const uint32_t (&a)[T::kPRegs], int wg, int tid) {
+  const int lane = tid % 32, warp = tid / 32;
+#pragma unroll
+  for (int j = 0; j < T::kBlockM / 8; ++j)
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const int row = kWarpgroupRows * wg + 16 * warp + lane / 4 + 8 * half;
+      const uint32_t addr = ds_buf + row * kSwizzleBytes + ((j ^ (row % 8)) * 16) + 4 * (lane % 4);
+      asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(addr), "r"(a[2 * j + half]) : "memory");
+    }
+}
+
+// dq (64 queries x kDqCols, wgmma D layout) -> this warpgroup's staging part in fragment order (dq_offset):
+// register group k of thread tid at float 4 (128 k + tid), one 16-byte store each, a warp's 32 stores contiguous.
+template <typename T>
+__device__ __forceinline__ void stage_dq(uint32_t part, const float (&dq)[T::kDqRegs], int tid) {
+#pragma unroll
+  for (int k = 0; k < T::kDqRegs / 4; ++k) {
+    asm volatile("st.shared.v4.f32 [%0], {%1, %2, %3, %4};\n" ::"r"(part + 16 * (kWarpgroupThreads * k + tid)),
+                 "f"(dq[4 * k]), "f"(dq[4 * k + 1]), "f"(dq[4 * k + 2]), "f"(dq[4 * k + 3])
+                 : "memory");
+  }
+}
+
+// dK (scaled by softmax_scale) and dV of this warpgroup's 64 keys, rows < seqlen_k and columns < head_dim only, as
+// packed pairs from registers.
+template <typename T>
+__device__ __forceinline__ void store_grad(void* base, int64_t offset, int64_t row_stride, int head_dim,
+                                           const float (&g)[T::kGradRegs], const AccCoord& c, int seqlen_k,
+                                           float scale) {
+  using Element = typename T::Element;
+  Element* dst0 = static_cast<Element*>(base) + offset + c.col0;
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    const int row = c.row(half);
+    if (row >= seqlen_k) continue;
+    Element* dst = dst0 + static_cast<int64_t>(row) * row_stride;
+#pragma unroll
+    for (int j = 0; j < T::kHeadDim / 8; ++j) {
+      if (8 * j + c.col0 >= head_dim) break;
+      *reinterpret_cast<uint32_t*>(dst + 8 * j) =
+          pack2<typename T::Tag>(g[4 * j + 2 * half] * scale, g[4 * j + 2 * half + 1] * scale);
+    }
+  }
+}
+
+template <typename T>
+__device__ void bwd_consumer(const AttnBwdParams& p, const BwdSmem<T>& sm, const BwdWork& w, int head_k, int batch,
+                             int wg) {
+  const int tid = threadIdx.x % kWarpgroupThreads, lane = tid % 32, warp = tid / 32;
+  const int key0 = w.n_begin + kWarpgroupRows * wg;  // first key of this warpgroup
+  float dv[T::kGradRegs], dk[T::kGradRegs];           // (64 keys, kHeadDim) fp32 each
+#pragma unroll
+  for (int i = 0; i < T::kGradRegs; ++i) dv[i] = dk[i] = 0.f;
+
+  const int steps = w.steps();
+  if (steps > 0) mbar_wait(sm.kv_full(), 0);
+  const int blocks = w.range.end - w.range.begin;
+  const int64_t ws_rows = bwd_ws_rows(p.seqlen_q, T::kBlockM);
+  const uint32_t k_w = sm.k() + wg * T::kWarpgroupRowBytes, v_w = sm.v() + wg * T::kWarpgroupRowBytes;
+  const int dq_key_off = T::kDqSplitCols ? 0 : kWarpgroupRows * wg;
+  const int dq_col0 = T::kDqSplitCols ? kChunkCols * wg : 0;
+  const uint32_t dq_k = sm.k() + (T::kDqSplitCols ? wg * T::kChunkBytesK : 0) + dq_key_off * kSwizzleBytes;
+  ScorePath path;
+  int path_head = -1;
+  for (int it = 0; it < steps; ++it) {
+    const int head = head_k * w.group + it / blocks;
+    const int m_begin = (w.range.begin + it % blocks) * T::kBlockM;
+    if (head != path_head) {
+      path = ScorePath::make(p, batch, head, w.seq.seqlen_q, w.seq.seqlen_k);
+      path_head = head;
+    }
+    const int stage = it % T::kStages;
+    mbar_wait(sm.full(stage), static_cast<uint32_t>(it / T::kStages) & 1u);
+
+    float s[T::kSRegs], dp[T::kSRegs];  // S^T then P^T; dP^T then dS^T: (64 keys, kBlockM queries) fp32
+    fence_regs(s);
+    fence_regs(dp);
+    wgmma_fence();
+    gemm_scores<T>(s, k_w, T::kChunkBytesK, sm.q(stage));
+    wgmma_commit();
+    gemm_scores<T>(dp, v_w, T::kChunkBytesK, sm.dout(stage));
+    wgmma_commit();
+    wgmma_wait<1>();  // S^T has landed; dP^T may still run
+    fence_regs(s);
+
+    const AccCoord c{key0 + 16 * warp + lane / 4, m_begin + 2 * (lane % 4)};
+    const bool need_mask =
+        !tile_fully_visible(w.mask, m_begin, m_begin + T::kBlockM, key0, key0 + kWarpgroupRows);
+    const bool softcap = path.softcap > 0.f, alibi = path.slope != 0.f;
+    uint32_t pa[T::kPRegs], dsa[T::kPRegs];  // P^T, dS^T as 16-bit A fragments
+    auto issue_grad = [&](float (&grad)[T::kGradRegs], uint32_t (&a)[T::kPRegs], uint32_t b) {
+      fence_regs(grad);
+      fence_regs(a);
+      wgmma_fence();
+      gemm_grad<T>(grad, a, b);
+      wgmma_commit();
+    };
+    if (softcap || alibi) {  // softcap's chain factor is only known with the score: one fused pass after dP^T
+      wgmma_wait<0>();
+      fence_regs(dp);
+      if (softcap && alibi) {
+        scores_to_grads<T, true, true, true>(s, dp, c, m_begin, sm.lse(stage), sm.dsum(stage), w.mask, path);
+      } else if (softcap) {
+        scores_to_grads<T, true, false, true>(s, dp, c, m_begin, sm.lse(stage), sm.dsum(stage), w.mask, path);
+      } else {
+        scores_to_grads<T, false, true, true>(s, dp, c, m_begin, sm.lse(stage), sm.dsum(stage), w.mask, path);
+      }
+      to_fragments<T>(s, pa);
+      issue_grad(dv, pa, sm.dout(stage));
+      to_fragments<T>(dp, dsa);
+      issue_grad(dk, dsa, sm.q(stage));
+    } else {  // P^T and dV's GEMM under dP^T's GEMM, then dS^T and dK's
+      if (need_mask) {
+        scores_to_probs<T, true>(s, c, m_begin, sm.lse(stage), w.mask, path);
+      } else {
+        scores_to_probs<T, false>(s, c, m_begin, sm.lse(stage), w.mask, path);
+      }
+      to_fragments<T>(s, pa);
+      issue_grad(dv, pa, sm.dout(stage));
+      wgmma_wait<1>();  // dP^T has landed; dV's GEMM may still run
+      fence_regs(dp);
+      probs_to_grads<T>(s, dp, c.col0 - m_begin, sm.dsum(stage));
+      to_fragments<T>(dp, dsa);
+      issue_grad(dk, dsa, sm.q(stage));
+    }
+
+    const uint32_t ds_buf = sm.ds(it & 1);
+    store_ds<T>(ds_buf, dsa, wg, tid);
+    fence_proxy_async_smem();
+    if (tid == 0) bulk_wait_read();  // the previous step's dQ part has left this warpgroup's staging buffer
+    if constexpr (T::kDqSplitCols) {
+      named_sync(kBwdBarrierDsReady, T::kConsumers * kWarpgroupThreads);
+    } else {
+      named_sync(kBwdBarrierWarpgroup0 + wg, kWarpgroupThreads);
+    }
+    float dq[T::kDqRegs];  // (64 queries, kDqCols) fp32
+    fence_regs(dq);
+    wgmma_fence();
+    gemm_dq<T>(dq, ds_buf + dq_key_off * kSwizzleBytes, dq_k);
+    wgmma_commit();
+    wgmma_wait<0>();
+    fence_regs(dv);
+    fence_regs(dk);
+    fence_regs(dq);
+    if (lane == 0) mbar_arrive(sm.empty(stage));
+    stage_dq<T>(sm.dq(wg), dq, tid);
+    fence_proxy_async_smem();
+    named_sync(kBwdBarrierWarpgroup0 + wg, kWarpgroupThreads);
+    if (tid == 0) {
+      float* dq_block = p.ws.get(WorkspaceId::kDqAccum) +
+                        ((static_cast<int64_t>(batch) * p.num_heads + head) * ws_rows + m_begin) * T::kHeadDim;
+      bulk_reduce_add_f32(dq_block + T::dq_offset(0, dq_col0), sm.dq(wg), T::kDqPartBytes);
+      bulk_commit();
+    }
+  }
+  if (tid == 0) bulk_wait_all();
+
+  const AccCoord c{key0 + 16 * warp + lane / 4, 2 * (lane % 4)};
+  const int64_t k_off = k_side_row0(p, batch, p.dk_batch_stride, p.dk_row_stride) + head_k * p.dk_head_stride;
+  const int64_t v_off = k_side_row0(p, batch, p.dv_batch_stride, p.dv_row_stride) + head_k * p.dv_head_stride;
+  store_grad<T>(p.dk, k_off, p.dk_row_stride, p.head_dim, dk, c, w.seq.seqlen_k, p.softmax_scale);
+  store_grad<T>(p.dv, v_off, p.dv_row_stride, p.head_dim, dv, c, w.seq.seqlen_k, 1.f);
+}
+
+}  // namespace v3
+}  // namespace flashgen

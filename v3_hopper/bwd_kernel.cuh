@@ -1,0 +1,56 @@
+// v3 backward main kernel: dK, dV of one key block and its share of dQ, exact, FlashAttention-3 (arXiv 2407.08608,
+// Sec. 3 and App. B) on sm_90a. Partition: grid (key blocks of kBlockN, num_heads_k, batch); a CTA is a producer
+// warpgroup (one thread: TMA of K, V once, then Q, dO, LSE, D per step into a kStages ring; bwd_producer.cuh) and
+// two consumer warpgroups of 64 keys each (the five GEMMs on wgmma, dK and dV in registers over every query block
+// and every query head of the KV head's group; bwd_consumer.cuh). setmaxnreg moves registers to the consumers.
+// Invariant between the roles: a stage alternates full (its four loads landed) and empty (the 8 consumer warps'
+// GEMMs that read it completed); both sides count steps with the same BwdWork.
+#pragma once
+
+#include "v3_hopper/bwd_consumer.cuh"
+#include "v3_hopper/bwd_producer.cuh"
+#include "v3_hopper/bwd_traits.cuh"
+
+namespace flashgen {
+namespace v3 {
+
+template <typename T>
+__global__ void __launch_bounds__(T::kNumThreads, 1)
+    bwd_kernel(const __grid_constant__ AttnBwdParams p, const __grid_constant__ CUtensorMap map_q,
+               const __grid_constant__ CUtensorMap map_do, const __grid_constant__ CUtensorMap map_k,
+               const __grid_constant__ CUtensorMap map_v) {
+  extern __shared__ __align__(kSwizzleAtomBytes) unsigned char smem_raw[];
+  const uint32_t raw = smem_u32(smem_raw);
+  const BwdSmem<T> sm{(raw + kSwizzleAtomBytes - 1) & ~static_cast<uint32_t>(kSwizzleAtomBytes - 1)};
+  const int n_block = blockIdx.x, head_k = blockIdx.y, batch = blockIdx.z;
+  const BwdWork w = bwd_work<T>(p, n_block, batch);
+  if (w.n_begin >= w.seq.seqlen_k) return;  // varlen: this sequence has fewer keys than max_seqlen_k
+
+  if (threadIdx.x == 0) {
+    mbar_init(sm.kv_full(), 1);
+    for (int s = 0; s < T::kStages; ++s) {
+      mbar_init(sm.full(s), 1);
+      mbar_init(sm.empty(s), T::kConsumerArrivals);
+    }
+    mbar_init_fence();
+    prefetch_tensor_map(&map_q);
+    prefetch_tensor_map(&map_do);
+    prefetch_tensor_map(&map_k);
+    prefetch_tensor_map(&map_v);
+  }
+  __syncthreads();
+
+  const int warpgroup = threadIdx.x / kWarpgroupThreads;
+  if (warpgroup == 0) {
+    setmaxnreg_dec<T::kProducerRegs>();
+    if (threadIdx.x == 0 && w.steps() > 0) {
+      bwd_producer<T>(p, BwdMaps{&map_q, &map_do, &map_k, &map_v}, sm, w, head_k, batch);
+    }
+  } else {
+    setmaxnreg_inc<T::kConsumerRegs>();
+    bwd_consumer<T>(p, sm, w, head_k, batch, warpgroup - 1);
+  }
+}
+
+}  // namespace v3
+}  // namespace flashgen

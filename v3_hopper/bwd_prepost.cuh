@@ -1,0 +1,106 @@
+// The two small kernels around the v3 backward's main kernel (FA2 Alg. 2 line 4, and the dQ write-out):
+//   preprocess : per (batch, head, row) of the padded row workspaces (bwd_traits.cuh bwd_ws_rows):
+//                LSE in log2 units (kRowStats) and D = rowsum(dO o O) (kDSum); padding rows get +inf and 0, so
+//                their probabilities are 0 and the main kernel's bulk copies never read past a workspace;
+//   postprocess: dQ = softmax_scale * dq_accum (fp32, BwdTraits::dq_offset's order per query block) -> the input
+//                dtype.
+// Partition of both: grid (row blocks of kPrepostRows, num_heads, batch); the preprocess gives each row 8 lanes
+// (shuffle-reduced), the postprocess one thread per 8 output columns.
+#pragma once
+
+#include <cstdint>
+
+#include "common/config.h"
+#include "common/mask.h"
+#include "common/params.h"
+#include "v3_hopper/bwd_traits.cuh"
+
+namespace flashgen {
+namespace v3 {
+
+constexpr int kPrepostThreads = 128;
+constexpr int kPreLanesPerRow = 8;
+constexpr int kPrepostRows = 64;
+
+template <typename Tag>
+__device__ __forceinline__ float to_float(typename Tag::type x) {
+  if constexpr (Tag::kBf16) {
+    return __bfloat162float(x);
+  } else {
+    return __half2float(x);
+  }
+}
+
+template <typename T>
+__global__ void __launch_bounds__(kPrepostThreads) bwd_preprocess_kernel(const __grid_constant__ AttnBwdParams p) {
+  using Element = typename T::Element;
+  const int head = blockIdx.y, batch = blockIdx.z;
+  const SeqInfo seq = seq_info(p, batch);
+  const int64_t ws_rows = bwd_ws_rows(p.seqlen_q, T::kBlockM);
+  const int64_t ws_row0 = (static_cast<int64_t>(batch) * p.num_heads + head) * ws_rows;
+  const Element* g_o = static_cast<const Element*>(p.o) + seq.o_offset + head * p.o_head_stride;
+  const int64_t do_off = p.cu_seqlens_q ? seq.q_row0 * p.do_row_stride : batch * p.do_batch_stride;
+  const Element* g_do = static_cast<const Element*>(p.dout) + do_off + head * p.do_head_stride;
+  const float* g_lse = p.lse + lse_offset(p, seq, batch, head);
+  float* lse_ws = p.ws.get(WorkspaceId::kRowStats) + ws_row0;
+  float* dsum_ws = p.ws.get(WorkspaceId::kDSum) + ws_row0;
+  const int sub = threadIdx.x % kPreLanesPerRow;
+  constexpr int kRowsPerPass = kPrepostThreads / kPreLanesPerRow;
+#pragma unroll 1
+  for (int r = threadIdx.x / kPreLanesPerRow; r < kPrepostRows; r += kRowsPerPass) {
+    const int row = blockIdx.x * kPrepostRows + r;
+    if (row >= ws_rows) break;
+    const bool in = row < seq.seqlen_q;
+    float acc = 0.f;
+    if (in) {
+      for (int chunk = sub; chunk * 8 < p.head_dim; chunk += kPreLanesPerRow) {
+        const uint4 o4 = *reinterpret_cast<const uint4*>(g_o + row * p.o_row_stride + chunk * 8);
+        const uint4 d4 = *reinterpret_cast<const uint4*>(g_do + row * p.do_row_stride + chunk * 8);
+        const Element* oe = reinterpret_cast<const Element*>(&o4);
+        const Element* de = reinterpret_cast<const Element*>(&d4);
+#pragma unroll
+        for (int e = 0; e < 8; ++e) acc += to_float<typename T::Tag>(oe[e]) * to_float<typename T::Tag>(de[e]);
+      }
+    }
+#pragma unroll
+    for (int m = kPreLanesPerRow / 2; m >= 1; m /= 2) acc += __shfl_xor_sync(0xffffffffu, acc, m);
+    if (sub == 0) {
+      dsum_ws[row] = acc;
+      lse_ws[row] = in ? g_lse[row] * kLog2e : INFINITY;
+    }
+  }
+}
+
+template <typename T>
+__global__ void __launch_bounds__(kPrepostThreads) bwd_postprocess_kernel(const __grid_constant__ AttnBwdParams p) {
+  using Element = typename T::Element;
+  const int head = blockIdx.y, batch = blockIdx.z;
+  const SeqInfo seq = seq_info(p, batch);
+  const int m_begin = blockIdx.x * kPrepostRows;
+  if (m_begin >= seq.seqlen_q) return;
+  const int64_t ws_rows = bwd_ws_rows(p.seqlen_q, T::kBlockM);
+  const float* g_acc =
+      p.ws.get(WorkspaceId::kDqAccum) + (static_cast<int64_t>(batch) * p.num_heads + head) * ws_rows * T::kHeadDim;
+  const int64_t dq_off = p.cu_seqlens_q ? seq.q_row0 * p.dq_row_stride : batch * p.dq_batch_stride;
+  Element* g_dq = static_cast<Element*>(p.dq) + dq_off + head * p.dq_head_stride;
+  const int chunks = p.head_dim / 8;
+#pragma unroll 1
+  for (int idx = threadIdx.x; idx < kPrepostRows * chunks; idx += kPrepostThreads) {
+    const int row = m_begin + idx / chunks, chunk = idx % chunks;
+    if (row >= seq.seqlen_q) break;  // idx grows with row
+    const int r = row % T::kBlockM;
+    const float* block = g_acc + static_cast<int64_t>(row - r) * T::kHeadDim;  // this query block's parts
+    const float s = p.softmax_scale;
+    uint32_t packed[4];
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {  // columns 8 chunk + 2k, +1: adjacent floats of one register pair
+      const float2 x = *reinterpret_cast<const float2*>(block + T::dq_offset(r, chunk * 8 + 2 * k));
+      packed[k] = pack2<typename T::Tag>(x.x * s, x.y * s);
+    }
+    *reinterpret_cast<uint4*>(g_dq + static_cast<int64_t>(row) * p.dq_row_stride + chunk * 8) =
+        make_uint4(packed[0], packed[1], packed[2], packed[3]);
+  }
+}
+
+}  // namespace v3
+}  // namespace flashgen

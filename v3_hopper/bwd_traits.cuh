@@ -1,0 +1,186 @@
+// Compile-time description of one v3 backward instance (element type x head-dim bucket): sizes derived from
+// tile_config.h's bwd_tile_config and asserted, the shared-memory map, the named barriers, the workspace layouts.
+#pragma once
+
+#include <cstdint>
+
+#include "common/mask.h"
+#include "common/params.h"
+#include "v3_hopper/dtype.cuh"
+#include "v3_hopper/kernel_traits.cuh"
+#include "v3_hopper/ptx.cuh"
+#include "v3_hopper/tile_config.h"
+#include "v3_hopper/wgmma_gen.cuh"
+
+namespace flashgen {
+namespace v3 {
+
+// Named barriers of the backward kernel (0 is __syncthreads).
+enum BwdNamedBarrier : int {
+  kBwdBarrierSyncThreads = 0,
+  kBwdBarrierDsReady = 1,  // both consumer warpgroups wrote their dS^T rows: dQ = dS K may read all of them
+  kBwdBarrierWarpgroup0 = 2,  // kBwdBarrierWarpgroup0 + w: warpgroup w wrote its dS^T rows (dQ split by keys)
+  kBwdBarrierCount = kBwdBarrierWarpgroup0 + kBwdConsumers,
+};
+
+// Rows of the backward's row workspaces (LSE in log2 units, D) and of dq_accum per (batch, head): seqlen_q rounded
+// up to whole query blocks, so every block's rows are one aligned, in-bounds bulk copy.
+FH_HD int64_t bwd_ws_rows(int seqlen_q, int block_m) { return (static_cast<int64_t>(seqlen_q) + block_m - 1) / block_m * block_m; }
+
+template <typename Tag_, int kHeadDim_>
+struct BwdTraits {
+  using Tag = Tag_;
+  using Element = typename Tag::type;
+  static constexpr int kHeadDim = kHeadDim_;
+  static constexpr BwdTileConfig kConfig = bwd_tile_config(kHeadDim);
+  static constexpr int kBlockM = kConfig.block_m;  // query rows per step
+  static constexpr int kBlockN = kConfig.block_n;  // keys per CTA
+  static constexpr int kStages = kConfig.stages;
+  static constexpr int kConsumers = kBwdConsumers;
+  static constexpr int kNumThreads = bwd_num_threads();
+  static constexpr int kProducerRegs = bwd_register_budget().producer;
+  static constexpr int kConsumerRegs = bwd_register_budget().consumer;
+  static constexpr int kConsumerArrivals = kConsumers * kWarpgroupThreads / 32;  // one per consumer warp
+
+  static constexpr int kChunks = kHeadDim / kChunkCols;
+  static constexpr int kChunkBytesQ = kBlockM * kSwizzleBytes;   // one 64-column chunk of a Q or dO tile
+  static constexpr int kChunkBytesK = kBlockN * kSwizzleBytes;   // one chunk of the K or V tile
+  static constexpr int kTileBytesQ = kChunks * kChunkBytesQ;
+  static constexpr int kTileBytesK = kChunks * kChunkBytesK;
+  static constexpr int kWarpgroupRowBytes = kWarpgroupRows * kSwizzleBytes;  // a consumer's 64 keys of a K chunk
+  static constexpr int kDsBytes = kBlockN * kBlockM * kElementBytes;         // dS^T (keys, queries), one chunk wide
+  static constexpr int kRowBytes = kBlockM * 4;                              // LSE or D of one query block
+
+  static constexpr int kKStep = 16;
+  static constexpr int kKStepBytes = kKStep * kElementBytes;      // along a K-major row
+  static constexpr int kKStepRowsBytes = kKStep * kSwizzleBytes;  // along the rows of an MN-major operand
+  static constexpr int kStepsPerChunk = kChunkCols / kKStep;
+  static constexpr int kStepsD = kHeadDim / kKStep;   // S^T, dP^T: K = head dim
+  static constexpr int kStepsM = kBlockM / kKStep;    // dV, dK: K = the block's queries
+  // dQ = dS K (64 queries x head dim) is split between the warpgroups: at d128 by columns (each takes 64 columns over
+  // all kBlockN keys, so dS^T of both warpgroups is read: a barrier between them), at d64 by keys (each its own 64
+  // keys over all columns, both adding into dq_accum).
+  static constexpr bool kDqSplitCols = kHeadDim == 2 * kBwdDqCols;
+  static constexpr int kDqCols = kBwdDqCols;
+  static constexpr int kDqPartFloats = kBlockM * kDqCols;  // one warpgroup's dQ part, fragment order (dq_part_offset)
+  static constexpr int kDqPartBytes = kDqPartFloats * 4;
+  static constexpr int kDqKeys = kDqSplitCols ? kBlockN : kWarpgroupRows;
+  static constexpr int kStepsDq = kDqKeys / kKStep;
+
+  static constexpr int kSRegs = kBlockM / 2;    // S^T, dP^T (64 keys x kBlockM queries) fp32 per thread
+  static constexpr int kPRegs = kBlockM / 4;    // P^T, dS^T as 16-bit A fragments
+  static constexpr int kGradRegs = kHeadDim / 2;  // dK, dV (64 keys x kHeadDim) fp32 per thread
+  static constexpr int kDqRegs = kDqCols / 2;
+  using GemmS = WgmmaOps<kBlockM>;
+  using GemmGrad = WgmmaOps<kHeadDim>;
+  using GemmDq = WgmmaOps<kDqCols>;
+
+  static constexpr int kOffQ = 0;
+  static constexpr int kOffDo = kOffQ + kStages * kTileBytesQ;
+  static constexpr int kOffK = kOffDo + kStages * kTileBytesQ;
+  static constexpr int kOffV = kOffK + kTileBytesK;
+  static constexpr int kOffDs = kOffV + kTileBytesK;
+  static constexpr int kOffDq = kOffDs + 2 * kDsBytes;
+  static constexpr int kOffLse = kOffDq + kConsumers * kDqPartBytes;
+  static constexpr int kOffDsum = kOffLse + kStages * kRowBytes;
+  static constexpr int kOffBarriers = kOffDsum + kStages * kRowBytes;
+  static constexpr int kSmemBytes = bwd_smem_bytes(kConfig, kHeadDim);
+
+  static_assert(kHeadDim % kChunkCols == 0 && kHeadDim <= kBwdMaxHeadDim, "bucket: whole chunks, at most 128");
+  static_assert(kHeadDim == kDqCols || kHeadDim == kConsumers * kDqCols, "dQ: split by keys (d64) or columns (d128)");
+
+  // dq_accum holds, per (batch, head) and query block, kHeadDim / kDqCols parts of kDqPartFloats, each in the order
+  // a consumer warpgroup's wgmma accumulators leave registers: group k of 4 registers of all 128 threads, thread
+  // after thread (so staging it in shared memory is conflict-free 16-byte stores). Offset of (row, col) inside the
+  // query block's parts:
+  __host__ __device__ static constexpr int dq_offset(int row, int col) {
+    const int part = col / kDqCols, c = col % kDqCols;
+    const int tid = 32 * (row / 16) + 4 * (row % 8) + (c % 8) / 2;  // wgmma D layout: warp, g = row % 8, t
+    const int reg = 4 * (c / 8) + 2 * ((row % 16) / 8) + c % 2;
+    return part * kDqPartFloats + (reg / 4) * (4 * kWarpgroupThreads) + 4 * tid + reg % 4;
+  }
+  static_assert(kBlockM == kChunkCols, "dS^T rows are one 128-byte swizzle row (64 queries)");
+  static_assert(kBlockN == kConsumers * kWarpgroupRows, "each consumer warpgroup owns 64 keys");
+  static_assert(kSmemBytes <= kMaxSmemPerBlock, "tile_config.h: smem");
+  static_assert(kOffBarriers + bwd_barrier_count(kStages) * kBarrierBytes + kSwizzleAtomBytes == kSmemBytes,
+                "the shared-memory map and tile_config.h's bwd_smem_bytes disagree");
+  static_assert(kChunkBytesQ % kSwizzleAtomBytes == 0 && kDsBytes % kSwizzleAtomBytes == 0 &&
+                    kOffLse % kSwizzleAtomBytes == 0,
+                "tiles start on swizzle atoms");
+  static_assert(kSRegs == GemmS::kRegs && kGradRegs == GemmGrad::kRegs && kDqRegs == GemmDq::kRegs, "accumulators");
+  static_assert(kBwdBarrierCount <= 16, "sm_90 has 16 named barriers per CTA");
+  static_assert(launch_regs(TileConfig{kConsumers, kBlockN, kStages, false}) * kNumThreads <= kRegisterFile &&
+                    kWarpgroupThreads * (launch_regs(TileConfig{kConsumers, kBlockN, kStages, false}) -
+                                         kProducerRegs) >=
+                        kConsumers * kWarpgroupThreads *
+                            (kConsumerRegs - launch_regs(TileConfig{kConsumers, kBlockN, kStages, false})),
+                "register budget");
+};
+
+template <typename T>
+struct BwdSmem {
+  uint32_t base;  // kSwizzleAtomBytes-aligned
+  __device__ __forceinline__ uint32_t q(int s) const { return base + T::kOffQ + s * T::kTileBytesQ; }
+  __device__ __forceinline__ uint32_t dout(int s) const { return base + T::kOffDo + s * T::kTileBytesQ; }
+  __device__ __forceinline__ uint32_t k() const { return base + T::kOffK; }
+  __device__ __forceinline__ uint32_t v() const { return base + T::kOffV; }
+  __device__ __forceinline__ uint32_t ds(int buf) const { return base + T::kOffDs + buf * T::kDsBytes; }
+  __device__ __forceinline__ uint32_t dq(int wg) const { return base + T::kOffDq + wg * T::kDqPartBytes; }
+  __device__ __forceinline__ uint32_t lse(int s) const { return base + T::kOffLse + s * T::kRowBytes; }
+  __device__ __forceinline__ uint32_t dsum(int s) const { return base + T::kOffDsum + s * T::kRowBytes; }
+  __device__ __forceinline__ uint32_t bar(int i) const { return base + T::kOffBarriers + i * kBarrierBytes; }
+  __device__ __forceinline__ uint32_t kv_full() const { return bar(0); }
+  __device__ __forceinline__ uint32_t full(int s) const { return bar(1 + s); }
+  __device__ __forceinline__ uint32_t empty(int s) const { return bar(1 + T::kStages + s); }
+};
+
+// The work of one CTA: key block n_block of KV head head_k in batch entry batch, against query heads
+// [head_k * group, (head_k + 1) * group) (GQA: dK, dV sum over them in registers) and, per head, the query blocks
+// that see any of its keys (common/mask.h m_block_range). Producer and consumers walk the same sequence.
+struct BwdWork {
+  SeqInfo seq;
+  MaskSpec mask;
+  int n_begin;       // first key of the CTA
+  BlockRange range;  // query blocks per head (the same for every head of the group)
+  int group;         // query heads per KV head
+  __device__ __forceinline__ int steps() const { return range.end > range.begin ? (range.end - range.begin) * group : 0; }
+};
+
+template <typename T>
+__device__ __forceinline__ BwdWork bwd_work(const AttnParams& p, int n_block, int batch) {
+  BwdWork w;
+  w.seq = seq_info(p, batch);
+  w.mask = w.seq.mask(p);
+  w.n_begin = n_block * T::kBlockN;
+  w.range = w.n_begin < w.seq.seqlen_k ? m_block_range(w.mask, w.n_begin, w.n_begin + T::kBlockN, T::kBlockM)
+                                       : BlockRange{0, 0};
+  w.group = p.num_heads / p.num_heads_k;
+  return w;
+}
+
+// Element offset of (sequence `batch`, row 0, head 0) in a key-side gradient (dk, dv) with its own strides.
+__device__ __forceinline__ int64_t k_side_row0(const AttnParams& p, int batch, int64_t batch_stride, int64_t row_stride) {
+  return p.cu_seqlens_k ? static_cast<int64_t>(p.cu_seqlens_k[batch]) * row_stride : batch * batch_stride;
+}
+
+// 1-D bulk copy global -> shared completing `bytes` on mbarrier `bar` (16-byte aligned, multiple of 16 bytes).
+__device__ __forceinline__ void bulk_load(uint32_t dst, const void* src, uint32_t bytes, uint32_t bar) {
+  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(dst),
+               "l"(reinterpret_cast<uint64_t>(src)), "r"(bytes), "r"(bar)
+               : "memory");
+}
+
+// Bulk reduce-add of `bytes` fp32 from shared to global memory (16-byte aligned, multiple of 16), in a bulk group.
+__device__ __forceinline__ void bulk_reduce_add_f32(float* dst, uint32_t src, uint32_t bytes) {
+  asm volatile("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;\n" ::"l"(dst), "r"(src),
+               "r"(bytes)
+               : "memory");
+}
+__device__ __forceinline__ void bulk_commit() { asm volatile("cp.async.bulk.commit_group;\n" ::: "memory"); }
+// The source shared memory of every committed bulk group has been read (it may be rewritten).
+__device__ __forceinline__ void bulk_wait_read() { asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory"); }
+// Every committed bulk group has completed.
+__device__ __forceinline__ void bulk_wait_all() { asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory"); }
+
+}  // namespace v3
+}  // namespace flashgen
