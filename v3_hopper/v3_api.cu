@@ -15,6 +15,7 @@
 #include "common/params.h"
 #include "common/status.h"
 #include "v3_hopper/dtype.cuh"
+#include "v3_hopper/fp8_launch.h"
 #include "v3_hopper/launch.h"
 #include "v3_hopper/tile_config.h"
 #include "v3_hopper/v3_api.h"
@@ -49,7 +50,6 @@ int fwd_bucket(DType dtype, int head_dim) {
   return bucket;
 }
 
-
 // Smallest compiled backward bucket >= head_dim for dtype, or 0.
 int bwd_bucket(DType dtype, int head_dim) {
   int bucket = 0;
@@ -66,6 +66,16 @@ int bwd_bucket(DType dtype, int head_dim) {
 int64_t bwd_rows(const AttnParams& p) {
   const int block_m = bwd_tile_config(kBwdMaxHeadDim).block_m;
   return (static_cast<int64_t>(p.seqlen_q) + block_m - 1) / block_m * block_m;
+}
+
+// The 16-bit rows of the instance list launch fwd_launch.cuh's kernel; e4m3 rows belong to fwd_fp8 (fp8_api.cu).
+template <typename Tag, int kHeadDim>
+Status launch_16bit(const AttnParams& p, const FwdLaunch& launch, cudaStream_t stream) {
+  if constexpr (Tag::kDType == DType::kFloat8E4M3) {
+    return fwd_fp8(p, stream);
+  } else {
+    return launch_fwd<Tag, kHeadDim>(p, launch, stream);
+  }
 }
 
 PFN_cuTensorMapEncodeTiled_v12000 encode_fn() {
@@ -183,6 +193,7 @@ Status check_fwd(const AttnParams& p, int* bucket) {
 }  // namespace
 
 Status fwd(const AttnParams& p, void* stream) {
+  if (p.dtype == DType::kFloat8E4M3) return fwd_fp8(p, stream);
   int bucket = 0;
   const int64_t q_rows = p.cu_seqlens_q ? p.total_q : p.seqlen_q;
   if (p.batch == 0 || p.seqlen_q == 0 || q_rows == 0) return Status::ok();  // no output row exists
@@ -223,8 +234,10 @@ Status fwd(const AttnParams& p, void* stream) {
 
   cudaStream_t cuda_stream = static_cast<cudaStream_t>(stream);
 #define FG_V3_LAUNCH(kind, dt, hd)                                                                \
-  if (FG_V3_CAT(FG_V3_IS_, kind) && dtype::dt::kDType == p.dtype && (hd) == bucket)               \
-    return launch_fwd<dtype::dt, hd>(p, launch, cuda_stream);
+  if constexpr (FG_V3_CAT(FG_V3_IS_, kind)) {                                                     \
+    if (dtype::dt::kDType == p.dtype && (hd) == bucket)                                           \
+      return launch_16bit<dtype::dt, hd>(p, launch, cuda_stream);                                  \
+  }
   FLASHGEN_V3_INSTANCES(FG_V3_LAUNCH)
 #undef FG_V3_LAUNCH
   return Status::not_implemented("v3 forward: no instance for bucket " + std::to_string(bucket));
@@ -350,8 +363,10 @@ Status bwd(const AttnBwdParams& p, void* stream) {
 
   cudaStream_t cuda_stream = static_cast<cudaStream_t>(stream);
 #define FG_V3_LAUNCH_BWD(kind, dt, hd)                                                            \
-  if (!FG_V3_CAT(FG_V3_IS_, kind) && dtype::dt::kDType == p.dtype && (hd) == bucket)              \
-    return launch_bwd<dtype::dt, hd>(p, launch, cuda_stream);
+  if constexpr (!FG_V3_CAT(FG_V3_IS_, kind)) {                                                    \
+    if (dtype::dt::kDType == p.dtype && (hd) == bucket)                                           \
+      return launch_bwd<dtype::dt, hd>(p, launch, cuda_stream);                                    \
+  }
   FLASHGEN_V3_INSTANCES(FG_V3_LAUNCH_BWD)
 #undef FG_V3_LAUNCH_BWD
   return Status::not_implemented("v3 backward: no instance for bucket " + std::to_string(bucket));

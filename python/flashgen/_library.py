@@ -123,7 +123,8 @@ def run_fwd(q: Tensor, k: Tensor, v: Tensor, a: FwdArgs) -> Tuple[Tensor, Tensor
         cu_seqlens_q=a.cu_seqlens_q, cu_seqlens_k=a.cu_seqlens_k, max_seqlen_q=a.max_seqlen_q if varlen else None,
         max_seqlen_k=a.max_seqlen_k if varlen else None, seqused_k=a.seqused_k, kv_batch_idx=a.kv_batch_idx,
         block_mask=a.block_mask, block_size=(a.block_m, a.block_n), return_probs=a.return_probs,
-        block_table=a.block_table, cache_leftpad=a.cache_leftpad, max_splits=a.max_splits)
+        block_table=a.block_table, cache_leftpad=a.cache_leftpad, max_splits=a.max_splits,
+        q_descale=a.q_descale, k_descale=a.k_descale, v_descale=a.v_descale)
     if probs is None:
         probs = q.new_empty(_NO_PROBS_SHAPE, dtype=torch.float32)
     return out, lse, probs
@@ -142,7 +143,7 @@ fwd = torch.library.custom_op("flashgen::fwd", fwd_impl, mutates_args=())
 @fwd.register_fake
 def _fwd_fake(q, k, v, *args):
     a = FwdArgs(*args)
-    out = torch.empty_like(q)
+    out = torch.empty_like(q, dtype=_ops.out_dtype(q.dtype))
     lse = q.new_empty(_ops.lse_shape(q, a.cu_seqlens_q), dtype=torch.float32)
     probs = q.new_empty(_probs_shape(q, k, a), dtype=torch.float32)
     return out, lse, probs

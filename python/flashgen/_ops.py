@@ -22,6 +22,12 @@ _DTYPES = {dtype: getattr(_native.C.DType, name) for dtype, name in (
 _FLOAT_BYTES = 4
 _WORKSPACE_ALIGN_FLOATS = 4  # 16 bytes: every workspace starts aligned inside the one allocation
 _LOG2E = math.log2(math.e)
+_FP8_OUT_DTYPE = torch.bfloat16  # FP8 inputs give a bf16 output (FA3's choice; the kernel also writes fp16)
+
+
+def out_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The dtype of out for inputs of `dtype`: the same, except bf16 for FP8 inputs."""
+    return _FP8_OUT_DTYPE if dtype == torch.float8_e4m3fn else dtype
 
 
 @functools.lru_cache(maxsize=None)
@@ -62,7 +68,8 @@ def _set_qkvo(p, q, k, v, o, varlen_q: bool, varlen_k: bool) -> None:
 
 def _fill(p, q, k, v, o, lse, *, softmax_scale, window_size, softcap, alibi_slopes, dropout_p, seed, offset,
           cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_k, kv_batch_idx, block_mask,
-          block_size, probs, batch, block_table=None, cache_leftpad=None, max_splits=0):
+          block_size, probs, batch, block_table=None, cache_leftpad=None, max_splits=0, q_descale=None,
+          k_descale=None, v_descale=None):
     varlen_q = cu_seqlens_q is not None
     varlen_k = cu_seqlens_k is not None
     _set_qkvo(p, q, k, v, o, varlen_q, varlen_k)
@@ -118,6 +125,15 @@ def _fill(p, q, k, v, o, lse, *, softmax_scale, window_size, softcap, alibi_slop
         p.block_mask_head_stride = block_mask.stride(0) if block_mask.shape[0] > 1 else 0
         p.block_mask_row_stride = block_mask.stride(1)
         p.sparse_block_m, p.sparse_block_n = int(block_size[0]), int(block_size[1])
+    if q_descale is not None:  # FP8: fp32 (batch, num_heads_k); null pointers read as 1
+        p.q_descale = q_descale.data_ptr()
+        p.q_descale_batch_stride, p.q_descale_head_stride = q_descale.stride()
+    if k_descale is not None:
+        p.k_descale = k_descale.data_ptr()
+        p.k_descale_batch_stride, p.k_descale_head_stride = k_descale.stride()
+    if v_descale is not None:
+        p.v_descale = v_descale.data_ptr()
+        p.v_descale_batch_stride, p.v_descale_head_stride = v_descale.stride()
     if q.is_cuda:
         p.num_sms = _num_sms(q.device.index if q.device.index is not None else torch.cuda.current_device())
 
@@ -224,7 +240,8 @@ def forward(generation: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, 
             offset: int = 0, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q: Optional[int] = None,
             max_seqlen_k: Optional[int] = None, seqused_k=None, kv_batch_idx=None, block_mask=None,
             block_size=(128, 128), return_probs: bool = False, out: Optional[torch.Tensor] = None,
-            block_table=None, cache_leftpad=None, max_splits: int = 0):
+            block_table=None, cache_leftpad=None, max_splits: int = 0, q_descale=None, k_descale=None,
+            v_descale=None):
     """Launch `generation`'s forward. Returns (out, lse, probs-or-None).
 
     probs (only with return_probs): fp32 softmax probabilities of probs_shape, dropped entries negated.
@@ -234,7 +251,7 @@ def forward(generation: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, 
     plan's count (0 = the generation's choice).
     """
     batch = cu_seqlens_q.numel() - 1 if cu_seqlens_q is not None else q.shape[0]
-    o = torch.empty_like(q) if out is None else out
+    o = torch.empty_like(q, dtype=out_dtype(q.dtype)) if out is None else out
     lse = q.new_empty(lse_shape(q, cu_seqlens_q), dtype=torch.float32)
     probs = None
     if return_probs:  # varlen: zeros past each sequence, which no kernel writes
@@ -251,7 +268,8 @@ def forward(generation: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, 
           alibi_slopes=alibi_slopes, dropout_p=dropout_p, seed=seed, offset=offset, cu_seqlens_q=cu_seqlens_q,
           cu_seqlens_k=cu_seqlens_k, max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k, seqused_k=seqused_k,
           kv_batch_idx=kv_batch_idx, block_mask=block_mask, block_size=block_size, probs=probs, batch=batch,
-          block_table=block_table, cache_leftpad=cache_leftpad, max_splits=max_splits)
+          block_table=block_table, cache_leftpad=cache_leftpad, max_splits=max_splits,
+          q_descale=q_descale, k_descale=k_descale, v_descale=v_descale)
     workspace = _plan_forward(generation, p, q.device) if q.is_cuda else None
     _native.C.fwd(generation, p, _stream_of(q))
     del workspace  # freed in stream order: the caching allocator reuses it only after the kernels queued here

@@ -65,6 +65,7 @@ class GenerationSpec:
 
 _GPU_HEAD_DIM_MULTIPLE = 8  # 16-byte vector loads of fp16/bf16 rows
 _GPU_ALIGNMENT_BYTES = 16   # cp.async / TMA need 16-byte aligned rows
+_FP8_HEAD_DIM_MULTIPLE = 16  # TMA: rows of 16-byte multiples of 1-byte elements
 
 
 class _Table(dict):
@@ -89,11 +90,15 @@ GENERATIONS: Dict[str, GenerationSpec] = _Table({
     "v2": GenerationSpec("v2", "cuda", frozenset({"fp16", "bf16"}),
                          frozenset({"forward"}) | (frozenset(FEATURES) - {"block_sparse"}), min_capability=(8, 0),
                          head_dim_multiple=_GPU_HEAD_DIM_MULTIPLE, alignment_bytes=_GPU_ALIGNMENT_BYTES),
-    "v3": GenerationSpec("v3", "cuda", frozenset({"fp16", "bf16"}),
+    "v3": GenerationSpec("v3", "cuda", frozenset({"fp16", "bf16", "e4m3"}),
                          frozenset({"forward", "causal", "window", "softcap", "alibi", "gqa", "varlen", "backward"}),
                          min_capability=(9, 0),
                          max_capability=(9, 0), head_dim_multiple=_GPU_HEAD_DIM_MULTIPLE,
-                         alignment_bytes=_GPU_ALIGNMENT_BYTES),
+                         alignment_bytes=_GPU_ALIGNMENT_BYTES,
+                         # FP8 forward (v3_hopper/fp8_*.cuh): no backward, and 16-byte rows are 16 e4m3 elements
+                         implements_by_dtype={"e4m3": frozenset({"forward", "causal", "window", "softcap", "gqa",
+                                                                 "varlen"})},
+                         head_dim_multiple_by_dtype={"e4m3": _FP8_HEAD_DIM_MULTIPLE}),
     "cpu": GenerationSpec("cpu", "cpu", frozenset({"fp32", "fp16", "bf16"}),
                           frozenset({"forward"}) | frozenset(FEATURES)),
 })

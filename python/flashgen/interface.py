@@ -107,12 +107,14 @@ def _pad(t: Optional[torch.Tensor], multiple: int) -> Optional[torch.Tensor]:
     """Zero-pad the last dim up to a multiple (differentiable: the gradient of the padding is dropped)."""
     if t is None or t.shape[-1] % multiple == 0:
         return t
+    if t.dtype == validate.FP8_DTYPE:  # padded as bytes (constant_pad_nd has no float8 kernel); byte 0 is +0.0
+        return F.pad(t.view(torch.uint8), (0, multiple - t.shape[-1] % multiple)).view(t.dtype)
     return F.pad(t, (0, multiple - t.shape[-1] % multiple))
 
 
 def _attention(q, k, v, *, dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes, deterministic,
                return_probs, version, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None, max_seqlen_k=None,
-               block_mask=None, block_size=(128, 128)):
+               block_mask=None, block_size=(128, 128), q_descale=None, k_descale=None, v_descale=None):
     """Validate, dispatch, pad and launch. Returns (out, lse, probs-or-None) with out at the caller's head_dim."""
     varlen = cu_seqlens_q is not None or cu_seqlens_k is not None
     dropout_p, softmax_scale, causal, window_size, softcap, deterministic, return_probs = _args.scalars(
@@ -138,6 +140,21 @@ def _attention(q, k, v, *, dropout_p, softmax_scale, causal, window_size, softca
         max_seqlen_q, max_seqlen_k = q.shape[1], k.shape[1]
     window_size = validate.clamp_window(window_size, max_seqlen_q, max_seqlen_k)
     validate.check_alibi(alibi_slopes, q, batch)
+    validate.check_descales((("q_descale", q_descale), ("k_descale", k_descale), ("v_descale", v_descale)), q, batch,
+                            k.shape[-2])
+    fp8 = q.dtype == validate.FP8_DTYPE
+    if fp8 and torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)):
+        raise NotImplementedError("backward: FP8 (float8_e4m3fn) inputs have a forward only; quantize after the "
+                                  "backward's inputs are saved, or run bf16")
+    if fp8 and q.device.type == "cpu":  # the CPU backend's FP8 path: dequantize, run fp32, round out to bf16
+        q, k, v = _dequantize_fp8(q, k, v, q_descale, k_descale, v_descale, cu_seqlens_q, cu_seqlens_k)
+        out, lse, probs = _attention(q, k, v, dropout_p=dropout_p, softmax_scale=softmax_scale, causal=causal,
+                                     window_size=window_size, softcap=softcap, alibi_slopes=alibi_slopes,
+                                     deterministic=deterministic, return_probs=return_probs, version=version,
+                                     cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, max_seqlen_q=max_seqlen_q,
+                                     max_seqlen_k=max_seqlen_k, block_mask=block_mask, block_size=block_size)
+        out, lse = _args.cover_rows(out.to(_ops.out_dtype(validate.FP8_DTYPE)), lse, total_q)
+        return out, lse, probs
     if block_mask is not None:
         validate.check_block_mask(block_mask, block_size, q, k)
         block_mask = validate.last_dim_contiguous(block_mask)
@@ -148,7 +165,7 @@ def _attention(q, k, v, *, dropout_p, softmax_scale, causal, window_size, softca
     if _args.no_work(q, k):  # batch 0, no query rows, no heads or no keys: out 0, lse +inf, nothing launched
         out, lse, probs = _args.empty_result(q, k, v, _ops.lse_shape(q, cu_seqlens_q), (
             batch, q.shape[2], q.shape[1], k.shape[1]) if return_probs and not varlen else None)
-        return (*_args.cover_rows(out, lse, total_q), probs)
+        return (*_args.cover_rows(out.to(_ops.out_dtype(q.dtype)), lse, total_q), probs)
     head_dim = q.shape[-1]
     softmax_scale, (window_left, window_right) = _scale_and_window(head_dim, softmax_scale, window_size, causal)
     q, k, v = (_pad(validate.last_dim_contiguous(t), choice.head_dim_multiple) for t in (q, k, v))
@@ -171,7 +188,7 @@ def _attention(q, k, v, *, dropout_p, softmax_scale, causal, window_size, softca
             dropout_p=float(dropout_p), rng_state=rng_state, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
             max_seqlen_q=int(max_seqlen_q), max_seqlen_k=int(max_seqlen_k), block_mask=block_mask,
             block_m=int(block_size[0]), block_n=int(block_size[1]), return_probs=bool(return_probs),
-            deterministic=bool(deterministic))
+            deterministic=bool(deterministic), q_descale=q_descale, k_descale=k_descale, v_descale=v_descale)
         out, lse, probs = launch(q, k, v, *args)
     if out.shape[-1] != head_dim:
         out = out[..., :head_dim]
@@ -179,21 +196,45 @@ def _attention(q, k, v, *, dropout_p, softmax_scale, causal, window_size, softca
     return out, lse, (probs if return_probs else None)
 
 
+def _dequantize_fp8(q, k, v, q_descale, k_descale, v_descale, cu_seqlens_q, cu_seqlens_k):
+    """FP8 q, k, v times their (batch, num_heads_k) descales, in fp32 (the CPU backend's FP8 path; a query head
+    uses its kv head's q_descale). Varlen rows take their sequence's descale."""
+    heads_per_kv = q.shape[-2] // k.shape[-2]
+
+    def scaled(t, descale, cu_seqlens, per_head):
+        t = t.float()
+        if descale is None:
+            return t
+        d = descale.float().repeat_interleave(per_head, dim=1)  # (batch, heads of t)
+        if cu_seqlens is None:
+            return t * d[:, None, :, None]
+        lengths = (cu_seqlens[1:] - cu_seqlens[:-1]).long()
+        rows = torch.repeat_interleave(d, lengths, dim=0)  # (covered rows, heads)
+        return t[:rows.shape[0]] * rows[:, :, None]
+
+    return (scaled(q, q_descale, cu_seqlens_q, heads_per_kv), scaled(k, k_descale, cu_seqlens_k, 1),
+            scaled(v, v_descale, cu_seqlens_k, 1))
+
+
 def _result(out, lse, probs, return_attn_probs):
     return (out, lse, probs) if return_attn_probs else out
 
 
 def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0,
-                    alibi_slopes=None, deterministic=False, return_attn_probs=False, *, version=None):
+                    alibi_slopes=None, deterministic=False, return_attn_probs=False, *, version=None, q_descale=None,
+                    k_descale=None, v_descale=None):
     """Attention over q (batch, seqlen_q, num_heads, head_dim), k/v (batch, seqlen_k, num_heads_k, head_dim).
 
     Returns out (batch, seqlen_q, num_heads, head_dim), or (out, softmax_lse (batch, num_heads, seqlen_q) fp32,
     S_dmask (batch, num_heads, seqlen_q, seqlen_k) fp32 probabilities, dropped entries negated) with
     return_attn_probs. version: 'auto' | 'v1' | 'v2' | 'v3' | 'cpu' (default: $FLASHGEN_VERSION or 'auto').
+    FP8: q, k, v in torch.float8_e4m3fn with optional fp32 (batch, num_heads_k) q_descale / k_descale / v_descale
+    (flashgen.fp8.quantize makes them) give a bf16 out, forward only (v3 on sm_90; the CPU backend upcasts).
     """
     out, lse, probs = _attention(q, k, v, dropout_p=dropout_p, softmax_scale=softmax_scale, causal=causal,
                                  window_size=window_size, softcap=softcap, alibi_slopes=alibi_slopes,
-                                 deterministic=deterministic, return_probs=return_attn_probs, version=version)
+                                 deterministic=deterministic, return_probs=return_attn_probs, version=version,
+                                 q_descale=q_descale, k_descale=k_descale, v_descale=v_descale)
     return _result(out, lse, probs, return_attn_probs)
 
 
@@ -233,7 +274,8 @@ def _no_block_table(block_table) -> None:
 
 def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p=0.0,
                            softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0, alibi_slopes=None,
-                           deterministic=False, return_attn_probs=False, block_table=None, *, version=None):
+                           deterministic=False, return_attn_probs=False, block_table=None, *, version=None,
+                           q_descale=None, k_descale=None, v_descale=None):
     """Attention over stacked sequences: q (total_q, num_heads, head_dim), k/v (total_k, num_heads_k, head_dim).
 
     cu_seqlens_q/k: int32 (batch + 1) offsets; max_seqlen_q/k: Python ints (never read from the device).
@@ -247,7 +289,8 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
                                  window_size=window_size, softcap=softcap, alibi_slopes=alibi_slopes,
                                  deterministic=deterministic, return_probs=return_attn_probs, version=version,
                                  cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, max_seqlen_q=max_seqlen_q,
-                                 max_seqlen_k=max_seqlen_k)
+                                 max_seqlen_k=max_seqlen_k, q_descale=q_descale, k_descale=k_descale,
+                                 v_descale=v_descale)
     return _result(out, lse, probs, return_attn_probs)
 
 

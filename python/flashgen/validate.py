@@ -22,7 +22,8 @@ from typing import List, Optional, Sequence, Tuple
 
 import torch
 
-DTYPE_NAMES = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16"}
+DTYPE_NAMES = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16", torch.float8_e4m3fn: "e4m3"}
+FP8_DTYPE = torch.float8_e4m3fn  # inputs of the FP8 forward (v3 on sm_90; the CPU backend upcasts)
 MAX_HEAD_DIM = 256  # common/config.h kMaxHeadDim; build_info().max_head_dim reports the same
 INDEX_DTYPE = torch.int32  # cu_seqlens, cache_seqlens, cache_batch_idx (flash_attn's contract)
 INT32_MAX = 2 ** 31 - 1  # sizes travel as int32 in the params struct (common/params.h)
@@ -58,7 +59,7 @@ def check_qkv(q, k, v, *, varlen: bool = False, names: Tuple[str, str, str] = ("
     qn, kn, vn = names
     q, k, v = _tensor(qn, q), _tensor(kn, k), _tensor(vn, v)
     if q.dtype not in DTYPE_NAMES:
-        raise TypeError(f"{qn}: expected dtype float16, bfloat16 or float32, got {q.dtype}")
+        raise TypeError(f"{qn}: expected dtype float16, bfloat16, float32 or float8_e4m3fn, got {q.dtype}")
     for name, t in ((kn, k), (vn, v)):
         if t.dtype != q.dtype:
             raise TypeError(f"{name}: expected dtype {q.dtype} (the dtype of {qn}), got {t.dtype}")
@@ -430,3 +431,21 @@ def last_dim_contiguous(t: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
     if t is None or t.stride(-1) == 1:
         return t
     return t.contiguous()
+
+
+def check_descales(descales: Sequence[Tuple[str, Optional[torch.Tensor]]], q: torch.Tensor, batch: int,
+                   num_heads_k: int) -> None:
+    """FP8 descales: fp32 (batch, num_heads_k) on q's device (FA3's layout; flashgen.fp8.quantize returns it), or
+    None (= 1). Given with inputs that are not FP8 they would be silently ignored, so that is refused too."""
+    for name, t in descales:
+        if t is None:
+            continue
+        _tensor(name, t)
+        if q.dtype != FP8_DTYPE:
+            raise ValueError(f"{name}: descales apply to float8_e4m3fn inputs only, q is {q.dtype}")
+        if t.dtype != torch.float32:
+            raise TypeError(f"{name}: expected dtype float32, got {t.dtype}")
+        _same_device(name, t, q)
+        if tuple(t.shape) != (batch, num_heads_k):
+            raise ValueError(f"{name}: expected shape (batch, num_heads_k) = {(batch, num_heads_k)}, got "
+                             f"{tuple(t.shape)} (per-block descales are not read by the kernel yet)")

@@ -1,0 +1,223 @@
+// v3 FP8 host entry: checks for e4m3 inputs, the TMA tensor maps (1-byte elements, boxes of 128 columns, 128-byte
+// swizzle), the persistent grid, and dispatch to the compiled FP8 head-dim bucket (the e4m3 rows of the generated
+// FLASHGEN_V3_INSTANCES). What the FP8 kernel does not implement returns not_implemented naming the feature.
+#include <cuda.h>
+#include <cudaTypedefs.h>
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+#include <string>
+
+#include "common/mask.h"
+#include "common/params.h"
+#include "common/status.h"
+#include "v3_hopper/dtype.cuh"
+#include "v3_hopper/fp8_config.h"
+#include "v3_hopper/fp8_launch.h"
+#include "v3_instances.h"
+
+namespace flashgen {
+namespace v3 {
+namespace {
+
+constexpr int kRowAlignElems = 16;  // TMA: 16-byte aligned base and strides = multiples of 16 e4m3
+constexpr uintptr_t kTmaAlignBytes = 16;
+constexpr int kTmaRank = 4;  // (head_dim, rows, heads, batches)
+constexpr int64_t kTmaMaxStrideBytes = int64_t(1) << 40;
+constexpr int64_t kTmaMaxCoord = (int64_t(1) << 31) - 1;
+constexpr int kSm90Major = 9, kSm90Minor = 0;
+constexpr unsigned kDriverApiVersion = 12000;
+
+#define FG_FP8_IS_fwd 1
+#define FG_FP8_IS_bwd 0
+#define FG_FP8_CAT(a, b) a##b
+
+// Smallest compiled e4m3 forward bucket >= head_dim, or 0.
+int fp8_bucket(int head_dim) {
+  int bucket = 0;
+#define FG_FP8_BUCKET(kind, dt, hd)                                                                        \
+  if (FG_FP8_CAT(FG_FP8_IS_, kind) && dtype::dt::kDType == DType::kFloat8E4M3 && (hd) >= head_dim &&      \
+      (bucket == 0 || (hd) < bucket))                                                                      \
+    bucket = (hd);
+  FLASHGEN_V3_INSTANCES(FG_FP8_BUCKET)
+#undef FG_FP8_BUCKET
+  return bucket;
+}
+
+// The e4m3 rows of the instance list launch the FP8 kernel; the 16-bit rows never match (constexpr-discarded).
+template <typename Tag, int kHeadDim>
+Status launch_if_fp8(const AttnParams& p, const FwdLaunch& launch, cudaStream_t stream) {
+  if constexpr (Tag::kDType == DType::kFloat8E4M3) {
+    return launch_fwd_fp8<kHeadDim>(p, launch, stream);
+  } else {
+    (void)p, (void)launch, (void)stream;
+    return Status::not_implemented("v3 fp8 forward: not an e4m3 instance");
+  }
+}
+
+PFN_cuTensorMapEncodeTiled_v12000 encode_fn() {
+  static const PFN_cuTensorMapEncodeTiled_v12000 fn = [] {
+    void* ptr = nullptr;
+    cudaDriverEntryPointQueryResult found = cudaDriverEntryPointSymbolNotFound;
+    const cudaError_t err =
+        cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &ptr, kDriverApiVersion, cudaEnableDefault, &found);
+    return err == cudaSuccess && found == cudaDriverEntryPointSuccess
+               ? reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(ptr)
+               : nullptr;
+  }();
+  return fn;
+}
+
+// One 4-D map (head_dim, rows, heads, batches) of e4m3 (as uint8), boxes of 128 columns x box_rows.
+Status encode_map(CUtensorMap* map, const char* name, const void* ptr, int head_dim, int64_t rows, int64_t heads,
+                  int64_t batches, int64_t row_stride, int64_t head_stride, int64_t batch_stride, int box_rows) {
+  const auto fn = encode_fn();
+  if (fn == nullptr) return Status::runtime("v3 fp8 forward: cuTensorMapEncodeTiled is not available");
+  const cuuint64_t dims[kTmaRank] = {static_cast<cuuint64_t>(head_dim), static_cast<cuuint64_t>(rows > 1 ? rows : 1),
+                                     static_cast<cuuint64_t>(heads),
+                                     static_cast<cuuint64_t>(batches > 1 ? batches : 1)};
+  const int64_t strides_elems[kTmaRank - 1] = {row_stride, head_stride, batch_stride};
+  cuuint64_t strides[kTmaRank - 1];
+  for (int i = 0; i < kTmaRank - 1; ++i) {
+    const int64_t bytes = strides_elems[i] * kFp8ElementBytes;
+    const bool stepped = dims[i + 1] > 1;
+    if (stepped && (bytes <= 0 || bytes >= kTmaMaxStrideBytes)) {
+      return Status::invalid(std::string(name) + ": v3 (TMA) needs positive strides below 2^40 bytes, got " +
+                             std::to_string(strides_elems[i]) + " elements");
+    }
+    strides[i] = static_cast<cuuint64_t>(stepped ? bytes : static_cast<int64_t>(kTmaAlignBytes));
+  }
+  const cuuint32_t box[kTmaRank] = {static_cast<cuuint32_t>(kFp8ChunkCols), static_cast<cuuint32_t>(box_rows), 1, 1};
+  const cuuint32_t element_strides[kTmaRank] = {1, 1, 1, 1};
+  const CUresult r = fn(map, CU_TENSOR_MAP_DATA_TYPE_UINT8, kTmaRank, const_cast<void*>(ptr), dims, strides, box,
+                        element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                        CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  if (r != CUDA_SUCCESS) {
+    return Status::invalid(std::string(name) + ": cuTensorMapEncodeTiled failed (CUresult " + std::to_string(r) +
+                           ") for e4m3 extents (" + std::to_string(head_dim) + ", " + std::to_string(rows) + ", " +
+                           std::to_string(heads) + ", " + std::to_string(batches) + ")");
+  }
+  return Status::ok();
+}
+
+Status check_device(int* num_sms) {
+  int device = 0, major = 0, minor = 0;
+  if (cudaGetDevice(&device) != cudaSuccess ||
+      cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess ||
+      cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device) != cudaSuccess ||
+      cudaDeviceGetAttribute(num_sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess) {
+    return Status::runtime("v3 fp8 forward: could not query the current CUDA device");
+  }
+  if (major != kSm90Major || minor != kSm90Minor) {
+    return Status::not_implemented("device: v3 is compiled for sm_90a only, the device is sm_" +
+                                   std::to_string(major) + std::to_string(minor));
+  }
+  return Status::ok();
+}
+
+Status check_rows(const char* name, const void* ptr, int64_t batch_stride, int64_t row_stride, int64_t head_stride) {
+  if (reinterpret_cast<uintptr_t>(ptr) % kTmaAlignBytes != 0) {
+    return Status::invalid(std::string(name) + ": v3 fp8 (TMA) needs a 16-byte aligned data pointer");
+  }
+  if (batch_stride % kRowAlignElems != 0 || row_stride % kRowAlignElems != 0 || head_stride % kRowAlignElems != 0) {
+    return Status::invalid(std::string(name) + ": v3 fp8 (TMA) needs batch/row/head strides that are multiples of " +
+                           "16 elements, got (" + std::to_string(batch_stride) + ", " + std::to_string(row_stride) +
+                           ", " + std::to_string(head_stride) + ")");
+  }
+  return Status::ok();
+}
+
+Status check_fp8(const AttnParams& p, int* bucket) {
+  if (p.dtype != DType::kFloat8E4M3) return Status::invalid("dtype: the v3 fp8 forward takes e4m3 inputs");
+  if (p.out_dtype != DType::kBFloat16 && p.out_dtype != DType::kFloat16) {
+    return Status::invalid(std::string("out: the v3 fp8 forward writes bf16 or fp16, got ") + dtype_name(p.out_dtype));
+  }
+  if (p.head_dim <= 0 || p.head_dim % kRowAlignElems != 0) {
+    return Status::invalid("head_dim: v3 fp8 needs a positive multiple of 16 (the API pads), got " +
+                           std::to_string(p.head_dim));
+  }
+  *bucket = fp8_bucket(p.head_dim);
+  if (*bucket == 0) {
+    return Status::not_implemented("head_dim: no v3 e4m3 forward bucket >= " + std::to_string(p.head_dim) +
+                                   " in this build");
+  }
+  if (p.batch < 0 || p.seqlen_q < 0 || p.seqlen_k < 0 || p.num_heads <= 0 || p.num_heads_k <= 0) {
+    return Status::invalid("sizes: batch, seqlen_q, seqlen_k must be >= 0 and num_heads, num_heads_k > 0");
+  }
+  if (p.num_heads % p.num_heads_k != 0) {
+    return Status::invalid("num_heads_k: must divide num_heads (" + std::to_string(p.num_heads) + "), got " +
+                           std::to_string(p.num_heads_k));
+  }
+  if (p.p_dropout != 0.f) return Status::not_implemented("dropout: the v3 fp8 forward has no dropout");
+  if (p.p_out != nullptr) return Status::not_implemented("return_attn_probs: the v3 fp8 forward returns none");
+  if (p.block_mask != nullptr) return Status::not_implemented("block_mask: the v3 fp8 forward has none");
+  if (p.num_splits != 0) return Status::not_implemented("num_splits: the v3 fp8 forward has no split-KV path");
+  if (p.alibi_slopes != nullptr) return Status::not_implemented("alibi_slopes: not tested in the v3 fp8 forward");
+  if (p.seqused_k != nullptr || p.kv_batch_idx != nullptr) {
+    return Status::not_implemented("seqused_k / kv_batch_idx: the v3 fp8 forward has no KV-cache path");
+  }
+  if (p.q == nullptr || p.o == nullptr || p.lse == nullptr) return Status::invalid("q/out/lse: null data pointer");
+  const bool has_keys = p.cu_seqlens_k ? p.total_k != 0 : p.seqlen_k != 0;
+  if (has_keys && (p.k == nullptr || p.v == nullptr)) return Status::invalid("k/v: null data pointer");
+  for (const Status& s : {check_rows("q", p.q, p.q_batch_stride, p.q_row_stride, p.q_head_stride),
+                          check_rows("k", p.k, p.k_batch_stride, p.k_row_stride, p.k_head_stride),
+                          check_rows("v", p.v, p.v_batch_stride, p.v_row_stride, p.v_head_stride)}) {
+    if (!s.is_ok()) return s;
+  }
+  if (reinterpret_cast<uintptr_t>(p.o) % 4 != 0 || p.o_row_stride % 2 != 0 || p.o_head_stride % 2 != 0 ||
+      p.o_batch_stride % 2 != 0) {
+    return Status::invalid("out: v3 fp8 stores pairs of 16-bit elements: 4-byte aligned pointer, even strides");
+  }
+  return Status::ok();
+}
+
+}  // namespace
+
+Status fwd_fp8(const AttnParams& p, void* stream) {
+  int bucket = 0;
+  const int64_t q_rows = p.cu_seqlens_q ? p.total_q : p.seqlen_q;
+  if (p.batch == 0 || p.seqlen_q == 0 || q_rows == 0) return Status::ok();
+  Status st = check_fp8(p, &bucket);
+  if (!st.is_ok()) return st;
+  int num_sms = 0;
+  st = check_device(&num_sms);
+  if (!st.is_ok()) return st;
+  const int64_t k_rows = p.cu_seqlens_k ? p.total_k : p.seqlen_k;
+  const int64_t k_batches = p.cu_seqlens_k ? 1 : p.batch;
+  const Fp8TileConfig tile = fp8_tile_config(bucket);
+  const int tile_rows = fp8_block_m(tile);
+  const int64_t tiles = static_cast<int64_t>(ceil_div(p.seqlen_q, tile_rows)) * p.num_heads * p.batch;
+  if (q_rows + tile_rows > kTmaMaxCoord || k_rows + tile.block_n > kTmaMaxCoord || tiles > kTmaMaxCoord) {
+    return Status::not_implemented("sizes: v3 addresses rows and tiles with 32-bit coordinates");
+  }
+  FwdLaunch launch;
+  launch.masked = p.window_left >= 0 || p.window_right >= 0;
+  const int64_t q_batches = p.cu_seqlens_q ? 1 : p.batch;
+  st = encode_map(&launch.q, "q", p.q, p.head_dim, q_rows, p.num_heads, q_batches, p.q_row_stride, p.q_head_stride,
+                  p.q_batch_stride, tile_rows);
+  if (!st.is_ok()) return st;
+  if (k_rows == 0) {
+    launch.k = launch.q;
+    launch.v = launch.q;
+  } else {
+    st = encode_map(&launch.k, "k", p.k, p.head_dim, k_rows, p.num_heads_k, k_batches, p.k_row_stride,
+                    p.k_head_stride, p.k_batch_stride, tile.block_n);
+    if (!st.is_ok()) return st;
+    st = encode_map(&launch.v, "v", p.v, p.head_dim, k_rows, p.num_heads_k, k_batches, p.v_row_stride,
+                    p.v_head_stride, p.v_batch_stride, tile.block_n);
+    if (!st.is_ok()) return st;
+  }
+  const int slots = p.num_sms > 0 ? p.num_sms : num_sms;
+  launch.grid = static_cast<int>(tiles < slots ? tiles : slots);
+
+  cudaStream_t cuda_stream = static_cast<cudaStream_t>(stream);
+#define FG_FP8_LAUNCH(kind, dt, hd)                                                                   \
+  if (FG_FP8_CAT(FG_FP8_IS_, kind) && dtype::dt::kDType == DType::kFloat8E4M3 && (hd) == bucket)     \
+    return launch_if_fp8<dtype::dt, hd>(p, launch, cuda_stream);
+  FLASHGEN_V3_INSTANCES(FG_FP8_LAUNCH)
+#undef FG_FP8_LAUNCH
+  return Status::not_implemented("v3 fp8 forward: no instance for bucket " + std::to_string(bucket));
+}
+
+}  // namespace v3
+}  // namespace flashgen

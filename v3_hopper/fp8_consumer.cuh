@@ -1,0 +1,234 @@
+// FP8 forward consumers: consumer.cuh's schedule (intra-warpgroup overlap, ping-pong, persistent tiles) on e4m3
+// operands. S = Q K^T is an SS wgmma k32 (QGMMA); P is rounded to e4m3 straight from S's accumulator registers
+// (no shuffle: the V transpose permuted the keys to match, fp8_producer.cuh); O += P V^T reads V^T K-major.
+// Descales (per batch, kv head): q_descale * k_descale folds into the softmax's scale_log2 (or multiplies S before
+// softcap / ALiBi, which need real scores), v_descale into the final 1 / l. O leaves as bf16 or fp16 (out_dtype).
+// Loop invariant (after tile i): as consumer.cuh, with every score in units of the stored e4m3 product.
+#pragma once
+
+#include <cuda_fp8.h>
+
+#include "common/mask.h"
+#include "common/params.h"
+#include "common/softmax.h"
+#include "v3_hopper/acc_layout.cuh"
+#include "v3_hopper/consumer.cuh"
+#include "v3_hopper/fp8_traits.cuh"
+#include "v3_hopper/fwd_softmax.cuh"
+#include "v3_hopper/ptx.cuh"
+#include "v3_hopper/score.cuh"
+
+namespace flashgen {
+namespace v3 {
+
+// s = Q_w K^T: both e4m3, K-major, 128-column chunks; k-steps of 32 bytes inside a chunk.
+template <typename T>
+__device__ __forceinline__ void gemm_qk_fp8(float (&s)[T::kSRegs], uint64_t desc_q, uint64_t desc_k) {
+  fence_regs(s);
+  wgmma_fence();
+#pragma unroll
+  for (int kk = 0; kk < T::kStepsQK; ++kk) {
+    const int chunk = kk / T::kStepsPerChunk, step = kk % T::kStepsPerChunk;
+    T::GemmS::ss(s, desc_advance(desc_q, chunk * T::kChunkBytesQ + step * T::kKStepBytes),
+                 desc_advance(desc_k, chunk * T::kChunkBytesKV + step * T::kKStepBytes), kk > 0 ? 1u : 0u);
+  }
+  wgmma_commit();
+  fence_regs(s);
+}
+
+// o += P V: P (64, kBlockN) e4m3 A fragments in registers, V^T (kHeadDim, kBlockN) K-major in smem.
+template <typename T>
+__device__ __forceinline__ void gemm_pv_fp8(float (&o)[T::kORegs], uint32_t (&p)[T::kPRegs], uint64_t desc_vt) {
+  fence_regs(o);
+  fence_regs(p);
+  wgmma_fence();
+#pragma unroll
+  for (int kk = 0; kk < T::kStepsPV; ++kk) T::GemmO::rs(o, &p[4 * kk], desc_advance(desc_vt, kk * T::kKStepBytes));
+  wgmma_commit();
+  fence_regs(o);
+}
+
+// Four fp32 -> four e4m3 in one b32, a lowest (round to nearest, saturated to +-448; P <= 2^8, fwd_softmax.cuh).
+__device__ __forceinline__ uint32_t pack4_e4m3(float a, float b, float c, float d) {
+  const uint32_t lo = __nv_cvt_float2_to_fp8x2(make_float2(a, b), __NV_SATFINITE, __NV_E4M3);
+  const uint32_t hi = __nv_cvt_float2_to_fp8x2(make_float2(c, d), __NV_SATFINITE, __NV_E4M3);
+  return lo | hi << 16;
+}
+
+// P (fp32 in S's registers, acc_layout.cuh) -> the e4m3 A fragments of the k32 steps. The 8-bit A fragment of a
+// thread (quad lane t, rows g and g + 8) holds columns 4t..4t+3 and 16+4t..16+4t+3 of the step; its accumulators
+// hold keys 2t, 2t+1 of each n8 tile. Packing registers (16k + 0, 1, 4, 5) as columns 4t..4t+3 makes A's column
+// 4t + j of each 16 the key 2t + (j & 1) + 8 (j >> 1): the permutation V^T was stored with.
+template <int kN>
+__device__ __forceinline__ void convert_p_fp8(const float (&s)[kN / 2], uint32_t (&p)[kN / 8]) {
+#pragma unroll
+  for (int k = 0; k < kN / 32; ++k) {
+    const float* r = &s[16 * k];
+    p[4 * k + 0] = pack4_e4m3(r[0], r[1], r[4], r[5]);     // row g, keys 0-15 of the step
+    p[4 * k + 1] = pack4_e4m3(r[2], r[3], r[6], r[7]);     // row g + 8
+    p[4 * k + 2] = pack4_e4m3(r[8], r[9], r[12], r[13]);   // row g, keys 16-31
+    p[4 * k + 3] = pack4_e4m3(r[10], r[11], r[14], r[15]); // row g + 8
+  }
+}
+
+// The descales of (batch, kv head); a null pointer is 1.
+struct Fp8Descale {
+  float qk, v;
+};
+__device__ __forceinline__ Fp8Descale fp8_descale(const AttnParams& p, int batch, int head_k) {
+  auto at = [&](const float* d, int64_t bs, int64_t hs) { return d ? d[batch * bs + head_k * hs] : 1.f; };
+  return {at(p.q_descale, p.q_descale_batch_stride, p.q_descale_head_stride) *
+              at(p.k_descale, p.k_descale_batch_stride, p.k_descale_head_stride),
+          at(p.v_descale, p.v_descale_batch_stride, p.v_descale_head_stride)};
+}
+
+// One query tile of one warpgroup (consumer.cuh consume_tile with e4m3 operands). scale_log2: the softmax's, with
+// the q.k descale folded in unless s_scale != 1 (score modifiers: S is scaled to real scores first).
+template <typename T>
+__device__ __forceinline__ void consume_tile_fp8(const SmemMap<T>& sm, const PingPong<T>& turn, uint64_t desc_q,
+                                                 int kv_iter, int n_tiles, const BlockRange& range,
+                                                 const MaskSpec& mask, const ScoreMods& mods, float s_scale,
+                                                 float scale_log2, int wg_row0, int tid, float (&o)[T::kORegs],
+                                                 RowState (&rows)[2]) {
+  const int lane = tid % 32;
+  const AccCoord coord0{wg_row0 + 16 * (tid / 32) + lane / 4, 2 * (lane % 4)};
+  float s[T::kSRegs];      // (64, kBlockN) fp32 scores, then probabilities, of this warpgroup
+  uint32_t pa[T::kPRegs];  // (64, kBlockN) e4m3 P: the A operand of P V
+  float alpha[2];
+  auto k_desc = [&](int stage) { return smem_desc(sm.k(stage), kKMajorLbo, kSwizzleAtomBytes); };
+  auto v_desc = [&](int stage) { return smem_desc(sm.v(stage), kKMajorLbo, kSwizzleAtomBytes); };
+  auto n_begin = [&](int i) { return (range.end - 1 - i) * T::kBlockN; };
+  auto softmax_tile = [&](int i) {
+    const AccCoord c{coord0.row0, n_begin(i) + coord0.col0};
+    if (mods.any()) {
+#pragma unroll
+      for (int e = 0; e < T::kSRegs; ++e) s[e] *= s_scale;
+      apply_score_mods<T::kBlockN>(s, c, mods);
+    }
+    if (!tile_fully_visible(mask, wg_row0, wg_row0 + kWarpgroupRows, n_begin(i), n_begin(i) + T::kBlockN)) {
+      apply_mask<T::kBlockN>(s, c, mask);
+    }
+    return softmax_step<T::kBlockN>(s, rows, scale_log2, alpha);
+  };
+
+  {  // Prologue: S_0 and its softmax; O is still 0.
+    const RingSlot<T> k_slot(kv_iter);
+    mbar_wait(sm.k_full(k_slot.stage), k_slot.phase);
+    turn.wait_turn();
+    gemm_qk_fp8<T>(s, desc_q, k_desc(k_slot.stage));
+    turn.pass_turn();
+    wgmma_wait<0>();
+    fence_regs(s);
+    release(sm.k_empty(k_slot.stage), lane);
+    if (n_tiles == 1) release(sm.q_empty(), lane);
+    softmax_tile(0);
+    convert_p_fp8<T::kBlockN>(s, pa);
+  }
+  for (int i = 1; i < n_tiles; ++i) {  // S_i and O += P_{i-1} V_{i-1} in flight, then the softmax of S_i
+    const RingSlot<T> k_slot(kv_iter + i), v_slot(kv_iter + i - 1);
+    mbar_wait(sm.k_full(k_slot.stage), k_slot.phase);
+    turn.wait_turn();
+    gemm_qk_fp8<T>(s, desc_q, k_desc(k_slot.stage));
+    mbar_wait(sm.v_full(v_slot.stage), v_slot.phase);
+    gemm_pv_fp8<T>(o, pa, v_desc(v_slot.stage));
+    turn.pass_turn();
+    wgmma_wait<1>();
+    fence_regs(s);
+    release(sm.k_empty(k_slot.stage), lane);
+    if (i == n_tiles - 1) release(sm.q_empty(), lane);
+    const bool raised = softmax_tile(i);
+    wgmma_wait<0>();
+    fence_regs(o);
+    release(sm.v_empty(v_slot.stage), lane);
+    if (__any_sync(0xffffffffu, raised)) rescale_o<T::kHeadDim>(o, alpha);
+    convert_p_fp8<T::kBlockN>(s, pa);
+  }
+  {  // O += P_last V_last.
+    const RingSlot<T> v_slot(kv_iter + n_tiles - 1);
+    mbar_wait(sm.v_full(v_slot.stage), v_slot.phase);
+    turn.wait_turn();
+    gemm_pv_fp8<T>(o, pa, v_desc(v_slot.stage));
+    turn.pass_turn();
+    wgmma_wait<0>();
+    fence_regs(o);
+    release(sm.v_empty(v_slot.stage), lane);
+  }
+}
+
+// O = o * v_descale / l in out_dtype and LSE (scale_log2 as the softmax used it), rows < seqlen_q, columns <
+// head_dim; 4-byte packed pairs as store_tile.
+template <typename T, typename OutTag>
+__device__ __forceinline__ void store_tile_fp8(const AttnParams& p, const SeqInfo& seq, const TileCoord& tc,
+                                               const AccCoord& coord, float (&o)[T::kORegs], RowState (&rows)[2],
+                                               float scale_log2, float v_descale, int lane) {
+  using Out = typename OutTag::type;
+  finalize_rows<T::kHeadDim>(o, rows);
+  float* g_lse = p.lse + lse_offset(p, seq, tc.batch, tc.head);
+  Out* g_o = static_cast<Out*>(p.o) + seq.o_offset + tc.head * p.o_head_stride + coord.col0;
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    const int row = coord.row(half);
+    if (row >= seq.seqlen_q) continue;
+    if (lane % 4 == 0) g_lse[row] = rows[half].lse(scale_log2);
+    Out* dst = g_o + static_cast<int64_t>(row) * p.o_row_stride;
+#pragma unroll
+    for (int j = 0; j < T::kHeadDim / 8; ++j) {
+      if (8 * j >= p.head_dim) break;
+      *reinterpret_cast<uint32_t*>(dst + 8 * j) =
+          pack2<OutTag>(o[4 * j + 2 * half] * v_descale, o[4 * j + 2 * half + 1] * v_descale);
+    }
+  }
+}
+
+template <typename T>
+__device__ void fp8_consumer_loop(const AttnParams& p, const SmemMap<T>& sm, const TileScheduler& sched, int wg) {
+  const int tid = threadIdx.x % kWarpgroupThreads, lane = tid % 32;
+  const PingPong<T> turn{wg};
+  const uint64_t desc_q = smem_desc(sm.q() + wg * T::kWarpgroupRowBytes, kKMajorLbo, kSwizzleAtomBytes);
+  const int heads_per_kv = p.num_heads / p.num_heads_k;
+  const bool out_bf16 = p.out_dtype == DType::kBFloat16;
+  turn.start();
+  int kv_iter = 0, q_iter = 0;
+  for (int round = 0;; ++round) {
+    const int tile = sched.tile_of_round(round);
+    if (tile >= sched.num_tiles()) break;
+    const TileCoord tc = sched.coord(tile);
+    const SeqInfo seq = seq_info(p, tc.batch);
+    const int m_begin = tc.m_block * T::kBlockM;
+    if (m_begin >= seq.seqlen_q) continue;
+    const MaskSpec mask = seq.mask(p);
+    const BlockRange range = tile_n_range<T>(mask, m_begin);
+    const int n_tiles = range.end - range.begin;
+    const int wg_row0 = m_begin + wg * kWarpgroupRows;
+    const Fp8Descale descale = fp8_descale(p, tc.batch, tc.head / heads_per_kv);
+    const ScoreMods mods = score_mods(p, tc.batch, tc.head, seq.seqlen_q, seq.seqlen_k);
+    // Modifiers read real scores: S is scaled by the descale first; otherwise the descale joins scale_log2.
+    const float scale_log2 = mods.any() ? p.scale_log2 : p.scale_log2 * descale.qk;
+
+    float o[T::kORegs];  // (64, kHeadDim) fp32 output accumulator of this warpgroup
+#pragma unroll
+    for (int i = 0; i < T::kORegs; ++i) o[i] = 0.f;
+    RowState rows[2];
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      rows[half].m = -INFINITY;
+      rows[half].l = 0.f;
+    }
+    if (n_tiles > 0) {
+      mbar_wait(sm.q_full(), q_iter & 1);
+      consume_tile_fp8<T>(sm, turn, desc_q, kv_iter, n_tiles, range, mask, mods, descale.qk, scale_log2, wg_row0,
+                          tid, o, rows);
+      kv_iter += n_tiles;
+      ++q_iter;
+    }
+    const AccCoord coord{wg_row0 + 16 * (tid / 32) + lane / 4, 2 * (lane % 4)};
+    if (out_bf16) {
+      store_tile_fp8<T, dtype::bf16>(p, seq, tc, coord, o, rows, scale_log2, descale.v, lane);
+    } else {
+      store_tile_fp8<T, dtype::fp16>(p, seq, tc, coord, o, rows, scale_log2, descale.v, lane);
+    }
+  }
+}
+
+}  // namespace v3
+}  // namespace flashgen
