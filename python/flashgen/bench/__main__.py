@@ -1,5 +1,7 @@
 """Command line: `flashgen-bench` / `python -m flashgen.bench`. Writes <out>/<date>-<device>-<plan>.jsonl, .txt
-and one PNG per mode, and prints the table last. Exit status 1 when a flashgen generation gave a wrong result."""
+and one PNG per mode, and prints the table last. Exit status 1 when a flashgen generation gave a wrong result.
+`--generations`: the generations report (sweeps.py's generations plan; report.generations_tables / paper_claims;
+plot.plot_generations), which adds a PNG per head dim."""
 
 from __future__ import annotations
 
@@ -12,7 +14,10 @@ from typing import List, Optional
 DEFAULT_OUT = os.path.join("bench", "results")
 # Wall-clock budgets on the GPU, so the device call (10 minutes, build and tests included) always gets results back:
 # configs left when the budget is spent are recorded as skipped, not lost.
-TIME_BUDGET_S = {"quick": 100.0, "full": 420.0}
+# generations: the whole run (imports, ceilings, plots included) fits ~240 s on the H200: the claims' short rows and
+# the grid take ~170-185 s by sessions 9/10's timings (~1.2 s per implementation and config at do_bench 10 / 50 ms,
+# v1 as measured there); what starts before the budget ends still finishes (the claims' v1 16k row: ~10-45 s).
+TIME_BUDGET_S = {"quick": 100.0, "full": 420.0, "generations": 195.0}
 
 
 def _csv_list(text: str) -> List[str]:
@@ -23,7 +28,12 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(prog="flashgen-bench", description=(
         "Time every flashgen generation against torch SDPA, FlexAttention and flash_attn (if installed) on the "
         "FlashAttention grid; on a machine without a GPU, flashgen's CPU backend against torch's CPU SDPA."))
-    ap.add_argument("--quick", action="store_true", help="a small subset (GPU: d128 at 2k/8k + one decode; CPU: 1k/4k)")
+    plans = ap.add_mutually_exclusive_group()
+    plans.add_argument("--quick", action="store_true",
+                       help="a small subset (GPU: d128 at 2k/8k + one decode; CPU: 1k/4k)")
+    plans.add_argument("--generations", action="store_true",
+                       help="the generations report: v1/v2/v3 against sdpa-flash/cudnn/math and fa4-cute at d64/d128, "
+                            "modelled HBM bytes, the FlashAttention papers' claims (CPU: a tiny version)")
     ap.add_argument("--out", default=DEFAULT_OUT, help=f"output folder (default {DEFAULT_OUT})")
     ap.add_argument("--impls", type=_csv_list, default=None,
                     help="implementations to run, by name or prefix: e.g. 'flashgen,sdpa-cudnn,flex'")
@@ -41,6 +51,38 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     ap.add_argument("--no-memory", action="store_true", help="skip the peak-memory measurement")
     ap.add_argument("--no-plots", action="store_true")
     return ap.parse_args(argv)
+
+
+class PlannedImpl:
+    """An implementation as a plan runs it: configs the plan does not give it (a sweep that names other
+    implementations, a seqlen cap) are recorded as skipped with the plan's reason, never run."""
+
+    def __init__(self, inner, plan):
+        self.inner, self.plan = inner, plan
+        self.name, self.family, self.layout = inner.name, inner.family, inner.layout
+
+    def why_not(self, cfg, mode):
+        from .impls import SKIPPED
+        reason = self.plan.skip_reason(self.name, cfg)
+        return (SKIPPED, reason) if reason is not None else self.inner.why_not(cfg, mode)
+
+    def context(self):
+        return self.inner.context()
+
+    def bind(self, cfg, q, k, v, requires_grad):
+        return self.inner.bind(cfg, q, k, v, requires_grad)
+
+
+def plan_impls(impls: list, plan, names: Optional[List[str]]) -> list:
+    """The implementations a plan runs: --impls, else the plan's own list (decode-only ones dropped when the plan
+    has no decode sweep), wrapped so the plan's per-sweep choices become skip records."""
+    from .impls import FlashgenNoSplitImpl, select
+    impls = select(impls, names or plan.impl_names())
+    if plan.decode is None:
+        impls = [i for i in impls if not isinstance(i, FlashgenNoSplitImpl)]
+    if any(s.impls is not None or s.max_seqlen for s in plan.attention_sweeps):
+        impls = [PlannedImpl(i, plan) for i in impls]
+    return impls
 
 
 class Progress:
@@ -77,10 +119,10 @@ def main(argv: Optional[List[str]] = None) -> int:
     import torch
 
     from . import measure
-    from .impls import discover, select
-    from .report import JsonlWriter, cpu_goal_summary, format_tables, slug
+    from .impls import discover
+    from .report import JsonlWriter, cpu_goal_summary, format_tables, generations_tables, paper_claims, slug
     from .runner import RunOptions, device_name, header, run, total_steps
-    from .sweeps import ALL_MODES, plan_for
+    from .sweeps import ALL_MODES, CLAIMS_SPEED_MAX_SEQLEN, claims_sweep, plan_for
 
     if args.device == "cuda" and not torch.cuda.is_available():
         print("--device cuda: no CUDA device is visible to torch", file=sys.stderr)
@@ -93,6 +135,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     else:
         why = ("CPU mode: torch sees no CUDA device, so flashgen's CPU backend runs against torch's CPU SDPA "
                "(flash and math backends).")
+    if args.generations and device == "cpu":
+        why += (" --generations on the CPU: a tiny version of the generations report; the GPU generations v1/v2/v3 "
+                "do not run here and print '-', flashgen-cpu stands in for them.")
     print(why, flush=True)
 
     modes = tuple(args.modes) if args.modes else ALL_MODES
@@ -100,9 +145,10 @@ def main(argv: Optional[List[str]] = None) -> int:
     if unknown:
         print(f"--modes: unknown {unknown}; choose from {list(ALL_MODES)}", file=sys.stderr)
         return 2
-    plan = plan_for(device, args.quick, seqlens=args.seqlens, head_dims=args.head_dims, dtype=args.dtype)
+    plan = plan_for(device, args.quick, seqlens=args.seqlens, head_dims=args.head_dims, dtype=args.dtype,
+                    generations=args.generations)
     impls, notes = discover(device, flex_dynamic=not args.flex_static)
-    impls = select(impls, args.impls)
+    impls = plan_impls(impls, plan, args.impls)
     for n in notes:
         print(f"note: {n}", flush=True)
     if not impls:
@@ -124,16 +170,18 @@ def main(argv: Optional[List[str]] = None) -> int:
 
     budget = args.time_budget_s
     if budget is None and device == "cuda":
-        budget = TIME_BUDGET_S["quick" if args.quick else "full"]
+        budget = TIME_BUDGET_S["generations" if args.generations else "quick" if args.quick else "full"]
+    warmup_ms = next(x for x in (args.warmup_ms, plan.warmup_ms, measure.WARMUP_MS) if x is not None)
+    rep_ms = next(x for x in (args.rep_ms, plan.rep_ms, measure.REP_MS) if x is not None)
     opts = RunOptions(device=device, time_budget_s=budget, measure_memory=not args.no_memory,
-                      warmup_ms=args.warmup_ms if args.warmup_ms is not None else measure.WARMUP_MS,
-                      rep_ms=args.rep_ms if args.rep_ms is not None else measure.REP_MS)
+                      warmup_ms=warmup_ms, rep_ms=rep_ms)
 
     os.makedirs(args.out, exist_ok=True)
     dev_slug = slug(torch.cuda.get_device_name()) if device == "cuda" else "cpu"
     stem = os.path.join(args.out, f"{time.strftime('%Y-%m-%d')}-{dev_slug}-{plan.name}")
     writer = JsonlWriter(stem + ".jsonl")
     head = header(device, plan, impls, notes, matmul or 0.0, copy or 0.0, why)
+    head["timing"].update(warmup_ms=warmup_ms, rep_ms=rep_ms)  # what this run used (header() has the defaults)
     writer(head)
     print(f"{device_name(device)}: matmul {matmul or 0:.1f} TFLOP/s ({plan.attention.dtype}), "
           f"copy {copy or 0:.2f} TB/s; implementations: {', '.join(i.name for i in impls)}", flush=True)
@@ -150,6 +198,12 @@ def main(argv: Optional[List[str]] = None) -> int:
     table = format_tables(head, results)
     if device == "cpu":
         table += "\n\n== goal (issue 3) ==\n" + "\n".join(cpu_goal_summary(results) or ["no flashgen-cpu result"])
+    if args.generations:
+        claims = claims_sweep(plan)
+        stand_in = "flashgen-v1" if device == "cuda" else "flashgen-cpu"
+        table += "\n" + "\n".join(generations_tables(head, results, sweep=plan.attention))
+        table += "\n" + "\n".join(paper_claims(results, sweep=claims, grid=plan.attention, flashgen=stand_in,
+                                               speed_max_seqlen=CLAIMS_SPEED_MAX_SEQLEN))
     table += f"\n\nrun: {len(results)} records in {elapsed:.0f} s"
     if budget is not None:
         table += f" (time budget {budget:.0f} s)"
@@ -159,9 +213,15 @@ def main(argv: Optional[List[str]] = None) -> int:
     if not args.no_plots:
         try:
             from .plot import plot_file
-            files += plot_file(stem + ".jsonl")
+            files += plot_file(stem + ".jsonl", sweep=plan.attention if args.generations else None)
         except Exception as exc:
             print(f"plots failed: {type(exc).__name__}: {exc}", flush=True)
+        if args.generations:
+            try:
+                from .plot import plot_generations
+                files += plot_generations(stem + ".jsonl", sweep=plan.attention)
+            except Exception as exc:
+                print(f"generations plots failed: {type(exc).__name__}: {exc}", flush=True)
     print("wrote " + ", ".join(files), flush=True)
     print(table, flush=True)
     wrong = [r for r in results if r["family"] == "flashgen" and r["status"] == "wrong"]

@@ -1,7 +1,9 @@
 """PNG plots from a results JSON lines file: one figure per mode (fwd, bwd, fwd+bwd), one panel per head dim x
-mask, TFLOP/s against seqlen, one line per implementation. Decoding is left to the table.
+mask, TFLOP/s against seqlen, one line per implementation. Decoding is left to the table. With --generations, one
+figure per head dim: generation (v1, v2, v3, then the peers) on x, % of the matmul ceiling on y, one panel per mode,
+one line per (mask, seqlen).
 
-    python -m flashgen.bench.plot results.jsonl [--out DIR]
+    python -m flashgen.bench.plot results.jsonl [--out DIR] [--generations]
 """
 
 from __future__ import annotations
@@ -9,22 +11,28 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from typing import List, Optional
+from typing import Dict, List, Optional, Tuple
 
-from .report import read_jsonl
+import numpy as np
+
+from .report import GENERATION_ORDER, read_jsonl
 
 PLOT_MODES = ("fwd", "bwd", "fwd+bwd")
 PANEL_INCHES = (5.0, 3.6)   # width, height of one panel
 DPI = 110                   # ~150 KB per figure: small enough for the device's returned files
 
 
-def plot_file(path: str, out_dir: Optional[str] = None) -> List[str]:
-    """Write <stem>-<mode>.png next to `path` (or in out_dir); returns the paths written."""
+def plot_file(path: str, out_dir: Optional[str] = None, sweep=None) -> List[str]:
+    """Write <stem>-<mode>.png next to `path` (or in out_dir); returns the paths written. `sweep` (an
+    AttentionSweep) keeps its records only, so another sweep's shapes at the same seqlens do not share a line."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    from .sweeps import Config
     header, results = read_jsonl(path)
+    if sweep is not None:
+        results = [r for r in results if sweep.holds(Config.from_dict(r["config"]))]
     stem = os.path.splitext(os.path.basename(path))[0]
     out_dir = out_dir or os.path.dirname(os.path.abspath(path))
     title_dev = (header or {}).get("device_name", "")
@@ -67,14 +75,95 @@ def plot_file(path: str, out_dir: Optional[str] = None) -> List[str]:
     return written
 
 
+def generation_series(results: List[dict], head_dim: int, mode: str) -> Tuple[List[str], Dict[Tuple[bool, int],
+                                                                                       List[Optional[float]]]]:
+    """(x categories, {(causal, seqlen): % of matmul per category, None where it did not run ok}) for one panel:
+    flashgen-v1, -v2, -v3 first (always, so missing ones show as gaps), other flashgen generations, then peers in
+    the order they appear."""
+    recs = [r for r in results if r["mode"] == mode and r["config"]["kind"] == "attention"
+            and r["config"]["head_dim"] == head_dim]
+    gens = [f"flashgen-{g}" for g in GENERATION_ORDER]
+    peers: List[str] = []
+    for r in recs:
+        if r["impl"].endswith("-nosplit") or r["impl"] in gens or r["impl"] in peers:
+            continue
+        (gens if r["family"] == "flashgen" else peers).append(r["impl"])
+    cats = gens + peers
+    pct = {(r["config"]["causal"], r["config"]["seqlen_q"], r["impl"]): r.get("pct_matmul") for r in recs
+           if r["status"] == "ok"}
+    series = {}
+    for causal, seqlen in sorted({(r["config"]["causal"], r["config"]["seqlen_q"]) for r in recs}):
+        series[(causal, seqlen)] = [pct.get((causal, seqlen, c)) for c in cats]
+    return cats, series
+
+
+def plot_generations(path: str, out_dir: Optional[str] = None, sweep=None) -> List[str]:
+    """Write <stem>-generations-d<head_dim>.png per head dim of `sweep`'s records (all attention records when None);
+    returns the paths written. Raises ImportError without matplotlib (the caller reports it)."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from .sweeps import Config
+    header, results = read_jsonl(path)
+    if sweep is not None:
+        results = [r for r in results if sweep.holds(Config.from_dict(r["config"]))]
+    stem = os.path.splitext(os.path.basename(path))[0]
+    out_dir = out_dir or os.path.dirname(os.path.abspath(path))
+    title_dev = (header or {}).get("device_name", "")
+    written = []
+    for d in sorted({r["config"]["head_dim"] for r in results if r["config"]["kind"] == "attention"}):
+        modes = [m for m in PLOT_MODES if any(r["mode"] == m and r["config"]["head_dim"] == d for r in results)]
+        fig, axes = plt.subplots(1, len(modes), squeeze=False, sharey=True,
+                                 figsize=(PANEL_INCHES[0] * len(modes), PANEL_INCHES[1] * 1.3))
+        for j, mode in enumerate(modes):
+            ax = axes[0][j]
+            cats, series = generation_series(results, d, mode)
+            seqlens = sorted({s for _, s in series})
+            colors = plt.get_cmap("viridis")(np.linspace(0.0, 0.9, max(1, len(seqlens))))
+            x = list(range(len(cats)))
+            for (causal, seqlen), ys in series.items():
+                ax.plot(x, [float("nan") if y is None else y for y in ys], "--" if causal else "-",
+                        marker="s" if causal else "o", color=colors[seqlens.index(seqlen)],
+                        label=f"{'causal' if causal else 'full'} s{seqlen}")
+            ax.set_xticks(x)
+            ax.set_xticklabels([c.replace("flashgen-", "") for c in cats], rotation=30, ha="right")
+            ax.set_title(f"d{d} {mode}")
+            ax.set_ylabel("% of matmul ceiling")
+            ax.set_ylim(bottom=0)
+            ax.grid(True, alpha=0.3)
+            if ax.lines:
+                ax.legend(fontsize="x-small", ncol=2)
+        fig.suptitle(f"generations d{d} - {title_dev}")
+        fig.tight_layout()
+        out = os.path.join(out_dir, f"{stem}-generations-d{d}.png")
+        fig.savefig(out, dpi=DPI)
+        plt.close(fig)
+        written.append(out)
+    return written
+
+
 def main(argv: Optional[List[str]] = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m flashgen.bench.plot", description=__doc__.splitlines()[0])
     ap.add_argument("results", help="a results .jsonl written by `python -m flashgen.bench`")
     ap.add_argument("--out", default=None, help="folder for the PNGs (default: next to the results)")
+    ap.add_argument("--generations", action="store_true",
+                    help="also the generations plots (grid records of a --generations run)")
     args = ap.parse_args(argv)
-    for p in plot_file(args.results, args.out):
+    grid = _grid_of(args.results) if args.generations else None
+    paths = plot_file(args.results, args.out, sweep=grid)
+    if args.generations:
+        paths += plot_generations(args.results, args.out, sweep=grid)
+    for p in paths:
         print(p)
     return 0
+
+
+def _grid_of(path: str):
+    """The generations grid sweep for the device a results file was measured on."""
+    from .sweeps import plan_for
+    header, _ = read_jsonl(path)
+    return plan_for((header or {}).get("device", "cuda"), False, generations=True).attention
 
 
 if __name__ == "__main__":

@@ -4,6 +4,10 @@ The GPU grid is FlashAttention's: 16k tokens per batch (batch = tokens / seqlen)
 head_dim), bf16, seqlen 512..16k, head dim 64/128/256, causal and not. The CPU grid is the issue-3 CPU table: batch 1,
 8 heads, d64, fp32. Decoding: a few query tokens against a long KV cache, 32 query heads / 8 KV heads (GQA 4), d128,
 the cache dense and paged (pages of 16 rows, vLLM/SGLang's, and 256, flash_attn's smallest) with the same keys.
+
+The generations plan (`--generations`) runs two attention sweeps, each naming the implementations it runs: the
+grid at d64/d128 with every flashgen generation against the strongest peers (v1 only up to 2k: it is slow by
+design), then FlashAttention-1's own benchmark shape for the paper-claims check (v1 against standard attention).
 """
 
 from __future__ import annotations
@@ -77,14 +81,37 @@ class AttentionSweep:
     hidden: int = FA_GRID_HIDDEN
     batch: Optional[int] = None
     num_heads: Optional[int] = None
+    # Implementations this sweep runs, by name or prefix (None: all), and (prefix, longest seqlen) caps for slow ones.
+    impls: Optional[Tuple[str, ...]] = None
+    max_seqlen: Tuple[Tuple[str, int], ...] = ()
+
+    def _shape(self, seqlen: int, head_dim: int) -> Tuple[int, int]:
+        batch = self.batch if self.batch is not None else max(1, self.tokens // seqlen)
+        heads = self.num_heads if self.num_heads is not None else max(1, self.hidden // head_dim)
+        return batch, heads
 
     def configs(self) -> List[Config]:
         out = []
         for head_dim, causal, seqlen in itertools.product(self.head_dims, self.causal, self.seqlens):
-            batch = self.batch if self.batch is not None else max(1, self.tokens // seqlen)
-            heads = self.num_heads if self.num_heads is not None else max(1, self.hidden // head_dim)
+            batch, heads = self._shape(seqlen, head_dim)
             out.append(Config("attention", batch, seqlen, seqlen, heads, heads, head_dim, causal, self.dtype))
         return out
+
+    def holds(self, cfg: Config) -> bool:
+        """cfg has this sweep's shape at its own seqlen (any seqlen: results read back after --seqlens still match)."""
+        return (cfg.kind == "attention" and cfg.seqlen_q == cfg.seqlen_k and cfg.head_dim in self.head_dims
+                and cfg.causal in self.causal and cfg.dtype == self.dtype and cfg.window_size == (-1, -1)
+                and cfg.num_heads == cfg.num_heads_k and (cfg.batch, cfg.num_heads) == self._shape(cfg.seqlen_q,
+                                                                                                  cfg.head_dim))
+
+    def skip_reason(self, impl_name: str, cfg: Config) -> Optional[str]:
+        """Why this sweep does not run impl_name on cfg (one of its configs); None when it does."""
+        if self.impls is not None and not any(impl_name.startswith(n) for n in self.impls):
+            return f"not in this sweep (runs {', '.join(self.impls)})"
+        for prefix, cap in self.max_seqlen:
+            if impl_name.startswith(prefix) and cfg.seqlen_q > cap:
+                return f"{prefix} runs up to seqlen {cap} in this sweep (slow by design; keeps the run affordable)"
+        return None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -113,14 +140,47 @@ class Plan:
     name: str
     attention: AttentionSweep
     decode: Optional[DecodeSweep] = None
+    # Further attention sweeps, run before / after `attention` (the one the CLI's overrides change), before decoding.
+    before: Tuple[AttentionSweep, ...] = ()
+    extra: Tuple[AttentionSweep, ...] = ()
+    # do_bench budgets of this plan (None: measure.WARMUP_MS / REP_MS); the CLI's --warmup-ms / --rep-ms win.
+    warmup_ms: Optional[float] = None
+    rep_ms: Optional[float] = None
+
+    @property
+    def attention_sweeps(self) -> Tuple[AttentionSweep, ...]:
+        return tuple(self.before) + (self.attention,) + tuple(self.extra)
 
     def configs(self, modes: Sequence[str] = ALL_MODES) -> List[Tuple[Config, Tuple[str, ...]]]:
-        """(config, modes to run on it) in sweep order: attention first, then decoding."""
-        att_modes = tuple(m for m in self.attention.modes if m in modes)
-        out = [(c, att_modes) for c in self.attention.configs()] if att_modes else []
+        """(config, modes to run on it) in sweep order: attention sweeps first, then decoding. A config two sweeps
+        share is listed once, with the modes of both."""
+        order: List[Config] = []
+        cfg_modes: Dict[Config, Tuple[str, ...]] = {}
+        for sweep in self.attention_sweeps:
+            att_modes = tuple(m for m in sweep.modes if m in modes)
+            for c in sweep.configs() if att_modes else ():
+                if c not in cfg_modes:
+                    order.append(c)
+                cfg_modes[c] = tuple(m for m in ATTENTION_MODES if m in cfg_modes.get(c, ()) + att_modes)
+        out = [(c, cfg_modes[c]) for c in order]
         if self.decode is not None and DECODE_MODE in modes:
             out += [(c, (DECODE_MODE,)) for c in self.decode.configs()]
         return out
+
+    def impl_names(self) -> Optional[Tuple[str, ...]]:
+        """Names or prefixes of every implementation some sweep runs; None when a sweep runs all of them."""
+        sweeps = self.attention_sweeps
+        if self.decode is not None or any(s.impls is None for s in sweeps):
+            return None
+        return tuple(dict.fromkeys(n for s in sweeps for n in s.impls))
+
+    def skip_reason(self, impl_name: str, cfg: Config) -> Optional[str]:
+        """Why no sweep of this plan runs impl_name on cfg; None when one does (decode configs: always None)."""
+        holding = [s for s in self.attention_sweeps if cfg.seqlen_q in s.seqlens and s.holds(cfg)]
+        reasons = [s.skip_reason(impl_name, cfg) for s in holding]
+        if not reasons or any(r is None for r in reasons):
+            return None
+        return reasons[0]
 
 
 # d128 first: it is the head dim the anchors cover most, so it is measured before any time budget runs out.
@@ -141,10 +201,54 @@ PLANS: Dict[str, Plan] = {
 }
 
 
+# ---- the generations report (--generations) ------------------------------------------------------------------------
+# Every flashgen generation ('flashgen' matches flashgen-v1, -v2, -v3; the decode-only -nosplit twins are dropped by
+# __main__ when a plan has no decode sweep) and the strongest peers. fa4-cute runs where it is importable.
+GENERATION_IMPLS: Tuple[str, ...] = ("flashgen", "sdpa-flash", "sdpa-cudnn", "sdpa-math", "fa4-cute")
+# v1 is FlashAttention-1 as published, one CTA per (batch, head): at 8k d128 one fwd+bwd call takes 2.4 s (fwd 1.05 s,
+# bwd 1.39 s), at 2k 156 ms (bench/results/2026-12-01-nvidia-h200-quick-session9.jsonl). do_bench makes ~7 calls per
+# timing, so 4k and 8k would cost ~15 s and ~60 s per (head dim, mask): the grid runs v1 up to 2k.
+V1_GRID_MAX_SEQLEN = 2048
+# FlashAttention-1's benchmark shape (arXiv 2205.14135, Appendix E.5 / Fig. 3): batch 16, 8 heads of dim 64, not
+# causal, fwd+bwd; seqlen 128..4k for speed and memory, run FIRST (~15 s: nothing the budget should drop), then 8k
+# and 16k for v1's memory growth, run LAST (v1 alone: ~10-45 s, whatever the budget leaves; standard attention is
+# skipped above 4k by impls.MATH_MAX_PAIRS, as the paper's baselines ran out of memory there). bf16 (the paper: fp16).
+CLAIMS_SPEED_MAX_SEQLEN = 4096
+_GEN_GRID = AttentionSweep(seqlens=(512, 1024, 2048, 4096, 8192), head_dims=(128, 64), causal=(False, True),
+                           modes=ATTENTION_MODES, dtype="bf16", impls=GENERATION_IMPLS,
+                           max_seqlen=(("flashgen-v1", V1_GRID_MAX_SEQLEN),))
+_GEN_CLAIMS = AttentionSweep(seqlens=(128, 256, 512, 1024, 2048, 4096), head_dims=(64,), causal=(False,),
+                             modes=("fwd+bwd",), dtype="bf16", batch=16, num_heads=8,
+                             impls=("flashgen-v1", "sdpa-math"))
+_GEN_CLAIMS_MEMORY = dataclasses.replace(_GEN_CLAIMS, seqlens=(8192, 16384))
+# 20 grid configs x 7 implementations x 3 modes: do_bench at 10 / 50 ms (measure.py's 25 / 100 would add ~35 s);
+# kernels of 0.3+ ms still get 150+ timed calls.
+GENERATIONS_WARMUP_MS = 10.0
+GENERATIONS_REP_MS = 50.0
+# CPU: a tiny version that exercises the same report (flashgen-cpu stands in for the GPU generations, which print '-').
+_CPU_GEN_GRID = AttentionSweep(seqlens=(128, 256), head_dims=(64,), causal=(False, True), modes=ATTENTION_MODES,
+                               dtype="fp32", batch=1, num_heads=4, impls=("flashgen", "sdpa-flash", "sdpa-math"))
+_CPU_GEN_CLAIMS = AttentionSweep(seqlens=(128, 256, 512), head_dims=(64,), causal=(False,), modes=("fwd+bwd",),
+                                 dtype="fp32", batch=2, num_heads=2, impls=("flashgen", "sdpa-math"))
+PLANS["gpu-generations"] = Plan("generations", _GEN_GRID, before=(_GEN_CLAIMS,), extra=(_GEN_CLAIMS_MEMORY,),
+                                warmup_ms=GENERATIONS_WARMUP_MS, rep_ms=GENERATIONS_REP_MS)
+PLANS["cpu-generations"] = Plan("generations", _CPU_GEN_GRID, before=(_CPU_GEN_CLAIMS,))
+
+
+def claims_sweep(plan: Plan) -> Optional[AttentionSweep]:
+    """The paper-claims sweep of a generations plan (its first sweep; the memory tail after the grid has the same
+    shape, so `holds` finds those rows too), else None."""
+    return plan.before[0] if plan.name == "generations" and plan.before else None
+
+
 def plan_for(device: str, quick: bool, *, seqlens: Optional[Sequence[int]] = None,
-             head_dims: Optional[Sequence[int]] = None, dtype: Optional[str] = None) -> Plan:
-    """The declared plan for `device` ('cuda' or 'cpu'), with the CLI's overrides applied to the attention sweep."""
-    key = ("gpu" if device == "cuda" else "cpu") + ("-quick" if quick else "")
+             head_dims: Optional[Sequence[int]] = None, dtype: Optional[str] = None,
+             generations: bool = False) -> Plan:
+    """The declared plan for `device` ('cuda' or 'cpu'), with the CLI's overrides applied to the (first) attention
+    sweep; the generations plan's claims sweep keeps its own shape."""
+    if generations and quick:
+        raise ValueError("--generations and --quick are separate plans; choose one")
+    key = ("gpu" if device == "cuda" else "cpu") + ("-quick" if quick else "") + ("-generations" if generations else "")
     plan = PLANS[key]
     att = plan.attention
     if seqlens:
