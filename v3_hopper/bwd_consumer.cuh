@@ -276,6 +276,10 @@ __device__ void bwd_consumer(const AttnBwdParams& p, const BwdSmem<T>& sm, const
     fence_regs(dv);
     fence_regs(dk);
     fence_regs(dq);
+    // Every lane read this stage's LSE and D rows with ld.shared (scores_to_grads / scores_to_probs): the warp's
+    // reads happen before lane 0's arrive only through __syncwarp (racecheck reported the stage's next bulk_load
+    // against those reads without it; the forward's consumers read their stages through wgmma only).
+    __syncwarp();
     if (lane == 0) mbar_arrive(sm.empty(stage));
     stage_dq<T>(sm.dq(wg), dq, tid);
     fence_proxy_async_smem();

@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# compute-sanitizer on the flashgen already installed on the device (no rebuild, unlike sanitize_quick.sh), so it
+# can follow tools/gpu_check.sh in the same call: FLASHGEN_CHECK_EXTRA="bash tools/sanitize_installed.sh".
+# Each step: <tool> <seconds> <test file> <-k expression>; a step cut off by its timeout still logs what ran.
+set -uo pipefail
+steps=(
+  "memcheck 60 tests/test_v3_bwd_kernel.py test_mqa_window_softcap_alibi or test_empty_side or (test_head_dims_between_buckets and 96)"
+  "racecheck 60 tests/test_v3_bwd_kernel.py test_mqa_window_softcap_alibi"
+  "memcheck 60 tests/test_v3_fp8.py test_fp8_window_gqa_mqa or test_fp8_varlen"
+  "racecheck 60 tests/test_v3_fp8.py test_fp8_varlen and False"
+)
+[ -n "${SANITIZE_STEPS:-}" ] && mapfile -t steps <<< "$SANITIZE_STEPS"
+rc_all=0
+for s in "${steps[@]}"; do
+  read -r tool secs file expr <<< "$s"
+  t0=$(date +%s)
+  timeout "$secs" compute-sanitizer --tool "$tool" --error-exitcode 99 --print-limit 20 \
+    python3 -m pytest -v -p no:cacheprovider "$file" -k "$expr" > /tmp/sanitize_step.log 2>&1
+  rc=$?
+  [ $rc -ne 0 ] && rc_all=$rc
+  echo "== $tool $file -k '$expr': rc=$rc in $(( $(date +%s) - t0 )) s;" \
+       "$(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' /tmp/sanitize_step.log | tail -n 1);" \
+       "pytest: $(grep -E '[0-9]+ (passed|failed|skipped|deselected)' /tmp/sanitize_step.log | grep -v '^=========  ' | tail -n 1)"
+  grep -E "^========= (Invalid|Error|Race|.*hazard)" /tmp/sanitize_step.log | head -10
+done
+exit $rc_all
