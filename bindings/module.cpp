@@ -108,6 +108,19 @@ int workspace_index(const std::string& name) {
   throw py::value_error("workspace: no workspace named '" + name + "'");
 }
 
+// "80,90a" -> ["80", "90a"]; "" -> [].
+py::list split_csv(const std::string& csv) {
+  py::list out;
+  size_t start = 0;
+  while (start < csv.size()) {
+    size_t end = csv.find(',', start);
+    if (end == std::string::npos) end = csv.size();
+    if (end > start) out.append(csv.substr(start, end - start));
+    start = end + 1;
+  }
+  return out;
+}
+
 py::dict build_info() {
   py::dict info;
   py::list instances;
@@ -121,16 +134,13 @@ py::dict build_info() {
     }
   }
   info["instances"] = instances;
-  py::list archs;
-  std::string csv = kFlashgenCudaArchs;
-  size_t start = 0;
-  while (start < csv.size()) {
-    size_t end = csv.find(',', start);
-    if (end == std::string::npos) end = csv.size();
-    if (end > start) archs.append(csv.substr(start, end - start));
-    start = end + 1;
+  info["cuda_archs"] = split_csv(kFlashgenCudaArchs);
+  // Per GPU generation, the archs its library was compiled for (cmake/flashgen.cmake flashgen_add_generation).
+  py::dict generation_archs;
+  for (const FlashgenGenerationArchs* it = kFlashgenGenerationArchs; it->generation; ++it) {
+    generation_archs[it->generation] = split_csv(it->archs);
   }
-  info["cuda_archs"] = archs;
+  info["generation_archs"] = generation_archs;
   info["cuda_version"] = std::string(kFlashgenCudaVersion);
   info["max_head_dim"] = flashgen::kMaxHeadDim;
   return info;

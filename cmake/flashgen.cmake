@@ -61,12 +61,20 @@ endfunction()
 
 # Register a generation's library: linked into the module, and its ops table (`const GenerationOps&
 # <NAMESPACE>::ops()`, declared in HEADER; common/generation.h) listed in generated/generations_gen.h, which the
-# binding reads. The one call a generation folder makes besides building its library.
+# binding reads. ARCHS: the archs its library was compiled for (a subset of FLASHGEN_CUDA_ARCHS), reported per
+# generation by build_info() so the dispatcher never picks a generation whose code cannot run on the device (a
+# "75;90a" build has v1 for sm_75 + compute_75 PTX, v2 and v3 for sm_90a only). The one call a generation folder
+# makes besides building its library.
 function(flashgen_add_generation)
-  cmake_parse_arguments(ARG "" "NAME;TARGET;HEADER" "" ${ARGN})
+  cmake_parse_arguments(ARG "" "NAME;TARGET;HEADER" "ARCHS" ${ARGN})
+  if(NOT ARG_ARCHS)
+    message(FATAL_ERROR "flashgen_add_generation(${ARG_NAME}): ARCHS is empty")
+  endif()
   set_property(GLOBAL APPEND PROPERTY FLASHGEN_GENERATION_LIBS ${ARG_TARGET})
   set_property(GLOBAL APPEND PROPERTY FLASHGEN_GENERATION_HEADERS ${ARG_HEADER})
   set_property(GLOBAL APPEND_STRING PROPERTY FLASHGEN_GENERATION_XMACRO " X(${ARG_NAME})")
+  string(REPLACE ";" "," archs_csv "${ARG_ARCHS}")
+  set_property(GLOBAL APPEND_STRING PROPERTY FLASHGEN_GENERATION_ARCHS "  {\"${ARG_NAME}\", \"${archs_csv}\"},\n")
 endfunction()
 
 # Common target settings for a CUDA generation library.
@@ -103,6 +111,9 @@ function(flashgen_write_build_info)
   string(APPEND content "struct FlashgenInstance { const char* generation; const char* kind; const char* dtype; int head_dim; };\n")
   string(APPEND content "static const FlashgenInstance kFlashgenInstances[] = {\n${entries}  {nullptr, nullptr, nullptr, 0},\n};\n")
   string(APPEND content "static const char* kFlashgenCudaArchs = \"${archs_csv}\";\n")
+  get_property(gen_archs GLOBAL PROPERTY FLASHGEN_GENERATION_ARCHS)
+  string(APPEND content "struct FlashgenGenerationArchs { const char* generation; const char* archs; };\n")
+  string(APPEND content "static const FlashgenGenerationArchs kFlashgenGenerationArchs[] = {\n${gen_archs}  {nullptr, nullptr},\n};\n")
   string(APPEND content "static const char* kFlashgenCudaVersion = \"${cuda_version}\";\n")
   file(CONFIGURE OUTPUT ${CMAKE_BINARY_DIR}/generated/build_info_gen.h CONTENT "${content}")
 

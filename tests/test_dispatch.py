@@ -94,8 +94,23 @@ def test_newer_than_sm90_runs_v2_from_portable_code():
 
 
 def test_newer_than_sm90_without_portable_arch_is_refused():
-    with pytest.raises(NotImplementedError, match="no arch compiled into this build"):
+    with pytest.raises(NotImplementedError, match=r"no arch v2 was compiled for \(build_info: \['90a'\]\)"):
         choose(_cuda((10, 0)), _build(archs=("90a",)))
+
+
+def test_generation_archs_decide_where_each_generation_runs():
+    """A "75;90a" build (the Turing path tested through PTX): v1 has sm_75 code and compute_75 PTX, v2 only sm_90a
+    code. On sm_90 both can run (auto takes v2); on sm_86 only v1's PTX runs, and v2's refusal names its archs."""
+    built = dataclasses.replace(_build(generations=("v1", "v2"), dtypes=("fp16",), archs=("75", "90a")),
+                                generation_archs=(("v1", ("75",)), ("v2", ("90a",))))
+    assert built.archs_for("v1") == ("75",) and built.archs_for("v2") == ("90a",)
+    assert built.archs_for("cpu") == ("75", "90a")  # not listed: the build's archs
+    assert choose(_cuda((9, 0), dtype="fp16"), built).generation == "v2"
+    assert choose(_cuda((9, 0), dtype="fp16"), built, "v1").generation == "v1"
+    reasons = explain(_cuda((8, 6), dtype="fp16"), built)
+    assert reasons["v2"] == ["no arch v2 was compiled for (build_info: ['90a']) runs on sm_86"], reasons["v2"]
+    with pytest.raises(NotImplementedError, match="no arch v2 was compiled for"):
+        choose(_cuda((8, 6), dtype="fp16"), built, "v2")
 
 
 def test_v3_is_sm90_only(v1_v3_implemented):

@@ -22,6 +22,13 @@ class BuildInfo:
     cuda_archs: Tuple[str, ...]
     cuda_version: str
     max_head_dim: int
+    # (generation, archs its library was compiled for): a subset of cuda_archs (v2 leaves out archs below 80, v3
+    # everything but 90a). A generation not listed was compiled for every arch of cuda_archs.
+    generation_archs: Tuple[Tuple[str, Tuple[str, ...]], ...] = ()
+
+    def archs_for(self, generation: str) -> Tuple[str, ...]:
+        """The CUDA archs `generation`'s kernels were compiled for."""
+        return next((a for g, a in self.generation_archs if g == generation), self.cuda_archs)
 
     @property
     def generations(self) -> FrozenSet[str]:
@@ -43,4 +50,5 @@ def build_info() -> BuildInfo:
         cuda_archs=tuple(raw["cuda_archs"]),
         cuda_version=raw["cuda_version"],
         max_head_dim=int(raw["max_head_dim"]),
+        generation_archs=tuple(sorted((g, tuple(a)) for g, a in raw.get("generation_archs", {}).items())),
     )

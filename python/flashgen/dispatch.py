@@ -197,9 +197,10 @@ def _reasons(spec: GenerationSpec, problem: Problem, built: BuildInfo) -> Tuple[
                 have = built.head_dims(spec.name, kind, problem.dtype)
                 reasons.append(f"{spec.name} {kind} for {problem.dtype} head_dim {problem.head_dim} is not compiled "
                                f"into this build (build_info has head dims {list(have)})")
-        if spec.device_type == "cuda" and problem.compute_capability is not None and built.cuda_archs and \
-                not _arch_runs(built.cuda_archs, problem.compute_capability):
-            reasons.append(f"no arch compiled into this build (build_info: {list(built.cuda_archs)}) runs on "
+        archs = built.archs_for(spec.name)
+        if spec.device_type == "cuda" and problem.compute_capability is not None and archs and \
+                not _arch_runs(archs, problem.compute_capability):
+            reasons.append(f"no arch {spec.name} was compiled for (build_info: {list(archs)}) runs on "
                            f"{_sm(problem.compute_capability)}")
     return reasons, device_bound
 
