@@ -49,6 +49,11 @@ FH_HD float at_most_zero(float e) { return e > 0.f ? 0.f : e; }
 FH_HD float prob_exponent_from_lse(float x, float scale_log2, float lse_log2) {
   return at_most_zero(fmaf(x, scale_log2, -lse_log2));
 }
+// Whether P recomputed from a row's LSE needs that clamp. Below kExactExponentMin the unclamped exponent exceeds 0
+// by a few ulp(lse_log2) <= 2^-14 at most (P <= 1 + 1e-4, the size of the LSE's own rounding), so a GPU kernel keeps
+// its one-FMA loop for such rows and clamps only where a row of the warp has |lse_log2| >= 2^8 (uniform branch).
+// An empty row (lse_log2 = +inf) gives P = 0 either way; NaN clamps (at_most_zero keeps it NaN).
+FH_HD bool lse_needs_clamp(float lse_log2) { return lse_log2 != INFINITY && exact_exponent(lse_log2); }
 
 // The exponent of the factor exp2(m_old * scale_log2 - m_new * scale_log2) that moves a state (l, O) kept under
 // max m_old to max m_new >= m_old (finite m_new): exact difference when the new max is in the exact regime, so

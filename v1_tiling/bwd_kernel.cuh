@@ -98,7 +98,8 @@ __device__ __forceinline__ void bwd_score_unit(const AttnBwdParams& p, const Bwd
           x = ScorePath::masked(x, col, lim);
           if (st.sparse_mixed && sparse_hidden(p, st.head, row, col, st.seqlen_q, st.seqlen_k)) x = -INFINITY;
         }
-        const float prob = exp2f(path.exponent(x, lse_log2));
+        // clamped at 0: the LSE of huge logits rounds P past 1 otherwise (common/softmax.h prob_exponent_from_lse)
+        const float prob = exp2f(at_most_zero(path.exponent(x, lse_log2)));
         float dpv = dp[jn][e], p_dropped = prob;
         if (path.dropout) {
           const bool kept = (keep_bits >> (2 * jn + c)) & 1u;

@@ -13,6 +13,7 @@
 #include "common/mask.h"
 #include "common/params.h"
 #include "common/score.h"
+#include "common/softmax.h"
 
 namespace flashgen {
 namespace v1 {
@@ -42,7 +43,7 @@ __global__ void __launch_bounds__(kProbsThreads) probs_kernel(const __grid_const
       const Element* kr = k + static_cast<int64_t>(col) * p.k_row_stride;
       for (int d = 0; d < p.head_dim; ++d) qk = fmaf(to_float<Tag>(q[d]), to_float<Tag>(kr[d]), qk);
       const float x = path.score(qk, row, col, lim);
-      prob = lse_log2 == INFINITY ? 0.f : exp2f(path.exponent(x, lse_log2));
+      prob = lse_log2 == INFINITY ? 0.f : exp2f(at_most_zero(path.exponent(x, lse_log2)));  // see the backward
     }
     const bool keep = !path.dropout || path.keep(row, col);
     out[col] = keep ? prob : -prob;

@@ -14,6 +14,7 @@
 
 #include "common/mask.h"
 #include "common/score.h"
+#include "common/softmax.h"
 #include "v2_partitioning/frag_score.cuh"
 #include "v2_partitioning/mma.cuh"
 #include "v2_partitioning/smem_copy.cuh"
@@ -88,7 +89,9 @@ __device__ __forceinline__ void zero_acc(float (&acc)[kAtoms][kTiles][4]) {
 // softmax_scale is applied to dK and dQ once, outside. Empty rows (lse = +inf) and masked entries give P = 0 and
 // dS = 0. lse_log2 and dsum hold lse * log2 e and D of each fragment row (row a*16 + g + 8 * half).
 // kMods = false compiles out softcap, ALiBi and dropout, kMask = false the column limits (a fully visible tile):
-// the caller picks the variant with uniform branches. With every feature behind runtime flags in one body, the
+// the caller picks the variant with uniform branches. The kMods and kMask variants clamp P's exponent at 0
+// (common/softmax.h prob_exponent_from_lse: one FMNMX.NAN per element on sm_80+); the lean one does not, so a warp
+// with a row whose LSE needs the clamp (warp_needs_clamp) takes the kMask variant even on a fully visible tile. With every feature behind runtime flags in one body, the
 // elementwise step was the largest block of the kernel's instructions (ncu, d128: 27% of the stall samples).
 template <bool kMods, bool kMask, int kAtoms, int kTiles>
 __device__ __forceinline__ void scores_to_grads(float (&s)[kAtoms][kTiles][4], float (&dp)[kAtoms][kTiles][4],
@@ -112,7 +115,8 @@ __device__ __forceinline__ void scores_to_grads(float (&s)[kAtoms][kTiles][4], f
           float chain = 1.f;
           if (kMods) x = path.logit(x, row, col, &chain);
           if (kMask && need_mask) x = ScorePath::masked(x, col, lim);
-          const float p = exp2f(path.exponent(x, lse_log2[a][half]));
+          const float x_log2 = path.exponent(x, lse_log2[a][half]);
+          const float p = exp2f(kMods || kMask ? at_most_zero(x_log2) : x_log2);
           float dpv = dp[a][j][e];
           float pv = p;
           if (kMods && path.dropout) {
@@ -124,6 +128,17 @@ __device__ __forceinline__ void scores_to_grads(float (&s)[kAtoms][kTiles][4], f
           s[a][j][e] = pv;
         }
     }
+}
+
+// Whether any row of the warp needs P's exponent clamped (common/softmax.h lse_needs_clamp); warp-uniform.
+template <int kAtoms>
+__device__ __forceinline__ bool warp_needs_clamp(const float (&lse_log2)[kAtoms][2]) {
+  bool clamp = false;
+#pragma unroll
+  for (int a = 0; a < kAtoms; ++a)
+#pragma unroll
+    for (int half = 0; half < 2; ++half) clamp |= lse_needs_clamp(lse_log2[a][half]);
+  return __any_sync(0xffffffffu, clamp);
 }
 
 // Store a warp's fp32 C fragment (kAtoms x 16, kTiles x 8) at (row0, col0) of a swizzled (rows, kCols) smem tile

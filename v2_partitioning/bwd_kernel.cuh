@@ -247,8 +247,9 @@ __global__ void __launch_bounds__(T::kNThreads, 1) bwd_kernel(const __grid_const
     const bool need_mask = !tile_fully_visible(mask, m_begin, m_begin + T::kBlockM, n_begin, n_begin + T::kBlockN);
     if (kMods && (path.has_mods() || path.dropout)) {
       scores_to_grads<true, true>(acc_s, acc_dp, lse_log2, dsum, keep, fc, mask, path, keep_scale, need_mask);
-    } else if (need_mask) {
-      scores_to_grads<false, true>(acc_s, acc_dp, lse_log2, dsum, keep, fc, mask, path, keep_scale, need_mask);
+    } else if (need_mask || warp_needs_clamp(lse_log2)) {
+      // need_mask true: the column limits of a fully visible tile mask nothing, and the branch then knows it.
+      scores_to_grads<false, true>(acc_s, acc_dp, lse_log2, dsum, keep, fc, mask, path, keep_scale, true);
     } else {
       scores_to_grads<false, false>(acc_s, acc_dp, lse_log2, dsum, keep, fc, mask, path, keep_scale, need_mask);
     }

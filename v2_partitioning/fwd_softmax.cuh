@@ -57,22 +57,47 @@ __device__ __forceinline__ void softmax_step(float (&s)[kMAtoms][kNTiles][4], fl
         }
       }
   }
+  // P = exp2 of common/softmax.h's prob_exponent, one FMA per element: s * c - m * c, or for a row whose max is so
+  // large that this is no longer ~0 at the max (exact_exponent: logits beyond ~177) (s - m) * c - 0, the exact form,
+  // by subtracting m in place first (a uniform branch per warp, never taken on ordinary inputs).
+  float m_off[kMAtoms][2];
+  bool exact[kMAtoms][2];
+  bool any_exact = false;
 #pragma unroll
   for (int a = 0; a < kMAtoms; ++a)
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
-      RowState& rs = rows[a][half];
-      const float m_scaled = rs.max_scaled(scale_log2);  // RowState::prob's exponent offset, hoisted
+      m_off[a][half] = rows[a][half].max_scaled(scale_log2);  // RowState::prob's exponent offset, hoisted
+      exact[a][half] = exact_exponent(m_off[a][half]);
+      any_exact |= exact[a][half];
+    }
+  if (__any_sync(0xffffffffu, any_exact)) {
+#pragma unroll
+    for (int a = 0; a < kMAtoms; ++a)
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        if (!exact[a][half]) continue;
+#pragma unroll
+        for (int j = 0; j < kNTiles; ++j)
+#pragma unroll
+          for (int c = 0; c < 2; ++c) s[a][j][half * 2 + c] -= rows[a][half].m;
+        m_off[a][half] = 0.f;
+      }
+  }
+#pragma unroll
+  for (int a = 0; a < kMAtoms; ++a)
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
       float sum = 0.f;
 #pragma unroll
       for (int j = 0; j < kNTiles; ++j)
 #pragma unroll
         for (int c = 0; c < 2; ++c) {
-          const float p = exp2f(score_exponent(s[a][j][half * 2 + c], scale_log2, m_scaled));
+          const float p = exp2f(score_exponent(s[a][j][half * 2 + c], scale_log2, m_off[a][half]));
           s[a][j][half * 2 + c] = p;
           sum += p;
         }
-      rs.add(sum);
+      rows[a][half].add(sum);
     }
 }
 

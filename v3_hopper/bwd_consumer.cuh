@@ -14,6 +14,7 @@
 #include "common/mask.h"
 #include "common/params.h"
 #include "common/score.h"
+#include "common/softmax.h"
 #include "v3_hopper/acc_layout.cuh"
 #include "v3_hopper/bwd_traits.cuh"
 #include "v3_hopper/ptx.cuh"
@@ -82,7 +83,7 @@ __device__ __forceinline__ void scores_to_grads(float (&s)[T::kSRegs], float (&d
       float x = s[i], chain = 1.f;
       if (kSoftcap || kAlibi) x = path.logit_with<kSoftcap, kAlibi>(x, query, key, &chain);
       if (kMask) x = ScorePath::masked(x, key, row_limits(mask, query));
-      const float pr = exp2f(path.exponent(x, cc ? lse2.y : lse2.x));
+      const float pr = exp2f(at_most_zero(path.exponent(x, cc ? lse2.y : lse2.x)));  // clamp: see scores_to_probs
       const float ds = pr * (dp[i] - (cc ? d2.y : d2.x));
       s[i] = pr;
       dp[i] = kSoftcap ? ds * chain : ds;
@@ -105,7 +106,10 @@ __device__ __forceinline__ void scores_to_probs(float (&s)[T::kSRegs], const Acc
       const int i = 4 * j + e;
       float x = s[i];
       if (kMask) x = ScorePath::masked(x, c.row(acc_half(i)), row_limits(mask, c.col(i)));
-      s[i] = exp2f(path.exponent(x, (e & 1) ? lse2.y : lse2.x));
+      // at_most_zero (common/softmax.h prob_exponent_from_lse): an LSE of the huge-logit regime rounds P past 1,
+      // to inf from logits ~1e8 up. One FMNMX.NAN per element; v2 clamps only where a warp's LSE needs it, but here
+      // a thread's elements span 2 * kBlockM / 8 LSEs of the stage and testing them costs as much as the clamp.
+      s[i] = exp2f(at_most_zero(path.exponent(x, (e & 1) ? lse2.y : lse2.x)));
     }
   }
 }

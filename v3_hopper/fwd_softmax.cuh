@@ -56,13 +56,28 @@ __device__ __forceinline__ bool softmax_step(float (&s)[kN / 2], RowState (&rows
     alpha[half] = raise ? rows[half].rescale(mx, scale_log2) : 1.f;
     any_raise |= raise;
   }
-  float m_scaled[2], sum[2] = {0.f, 0.f};
+  // P = exp2 of common/softmax.h's prob_exponent, one FMA per element: fma(s, c, -m * c), or for a row whose max is
+  // so large that this is no longer ~0 at the max (exact_exponent: logits beyond ~177) fma(s - m, c, -0), the exact
+  // form, by subtracting m in place first (a uniform branch per warp, never taken on ordinary inputs).
+  float m_off[2], sum[2] = {0.f, 0.f};
+  bool exact[2];
 #pragma unroll
-  for (int half = 0; half < 2; ++half) m_scaled[half] = rows[half].max_scaled(scale_log2);
+  for (int half = 0; half < 2; ++half) {
+    m_off[half] = rows[half].max_scaled(scale_log2);
+    exact[half] = exact_exponent(m_off[half]);
+  }
+  if (__any_sync(0xffffffffu, exact[0] || exact[1])) {
+#pragma unroll
+    for (int i = 0; i < kN / 2; ++i) {
+      if (exact[acc_half(i)]) s[i] -= rows[acc_half(i)].m;
+    }
+#pragma unroll
+    for (int half = 0; half < 2; ++half) m_off[half] = exact[half] ? 0.f : m_off[half];
+  }
 #pragma unroll
   for (int i = 0; i < kN / 2; ++i) {
     const int half = acc_half(i);
-    s[i] = exp2f(fmaf(s[i], scale_log2, -m_scaled[half]));
+    s[i] = exp2f(fmaf(s[i], scale_log2, -m_off[half]));
     sum[half] += s[i];
   }
 #pragma unroll

@@ -575,6 +575,35 @@ void test_exact_exponent() {
         "at_most_zero");
   CHECK(flashgen::prob_exponent_from_lse(1.f, 2.f, 1.f) == 0.f && flashgen::prob_exponent_from_lse(1.f, 2.f, 5.f) == -3.f,
         "prob_exponent_from_lse");
+  // lse_needs_clamp's bound (softmax.h): a row whose lse_log2 (the fp32 LSE times log2 e in fp32, as the GPU
+  // backwards form it) is below kExactExponentMin has fma(s, c, -lse_log2) <= 2^-14 on every score, so the kernels
+  // skip the clamp there. Rows of 1..64 keys (one dominant key is the worst case: log2 l ~ 0), LSE as RowState.
+  const float kClampFreeBound = std::ldexp(1.f, -14);
+  int checked = 0;
+  for (int trial = 0; trial < 20000; ++trial) {
+    const int n = 1 + static_cast<int>(rng.uniform() * 64);
+    const float c = static_cast<float>(0.01 + rng.uniform() * 20);
+    const double spread = rng.uniform() < 0.5 ? 16.0 : 0.5;
+    std::vector<float> s(n);
+    for (float& x : s) x = static_cast<float>((rng.uniform() - 0.5) * 2 * (180.0 / c) + (rng.uniform() - 0.5) * spread);
+    RowState st;
+    float bmax = -INFINITY;
+    for (float x : s) bmax = std::fmax(bmax, x);
+    st.rescale(bmax, c);
+    for (float x : s) st.add(st.prob(x, c));
+    const float lse_log2 = st.lse(c) * flashgen::kLog2e;
+    if (flashgen::lse_needs_clamp(lse_log2)) continue;
+    ++checked;
+    for (float x : s) {
+      const float e = std::fma(x, c, -lse_log2);
+      CHECK(e <= kClampFreeBound, "lse_log2 %.9g (below the clamp threshold): exponent %.3g > 2^-14", lse_log2, e);
+    }
+  }
+  CHECK(checked > 1000, "lse_needs_clamp: only %d rows below the threshold", checked);
+  CHECK(!flashgen::lse_needs_clamp(255.9f) && !flashgen::lse_needs_clamp(-255.9f) && flashgen::lse_needs_clamp(256.f) &&
+            flashgen::lse_needs_clamp(-256.f) && !flashgen::lse_needs_clamp(INFINITY) &&
+            flashgen::lse_needs_clamp(NAN),
+        "lse_needs_clamp threshold");
 }
 
 // A NaN score makes the row NaN (out and lse), never "empty"; a row that saw only masked keys stays empty.
