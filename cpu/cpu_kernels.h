@@ -13,6 +13,7 @@
 #include <thread>
 #include <vector>
 
+#include "common/block_sparse.h"
 #include "common/mask.h"
 #include "common/params.h"
 #include "common/score.h"
@@ -279,22 +280,6 @@ FG_INLINE HeadProblem head_problem(const AttnParams& p, int b, int h) {
   hp.head = h;
   hp.head_k = h / (p.num_heads / p.num_heads_k);
   return hp;
-}
-
-// Block-sparse state of the tile rows [m0, m1) x keys [n0, n1): all sparse blocks it touches off, all on, or mixed.
-enum class SparseTile { kOff, kOn, kMixed };
-
-FG_INLINE SparseTile sparse_tile(const AttnParams& p, int head, int m0, int m1, int n0, int n1) {
-  if (!p.block_mask) return SparseTile::kOn;
-  bool any = false, all = true;
-  for (int sm = m0 / p.sparse_block_m; sm <= (m1 - 1) / p.sparse_block_m; ++sm) {
-    for (int sn = n0 / p.sparse_block_n; sn <= (n1 - 1) / p.sparse_block_n; ++sn) {
-      const bool on = sparse_block_on(p, head, sm, sn);
-      any = any || on;
-      all = all && on;
-    }
-  }
-  return !any ? SparseTile::kOff : (all ? SparseTile::kOn : SparseTile::kMixed);
 }
 
 // The score tile s (rows, kBlockN) from q (rows, padded_dim) and kt (head_dim, kBlockN) for query rows [m0, m0 +

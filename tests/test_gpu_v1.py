@@ -1,9 +1,6 @@
 """v1 (FlashAttention-1, v1_tiling/) on the GPU: what the generation-parametrized tier does not cover.
 
-- Block-sparse FlashAttention (FA1 Sec. 3.3; v1 is the one GPU generation with it): forward, backward and
-  probabilities against flashgen.reference with the same block_mask, over sparse block sizes that line up with v1's
-  Br x Bc tiles and sizes that do not (mixed tiles), per-head and broadcast layouts, with causal and dropout, and
-  rows whose every block is off (out 0, lse +inf, dq 0).
+- Block-sparse FlashAttention (FA1 Sec. 3.3) runs in tests/test_gpu_block_sparse.py, for v1 and v2 alike.
 - Alg. 1's O, l, m in device memory: the forward asks for the oaccum and row_stats workspaces (sizes from
   v1_tiling/layout.h), refuses smaller ones, and leaves in them the paper's normalized O in fp32 (out is exactly its
   rounding) and {m, l} whose m + log(l) is the LSE.
@@ -26,158 +23,11 @@ pytestmark = pytest.mark.gpu
 if not torch.cuda.is_available():
     pytest.skip("v1 GPU tests need a CUDA device", allow_module_level=True)
 
-import flashgen  # noqa: E402
 from conftest import GPU_DTYPES, check_out_and_lse, need, randn, run_bwd, run_fwd  # noqa: E402
 from flashgen import _native, _ops  # noqa: E402
-from flashgen.reference import attention_ref, philox_keep_mask  # noqa: E402
-from flashgen.testing import check_fa_rule, grad_floor  # noqa: E402
 
 GEN = "v1"
 LOG2E = math.log2(math.e)
-
-
-def _layout(heads, seqlen_q, seqlen_k, block_size, density, seed, device="cuda"):
-    """A random bool block layout (heads, ceil(sq / bm), ceil(sk / bn)), with query block row 1 all off (rows that
-    see nothing) where there is one."""
-    gen = torch.Generator().manual_seed(seed)
-    rows, cols = -(-seqlen_q // block_size[0]), -(-seqlen_k // block_size[1])
-    layout = torch.rand(heads, rows, cols, generator=gen) < density
-    if rows > 1:
-        layout[:, 1] = False
-    return layout.to(device)
-
-
-def check_sparse_grads(name, q, k, v, *, block_mask, block_size, keep_mask=None, **kw):
-    """conftest.check_grads with the block-sparse layout passed to the oracle too: v1's forward, then its backward
-    into poisoned gradients; FA rule (factor 3, grad_floor) against float64 autograd through attention_ref, the
-    same-dtype autograd as the naive run. Returns (dq, dk, dv)."""
-    kw.setdefault("softmax_scale", 1.0 / math.sqrt(q.shape[-1]))
-    sparse = dict(block_mask=block_mask, block_size=block_size)
-    out, lse, _ = _ops.forward(GEN, q, k, v, **kw, **sparse)
-    dout = torch.randn_like(out)
-    dq, dk, dv = run_bwd(GEN, q, k, v, dout, out, lse, **kw, **sparse)
-    ref_kw = {k_: kw[k_] for k_ in ("softmax_scale", "window_size", "dropout_p") if k_ in kw}
-    grads = {}
-    for dtype in (torch.float64, q.dtype):
-        leaves = [t.detach().to(dtype).requires_grad_() for t in (q, k, v)]
-        r, _ = attention_ref(*leaves, dtype=dtype, keep_mask=keep_mask, **ref_kw, **sparse)
-        r.backward(dout.to(dtype))
-        grads[dtype] = [t.grad for t in leaves]
-    n_terms = max(q.shape[1], k.shape[1])
-    for label, got, ref, naive in zip(("dq", "dk", "dv"), (dq, dk, dv), grads[torch.float64], grads[q.dtype]):
-        check_fa_rule(f"{name} {label}", got, ref, naive, factor=3.0, floor=grad_floor(got, ref, n_terms))
-    return dq, dk, dv
-
-
-# (block_size, seqlen_q, seqlen_k): v1's tiles are 48 x 48 at d64, 16 x 16 at d128 (v1_tiling/block_sizes.h), so
-# (16, 16) and (48, 96) line up with some of them and (7, 33), (128, 128), (100, 30) cut tiles into mixed ones.
-SPARSE_CASES = [((128, 128), 300, 333), ((16, 16), 97, 130), ((48, 96), 200, 190), ((7, 33), 61, 140),
-                ((100, 30), 257, 129)]
-
-
-@pytest.mark.parametrize("dtype_name", list(GPU_DTYPES))
-@pytest.mark.parametrize("head_dim", [64, 128])
-@pytest.mark.parametrize("case", SPARSE_CASES, ids=lambda c: f"bs{c[0][0]}x{c[0][1]}-{c[1]}x{c[2]}")
-@pytest.mark.parametrize("heads_in_layout", [3, 1], ids=["per-head", "broadcast"])
-@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
-def test_block_sparse_forward(dtype_name, head_dim, case, heads_in_layout, causal):
-    need(GEN, dtype_name, head_dim, "block_sparse", *(["causal"] if causal else []))
-    block_size, sq, sk = case
-    torch.manual_seed(20)
-    dt = GPU_DTYPES[dtype_name]
-    q, k, v = (randn(2, s, 3, head_dim, dtype=dt) for s in (sq, sk, sk))
-    layout = _layout(heads_in_layout, sq, sk, block_size, 0.5, seed=sq * sk)
-    window = (-1, 0) if causal else (-1, -1)
-    out, lse, _ = run_fwd(GEN, q, k, v, window_size=window, block_mask=layout, block_size=block_size)
-    check_out_and_lse(f"block-sparse {block_size} {sq}x{sk} {dtype_name} d{head_dim} causal={causal}", out, lse, q, k,
-                      v, causal=causal, block_mask=layout, block_size=block_size)
-    if sq > block_size[0]:  # query block row 1 is all off: out exactly 0, lse +inf
-        rows = slice(block_size[0], min(2 * block_size[0], sq))
-        assert bool((out[:, rows] == 0).all()), "rows whose every block is off must give out = 0"
-        assert bool(torch.isinf(lse[..., rows]).all()), "rows whose every block is off must give lse = +inf"
-
-
-def test_block_sparse_all_off_and_all_on():
-    need(GEN, "fp16", 64, "block_sparse")
-    torch.manual_seed(21)
-    q, k, v = (randn(1, s, 2, 64, dtype=torch.float16) for s in (150, 170, 170))
-    bs = (32, 32)
-    off = torch.zeros(1, 5, 6, dtype=torch.bool, device="cuda")
-    out, lse, _ = run_fwd(GEN, q, k, v, block_mask=off, block_size=bs)
-    assert bool((out == 0).all()) and bool(torch.isinf(lse).all()), "an all-off layout gives out 0, lse +inf"
-    on = torch.ones(2, 5, 6, dtype=torch.bool, device="cuda")
-    out_on, lse_on, _ = run_fwd(GEN, q, k, v, block_mask=on, block_size=bs)
-    dense, lse_dense, _ = run_fwd(GEN, q, k, v)
-    assert torch.equal(out_on, dense) and torch.equal(lse_on, lse_dense), "an all-on layout is dense attention"
-
-
-@pytest.mark.parametrize("head_dim", [64, 128])
-@pytest.mark.parametrize("case", SPARSE_CASES[:4], ids=lambda c: f"bs{c[0][0]}x{c[0][1]}-{c[1]}x{c[2]}")
-@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
-def test_block_sparse_backward(head_dim, case, causal):
-    need(GEN, "bf16", head_dim, "block_sparse", "backward", *(["causal"] if causal else []))
-    block_size, sq, sk = case
-    torch.manual_seed(22)
-    q, k, v = (randn(2, s, 3, head_dim, dtype=torch.bfloat16) for s in (sq, sk, sk))
-    layout = _layout(3, sq, sk, block_size, 0.5, seed=sq + sk)
-    dq, _, _ = check_sparse_grads(f"block-sparse bwd {block_size} {sq}x{sk} d{head_dim} causal={causal}", q, k, v,
-                                  window_size=(-1, 0) if causal else (-1, -1), block_mask=layout,
-                                  block_size=block_size)
-    if sq > block_size[0]:
-        rows = slice(block_size[0], min(2 * block_size[0], sq))
-        assert bool((dq[:, rows] == 0).all()), "dq of rows whose every block is off must be exactly 0"
-
-
-def test_block_sparse_backward_with_dropout_and_gqa():
-    need(GEN, "fp16", 64, "block_sparse", "backward", "dropout", "gqa", "causal")
-    torch.manual_seed(23)
-    b, h, hk, sq, sk, p = 2, 4, 2, 130, 170, 0.2
-    seed, offset = 0xDEAD_BEEF, 9
-    q = randn(b, sq, h, 64, dtype=torch.float16)
-    k, v = (randn(b, sk, hk, 64, dtype=torch.float16) for _ in range(2))
-    block_size = (32, 64)
-    layout = _layout(h, sq, sk, block_size, 0.6, seed=5)
-    keep = philox_keep_mask(seed, offset, b, h, sq, sk, p).cuda()
-    check_sparse_grads("block-sparse bwd dropout gqa", q, k, v, window_size=(-1, 0), dropout_p=p, seed=seed,
-                       offset=offset, keep_mask=keep, block_mask=layout, block_size=block_size)
-
-
-def test_block_sparse_probs_and_dropout():
-    """Probabilities: 0 where a zero block hides (i, j), the oracle's softmax elsewhere, sign = the Philox keep bit."""
-    need(GEN, "bf16", 64, "block_sparse", "return_probs", "dropout")
-    torch.manual_seed(24)
-    b, h, sq, sk, p = 1, 2, 90, 120, 0.25
-    seed, offset = 77, 3
-    q, k, v = (randn(b, s, h, 64, dtype=torch.bfloat16) for s in (sq, sk, sk))
-    block_size = (16, 48)
-    layout = _layout(h, sq, sk, block_size, 0.5, seed=6)
-    out, lse, probs = run_fwd(GEN, q, k, v, dropout_p=p, seed=seed, offset=offset, return_probs=True,
-                              block_mask=layout, block_size=block_size)
-    keep = philox_keep_mask(seed, offset, b, h, sq, sk, p).cuda()
-    assert torch.equal(~torch.signbit(probs), keep), "dropout keep-mask (sign of probs) differs from the Philox spec"
-    elem = layout[:, torch.arange(sq, device="cuda") // block_size[0]][:, :, torch.arange(sk, device="cuda") //
-                                                                        block_size[1]]
-    assert bool((probs.abs()[:, ~elem] == 0).all()), "probabilities of hidden pairs must be 0"
-    s = torch.einsum("bihd,bjhd->bhij", q.double(), k.double()) / 8.0
-    ref = torch.softmax(s.masked_fill(~elem.unsqueeze(0), float("-inf")), dim=-1).nan_to_num(0.0)
-    perr = float((probs.abs().double() - ref).abs().max())
-    assert perr <= 2e-5 * sk, f"|probs| vs oracle softmax: {perr:.3e}"
-    check_out_and_lse("block-sparse dropout", out, lse, q, k, v, dropout_p=p, keep_mask=keep, block_mask=layout,
-                      block_size=block_size)
-
-
-def test_block_sparse_public_api():
-    need(GEN, "fp16", 64, "block_sparse", "causal", "backward")
-    torch.manual_seed(25)
-    q, k, v = (randn(2, s, 2, 64, dtype=torch.float16).requires_grad_() for s in (200, 260, 260))
-    layout = _layout(1, 200, 260, (64, 64), 0.7, seed=7)
-    out = flashgen.block_sparse_attn_func(q, k, v, layout, block_size=(64, 64), causal=True, version=GEN)
-    qd, kd, vd = (t.detach() for t in (q, k, v))
-    ref, _ = attention_ref(qd, kd, vd, causal=True, block_mask=layout, block_size=(64, 64))
-    naive, _ = attention_ref(qd, kd, vd, causal=True, block_mask=layout, block_size=(64, 64), dtype=torch.float16)
-    check_fa_rule("block_sparse_attn_func", out, ref, naive)
-    out.backward(torch.randn_like(out))
-    assert all(t.grad is not None and bool(torch.isfinite(t.grad).all()) for t in (q, k, v))
 
 
 # ---- Alg. 1's O, l, m in device memory ----
@@ -313,7 +163,7 @@ def test_builds_without_sm80_list_no_bf16():
     built = _native.build_info()
     if GEN not in built.generations:
         pytest.skip("v1 is not compiled into this build")
-    plain = [int(a) for a in built.cuda_archs if a.isdigit() and int(a) >= 75]
+    plain = [int(a) for a in built.archs_for(GEN) if a.isdigit() and int(a) >= 75]
     bf16 = [i for i in built.instances if i[0] == GEN and i[2] == "bf16"]
     if not any(a >= 80 for a in plain):
         assert not bf16, f"v1 archs {plain} have no bf16 mma, yet build_info lists {bf16}"

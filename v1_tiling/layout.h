@@ -1,5 +1,5 @@
-// What v1 keeps in device memory and how it walks the block-sparse layout, host-compilable so the host code, the
-// kernels and the host test (tests/cpp/test_v1_host.cpp) share it.
+// What v1 keeps in device memory, host-compilable so the host code, the kernels and the host test
+// (tests/cpp/test_v1_host.cpp) share it. The block-sparse walk over its tiles is common/block_sparse.h.
 //
 // Workspaces (common/workspace.h), one row per (batch or sequence b, query head h, query row r), rows counted
 //   ws_row(p, b, h) + r = (b * num_heads + h) * seqlen_q + r      (seqlen_q: the padded max with varlen)
@@ -14,6 +14,7 @@
 
 #include <cstdint>
 
+#include "common/block_sparse.h"
 #include "common/config.h"
 #include "common/mask.h"
 #include "common/params.h"
@@ -51,33 +52,6 @@ FH_HD int64_t q_side_offset(const AttnParams& p, int batch, int64_t batch_stride
 }
 FH_HD int64_t k_side_offset(const AttnParams& p, int batch, int64_t batch_stride, int64_t row_stride) {
   return p.cu_seqlens_k ? static_cast<int64_t>(p.cu_seqlens_k[batch]) * row_stride : batch * batch_stride;
-}
-
-// Block-sparse FlashAttention (FA1 Sec. 3.3) on v1's tiles: the user's sparse blocks (sparse_block_m x
-// sparse_block_n, common/mask.h sparse_block_on) need not line up with Br x Bc, so a tile is off (every sparse block
-// it touches is zero: skipped in both loops), on (all nonzero: no per-element test) or mixed (per-element
-// sparse_visible). The tile is rows [m_begin, m_end) x keys [n_begin, n_end), both non-empty and inside the
-// sequence.
-enum class SparseTile : int { kOff = 0, kOn = 1, kMixed = 2 };
-
-FH_HD SparseTile sparse_tile(const AttnParams& p, int head, int m_begin, int m_end, int n_begin, int n_end) {
-  if (p.block_mask == nullptr) return SparseTile::kOn;
-  bool any = false, all = true;
-  for (int sm = m_begin / p.sparse_block_m; sm <= (m_end - 1) / p.sparse_block_m; ++sm) {
-    for (int sn = n_begin / p.sparse_block_n; sn <= (n_end - 1) / p.sparse_block_n; ++sn) {
-      const bool on = sparse_block_on(p, head, sm, sn);
-      any = any || on;
-      all = all && on;
-    }
-  }
-  return !any ? SparseTile::kOff : (all ? SparseTile::kOn : SparseTile::kMixed);
-}
-
-// Is (row, col) of a mixed tile hidden by a zero block? Rows and keys past the sequence (the padding of a
-// partial tile) have no entry in the layout and are not looked up: the mask hides those keys, and those rows are
-// never stored (their LSE is +inf in the backward).
-FH_HD bool sparse_hidden(const AttnParams& p, int head, int row, int col, int seqlen_q, int seqlen_k) {
-  return row < seqlen_q && col < seqlen_k && !sparse_visible(p, head, row, col);
 }
 
 }  // namespace v1

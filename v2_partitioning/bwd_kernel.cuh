@@ -11,6 +11,7 @@
 
 #include <cstdint>
 
+#include "common/block_sparse.h"
 #include "common/mask.h"
 #include "common/params.h"
 #include "common/score.h"
@@ -36,12 +37,22 @@ FH_HD int64_t dq_semaphore_offset(const AttnParams& p) {
   return static_cast<int64_t>(p.batch) * p.num_heads * dq_accum_rows(p.seqlen_q) * kHeadDim;  // tile_config.h
 }
 
-// Key blocks below n_block whose query-block range contains m_block.
-FH_HD int visitors_before(const MaskSpec& mask, int n_block, int m_block, int block_n, int block_m) {
+// Key blocks below n_block whose query-block range contains m_block (kSparse: and whose tile with it is not off
+// in the block-sparse layout, so the count is of the key blocks that add into the query block, as kSparse CTAs skip
+// off tiles without touching the counter).
+template <bool kSparse = false>
+FH_HD int visitors_before(const MaskSpec& mask, int n_block, int m_block, int block_n, int block_m,
+                          const AttnParams* p = nullptr, int head = 0, int seqlen_q = 0, int seqlen_k = 0) {
   int count = 0;
   for (int nb = 0; nb < n_block; ++nb) {
     const BlockRange r = m_block_range(mask, nb * block_n, (nb + 1) * block_n, block_m);
-    count += (m_block >= r.begin && m_block < r.end) ? 1 : 0;
+    bool visits = m_block >= r.begin && m_block < r.end;
+    if (kSparse && visits) {
+      const int m_end = m_block * block_m + block_m < seqlen_q ? m_block * block_m + block_m : seqlen_q;
+      const int n_end = nb * block_n + block_n < seqlen_k ? nb * block_n + block_n : seqlen_k;
+      visits = sparse_tile(*p, head, m_block * block_m, m_end, nb * block_n, n_end) != SparseTile::kOff;
+    }
+    count += visits ? 1 : 0;
   }
   return count;
 }
@@ -87,7 +98,55 @@ FH_HD bool bwd_has_mods(const AttnBwdParams& p) {
   return p.softcap > 0.f || p.alibi_slopes != nullptr || p.p_dropout > 0.f;
 }
 
-template <typename T, bool kMods>
+// The steps of a block-sparse CTA (kSparse): step t of the dense loop is (query head head0 + t / n_m, query block
+// m_begin_block + t % n_m); those whose tile the layout turns off are skipped, found 32 at a time by one ballot per
+// warp (common/block_sparse.h SparseWalk; every warp walks alike). next() gives the next step or false.
+template <typename T>
+struct SparseSteps {
+  const AttnParams& p;
+  int head0, m_first, n_m, n_all, n_begin, n_end, seqlen_q, lane;
+  SparseWalk walk;
+
+  __device__ __forceinline__ SparseChunk chunk(int t0) const {
+    const int t = t0 + lane;
+    SparseTile st = SparseTile::kOff;
+    if (t < n_all) {
+      const int head = head0 + t / n_m, m_begin = (m_first + t % n_m) * T::kBlockM;
+      st = sparse_tile(p, head, m_begin, min(m_begin + T::kBlockM, seqlen_q), n_begin, n_end);
+    }
+    const SparseChunk bit = sparse_chunk_bit(st, lane);
+    return {__ballot_sync(0xffffffffu, bit.on != 0), __ballot_sync(0xffffffffu, bit.mixed != 0)};
+  }
+  __device__ __forceinline__ bool next(int& head, int& m_block, bool& mixed) {
+    const int t = walk.next(n_all, [&](int t0) { return chunk(t0); }, &mixed);
+    if (t < 0) return false;
+    head = head0 + t / n_m;
+    m_block = m_first + t % n_m;
+    return true;
+  }
+};
+
+// Block-sparse, mixed tile: P and dS of the elements in zero blocks of the layout are 0 (hidden: frag_score.cuh
+// sparse_hidden_bits), exactly what the mask gives them.
+template <int kAtoms, int kTiles>
+__device__ __forceinline__ void zero_hidden(float (&s)[kAtoms][kTiles][4], float (&dp)[kAtoms][kTiles][4],
+                                            const uint32_t (&hidden)[kAtoms][2]) {
+#pragma unroll
+  for (int a = 0; a < kAtoms; ++a)
+#pragma unroll
+    for (int half = 0; half < 2; ++half)
+#pragma unroll
+      for (int j = 0; j < kTiles; ++j)
+#pragma unroll
+        for (int c = 0; c < 2; ++c) {
+          if ((hidden[a][half] >> (2 * j + c)) & 1u) {
+            s[a][j][half * 2 + c] = 0.f;
+            dp[a][j][half * 2 + c] = 0.f;
+          }
+        }
+}
+
+template <typename T, bool kMods, bool kSparse = false>
 __global__ void __launch_bounds__(T::kNThreads, 1) bwd_kernel(const __grid_constant__ AttnBwdParams p) {
   using Element = typename T::Element;
   using Tag = typename T::DTag;
@@ -146,14 +205,29 @@ __global__ void __launch_bounds__(T::kNThreads, 1) bwd_kernel(const __grid_const
     }
   };
 
+  // The steps this CTA runs: every (query head, query block) of the dense loop, or (kSparse) those whose tile the
+  // block-sparse layout does not turn off. step_ok: step i exists; next_ok: step i + 1 does; mixed: step i's tile
+  // is mixed (its zero-block elements are zeroed after the elementwise step).
+  int head = head_k * group, m_block = mr.begin;           // step i
+  int next_head = head, next_m_block = m_block;            // step i + 1
+  bool step_ok = steps > 0, next_ok = false, mixed = false, next_mixed = false;
+  [[maybe_unused]] SparseSteps<T> sparse{p, head_k * group, mr.begin, n_m, steps, n_begin,
+                                         min(n_begin + T::kBlockN, seq.seqlen_k), seq.seqlen_q, lane, {}};
+  if constexpr (kSparse) {
+    step_ok = sparse.next(head, m_block, mixed);
+    next_ok = step_ok && sparse.next(next_head, next_m_block, next_mixed);
+  } else {
+    next_step(next_head, next_m_block);
+  }
+
   // Prologue: K and V (one group), then Q_0 and dO_0 (the next).
-  if (steps > 0) {
+  if (step_ok) {
     load_tile_async<T::kBlockN, T::kHeadDim, T::kNThreads>(smem + T::kSmemK, g_k, p.k_row_stride,
                                                            seq.seqlen_k - n_begin, p.head_dim, tid);
     load_tile_async<T::kBlockN, T::kHeadDim, T::kNThreads>(smem + T::kSmemV, g_v, p.v_row_stride,
                                                            seq.seqlen_k - n_begin, p.head_dim, tid);
     cp_async_commit();
-    load_q_do(head_k * group, mr.begin, 0);
+    load_q_do(head, m_block, 0);
     cp_async_commit();
   }
 
@@ -190,18 +264,15 @@ __global__ void __launch_bounds__(T::kNThreads, 1) bwd_kernel(const __grid_const
   // The score path (common/score.h); its per-head parts (ALiBi slope, Philox stream) are set each step (kMods).
   ScorePath path = ScorePath::make(p, batch, head_k * group, seq.seqlen_q, seq.seqlen_k);
   const float keep_scale = dropout_keep_scale(p.p_dropout);
-  int head = head_k * group, m_block = mr.begin;           // step i
-  int next_head = head, next_m_block = m_block;            // step i + 1
-  next_step(next_head, next_m_block);
 
 #pragma unroll 1
-  for (int i = 0; i < steps; ++i) {
+  for (int i = 0; kSparse ? step_ok : i < steps; ++i) {
     const int m_begin = m_block * T::kBlockM;
     const int stage_bytes = (i & 1) * T::kStageBytes;
 
     cp_async_wait<0>();  // Q_i, dO_i (and K, V) landed for this thread...
     __syncthreads();     // ... and every thread; every warp is done with step i-1 (its stage, P, dS)
-    if (i + 1 < steps) load_q_do(next_head, next_m_block, (i + 1) & 1);
+    if (kSparse ? next_ok : i + 1 < steps) load_q_do(next_head, next_m_block, (i + 1) & 1);
     cp_async_commit();
 
     // Per-row LSE (log2 units) and D of this thread's fragment rows; rows past seqlen_q give P = 0.
@@ -218,6 +289,12 @@ __global__ void __launch_bounds__(T::kNThreads, 1) bwd_kernel(const __grid_const
         lse_log2[a][half] = in ? s_lse_i[r] * kLog2e : INFINITY;
         dsum[a][half] = in ? s_dsum_i[r] : 0.f;
       }
+
+    uint32_t hidden[T::kSdpAtoms][2];  // kSparse, mixed tile: this thread's elements in zero blocks
+    if (kSparse && mixed) {
+      const FragCoord hc{row0, n_begin + sdp_wn * T::kSdpWarpCols + 2 * (lane % 4)};
+      sparse_hidden_bits<T::kSdpAtoms, T::kSdpTiles>(hidden, hc, p, head, seq.seqlen_q, seq.seqlen_k);
+    }
 
     // Phase 1: S = Q K^T, dP = dO V^T.
     float acc_s[T::kSdpAtoms][T::kSdpTiles][4];  // (kSdpWarpRows, kSdpWarpCols) fp32, C-fragment layout
@@ -253,6 +330,7 @@ __global__ void __launch_bounds__(T::kNThreads, 1) bwd_kernel(const __grid_const
     } else {
       scores_to_grads<false, false>(acc_s, acc_dp, lse_log2, dsum, keep, fc, mask, path, keep_scale, need_mask);
     }
+    if (kSparse && mixed) zero_hidden(acc_s, acc_dp, hidden);
     store_frag<Tag, T::kBlockN>(smem + T::kSmemP, acc_s, sdp_wm * T::kSdpWarpRows, sdp_wn * T::kSdpWarpCols, lane,
                                 1.f);
     store_frag<Tag, T::kBlockN>(smem + T::kSmemDs, acc_dp, sdp_wm * T::kSdpWarpRows, sdp_wn * T::kSdpWarpCols, lane,
@@ -273,7 +351,8 @@ __global__ void __launch_bounds__(T::kNThreads, 1) bwd_kernel(const __grid_const
     int* my_sem = sem + (static_cast<int64_t>(batch) * p.num_heads + head) * m_blocks_max + m_block;
     if (p.deterministic) {
       if (tid == 0) {
-        const int expected = visitors_before(mask, n_block, m_block, T::kBlockN, T::kBlockM);
+        const int expected = visitors_before<kSparse>(mask, n_block, m_block, T::kBlockN, T::kBlockM, &p, head,
+                                                      seq.seqlen_q, seq.seqlen_k);
         while (load_acquire(my_sem) < expected) __nanosleep(kSemaphorePollNs);
       }
       __syncthreads();
@@ -318,7 +397,13 @@ __global__ void __launch_bounds__(T::kNThreads, 1) bwd_kernel(const __grid_const
     if (!T::kLateDqRed) gemm_dk();
     head = next_head;
     m_block = next_m_block;
-    next_step(next_head, next_m_block);
+    if constexpr (kSparse) {
+      step_ok = next_ok;
+      mixed = next_mixed;
+      next_ok = step_ok && sparse.next(next_head, next_m_block, next_mixed);
+    } else {
+      next_step(next_head, next_m_block);
+    }
   }
 
   // Epilogue: dK = softmax_scale * dk, dV = dv, staged through the K and V buffers for 16-byte stores.

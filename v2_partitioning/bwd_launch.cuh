@@ -27,6 +27,7 @@ Status launch_bwd(const AttnBwdParams& p, cudaStream_t stream) {
   if constexpr (T::kSplitMods) {
     if (!bwd_has_mods(p)) kernel = bwd_kernel<T, false>;
   }
+  if (p.block_mask != nullptr) kernel = bwd_kernel<T, true, /*kSparse=*/true>;  // block-sparse: its own instance
   constexpr int smem = T::kSmemBytes;
   Status st = opt_in_smem(kernel, smem, kHeadDim, kBwdWho);
   if (!st.is_ok()) return st;

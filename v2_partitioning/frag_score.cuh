@@ -9,6 +9,7 @@
 #include <cmath>
 #include <cstdint>
 
+#include "common/block_sparse.h"
 #include "common/mask.h"
 #include "common/score.h"
 
@@ -72,6 +73,62 @@ __device__ __forceinline__ void apply_mask(float (&s)[kMAtoms][kNTiles][4], cons
 #pragma unroll
         for (int c = 0; c < 2; ++c) s[a][j][half * 2 + c] = ScorePath::masked(s[a][j][half * 2 + c], fc.col(j, c), lim);
     }
+}
+
+// Block-sparse (common/block_sparse.h), on a mixed tile only: bit 2j + c of hidden[a][half] is set when element
+// (j, c) of that row lies in a zero block of the layout (sparse_hidden; rows and keys past the sequence are left
+// to the mask). Computed before the tile's Q K^T, while few registers are live, and applied after the mask by
+// apply_sparse_mask. A thread's columns rise through the tile, so each column's sparse block is found by stepping
+// from the previous one (one division per row) and each block's layout byte is read once per row.
+template <int kMAtoms, int kNTiles>
+__device__ __forceinline__ void sparse_hidden_bits(uint32_t (&hidden)[kMAtoms][2], const FragCoord& fc,
+                                                   const AttnParams& p, int head, int seqlen_q, int seqlen_k) {
+  static_assert(2 * kNTiles <= 32, "one bit per column of a thread's row");
+  const int bn = p.sparse_block_n;
+  const int sn0 = fc.col(0, 0) / bn;
+#pragma unroll
+  for (int a = 0; a < kMAtoms; ++a)
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const int row = fc.row(a, half);
+      uint32_t bits = 0;
+      if (row < seqlen_q) {  // a padding row is never stored
+        const uint8_t* layout = p.block_mask + head * p.block_mask_head_stride +
+                                static_cast<int64_t>(row / p.sparse_block_m) * p.block_mask_row_stride;
+        int sn = sn0, next = (sn0 + 1) * bn;  // sparse block of the current column, first column past it
+        bool on = fc.col(0, 0) >= seqlen_k || layout[sn] != 0;
+#pragma unroll
+        for (int j = 0; j < kNTiles; ++j)
+#pragma unroll
+          for (int c = 0; c < 2; ++c) {
+            const int col = fc.col(j, c);
+            if (col >= next) {
+#pragma unroll 1
+              while (col >= next) {
+                ++sn;
+                next += bn;
+              }
+              on = col >= seqlen_k || layout[sn] != 0;
+            }
+            bits |= on ? 0u : 1u << (2 * j + c);
+          }
+      }
+      hidden[a][half] = bits;
+    }
+}
+
+template <int kMAtoms, int kNTiles>
+__device__ __forceinline__ void apply_sparse_mask(float (&s)[kMAtoms][kNTiles][4], const uint32_t (&hidden)[kMAtoms][2]) {
+#pragma unroll
+  for (int a = 0; a < kMAtoms; ++a)
+#pragma unroll
+    for (int half = 0; half < 2; ++half)
+#pragma unroll
+      for (int j = 0; j < kNTiles; ++j)
+#pragma unroll
+        for (int c = 0; c < 2; ++c) {
+          if ((hidden[a][half] >> (2 * j + c)) & 1u) s[a][j][half * 2 + c] = -INFINITY;
+        }
 }
 
 // Step 4: dropout keep bits of a row fragment (bit 2j + c: element (j, c) kept). A thread's columns 2t, 2t+1 of an

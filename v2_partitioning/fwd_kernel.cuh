@@ -19,6 +19,7 @@
 
 #include <cstdint>
 
+#include "common/block_sparse.h"
 #include "common/kv_layout.h"
 #include "common/mask.h"
 #include "common/params.h"
@@ -92,6 +93,73 @@ __device__ __forceinline__ void gemm_pv(float (&o)[T::kMAtoms][T::kNTilesO][4],
   }
 }
 
+// The dense key loop: tile i + k is key block end - 1 - i - k while i + k < n_tiles (last to first).
+struct DenseTiles {
+  int end, n_tiles;
+  __device__ __forceinline__ void fetch(int, int) const {}
+  __device__ __forceinline__ bool valid(int i, int k) const { return i + k < n_tiles; }
+  __device__ __forceinline__ int n_block(int i, int k) const { return end - 1 - i - k; }
+  __device__ __forceinline__ bool mixed() const { return false; }
+};
+
+// The block-sparse key loop (T::kSparse): the dense loop's tiles without those the layout turns off, found 32 at a
+// time by one ballot per warp (common/block_sparse.h SparseWalk; every warp walks alike, so the CTA's warps agree
+// without shared memory). slot[k] holds tile i + k of the loop as key block * 2 + mixed, -1 past the last; the
+// slots cover the tiles in flight (K runs up to kStages ahead of the tile being computed, kStages - 1 with one
+// barrier per tile).
+template <typename T>
+struct SparseTiles {
+  static constexpr int kSlots = T::kOneSync ? T::kStages : T::kStages + 1;
+  const AttnParams& p;
+  int head, m_begin, m_end, seqlen_k, end, n_all, lane;
+  SparseWalk walk;
+  int slot[kSlots];
+
+  __device__ __forceinline__ SparseTiles(const AttnParams& p_, int head_, int m_begin_, const SeqInfo& seq,
+                                         BlockRange range, int lane_)
+      : p(p_), head(head_), m_begin(m_begin_), m_end(min(m_begin_ + T::kBlockM, seq.seqlen_q)),
+        seqlen_k(seq.seqlen_k), end(range.end), n_all(range.end > range.begin ? range.end - range.begin : 0),
+        lane(lane_) {
+#pragma unroll
+    for (int k = 0; k < kSlots; ++k) slot[k] = -1;
+  }
+  // Tile t of the dense loop is key block end - 1 - t; lane j of the warp classifies tile t0 + j.
+  __device__ __forceinline__ SparseChunk chunk(int t0) const {
+    const int t = t0 + lane;
+    SparseTile st = SparseTile::kOff;
+    if (t < n_all) {
+      const int n_begin = (end - 1 - t) * T::kBlockN;
+      st = sparse_tile(p, head, m_begin, m_end, n_begin, min(n_begin + T::kBlockN, seqlen_k));
+    }
+    const SparseChunk bit = sparse_chunk_bit(st, lane);
+    return {__ballot_sync(0xffffffffu, bit.on != 0), __ballot_sync(0xffffffffu, bit.mixed != 0)};
+  }
+  __device__ __forceinline__ void fetch(int, int k) {
+    bool is_mixed = false;
+    const int t = walk.next(n_all, [&](int t0) { return chunk(t0); }, &is_mixed);
+    slot[k] = t < 0 ? -1 : (end - 1 - t) * 2 + (is_mixed ? 1 : 0);
+  }
+  __device__ __forceinline__ bool valid(int, int k) const { return slot[k] >= 0; }
+  __device__ __forceinline__ int n_block(int, int k) const { return slot[k] >> 1; }
+  __device__ __forceinline__ bool mixed() const { return (slot[0] & 1) != 0; }
+  __device__ __forceinline__ void advance() {
+#pragma unroll
+    for (int k = 0; k + 1 < kSlots; ++k) slot[k] = slot[k + 1];
+    slot[kSlots - 1] = -1;
+  }
+};
+
+// The key loop of instance T: SparseTiles for the block-sparse instance, DenseTiles otherwise.
+template <typename T>
+__device__ __forceinline__ auto make_tiles(const AttnParams& p, int head, int m_begin, const SeqInfo& seq,
+                                           BlockRange range, int n_tiles, int lane) {
+  if constexpr (T::kSparse) {
+    return SparseTiles<T>(p, head, m_begin, seq, range, lane);
+  } else {
+    return DenseTiles{range.end, n_tiles};
+  }
+}
+
 template <typename T>
 __global__ void __launch_bounds__(T::kNThreads, T::kMinBlocksPerSm) fwd_kernel(const __grid_constant__ AttnParams p) {
   using Element = typename T::Element;
@@ -131,8 +199,7 @@ __global__ void __launch_bounds__(T::kNThreads, T::kMinBlocksPerSm) fwd_kernel(c
   auto paged_cursor = [&](int n_block) {
     return PagedRowCursor(p, batch, kv_first_row(p, batch) + n_block * T::kBlockN + tid / T::kChunks, kCopyStep);
   };
-  auto load_k = [&](int i) {
-    const int n_block = range.end - 1 - i;
+  auto load_k = [&](int i, int n_block) {  // tile i of the loop (its stage) is key block n_block
     Element* dst = s_k + (i % T::kStages) * T::kSmemKV;
     if constexpr (T::kPaged) {
       load_rows_async<T::kBlockN, T::kHeadDim, T::kNThreads>(
@@ -144,8 +211,7 @@ __global__ void __launch_bounds__(T::kNThreads, T::kMinBlocksPerSm) fwd_kernel(c
           seq.seqlen_k - n_block * T::kBlockN, p.head_dim, tid);
     }
   };
-  auto load_v = [&](int i) {
-    const int n_block = range.end - 1 - i;
+  auto load_v = [&](int i, int n_block) {
     Element* dst = s_v + (i % T::kStages) * T::kSmemKV;
     if constexpr (T::kPaged) {
       load_rows_async<T::kBlockN, T::kHeadDim, T::kNThreads>(
@@ -165,26 +231,36 @@ __global__ void __launch_bounds__(T::kNThreads, T::kMinBlocksPerSm) fwd_kernel(c
   // at the top of iteration i (after its one barrier), so each wait leaves S-2 newer groups in flight.
   load_tile_async<T::kBlockM, T::kHeadDim, T::kNThreads>(s_q, g_q, p.q_row_stride, seq.seqlen_q - m_begin,
                                                          p.head_dim, tid);
-  if constexpr (T::kOneSync) {
+  // Which key block tile i + k of the loop is (k = 0 .. kStages: the tiles in flight), tile i being computed: the
+  // dense walk (key blocks range.end - 1 - i), or T::kSparse's, which skips the tiles the block-sparse layout turns
+  // off. tiles.fetch(i, k) is called once per tile, when it enters the pipeline (a sparse walk's next step).
+  auto prologue = [&](auto& tiles) {
+    if constexpr (T::kOneSync) {
 #pragma unroll
-    for (int st = 0; st < T::kStages - 1; ++st) {
-      if (st < n_tiles) {
-        load_k(st);
-        load_v(st);
+      for (int st = 0; st < T::kStages - 1; ++st) {
+        tiles.fetch(0, st);
+        if (tiles.valid(0, st)) {
+          load_k(st, tiles.n_block(0, st));
+          load_v(st, tiles.n_block(0, st));
+        }
+        cp_async_commit();
       }
+    } else {
+      tiles.fetch(0, 0);
+      if (tiles.valid(0, 0)) load_k(0, tiles.n_block(0, 0));
       cp_async_commit();
-    }
-  } else {
-    if (n_tiles > 0) load_k(0);
-    cp_async_commit();
 #pragma unroll
-    for (int st = 1; st < T::kStages; ++st) {
-      if (st - 1 < n_tiles) load_v(st - 1);
-      cp_async_commit();
-      if (st < n_tiles) load_k(st);
-      cp_async_commit();
+      for (int st = 1; st < T::kStages; ++st) {
+        if (tiles.valid(0, st - 1)) load_v(st - 1, tiles.n_block(0, st - 1));
+        cp_async_commit();
+        tiles.fetch(0, st);
+        if (tiles.valid(0, st)) load_k(st, tiles.n_block(0, st));
+        cp_async_commit();
+      }
     }
-  }
+  };
+  auto tiles = make_tiles<T>(p, head, m_begin, seq, range, n_tiles, lane);
+  prologue(tiles);
 
   float acc_o[T::kMAtoms][T::kNTilesO][4];  // (kWarpRows, kHeadDim) fp32 of this warp, C-fragment layout
 #pragma unroll
@@ -217,21 +293,25 @@ __global__ void __launch_bounds__(T::kNThreads, T::kMinBlocksPerSm) fwd_kernel(c
   const SwizzledBases v_addr(smem_u32(s_v), (((lane >> 3) & 1) << 3) + (lane & 7), lane >> 4, kRowBytes);
   constexpr uint32_t kStageBytes = T::kSmemKV * sizeof(Element);
 
-  for (int i = 0; i < n_tiles; ++i) {
+  // One key tile: tile i of the loop, key block tiles.n_block(i, 0).
+  auto tile_step = [&](int i, auto& tiles) {
     const int stage = i % T::kStages;
-    const int n_begin = (range.end - 1 - i) * T::kBlockN;
+    const int n_begin = tiles.n_block(i, 0) * T::kBlockN;
 
     if constexpr (T::kOneSync) {
       cp_async_wait<T::kStages - 2>();  // K_i, V_i (and Q) landed for this thread...
       __syncthreads();                  // ... and for every thread; every warp is done with tile i-1's stage
-      if (i + T::kStages - 1 < n_tiles) {
-        load_k(i + T::kStages - 1);
-        load_v(i + T::kStages - 1);
+      tiles.fetch(i, T::kStages - 1);
+      if (tiles.valid(i, T::kStages - 1)) {
+        load_k(i + T::kStages - 1, tiles.n_block(i, T::kStages - 1));
+        load_v(i + T::kStages - 1, tiles.n_block(i, T::kStages - 1));
       }
     } else {
       cp_async_wait<2 * T::kStages - 2>();  // K_i (and Q) landed for this thread...
       __syncthreads();                      // ... and for every thread; every warp is done with V_{i-1}
-      if (i + T::kStages - 1 < n_tiles) load_v(i + T::kStages - 1);  // into V_{i-1}'s stage
+      if (tiles.valid(i, T::kStages - 1)) {  // into V_{i-1}'s stage
+        load_v(i + T::kStages - 1, tiles.n_block(i, T::kStages - 1));
+      }
     }
     cp_async_commit();
     float s[T::kMAtoms][T::kNTilesS][4];  // (kWarpRows, kBlockN) fp32 scores of this warp, C-fragment layout
@@ -241,23 +321,36 @@ __global__ void __launch_bounds__(T::kNThreads, T::kMinBlocksPerSm) fwd_kernel(c
       for (int j = 0; j < T::kNTilesS; ++j)
 #pragma unroll
         for (int e = 0; e < 4; ++e) s[a][j][e] = 0.f;
+    const FragCoord fc{m_begin + warp * T::kWarpRows + lane / 4, n_begin + 2 * (lane % 4)};
+    uint32_t hidden[T::kMAtoms][2];  // block-sparse, mixed tile: this thread's elements in zero blocks
+    if (tiles.mixed()) sparse_hidden_bits<T::kMAtoms, T::kNTilesS>(hidden, fc, p, head, seq.seqlen_q, seq.seqlen_k);
     gemm_qk<T>(s, q_addr, k_addr, stage * kStageBytes);
 
     if constexpr (!T::kOneSync) {
       cp_async_wait<2 * T::kStages - 2>();  // V_i landed
       __syncthreads();                      // and every warp is done reading K_i: its stage is free
-      if (i + T::kStages < n_tiles) load_k(i + T::kStages);
+      tiles.fetch(i, T::kStages);
+      if (tiles.valid(i, T::kStages)) load_k(i + T::kStages, tiles.n_block(i, T::kStages));
       cp_async_commit();
     }
 
-    const FragCoord fc{m_begin + warp * T::kWarpRows + lane / 4, n_begin + 2 * (lane % 4)};
     if (has_mods) apply_score_mods(s, fc, path);
     if (!tile_fully_visible(mask, m_begin, m_begin + T::kBlockM, n_begin, n_begin + T::kBlockN)) {
       apply_mask(s, fc, mask);
     }
+    if (tiles.mixed()) apply_sparse_mask(s, hidden);
     softmax_step(s, acc_o, rows, scale_log2);
     if (path.dropout) apply_dropout(s, fc, path);
     gemm_pv<T>(acc_o, s, v_addr, stage * kStageBytes);
+  };
+
+  if constexpr (T::kSparse) {
+    for (int i = 0; tiles.valid(i, 0); ++i) {
+      tile_step(i, tiles);
+      tiles.advance();
+    }
+  } else {
+    for (int i = 0; i < n_tiles; ++i) tile_step(i, tiles);
   }
 
   // Epilogue: O = o / l (x 1/(1-p)), LSE per row, O staged through smem (Q's buffer) for 16-byte stores.

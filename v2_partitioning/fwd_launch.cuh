@@ -33,19 +33,22 @@ Status launch_fwd_kernel(const AttnParams& p, dim3 grid, cudaStream_t stream) {
 // p.num_splits >= 1 (planned by v2_api.cu plan_fwd, which also decided that the decode instance applies):
 // the decode instance over (query blocks x num_splits, heads, batch), then, with more than one split, the combine.
 // Else the prefill instance over (query blocks, heads, batch), then the probabilities kernel when p_out is asked.
-// kPaged: the instances that read K/V from a paged cache (p.block_table).
-template <typename Tag, int kHeadDim, bool kPaged>
+// kPaged: the instances that read K/V from a paged cache (p.block_table). kSparse: the block-sparse prefill
+// instance (p.block_mask; plan_fwd never splits such a call, v2_api.cu refuses it with a block table).
+template <typename Tag, int kHeadDim, bool kPaged, bool kSparse>
 Status launch_fwd_instances(const AttnParams& p, cudaStream_t stream) {
-  if (p.num_splits >= 1) {
-    using T = FwdTraits<Tag, kHeadDim, /*kDecode=*/true, kPaged>;
-    const dim3 grid(ceil_div(p.seqlen_q, T::kBlockM) * p.num_splits, p.num_heads, p.batch);
-    Status st = launch_fwd_kernel<T>(p, grid, stream);
-    if (!st.is_ok() || p.num_splits == 1) return st;
-    combine_kernel<Tag, kHeadDim><<<dim3(ceil_div(p.seqlen_q, kCombineWarps), p.num_heads, p.batch),
-                                    kCombineWarps * 32, 0, stream>>>(p);
-    return cuda_status(cudaGetLastError(), kFwdWho, "combine_kernel launch");
+  if constexpr (!kSparse) {
+    if (p.num_splits >= 1) {
+      using T = FwdTraits<Tag, kHeadDim, /*kDecode=*/true, kPaged>;
+      const dim3 grid(ceil_div(p.seqlen_q, T::kBlockM) * p.num_splits, p.num_heads, p.batch);
+      Status st = launch_fwd_kernel<T>(p, grid, stream);
+      if (!st.is_ok() || p.num_splits == 1) return st;
+      combine_kernel<Tag, kHeadDim><<<dim3(ceil_div(p.seqlen_q, kCombineWarps), p.num_heads, p.batch),
+                                      kCombineWarps * 32, 0, stream>>>(p);
+      return cuda_status(cudaGetLastError(), kFwdWho, "combine_kernel launch");
+    }
   }
-  using T = FwdTraits<Tag, kHeadDim, /*kDecode=*/false, kPaged>;
+  using T = FwdTraits<Tag, kHeadDim, /*kDecode=*/false, kPaged, kSparse>;
   const Status st = launch_fwd_kernel<T>(p, dim3(ceil_div(p.seqlen_q, T::kBlockM), p.num_heads, p.batch), stream);
   if (!st.is_ok() || p.p_out == nullptr) return st;
   probs_kernel<Tag><<<dim3(p.seqlen_q, p.num_heads, p.batch), kProbsThreads, 0, stream>>>(p);
@@ -54,8 +57,9 @@ Status launch_fwd_instances(const AttnParams& p, cudaStream_t stream) {
 
 template <typename Tag, int kHeadDim>
 Status launch_fwd(const AttnParams& p, cudaStream_t stream) {
-  return p.block_table != nullptr ? launch_fwd_instances<Tag, kHeadDim, /*kPaged=*/true>(p, stream)
-                                  : launch_fwd_instances<Tag, kHeadDim, /*kPaged=*/false>(p, stream);
+  if (p.block_table != nullptr) return launch_fwd_instances<Tag, kHeadDim, /*kPaged=*/true, false>(p, stream);
+  if (p.block_mask != nullptr) return launch_fwd_instances<Tag, kHeadDim, false, /*kSparse=*/true>(p, stream);
+  return launch_fwd_instances<Tag, kHeadDim, false, false>(p, stream);
 }
 
 }  // namespace v2

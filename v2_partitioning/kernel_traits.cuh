@@ -10,7 +10,7 @@
 namespace flashgen {
 namespace v2 {
 
-template <typename Tag, int kHeadDim_, bool kDecode_ = false, bool kPaged_ = false>
+template <typename Tag, int kHeadDim_, bool kDecode_ = false, bool kPaged_ = false, bool kSparse_ = false>
 struct FwdTraits {
   using DTag = Tag;
   using Element = typename Tag::type;
@@ -19,6 +19,9 @@ struct FwdTraits {
   // dense instances compile to the code they had (a runtime branch per tile load grew the dense d128 kernels' SASS
   // from 4437 / 3912 to 6225 / 6422 instructions and the decode instance from 238 to 245 registers: v2 README).
   static constexpr bool kPaged = kPaged_;
+  // Block-sparse layout (p.block_mask; common/block_sparse.h): the key loop visits only the tiles that are not off,
+  // an instance of its own for the same reason (dense prefill queries only: no decode split, no paged cache).
+  static constexpr bool kSparse = kSparse_;
   static constexpr TileConfig kCfg = kDecode ? decode_tile_config(kHeadDim_) : tile_config(kHeadDim_);
   static constexpr int kHeadDim = kHeadDim_;
   static constexpr int kBlockM = kCfg.block_m;
@@ -42,6 +45,7 @@ struct FwdTraits {
   static_assert(kBlockN % 16 == 0 && kHeadDim % 16 == 0, "k16 steps over keys (P V) and head dim (Q K^T)");
   static_assert(kChunks % 8 == 0, "the XOR swizzle permutes groups of 8 chunks (128 bytes)");
   static_assert(kNThreads % kChunks == 0, "each copy pass covers whole rows");
+  static_assert(!(kSparse && (kDecode || kPaged)), "block-sparse runs the dense prefill instance only");
   static_assert(kSmemBytes == smem_bytes(kCfg, kHeadDim), "tile_config.h and the traits disagree on shared memory");
   static_assert((kCfg.syncs == 1 && kStages >= 2) || kCfg.syncs == 2, "syncs is 2, or 1 with 2+ stages");
   static_assert(kMinBlocksPerSm >= 1 && kMinBlocksPerSm * kNThreads <= kMaxThreadsPerSm,

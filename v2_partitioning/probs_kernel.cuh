@@ -39,7 +39,7 @@ __global__ void __launch_bounds__(kProbsThreads) probs_kernel(const __grid_const
   const RowLimits lim = row_limits(mask, row);
   for (int col = threadIdx.x; col < p.seqlen_k; col += kProbsThreads) {
     float prob = 0.f;
-    if (mask.visible(row, col)) {
+    if (mask.visible(row, col) && sparse_visible(p, head, row, col)) {  // block-sparse: zero blocks give 0
       float qk = 0.f;
       const Element* kr = k + kv_row_offset(p, batch, col, p.k_batch_stride, p.k_row_stride);
       for (int d = 0; d < p.head_dim; ++d) qk = fmaf(to_float<Tag>(q[d]), to_float<Tag>(kr[d]), qk);

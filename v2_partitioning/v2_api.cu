@@ -72,8 +72,12 @@ Status check_shared(const AttnParams& p, bool forward, int* bucket) {
   if (p.num_heads > kGridYZMax || p.batch > kGridYZMax) {
     return Status::not_implemented("num_heads/batch: v2 launches at most 65535 of each");
   }
-  if (p.block_mask != nullptr) {
-    return Status::not_implemented("block_mask: block-sparse attention is not implemented in v2 yet");
+  if (p.block_mask != nullptr && (p.sparse_block_m < 1 || p.sparse_block_n < 1)) {
+    return Status::invalid("block_size: block-sparse blocks must be >= 1, got (" + std::to_string(p.sparse_block_m) +
+                           ", " + std::to_string(p.sparse_block_n) + ")");
+  }
+  if (p.block_mask != nullptr && p.block_table != nullptr) {
+    return Status::not_implemented("block_mask: v2 runs block-sparse attention on dense K/V, not a paged cache");
   }
   if (!(p.p_dropout >= 0.f && p.p_dropout < 1.f)) {
     return Status::invalid("dropout_p: expected [0, 1), got " + std::to_string(p.p_dropout));

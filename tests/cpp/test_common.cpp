@@ -15,6 +15,7 @@
 #include <cstdio>
 #include <vector>
 
+#include "common/block_sparse.h"
 #include "common/mask.h"
 #include "common/philox.h"
 #include "common/score_mod.h"
@@ -43,6 +44,11 @@ constexpr int kMaxReported = 30;  // failures printed in full; the count covers 
 using flashgen::BlockRange;
 using flashgen::MaskSpec;
 using flashgen::RowState;
+using flashgen::kSparseChunk;
+using flashgen::sparse_chunk_bit;
+using flashgen::SparseChunk;
+using flashgen::SparseTile;
+using flashgen::SparseWalk;
 
 // ---- the spec of visibility, straight from the documented rule ----
 bool spec_visible(int sq, int sk, int left, int right, int i, int j) {
@@ -633,7 +639,61 @@ void test_softmax_nan() {
   CHECK(empty.inv_sum() == 0.f && empty.lse(c) == INFINITY, "empty row: inv_sum %g lse %g", empty.inv_sum(), empty.lse(c));
 }
 
+// ---- the block-sparse walk (common/block_sparse.h SparseWalk) ----
+// Oracle: the list of loop indices whose tile is not off, in order, with their mixed flags, from a table of
+// random tile states (density 0 .. 1, runs of off tiles longer than a chunk included); the walk sees the same
+// table only through 32-tile chunks, as a GPU warp's ballots give them.
+void test_sparse_walk() {
+  Lcg rng{7};
+  for (int trial = 0; trial < 400; ++trial) {
+    const int n = static_cast<int>(rng.uniform() * 200);
+    const double density = trial % 5 == 0 ? 0.0 : (trial % 7 == 0 ? 1.0 : rng.uniform());
+    std::vector<SparseTile> tiles(n);
+    for (auto& t : tiles) {
+      t = rng.uniform() < density ? (rng.uniform() < 0.3 ? SparseTile::kMixed : SparseTile::kOn) : SparseTile::kOff;
+    }
+    if (trial % 3 == 0) {  // a long run of off tiles
+      const int a = static_cast<int>(rng.uniform() * n), len = static_cast<int>(rng.uniform() * 80);
+      for (int t = a; t < std::min(n, a + len); ++t) tiles[t] = SparseTile::kOff;
+    }
+    int chunks = 0;
+    auto chunk_fn = [&](int t0) {
+      ++chunks;
+      SparseChunk c;
+      for (int j = 0; j < kSparseChunk && t0 + j < n; ++j) {
+        const SparseChunk b = sparse_chunk_bit(tiles[t0 + j], j);
+        c.on |= b.on;
+        c.mixed |= b.mixed;
+      }
+      return c;
+    };
+    SparseWalk walk;
+    std::vector<int> got, want;
+    std::vector<bool> got_mixed, want_mixed;
+    for (int t = 0; t < n; ++t) {
+      if (tiles[t] == SparseTile::kOff) continue;
+      want.push_back(t);
+      want_mixed.push_back(tiles[t] == SparseTile::kMixed);
+    }
+    for (bool mixed = false;;) {
+      const int t = walk.next(n, chunk_fn, &mixed);
+      if (t < 0) break;
+      got.push_back(t);
+      got_mixed.push_back(mixed);
+      if (got.size() > static_cast<size_t>(n)) break;
+    }
+    bool again_mixed = true;
+    CHECK(got == want && got_mixed == want_mixed, "trial %d (n %d, density %.2f): walk visited %zu tiles, expected %zu",
+          trial, n, density, got.size(), want.size());
+    CHECK(walk.next(n, chunk_fn, &again_mixed) == -1 && !again_mixed, "trial %d: an exhausted walk stays exhausted",
+          trial);
+    CHECK(chunks <= (n + kSparseChunk - 1) / kSparseChunk, "trial %d: %d chunk evaluations for %d tiles", trial, chunks,
+          n);
+  }
+}
+
 int main() {
+  test_sparse_walk();
   test_masks();
   test_mask_overflow();
   test_softmax();

@@ -1,0 +1,96 @@
+// Block-sparse FlashAttention (FA1 Sec. 3.3) on any generation's tiles, the same on host and device.
+// The user's layout is common/mask.h's block_mask of sparse_block_m x sparse_block_n blocks (sparse_block_on); a
+// kernel tile need not line up with them, so a tile is off (every sparse block it touches is zero: skipped in every
+// loop), on (all nonzero: no per-element test) or mixed (per-element sparse_hidden).
+// SparseWalk visits the tiles of a loop that are not off, in loop order, 32 tiles at a time: a chunk's on / mixed
+// bits come from sparse_chunk (a GPU warp computes them with one ballot, lane j taking tile 32c + j), so a loop that
+// issues its loads ahead of its compute (v2's cp.async rings) can keep one walk per position in the pipeline and
+// no list of tiles anywhere.
+#pragma once
+
+#include <cstdint>
+
+#include "common/config.h"
+#include "common/mask.h"
+#include "common/params.h"
+
+namespace flashgen {
+
+enum class SparseTile : int { kOff = 0, kOn = 1, kMixed = 2 };
+
+// The tile rows [m_begin, m_end) x keys [n_begin, n_end), both non-empty and inside the sequence (clip a partial
+// tile to seqlen_q / seqlen_k first: the layout has no entry past them). No block_mask: every tile is on.
+FH_HD SparseTile sparse_tile(const AttnParams& p, int head, int m_begin, int m_end, int n_begin, int n_end) {
+  if (p.block_mask == nullptr) return SparseTile::kOn;
+  bool any = false, all = true;
+  for (int sm = m_begin / p.sparse_block_m; sm <= (m_end - 1) / p.sparse_block_m; ++sm) {
+    for (int sn = n_begin / p.sparse_block_n; sn <= (n_end - 1) / p.sparse_block_n; ++sn) {
+      const bool on = sparse_block_on(p, head, sm, sn);
+      any = any || on;
+      all = all && on;
+    }
+  }
+  return !any ? SparseTile::kOff : (all ? SparseTile::kOn : SparseTile::kMixed);
+}
+
+// Is (row, col) of a mixed tile hidden by a zero block? Rows and keys past the sequence (the padding of a partial
+// tile) have no entry in the layout and are not looked up: the mask hides those keys, and those rows are never
+// stored (their LSE is +inf in the backward).
+FH_HD bool sparse_hidden(const AttnParams& p, int head, int row, int col, int seqlen_q, int seqlen_k) {
+  return row < seqlen_q && col < seqlen_k && !sparse_visible(p, head, row, col);
+}
+
+// Lowest set bit of a nonzero word (0..31).
+FH_HD int lowest_bit(uint32_t x) {
+#ifdef __CUDA_ARCH__
+  return __ffs(static_cast<int>(x)) - 1;
+#else
+  return __builtin_ctz(x);
+#endif
+}
+
+constexpr int kSparseChunk = 32;  // tiles per chunk: one bit each in a 32-bit word (a warp's ballot)
+
+// Bits of one chunk: bit j is tile t0 + j of the loop (tiles past the loop's end are off).
+struct SparseChunk {
+  uint32_t on = 0;     // not off
+  uint32_t mixed = 0;  // mixed (a subset of on)
+};
+
+// Bit j of a chunk for one tile's state: what lane j of a warp contributes to the two ballots.
+FH_HD SparseChunk sparse_chunk_bit(SparseTile t, int j) {
+  SparseChunk c;
+  c.on = t != SparseTile::kOff ? 1u << j : 0u;
+  c.mixed = t == SparseTile::kMixed ? 1u << j : 0u;
+  return c;
+}
+
+// The tiles of a loop t = 0 .. n_tiles - 1 that are not off, in order. chunk_fn(t0) returns the SparseChunk of tiles
+// t0 .. t0 + 31 (the caller maps a loop index to its tile; on a GPU every lane of the warp must call next together).
+struct SparseWalk {
+  int chunk_t0 = -kSparseChunk;  // loop index of bit 0 of the chunk held
+  uint32_t on = 0;               // on tiles of that chunk not yet returned
+  uint32_t mixed = 0;
+
+  // The next tile's loop index, or -1 when none is left; *is_mixed says whether it is mixed.
+  template <typename ChunkFn>
+  FH_HD int next(int n_tiles, ChunkFn chunk_fn, bool* is_mixed) {
+    while (on == 0) {
+      chunk_t0 += kSparseChunk;
+      if (chunk_t0 >= n_tiles) {
+        chunk_t0 = n_tiles;  // stays exhausted
+        *is_mixed = false;
+        return -1;
+      }
+      const SparseChunk c = chunk_fn(chunk_t0);
+      on = c.on;
+      mixed = c.mixed;
+    }
+    const int j = lowest_bit(on);
+    on &= on - 1;
+    *is_mixed = ((mixed >> j) & 1u) != 0;
+    return chunk_t0 + j;
+  }
+};
+
+}  // namespace flashgen
