@@ -311,3 +311,32 @@ def test_paged_decode_rows_bind_the_same_keys(monkeypatch):
     old = dense_cfg.as_dict()
     del old["page_size"]
     assert sweeps.Config.from_dict(old) == dense_cfg
+
+
+def test_git_sha_is_flashgens(monkeypatch, tmp_path):
+    """The records' commit: FLASHGEN_GIT_SHA when set; else HEAD of a flashgen checkout (the module's or the working
+    directory's), never of another git tree the installed package happens to sit in (site-packages inside a pyenv
+    checkout recorded pyenv's HEAD)."""
+    import shutil
+    import subprocess
+
+    from flashgen.bench import runner
+    monkeypatch.setenv("FLASHGEN_GIT_SHA", "abc123 (given)")
+    assert runner._git_sha() == "abc123 (given)"
+    monkeypatch.delenv("FLASHGEN_GIT_SHA")
+    if shutil.which("git") is None:
+        pytest.skip("no git")
+    other = tmp_path / "other"
+    other.mkdir()
+    subprocess.run(["git", "init", "-q"], cwd=other, check=True)
+    subprocess.run(["git", "-c", "user.email=a@b", "-c", "user.name=a", "commit", "-q", "--allow-empty", "-m", "x"],
+                   cwd=other, check=True)
+    other_sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=other, capture_output=True, text=True).stdout.strip()
+    monkeypatch.chdir(other)
+    monkeypatch.setattr(runner, "__file__", str(other / "runner.py"))  # as if installed inside that tree
+    assert runner._git_sha() == "unknown"
+    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    if os.path.isdir(os.path.join(repo, ".git")):
+        monkeypatch.chdir(repo)
+        head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=repo, capture_output=True, text=True).stdout.strip()
+        assert runner._git_sha() == head != other_sha

@@ -17,7 +17,7 @@ DEFAULT_OUT = os.path.join("bench", "results")
 # generations: the whole run (imports, ceilings, plots included) fits ~240 s on the H200: the claims' short rows and
 # the grid take ~170-185 s by sessions 9/10's timings (~1.2 s per implementation and config at do_bench 10 / 50 ms,
 # v1 as measured there); what starts before the budget ends still finishes (the claims' v1 16k row: ~10-45 s).
-TIME_BUDGET_S = {"quick": 100.0, "full": 420.0, "generations": 195.0}
+TIME_BUDGET_S = {"quick": 100.0, "full": 420.0, "generations": 195.0, "sparse": 240.0}
 
 
 def _csv_list(text: str) -> List[str]:
@@ -31,6 +31,10 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     plans = ap.add_mutually_exclusive_group()
     plans.add_argument("--quick", action="store_true",
                        help="a small subset (GPU: d128 at 2k/8k + one decode; CPU: 1k/4k)")
+    plans.add_argument("--sparse", action="store_true",
+                       help="block-sparse: random and local+global layouts at densities 0.5/0.25/0.1 against each "
+                            "generation's dense time (issue 19's 1.3 x density bound); FlexAttention's block mask "
+                            "beside it on the GPU")
     plans.add_argument("--generations", action="store_true",
                        help="the generations report: v1/v2/v3 against sdpa-flash/cudnn/math and fa4-cute at d64/d128, "
                             "modelled HBM bytes, the FlashAttention papers' claims (CPU: a tiny version)")
@@ -120,7 +124,8 @@ def main(argv: Optional[List[str]] = None) -> int:
 
     from . import measure
     from .impls import discover
-    from .report import JsonlWriter, cpu_goal_summary, format_tables, generations_tables, paper_claims, slug
+    from .report import (JsonlWriter, cpu_goal_summary, format_tables, generations_tables, paper_claims, slug,
+                         sparse_tables)
     from .runner import RunOptions, device_name, header, run, total_steps
     from .sweeps import ALL_MODES, CLAIMS_SPEED_MAX_SEQLEN, claims_sweep, plan_for
 
@@ -146,7 +151,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         print(f"--modes: unknown {unknown}; choose from {list(ALL_MODES)}", file=sys.stderr)
         return 2
     plan = plan_for(device, args.quick, seqlens=args.seqlens, head_dims=args.head_dims, dtype=args.dtype,
-                    generations=args.generations)
+                    generations=args.generations, sparse=args.sparse)
     impls, notes = discover(device, flex_dynamic=not args.flex_static)
     impls = plan_impls(impls, plan, args.impls)
     for n in notes:
@@ -170,7 +175,8 @@ def main(argv: Optional[List[str]] = None) -> int:
 
     budget = args.time_budget_s
     if budget is None and device == "cuda":
-        budget = TIME_BUDGET_S["generations" if args.generations else "quick" if args.quick else "full"]
+        budget = TIME_BUDGET_S["generations" if args.generations else "sparse" if args.sparse else
+                               "quick" if args.quick else "full"]
     warmup_ms = next(x for x in (args.warmup_ms, plan.warmup_ms, measure.WARMUP_MS) if x is not None)
     rep_ms = next(x for x in (args.rep_ms, plan.rep_ms, measure.REP_MS) if x is not None)
     opts = RunOptions(device=device, time_budget_s=budget, measure_memory=not args.no_memory,
@@ -196,8 +202,10 @@ def main(argv: Optional[List[str]] = None) -> int:
     elapsed = time.monotonic() - t0
 
     table = format_tables(head, results)
-    if device == "cpu":
+    if device == "cpu" and not args.sparse:
         table += "\n\n== goal (issue 3) ==\n" + "\n".join(cpu_goal_summary(results) or ["no flashgen-cpu result"])
+    if args.sparse:
+        table += "\n" + "\n".join(sparse_tables(results))
     if args.generations:
         claims = claims_sweep(plan)
         stand_in = "flashgen-v1" if device == "cuda" else "flashgen-cpu"
@@ -210,7 +218,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     with open(stem + ".txt", "w") as f:
         f.write(table + "\n")
     files = [stem + ".jsonl", stem + ".txt"]
-    if not args.no_plots:
+    if not args.no_plots and not args.sparse:  # the sparse table is the result (plot_file draws seqlen sweeps)
         try:
             from .plot import plot_file
             files += plot_file(stem + ".jsonl", sweep=plan.attention if args.generations else None)

@@ -74,7 +74,7 @@ class Reference:
         if sq <= 2 * REF_ROWS:
             return [(slice(0, sq), slice(0, sk))]
         left, right = effective_window(cfg.causal, cfg.window_size)
-        blocks = [(slice(sq - REF_ROWS, sq), slice(0, sk))]
+        blocks = [(slice(self._aligned(sq - REF_ROWS), sq), slice(0, sk))]
         # The first rows keep their mask only if the key slice keeps seqlen_k - seqlen_q: with right == 0 they see
         # nothing past key REF_ROWS + sk - sq; with no bound at all alignment does not matter. Other windows: last rows.
         if right == 0 and REF_ROWS + sk - sq >= 1:
@@ -83,16 +83,34 @@ class Reference:
             blocks.insert(0, (slice(0, REF_ROWS), slice(0, sk)))
         return blocks
 
-    def _ref(self, q, k, v, dtype):
+    def _aligned(self, row: int) -> int:
+        """A first checked row: for a block-sparse config, moved down to the start of its layout block."""
+        if not self.cfg.sparsity:
+            return row
+        from .sweeps import SPARSE_BLOCK
+        return row - row % SPARSE_BLOCK
+
+    def _ref(self, q, k, v, dtype, rows: slice = slice(0, None)):
+        """The oracle on query rows `rows` (with all keys, or a prefix): a block-sparse config's layout is sliced
+        to those rows, which start on a layout block (_blocks keeps them aligned)."""
         from flashgen.reference import attention_ref
-        return attention_ref(q, k, v, causal=self.cfg.causal, window_size=tuple(self.cfg.window_size), dtype=dtype)[0]
+        sparse = {}
+        if self.cfg.sparsity:
+            from .sweeps import SPARSE_BLOCK, sparse_layout
+            start = rows.start or 0
+            assert start % SPARSE_BLOCK == 0, "block-sparse reference rows must start on a layout block"
+            sparse = dict(block_mask=sparse_layout(self.cfg, q.device)[:, start // SPARSE_BLOCK:],
+                          block_size=(SPARSE_BLOCK, SPARSE_BLOCK))
+        return attention_ref(q, k, v, causal=self.cfg.causal, window_size=tuple(self.cfg.window_size), dtype=dtype,
+                             **sparse)[0]
 
     def check_out(self, out_bshd: torch.Tensor) -> CheckResult:
         if self._out is None:
             self._out = []
             for rows, keys in self._blocks():
                 qs, ks, vs = self.q[:, rows], self.k[:, keys], self.v[:, keys]
-                self._out.append((rows, self._ref(qs, ks, vs, torch.float64), self._ref(qs, ks, vs, self.dtype)))
+                self._out.append((rows, self._ref(qs, ks, vs, torch.float64, rows),
+                                  self._ref(qs, ks, vs, self.dtype, rows)))
         worst = None
         for rows, ref, naive in self._out:
             ok, err, allowed = _rule(out_bshd[:1, rows, self.heads_q], ref, naive, FA_RULE_OUT_FACTOR)
@@ -102,14 +120,15 @@ class Reference:
     def _grad_refs(self):
         cfg = self.cfg
         whole = cfg.seqlen_q * cfg.seqlen_k <= REF_GRAD_MAX_PAIRS
-        rows = slice(0, cfg.seqlen_q) if whole else slice(cfg.seqlen_q - min(REF_ROWS, cfg.seqlen_q), cfg.seqlen_q)
+        rows = slice(0, cfg.seqlen_q) if whole else slice(self._aligned(cfg.seqlen_q - min(REF_ROWS, cfg.seqlen_q)),
+                                                          cfg.seqlen_q)
         refs = {}
         per_dtype = {}
         for dtype in (torch.float64, self.dtype):
             qs = self.q[:, rows].detach().to(dtype).requires_grad_(True)
             ks = self.k.detach().to(dtype).requires_grad_(whole)
             vs = self.v.detach().to(dtype).requires_grad_(whole)
-            out = self._ref(qs, ks, vs, dtype)
+            out = self._ref(qs, ks, vs, dtype, rows)
             out.backward(self.dout[:, rows].to(dtype))
             per_dtype[dtype] = {"dq": qs.grad, "dk": ks.grad, "dv": vs.grad} if whole else {"dq": qs.grad}
         for name, ref in per_dtype[torch.float64].items():

@@ -138,6 +138,14 @@ class FlashgenImpl(Impl):
             fn = lambda q_, k_, v_: _first(api(q_, k_, v_, cache_seqlens=cache_seqlens, causal=cfg.causal,  # noqa: E731
                                                window_size=tuple(cfg.window_size), version=gen))
             return Bound(fn, leaves, _same, note="flash_attn_with_kvcache")
+        if cfg.sparsity:  # block_sparse_attn_func with the sweep's layout (sweeps.sparse_layout)
+            from .sweeps import SPARSE_BLOCK, sparse_layout
+            import flashgen
+            layout = sparse_layout(cfg, q.device)
+            sparse_api = flashgen.block_sparse_attn_func
+            fn = lambda q_, k_, v_: sparse_api(q_, k_, v_, layout, block_size=(SPARSE_BLOCK, SPARSE_BLOCK),  # noqa: E731
+                                               causal=cfg.causal, window_size=tuple(cfg.window_size), version=gen)
+            return Bound(fn, leaves, _same, note=f"block_sparse_attn_func {cfg.sparsity}")
         api = self.api
         fn = lambda q_, k_, v_: _first(api(q_, k_, v_, causal=cfg.causal,  # noqa: E731
                                            window_size=tuple(cfg.window_size), version=gen))
@@ -184,6 +192,8 @@ class SdpaImpl(Impl):
         self.is_math = backend_name == "MATH"
 
     def why_not(self, cfg, mode):
+        if cfg.sparsity:
+            return UNSUPPORTED, "SDPA has no block-sparse layout (it would time the dense problem)"
         if cfg.window_size != (-1, -1):
             return UNSUPPORTED, "SDPA has no sliding window"
         if cfg.causal and cfg.seqlen_q != cfg.seqlen_k:
@@ -258,9 +268,19 @@ class FlexImpl(Impl):
         entry = self._compiled[key]
         leaves = self._leaves((q, k, v), requires_grad)
         block_mask = None
-        if cfg.causal:
-            offset = cfg.seqlen_k - cfg.seqlen_q
+        offset = cfg.seqlen_k - cfg.seqlen_q
+        if cfg.sparsity:  # FlexAttention's own block sparsity, from the same layout (BLOCK_SIZE = the layout's block)
+            from .sweeps import SPARSE_BLOCK, sparse_layout
+            layout = sparse_layout(cfg, q.device)[0]
+            causal = cfg.causal
 
+            def in_layout(b, h, q_idx, kv_idx):
+                on = layout[q_idx // SPARSE_BLOCK, kv_idx // SPARSE_BLOCK]
+                return on & (q_idx + offset >= kv_idx) if causal else on
+
+            block_mask = create_block_mask(in_layout, None, None, cfg.seqlen_q, cfg.seqlen_k, device=q.device,
+                                           BLOCK_SIZE=SPARSE_BLOCK)
+        elif cfg.causal:
             def bottom_right(b, h, q_idx, kv_idx):
                 return q_idx + offset >= kv_idx
 
@@ -303,6 +323,8 @@ class FlashAttnPackageImpl(Impl):
             self.table_arg = next((a for a in ("block_table", "page_table") if a in params), None)
 
     def why_not(self, cfg, mode):
+        if cfg.sparsity:
+            return UNSUPPORTED, f"{self.name} has no block-sparse layout"
         if cfg.kind == "decode" and self.kvcache is None:
             return UNSUPPORTED, f"{self.name} has no flash_attn_with_kvcache"
         if cfg.kind == "decode" and cfg.page_size and self.table_arg is None:

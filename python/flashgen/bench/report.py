@@ -12,6 +12,7 @@ generation with no record prints '-'.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import re
@@ -375,3 +376,49 @@ def _fa2_claim(results: List[dict], grid=None) -> str:
     holds = all(FA2_OVER_FA1 / APPROX_FACTOR <= x <= FA2_OVER_FA1 * APPROX_FACTOR for x in allx)
     return (f"FA2 paper: ~{FA2_OVER_FA1:.0f}x FlashAttention-1 -> v2/v1 measured {'; '.join(parts)}: "
             f"{'all' if holds else 'not all'} within a factor {APPROX_FACTOR:.0f} of the paper's")
+
+
+# ---- block-sparse (--sparse) ---------------------------------------------------------------------------------------
+
+def sparse_tables(results: Iterable[dict]) -> List[str]:
+    """Per mode: each block-sparse record's time over its implementation's dense time at the same shape and mode,
+    against sweeps.SPARSE_TIME_FACTOR x the layout's density (the issue's "time proportional to density"). A row
+    whose dense record is missing or not ok shows '-'."""
+    from .sweeps import SPARSE_TIME_FACTOR, Config, sparse_density
+    results = [r for r in results if r["config"]["kind"] == "attention"]
+    dense: Dict[Tuple[str, str, Config], dict] = {}
+    for r in results:
+        cfg = Config.from_dict(r["config"])
+        if not cfg.sparsity:
+            dense[(r["impl"], r["mode"], cfg)] = r
+    lines = ["", f"== block-sparse: time / the same implementation's dense time; bound {SPARSE_TIME_FACTOR} x "
+             "density ==", "density: the layout's on fraction (sweeps.sparse_layout); 'ok': ratio <= bound"]
+    for mode in ATTENTION_MODE_ORDER:
+        rows: List[str] = []
+        cells: Dict[Tuple[str, str], str] = {}
+        impls: List[str] = []
+        for r in results:
+            cfg = Config.from_dict(r["config"])
+            if r["mode"] != mode or not cfg.sparsity:
+                continue
+            row = cfg.label
+            if row not in rows:
+                rows.append(row)
+                density = sparse_density(cfg)
+                cells[(row, "density")] = f"{density:.3f}"
+                cells[(row, "bound")] = f"{SPARSE_TIME_FACTOR * density:.3f}"
+            if r["impl"] not in impls:
+                impls.append(r["impl"])
+            base = dense.get((r["impl"], mode, dataclasses.replace(cfg, sparsity="")))
+            if r["status"] != "ok":
+                cells[(row, _short(r["impl"]))] = SHORT_STATUS.get(r["status"], r["status"])
+            elif base is None or base["status"] != "ok":
+                cells[(row, _short(r["impl"]))] = MISSING
+            else:
+                ratio = r["time_ms"] / base["time_ms"]
+                verdict = "ok" if ratio <= SPARSE_TIME_FACTOR * sparse_density(cfg) else "over"
+                cells[(row, _short(r["impl"]))] = f"{ratio:.3f} {verdict}"
+        if rows:
+            lines += ["", f"-- {mode} --"] + _grid(rows, ["density", "bound"] + [_short(i) for i in impls], cells,
+                                                   "config")
+    return lines

@@ -37,15 +37,28 @@ class RunOptions:
     measure_memory: bool = True
 
 
-def _git_sha() -> str:
+def _git(args, cwd) -> str:
     try:
-        here = os.path.dirname(os.path.abspath(__file__))
-        out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=here, capture_output=True, text=True, timeout=10)
-        if out.returncode == 0 and out.stdout.strip():
-            return out.stdout.strip()
+        out = subprocess.run(["git", *args], cwd=cwd, capture_output=True, text=True, timeout=10)
     except (OSError, subprocess.SubprocessError):
-        pass
-    return os.environ.get("FLASHGEN_GIT_SHA", "unknown")
+        return ""
+    return out.stdout.strip() if out.returncode == 0 else ""
+
+
+def _git_sha() -> str:
+    """The flashgen commit: FLASHGEN_GIT_SHA (tools/gpu_check.sh sets it), else HEAD of the flashgen checkout this
+    module or the working directory sits in. Only a repository holding python/flashgen counts: an installed copy
+    lives in site-packages, which may itself be inside some other git tree (a pyenv checkout recorded pyenv's HEAD)."""
+    env = os.environ.get("FLASHGEN_GIT_SHA")
+    if env:
+        return env
+    for where in (os.path.dirname(os.path.abspath(__file__)), os.getcwd()):
+        top = _git(["rev-parse", "--show-toplevel"], where)
+        if top and os.path.isfile(os.path.join(top, "python", "flashgen", "__init__.py")):
+            sha = _git(["rev-parse", "HEAD"], top)
+            if sha:
+                return sha
+    return "unknown"
 
 
 def device_name(device: str) -> str:
@@ -103,8 +116,13 @@ def _status_of(exc: BaseException) -> str:
 
 
 def _metrics(cfg: Config, mode: str, ms: float, matmul: float, copy: float) -> dict:
+    layout = None
+    if cfg.sparsity:
+        from .sweeps import SPARSE_BLOCK, sparse_layout
+        layout = sparse_layout(cfg)[0].numpy()
     fl = flops(cfg.batch, cfg.num_heads, cfg.seqlen_q, cfg.seqlen_k, cfg.head_dim, causal=cfg.causal,
-               window_size=cfg.window_size, mode=mode)
+               window_size=cfg.window_size, mode=mode, block_layout=layout,
+               block_size=(SPARSE_BLOCK, SPARSE_BLOCK) if layout is not None else (128, 128))
     tflops = fl / (ms * 1e-3) / 1e12
     out = {"time_ms": ms, "flops": fl, "tflops": tflops, "pct_matmul": 100.0 * tflops / matmul if matmul else None}
     if mode == DECODE_MODE:

@@ -40,6 +40,7 @@ class Config:
     dtype: str                     # 'bf16', 'fp16', 'fp32' (build_info's names)
     window_size: Tuple[int, int] = (-1, -1)
     page_size: int = 0             # decode: 0 = a dense KV cache, else the same keys in pages of this many rows
+    sparsity: str = ""             # block-sparse layout "<pattern>:<density>" (sparse_layout); "" = dense
 
     @property
     def label(self) -> str:
@@ -50,7 +51,8 @@ class Config:
             paged = f" p{self.page_size}" if self.page_size else ""
             return (f"decode b{self.batch} q{self.seqlen_q} kv{_k(self.seqlen_k)} "
                     f"h{self.num_heads}/{self.num_heads_k} d{self.head_dim}{paged}")
-        return f"d{self.head_dim} {mask} s{_k(self.seqlen_q)} b{self.batch} h{self.num_heads}"
+        sparse = f" {self.sparsity}" if self.sparsity else ""
+        return f"d{self.head_dim} {mask} s{_k(self.seqlen_q)} b{self.batch} h{self.num_heads}{sparse}"
 
     def as_dict(self) -> dict:
         out = dataclasses.asdict(self)
@@ -84,6 +86,8 @@ class AttentionSweep:
     # Implementations this sweep runs, by name or prefix (None: all), and (prefix, longest seqlen) caps for slow ones.
     impls: Optional[Tuple[str, ...]] = None
     max_seqlen: Tuple[Tuple[str, int], ...] = ()
+    # Block-sparse layouts to run at every shape ("" = dense; see sparse_layout), the dense one first.
+    sparsity: Tuple[str, ...] = ("",)
 
     def _shape(self, seqlen: int, head_dim: int) -> Tuple[int, int]:
         batch = self.batch if self.batch is not None else max(1, self.tokens // seqlen)
@@ -92,15 +96,18 @@ class AttentionSweep:
 
     def configs(self) -> List[Config]:
         out = []
-        for head_dim, causal, seqlen in itertools.product(self.head_dims, self.causal, self.seqlens):
+        for head_dim, causal, seqlen, sparsity in itertools.product(self.head_dims, self.causal, self.seqlens,
+                                                                     self.sparsity):
             batch, heads = self._shape(seqlen, head_dim)
-            out.append(Config("attention", batch, seqlen, seqlen, heads, heads, head_dim, causal, self.dtype))
+            out.append(Config("attention", batch, seqlen, seqlen, heads, heads, head_dim, causal, self.dtype,
+                              sparsity=sparsity))
         return out
 
     def holds(self, cfg: Config) -> bool:
         """cfg has this sweep's shape at its own seqlen (any seqlen: results read back after --seqlens still match)."""
         return (cfg.kind == "attention" and cfg.seqlen_q == cfg.seqlen_k and cfg.head_dim in self.head_dims
                 and cfg.causal in self.causal and cfg.dtype == self.dtype and cfg.window_size == (-1, -1)
+                and cfg.sparsity in self.sparsity
                 and cfg.num_heads == cfg.num_heads_k and (cfg.batch, cfg.num_heads) == self._shape(cfg.seqlen_q,
                                                                                                   cfg.head_dim))
 
@@ -235,6 +242,73 @@ PLANS["gpu-generations"] = Plan("generations", _GEN_GRID, before=(_GEN_CLAIMS,),
 PLANS["cpu-generations"] = Plan("generations", _CPU_GEN_GRID, before=(_CPU_GEN_CLAIMS,))
 
 
+# ---- block-sparse (--sparse; issue 19: time proportional to density) -----------------------------------------------
+# The layouts: SPARSE_BLOCK x SPARSE_BLOCK blocks (block_sparse_attn_func's default), one layout broadcast over heads,
+# drawn from a seed so every implementation and every run times the same blocks.
+#   random:<d>        each block on with probability d (the diagonal block always on, so no row is empty)
+#   local-global:<d>  a band of blocks around the diagonal plus the first block row and column (global tokens),
+#                     the band as wide as brings the on fraction nearest d (Longformer / BigBird's shape)
+# The timed ratio is a flashgen generation's block-sparse time over its own dense time at the same shape, against
+# the issue's bound SPARSE_TIME_FACTOR x density (density: the layout's actual on fraction, not the nominal one).
+SPARSE_BLOCK = 128
+SPARSE_PATTERNS = ("random", "local-global")
+SPARSE_DENSITIES = (0.5, 0.25, 0.1)
+SPARSE_TIME_FACTOR = 1.3
+SPARSE_SEED = 4321
+SPARSITIES = ("",) + tuple(f"{p}:{d}" for p in SPARSE_PATTERNS for d in SPARSE_DENSITIES)
+
+
+def parse_sparsity(sparsity: str) -> Tuple[str, float]:
+    pattern, _, density = sparsity.partition(":")
+    if pattern not in SPARSE_PATTERNS or not density:
+        raise ValueError(f"sparsity: expected '<pattern>:<density>' with pattern in {SPARSE_PATTERNS}, got "
+                         f"{sparsity!r}")
+    d = float(density)
+    if not 0.0 < d <= 1.0:
+        raise ValueError(f"sparsity: density must be in (0, 1], got {d}")
+    return pattern, d
+
+
+def sparse_layout(cfg: Config, device="cpu"):
+    """The bool block layout (1, ceil(seqlen_q / SPARSE_BLOCK), ceil(seqlen_k / SPARSE_BLOCK)) of cfg.sparsity."""
+    import torch
+    pattern, density = parse_sparsity(cfg.sparsity)
+    rows, cols = -(-cfg.seqlen_q // SPARSE_BLOCK), -(-cfg.seqlen_k // SPARSE_BLOCK)
+    r = torch.arange(rows).view(-1, 1)
+    c = torch.arange(cols).view(1, -1)
+    diag = r * cols // rows  # the diagonal block of each block row (square: r)
+    if pattern == "random":
+        gen = torch.Generator().manual_seed(SPARSE_SEED + rows * 1009 + cols)
+        layout = (torch.rand(rows, cols, generator=gen) < density) | (c == diag)
+    else:
+        best = None
+        for width in range(cols):
+            cand = ((c - diag).abs() <= width) | (r == 0) | (c == 0)
+            err = abs(float(cand.float().mean()) - density)
+            if best is None or err < best[0]:
+                best = (err, cand)
+            if float(cand.float().mean()) >= density:
+                break
+        layout = best[1]
+    return layout.unsqueeze(0).to(device)
+
+
+def sparse_density(cfg: Config) -> float:
+    """The on fraction of cfg's layout (1.0 for a dense config)."""
+    return float(sparse_layout(cfg).float().mean()) if cfg.sparsity else 1.0
+
+
+# v1 (FlashAttention-1 as published, one CTA per head) only at 4k: ~0.3 s per dense forward there, minutes at 16k.
+_GPU_SPARSE = AttentionSweep(seqlens=(4096, 8192, 16384), head_dims=(128, 64), causal=(False,),
+                             modes=ATTENTION_MODES, dtype="bf16", impls=("flashgen-v2", "flashgen-v1", "flex"),
+                             max_seqlen=(("flashgen-v1", 4096),), sparsity=SPARSITIES)
+PLANS["gpu-sparse"] = Plan("sparse", _GPU_SPARSE)
+# CPU: the CPU backend skips off tiles too (cpu/attention_cpu.cpp): the same table at CPU sizes.
+PLANS["cpu-sparse"] = Plan("sparse", AttentionSweep(seqlens=(1024, 2048), head_dims=(64,), causal=(False,),
+                                                    modes=("fwd", "bwd"), dtype="fp32", batch=1, num_heads=4,
+                                                    impls=("flashgen",), sparsity=SPARSITIES))
+
+
 def claims_sweep(plan: Plan) -> Optional[AttentionSweep]:
     """The paper-claims sweep of a generations plan (its first sweep; the memory tail after the grid has the same
     shape, so `holds` finds those rows too), else None."""
@@ -243,12 +317,13 @@ def claims_sweep(plan: Plan) -> Optional[AttentionSweep]:
 
 def plan_for(device: str, quick: bool, *, seqlens: Optional[Sequence[int]] = None,
              head_dims: Optional[Sequence[int]] = None, dtype: Optional[str] = None,
-             generations: bool = False) -> Plan:
+             generations: bool = False, sparse: bool = False) -> Plan:
     """The declared plan for `device` ('cuda' or 'cpu'), with the CLI's overrides applied to the (first) attention
     sweep; the generations plan's claims sweep keeps its own shape."""
-    if generations and quick:
-        raise ValueError("--generations and --quick are separate plans; choose one")
-    key = ("gpu" if device == "cuda" else "cpu") + ("-quick" if quick else "") + ("-generations" if generations else "")
+    if quick + generations + sparse > 1:
+        raise ValueError("--quick, --generations and --sparse are separate plans; choose one")
+    key = (("gpu" if device == "cuda" else "cpu") + ("-quick" if quick else "") + ("-generations" if generations else "")
+           + ("-sparse" if sparse else ""))
     plan = PLANS[key]
     att = plan.attention
     if seqlens:
