@@ -44,6 +44,24 @@ def test_tiny_run_records_every_section(tmp_path):
                 assert gen["decode_tokens_per_s"] > 0 and gen["prefill_ms"] > 0 and gen["cache"] == cache
     for impl in e2e.LONG_IMPLS:
         assert got[("long", impl, "longest context that trains")]["max_seqlen"] == max(plan.long_seqlens)
+    # the run draws its plot next to the JSON (bench.plot.plot_e2e), one panel per section
+    [png] = [f for f in os.listdir(tmp_path) if f.endswith(".png")]
+    assert os.path.getsize(tmp_path / png) > 10_000
+
+
+def test_e2e_plot_series():
+    """plot_e2e's data: ok records of a section by (label, implementation); failed rows (oom) are left out."""
+    from flashgen.bench.plot import e2e_series
+    recs = [{"record": "header"},
+            {"record": "result", "section": "long", "impl": "flashgen", "label": "longest context that trains",
+             "status": "ok", "max_seqlen": 131072},
+            {"record": "result", "section": "long", "impl": "eager", "label": "attention layer s16k", "status": "oom"},
+            {"record": "result", "section": "train", "impl": "sdpa", "label": "gpt2 s1024 b8", "status": "ok",
+             "tokens_per_s": 5.0}]
+    labels, impls, values = e2e_series(recs, "long", "max_seqlen")
+    assert labels == ["longest context that trains"] and impls == ["flashgen"]
+    assert values == {("longest context that trains", "flashgen"): 131072.0}
+    assert e2e_series(recs, "generate", "decode_tokens_per_s") == ([], [], {})
 
 
 def test_out_of_memory_ends_the_ladder(tmp_path, monkeypatch):

@@ -549,7 +549,13 @@ def main(argv: Optional[List[str]] = None) -> int:
     with open(stem + ".txt", "w") as f:
         f.write(table + "\n")
     print("\n" + table)
-    print(f"\nwrote {stem}.jsonl and {stem}.txt")
+    wrote = [f"{stem}.jsonl", f"{stem}.txt"]
+    try:
+        from .plot import plot_e2e
+        wrote += plot_e2e(stem + ".jsonl")
+    except Exception as exc:  # noqa: BLE001  (no matplotlib: the table is still the result)
+        print(f"e2e plot failed: {type(exc).__name__}: {exc}", flush=True)
+    print(f"\nwrote {', '.join(wrote)}")
     return 1 if any(r["status"] == "error" for r in run.records) else 0
 
 

@@ -143,13 +143,88 @@ def plot_generations(path: str, out_dir: Optional[str] = None, sweep=None) -> Li
     return written
 
 
+# ---- end to end (python -m flashgen.bench.e2e) ----------------------------------------------------------------------
+E2E_COLORS = {"eager": "tab:gray", "sdpa": "tab:orange", "flashgen": "tab:green", "sdpa-math": "tab:purple"}
+E2E_PANELS = (("train", "tokens_per_s", "training tokens/s"), ("llama", "tokens_per_s", "training tokens/s"),
+              ("generate", "decode_tokens_per_s", "decode tokens/s"), ("long", "max_seqlen", "longest context trained"))
+
+
+def e2e_series(records: List[dict], section: str, field: str) -> Tuple[List[str], List[str], Dict[Tuple[str, str],
+                                                                                                  float]]:
+    """(row labels, implementations, {(label, impl): value}) of one e2e section's ok records; `long` keeps its
+    'longest context' rows only."""
+    recs = [r for r in records if r.get("record") == "result" and r["section"] == section and r["status"] == "ok"
+            and field in r]
+    labels: List[str] = []
+    impls: List[str] = []
+    values: Dict[Tuple[str, str], float] = {}
+    for r in recs:
+        if r["label"] not in labels:
+            labels.append(r["label"])
+        if r["impl"] not in impls:
+            impls.append(r["impl"])
+        values[(r["label"], r["impl"])] = float(r[field])
+    return labels, impls, values
+
+
+def plot_e2e(path: str, out_dir: Optional[str] = None) -> List[str]:
+    """<stem>.png next to an e2e results .jsonl: one panel per section that has records (GPT-2 and Llama training
+    tokens/s, generation decode tokens/s, the longest trained context), grouped bars per implementation."""
+    import json
+
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    with open(path) as f:
+        records = [json.loads(line) for line in f if line.strip()]
+    header = next((r for r in records if r.get("record") == "header"), {})
+    panels = [(sec, field, ylabel) for sec, field, ylabel in E2E_PANELS if e2e_series(records, sec, field)[0]]
+    if not panels:
+        return []
+    fig, axes = plt.subplots(1, len(panels), squeeze=False, figsize=(PANEL_INCHES[0] * len(panels), PANEL_INCHES[1] * 1.4))
+    for ax, (sec, field, ylabel) in zip(axes[0], panels):
+        labels, impls, values = e2e_series(records, sec, field)
+        impls = sorted(impls, key=lambda i: list(E2E_COLORS).index(i) if i in E2E_COLORS else len(E2E_COLORS))
+        width = 0.8 / max(1, len(impls))
+        x = np.arange(len(labels))
+        for j, impl in enumerate(impls):
+            ys = [values.get((lab, impl), 0.0) for lab in labels]
+            bars = ax.bar(x + (j - (len(impls) - 1) / 2) * width, ys, width, label=impl, color=E2E_COLORS.get(impl))
+            for bar, y in zip(bars, ys):
+                if y:
+                    text = f"{y / 1000:.3g}k" if y >= 1000 else f"{y:.3g}"
+                    ax.annotate(text, (bar.get_x() + bar.get_width() / 2, y), ha="center", va="bottom",
+                                fontsize="xx-small")
+        ax.set_xticks(x)
+        ax.set_xticklabels([lab.replace(" cache prompt", "\nprompt").replace("attention layer ", "") for lab in labels],
+                           fontsize="x-small", rotation=15, ha="right")
+        ax.set_ylabel(ylabel)
+        ax.set_title(sec)
+        ax.grid(True, axis="y", alpha=0.3)
+        ax.legend(fontsize="x-small")
+    fig.suptitle(f"end to end - {header.get('device_name', '')} (flashgen auto: {header.get('flashgen_auto', '?')}, "
+                 f"git {str(header.get('git_sha', ''))[:7]})")
+    fig.tight_layout()
+    out_dir = out_dir or os.path.dirname(os.path.abspath(path))
+    out = os.path.join(out_dir, os.path.splitext(os.path.basename(path))[0] + ".png")
+    fig.savefig(out, dpi=DPI)
+    plt.close(fig)
+    return [out]
+
+
 def main(argv: Optional[List[str]] = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m flashgen.bench.plot", description=__doc__.splitlines()[0])
     ap.add_argument("results", help="a results .jsonl written by `python -m flashgen.bench`")
     ap.add_argument("--out", default=None, help="folder for the PNGs (default: next to the results)")
     ap.add_argument("--generations", action="store_true",
                     help="also the generations plots (grid records of a --generations run)")
+    ap.add_argument("--e2e", action="store_true", help="the file is an e2e run's (python -m flashgen.bench.e2e)")
     args = ap.parse_args(argv)
+    if args.e2e:
+        for p in plot_e2e(args.results, args.out):
+            print(p)
+        return 0
     grid = _grid_of(args.results) if args.generations else None
     paths = plot_file(args.results, args.out, sweep=grid)
     if args.generations:
