@@ -4,7 +4,7 @@
 #   bash tools/gpu_check.sh                  # build + GPU tests + quick bench
 #   FLASHGEN_CHECK_TESTS="tests/test_gpu_fwd.py -k causal" bash tools/gpu_check.sh
 #   FLASHGEN_CHECK_TESTS=none                # skip the GPU test tier (e.g. a bench-only call)
-#   FLASHGEN_CHECK_BENCH=none|quick|full     # default quick
+#   FLASHGEN_CHECK_BENCH=none|quick|full|sparse|generations   # default quick; a comma list runs several in turn
 #   FLASHGEN_CHECK_BENCH_ARGS="--head-dims 64,128"   # extra flashgen.bench arguments
 #   FLASHGEN_GIT_SHA=<sha>                   # recorded by the bench: pass it (see below why the default is flagged)
 #   FLASHGEN_CHECK_EXTRA="cmd"               # run after the bench (e.g. compute-sanitizer), output in extra.log
@@ -63,15 +63,22 @@ if [ "$tests" != "none" ]; then
 fi
 t2=$(date +%s)
 
-bench=${FLASHGEN_CHECK_BENCH:-quick}
-if [ "$bench" != "none" ] && python3 -c "import flashgen.bench" 2>/dev/null; then
-  flag="--quick"
-  [ "$bench" = "full" ] && flag=""
-  python3 -m flashgen.bench $flag ${FLASHGEN_CHECK_BENCH_ARGS:-} --out "$OUT/bench" > "$OUT/bench.log" 2>&1
-  bench_rc=$?
-  t3=$(date +%s)
-  summary+=("bench ($bench): rc=$bench_rc in $((t3 - t2)) s")
-  tail -n 60 "$OUT/bench.log"
+benches=${FLASHGEN_CHECK_BENCH:-quick}
+if [ "$benches" != "none" ] && python3 -c "import flashgen.bench" 2>/dev/null; then
+  for bench in ${benches//,/ }; do
+    case "$bench" in
+      quick) flag="--quick" ;;
+      full) flag="" ;;
+      sparse|generations) flag="--$bench" ;;
+      *) summary+=("bench ($bench): unknown plan, skipped"); continue ;;
+    esac
+    python3 -m flashgen.bench $flag ${FLASHGEN_CHECK_BENCH_ARGS:-} --out "$OUT/bench" > "$OUT/bench-$bench.log" 2>&1
+    bench_rc=$?
+    t3=$(date +%s)
+    summary+=("bench ($bench): rc=$bench_rc in $((t3 - t2)) s")
+    tail -n 60 "$OUT/bench-$bench.log"
+    t2=$t3
+  done
 fi
 
 if [ -n "${FLASHGEN_CHECK_EXTRA:-}" ]; then
