@@ -247,3 +247,33 @@ def test_memoized_choice_follows_the_table_and_the_build(monkeypatch):
     for _ in range(2):
         with pytest.raises(NotImplementedError):
             dispatch.choose_for("cuda", (9, 0), "bf16", 128, frozenset({"block_sparse"}), V2_FWD, "v2")
+
+
+def test_v2_block_sparse_is_opt_in_until_run_on_a_device():
+    """v2's block-sparse kernels are not yet verified on a device: dispatch lists block_sparse for v2 only under
+    FLASHGEN_V2_BLOCK_SPARSE=1 (read at import), so auto runs v1 for block-sparse calls otherwise."""
+    import os
+    import subprocess
+    import sys
+    code = ("from flashgen import dispatch; print('block_sparse' in dispatch.GENERATIONS['v2'].implements)")
+    env = {k: v for k, v in os.environ.items() if k != dispatch.V2_BLOCK_SPARSE_ENV}
+    off = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    on = subprocess.run([sys.executable, "-c", code], env={**env, dispatch.V2_BLOCK_SPARSE_ENV: "1"},
+                        capture_output=True, text=True, timeout=120)
+    assert off.stdout.strip() == "False" and on.stdout.strip() == "True", (off.stderr, on.stderr)
+    built = _build(generations=("v1", "v2"), kinds=("fwd", "bwd"))
+    problem = _cuda((9, 0), features=("block_sparse", "backward"))
+    assert choose(problem, built).generation == ("v2" if "block_sparse" in dispatch.GENERATIONS["v2"].implements
+                                                 else "v1")
+
+
+@pytest.mark.parametrize("capability", [(9, 0), (8, 0), (8, 9), (10, 0)])
+def test_block_sparse_falls_back_to_v1_on_newer_gpus(capability):
+    """A block-sparse call on sm_80+ runs v1 when no earlier generation in auto's order implements it (it raised
+    NotImplementedError on the H200 while v1 could run it); dense calls still prefer v2 / v3."""
+    spec = dispatch.GENERATIONS["v2"]
+    built = _build(generations=("v1", "v2", "v3"), kinds=("fwd", "bwd"), archs=("80", "90a"))
+    sparse = _cuda(capability, features=("block_sparse", "backward", "causal"))
+    want = "v2" if "block_sparse" in spec.implements else "v1"
+    assert choose(sparse, built).generation == want
+    assert choose(_cuda(capability, features=("causal",)), built).generation in ("v2", "v3")

@@ -257,3 +257,15 @@ def test_block_sparse_densities_long(gen, density):
     out, lse, _ = run_fwd(gen, q, k, v, window_size=(-1, 0), block_mask=layout, block_size=(128, 128))
     check_out_and_lse(f"block-sparse 4k density {density}", out, lse, q, k, v, causal=True, block_mask=layout,
                       block_size=(128, 128))
+
+
+def test_block_sparse_auto_runs_on_this_gpu():
+    """block_sparse_attn_func without a version runs on the GPU (auto's order ends with v1, which implements it; it
+    raised NotImplementedError on the H200 before) and explain names the generation it picked."""
+    torch.manual_seed(29)
+    q, k, v = (randn(1, s, 2, 64, dtype=torch.float16) for s in (300, 300, 300))
+    layout = _layout(1, 300, 300, (128, 128), 0.5, seed=9)
+    out = flashgen.block_sparse_attn_func(q, k, v, layout, causal=True)
+    ref, _ = attention_ref(q, k, v, causal=True, block_mask=layout, block_size=(128, 128))
+    naive, _ = attention_ref(q, k, v, causal=True, block_mask=layout, block_size=(128, 128), dtype=torch.float16)
+    check_fa_rule("block_sparse_attn_func auto", out, ref, naive)

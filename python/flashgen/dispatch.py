@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import os
 from typing import Dict, FrozenSet, List, Mapping, Optional, Sequence, Tuple
 
 from ._native import BuildInfo
@@ -82,13 +83,19 @@ class _Table(dict):
 
 # The one table of what each generation implements today, per dtype where that differs (implements_by_dtype). Edit
 # it when a kernel lands and its tests pass.
+# v2's block-sparse instances (v2_partitioning/README.md) are compiled and host-tested but have not yet run on a
+# device: auto sends block-sparse calls to v1 unless FLASHGEN_V2_BLOCK_SPARSE=1 (read at import) opts in to v2's.
+V2_BLOCK_SPARSE_ENV = "FLASHGEN_V2_BLOCK_SPARSE"
+_V2_BLOCK_SPARSE = frozenset({"block_sparse"}) if os.environ.get(V2_BLOCK_SPARSE_ENV, "0") == "1" else frozenset()
+
 GENERATIONS: Dict[str, GenerationSpec] = _Table({
     "v1": GenerationSpec("v1", "cuda", frozenset({"fp16", "bf16"}),
                          frozenset({"forward"}) | (frozenset(FEATURES) - {"paged_kv", "cache_leftpad"}),
                          min_capability=(7, 5), min_capability_by_dtype={"bf16": (8, 0)},
                          head_dim_multiple=_GPU_HEAD_DIM_MULTIPLE, alignment_bytes=_GPU_ALIGNMENT_BYTES),
     "v2": GenerationSpec("v2", "cuda", frozenset({"fp16", "bf16"}),
-                         frozenset({"forward"}) | (frozenset(FEATURES) - {"block_sparse"}), min_capability=(8, 0),
+                         frozenset({"forward"}) | (frozenset(FEATURES) - ({"block_sparse"} - _V2_BLOCK_SPARSE)),
+                         min_capability=(8, 0),
                          head_dim_multiple=_GPU_HEAD_DIM_MULTIPLE, alignment_bytes=_GPU_ALIGNMENT_BYTES),
     "v3": GenerationSpec("v3", "cuda", frozenset({"fp16", "bf16", "e4m3"}),
                          frozenset({"forward", "causal", "window", "softcap", "alibi", "gqa", "varlen", "backward"}),
@@ -217,12 +224,13 @@ def preference(problem: Problem) -> Tuple[Tuple[str, ...], str]:
     if cap is None:
         return (), f"no rule for device type {problem.device_type} without a compute capability"
     cap = tuple(cap)
+    # v1 last on sm_80+: it runs what v2 and v3 do not implement (block-sparse while v2's is opt-in, FA1 Sec. 3.3).
     if cap == (9, 0):
-        return ("v3", "v2"), "sm_90: v3 (Hopper) where it supports the request, else v2"
+        return ("v3", "v2", "v1"), "sm_90: v3 (Hopper) where it supports the request, else v2, else v1"
     if cap > (9, 0):
-        return ("v2",), f"{_sm(cap)} is newer than sm_90: v2 (portable code, PTX)"
+        return ("v2", "v1"), f"{_sm(cap)} is newer than sm_90: v2 (portable code, PTX), else v1"
     if cap >= (8, 0):
-        return ("v2",), f"{_sm(cap)} (Ampere/Ada): v2"
+        return ("v2", "v1"), f"{_sm(cap)} (Ampere/Ada): v2, else v1"
     if cap >= (7, 5):
         return ("v1",), f"{_sm(cap)} (Turing): v1 (fp16 only)"
     return (), f"{_sm(cap)} is older than any generation supports (sm_75)"
