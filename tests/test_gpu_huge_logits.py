@@ -6,7 +6,8 @@ wrong and infs appeared while the LSE was right. common/softmax.h: rows whose |m
 exact exponent (s - m) * scale_log2 (the forwards), and P recomputed from an LSE is clamped at exp2(0) (backwards,
 probabilities). These tests use small-integer q and k so the fp32 scores are exact and the float64 oracle ranks keys
 as the kernel does; the naive yardstick of the FA rule runs in fp32 (fp16 scores times 1e8 overflow), the rounding
-floor is the output dtype's, as tests/test_hostile_inputs.py does for the CPU backend. Outputs are NaN-poisoned.
+floor is the output dtype's, as tests/test_hostile_inputs.py does for the CPU backend. Also NaN inputs: NaN rows
+where the oracle has them, LSE NaN there (never the empty row's +inf). Outputs are NaN-poisoned.
 """
 
 from __future__ import annotations
@@ -107,7 +108,8 @@ def test_probabilities(generation):
 def _offset_inputs(head_dim, sq, sk, dt, logit):
     """Normal q, k (scale 1/sqrt(d)) plus one shared coordinate that adds `logit` to every score: a soft softmax whose
     row max and LSE sit in the exact regime (logit 300: m * scale_log2 ~ 433 >= 2^8)."""
-    q, k, v = randn(2, sq, 2, head_dim, dtype=dt), randn(2, sk, 2, head_dim, dtype=dt), randn(2, sk, 2, head_dim, dtype=dt)
+    q = randn(2, sq, 2, head_dim, dtype=dt)
+    k, v = randn(2, sk, 2, head_dim, dtype=dt), randn(2, sk, 2, head_dim, dtype=dt)
     a = round(math.sqrt(logit * math.sqrt(head_dim)))  # an integer: exact in bf16, a * a exact in fp32
     q[..., 0], k[..., 0] = a, a
     return q, k, v
@@ -144,3 +146,26 @@ def test_backward(bwd_generation, head_dim, causal):
     grads = run_bwd(gen, q, k, v, dout, out, lse, softmax_scale=1e8, window_size=window)
     for label, g in zip(("dq", "dk", "dv"), grads):
         assert bool(torch.isfinite(g).all()), f"d{head_dim} softmax_scale 1e8 causal={causal}: non-finite {label}"
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_nan_rows(generation, causal):
+    """A NaN in q or k makes NaN exactly the rows the oracle's are (a NaN q row; every row that sees the NaN key),
+    in out and in LSE, which must never read +inf (the empty-row marker) there; the other rows pass the FA rule.
+    (A NaN in v is left out: 0 * NaN in a P V product makes NaN of rows whose tile holds the key even where the mask
+    hides it, and the oracle's dense product does so for every row.)"""
+    need(generation, "bf16", 64, *(["causal"] if causal else []))
+    dt = torch.bfloat16
+    q, k, v = randn(2, 200, 2, 64, dtype=dt), randn(2, 300, 2, 64, dtype=dt), randn(2, 300, 2, 64, dtype=dt)
+    q[0, 7, 1, 3] = float("nan")
+    k[1, 250, 0, 5] = float("nan")  # causal: rows from 150 on see key 250 (bottom-right)
+    out, lse, _ = run_fwd(generation, q, k, v, window_size=(-1, 0) if causal else (-1, -1))
+    ref, ref_lse = attention_ref(q, k, v, causal=causal)
+    nan_rows = torch.isnan(ref).any(-1)  # (b, s, h)
+    assert bool(nan_rows.any()) and not bool(nan_rows.all())
+    assert torch.equal(torch.isnan(out).any(-1), nan_rows), "NaN rows of out differ from the oracle's"
+    assert torch.equal(torch.isnan(lse), torch.isnan(ref_lse)), "NaN rows of lse differ from the oracle's"
+    assert not bool(torch.isinf(lse).any()), "no row is empty here: lse must not be +inf"
+    naive, _ = attention_ref(q, k, v, causal=causal, dtype=dt)
+    keep = ~nan_rows
+    check_fa_rule(f"nan rows causal={causal}: the other rows", out[keep], ref[keep], naive[keep])

@@ -8,6 +8,9 @@ steps=(
   "racecheck 60 tests/test_v3_bwd_kernel.py test_mqa_window_softcap_alibi"
   "memcheck 60 tests/test_v3_fp8.py test_fp8_window_gqa_mqa or test_fp8_varlen"
   "racecheck 60 tests/test_v3_fp8.py test_fp8_varlen and False"
+  "memcheck 90 tests/test_gpu_block_sparse.py v2 and (all_off or dropout_and_gqa or deterministic or probs)"
+  "racecheck 90 tests/test_gpu_block_sparse.py v2 and (all_off or dropout_and_gqa)"
+  "memcheck 60 tests/test_gpu_huge_logits.py v2 and (decode or backward)"
 )
 [ -n "${SANITIZE_STEPS:-}" ] && mapfile -t steps <<< "$SANITIZE_STEPS"
 rc_all=0

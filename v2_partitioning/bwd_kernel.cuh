@@ -126,26 +126,6 @@ struct SparseSteps {
   }
 };
 
-// Block-sparse, mixed tile: P and dS of the elements in zero blocks of the layout are 0 (hidden: frag_score.cuh
-// sparse_hidden_bits), exactly what the mask gives them.
-template <int kAtoms, int kTiles>
-__device__ __forceinline__ void zero_hidden(float (&s)[kAtoms][kTiles][4], float (&dp)[kAtoms][kTiles][4],
-                                            const uint32_t (&hidden)[kAtoms][2]) {
-#pragma unroll
-  for (int a = 0; a < kAtoms; ++a)
-#pragma unroll
-    for (int half = 0; half < 2; ++half)
-#pragma unroll
-      for (int j = 0; j < kTiles; ++j)
-#pragma unroll
-        for (int c = 0; c < 2; ++c) {
-          if ((hidden[a][half] >> (2 * j + c)) & 1u) {
-            s[a][j][half * 2 + c] = 0.f;
-            dp[a][j][half * 2 + c] = 0.f;
-          }
-        }
-}
-
 template <typename T, bool kMods, bool kSparse = false>
 __global__ void __launch_bounds__(T::kNThreads, 1) bwd_kernel(const __grid_constant__ AttnBwdParams p) {
   using Element = typename T::Element;
@@ -330,7 +310,10 @@ __global__ void __launch_bounds__(T::kNThreads, 1) bwd_kernel(const __grid_const
     } else {
       scores_to_grads<false, false>(acc_s, acc_dp, lse_log2, dsum, keep, fc, mask, path, keep_scale, need_mask);
     }
-    if (kSparse && mixed) zero_hidden(acc_s, acc_dp, hidden);
+    if (kSparse && mixed) {  // block-sparse, mixed tile: P and dS of the hidden elements are 0, as the mask gives
+      set_where<true>(acc_s, hidden, 0.f);
+      set_where<true>(acc_dp, hidden, 0.f);
+    }
     store_frag<Tag, T::kBlockN>(smem + T::kSmemP, acc_s, sdp_wm * T::kSdpWarpRows, sdp_wn * T::kSdpWarpCols, lane,
                                 1.f);
     store_frag<Tag, T::kBlockN>(smem + T::kSmemDs, acc_dp, sdp_wm * T::kSdpWarpRows, sdp_wn * T::kSdpWarpCols, lane,

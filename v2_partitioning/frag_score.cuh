@@ -117,8 +117,11 @@ __device__ __forceinline__ void sparse_hidden_bits(uint32_t (&hidden)[kMAtoms][2
     }
 }
 
-template <int kMAtoms, int kNTiles>
-__device__ __forceinline__ void apply_sparse_mask(float (&s)[kMAtoms][kNTiles][4], const uint32_t (&hidden)[kMAtoms][2]) {
+// s <- value where bit 2j + c of bits[a][half] (element (j, c) of that row's fragment) equals kWhen: how a
+// per-element bit mask of a row fragment (dropout's keep bits, block-sparse's hidden bits) is applied.
+template <bool kWhen, int kMAtoms, int kNTiles>
+__device__ __forceinline__ void set_where(float (&s)[kMAtoms][kNTiles][4], const uint32_t (&bits)[kMAtoms][2],
+                                          float value) {
 #pragma unroll
   for (int a = 0; a < kMAtoms; ++a)
 #pragma unroll
@@ -127,8 +130,15 @@ __device__ __forceinline__ void apply_sparse_mask(float (&s)[kMAtoms][kNTiles][4
       for (int j = 0; j < kNTiles; ++j)
 #pragma unroll
         for (int c = 0; c < 2; ++c) {
-          if ((hidden[a][half] >> (2 * j + c)) & 1u) s[a][j][half * 2 + c] = -INFINITY;
+          if ((((bits[a][half] >> (2 * j + c)) & 1u) != 0) == kWhen) s[a][j][half * 2 + c] = value;
         }
+}
+
+// Block-sparse, mixed tile (forward): the hidden elements' scores become -inf, after the mask.
+template <int kMAtoms, int kNTiles>
+__device__ __forceinline__ void apply_sparse_mask(float (&s)[kMAtoms][kNTiles][4],
+                                                  const uint32_t (&hidden)[kMAtoms][2]) {
+  set_where<true>(s, hidden, -INFINITY);
 }
 
 // Step 4: dropout keep bits of a row fragment (bit 2j + c: element (j, c) kept). A thread's columns 2t, 2t+1 of an
@@ -158,15 +168,7 @@ __device__ __forceinline__ void apply_dropout(float (&s)[kMAtoms][kNTiles][4], c
                                               const ScorePath& path) {
   uint32_t keep[kMAtoms][2];
   dropout_keep_bits<kMAtoms, kNTiles>(keep, fc, path);
-#pragma unroll
-  for (int a = 0; a < kMAtoms; ++a)
-#pragma unroll
-    for (int half = 0; half < 2; ++half)
-#pragma unroll
-      for (int j = 0; j < kNTiles; ++j)
-#pragma unroll
-        for (int c = 0; c < 2; ++c)
-          if (!((keep[a][half] >> (2 * j + c)) & 1u)) s[a][j][half * 2 + c] = 0.f;
+  set_where<false>(s, keep, 0.f);
 }
 
 }  // namespace v2

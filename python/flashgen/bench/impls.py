@@ -143,8 +143,9 @@ class FlashgenImpl(Impl):
             import flashgen
             layout = sparse_layout(cfg, q.device)
             sparse_api = flashgen.block_sparse_attn_func
-            fn = lambda q_, k_, v_: sparse_api(q_, k_, v_, layout, block_size=(SPARSE_BLOCK, SPARSE_BLOCK),  # noqa: E731
-                                               causal=cfg.causal, window_size=tuple(cfg.window_size), version=gen)
+            block = (SPARSE_BLOCK, SPARSE_BLOCK)
+            fn = lambda q_, k_, v_: sparse_api(q_, k_, v_, layout, block_size=block, causal=cfg.causal,  # noqa: E731
+                                               window_size=tuple(cfg.window_size), version=gen)
             return Bound(fn, leaves, _same, note=f"block_sparse_attn_func {cfg.sparsity}")
         api = self.api
         fn = lambda q_, k_, v_: _first(api(q_, k_, v_, causal=cfg.causal,  # noqa: E731

@@ -22,9 +22,8 @@ PANEL_INCHES = (5.0, 3.6)   # width, height of one panel
 DPI = 110                   # ~150 KB per figure: small enough for the device's returned files
 
 
-def plot_file(path: str, out_dir: Optional[str] = None, sweep=None) -> List[str]:
-    """Write <stem>-<mode>.png next to `path` (or in out_dir); returns the paths written. `sweep` (an
-    AttentionSweep) keeps its records only, so another sweep's shapes at the same seqlens do not share a line."""
+def _load(path: str, out_dir: Optional[str], sweep):
+    """(pyplot, records of `sweep` (all when None), file stem, output folder, device name) of a results file."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -34,8 +33,14 @@ def plot_file(path: str, out_dir: Optional[str] = None, sweep=None) -> List[str]
     if sweep is not None:
         results = [r for r in results if sweep.holds(Config.from_dict(r["config"]))]
     stem = os.path.splitext(os.path.basename(path))[0]
-    out_dir = out_dir or os.path.dirname(os.path.abspath(path))
-    title_dev = (header or {}).get("device_name", "")
+    return (plt, results, stem, out_dir or os.path.dirname(os.path.abspath(path)),
+            (header or {}).get("device_name", ""))
+
+
+def plot_file(path: str, out_dir: Optional[str] = None, sweep=None) -> List[str]:
+    """Write <stem>-<mode>.png next to `path` (or in out_dir); returns the paths written. `sweep` (an
+    AttentionSweep) keeps its records only, so another sweep's shapes at the same seqlens do not share a line."""
+    plt, results, stem, out_dir, title_dev = _load(path, out_dir, sweep)
     written = []
     for mode in PLOT_MODES:
         recs = [r for r in results if r["mode"] == mode and r["config"]["kind"] == "attention"]
@@ -100,17 +105,7 @@ def generation_series(results: List[dict], head_dim: int, mode: str) -> Tuple[Li
 def plot_generations(path: str, out_dir: Optional[str] = None, sweep=None) -> List[str]:
     """Write <stem>-generations-d<head_dim>.png per head dim of `sweep`'s records (all attention records when None);
     returns the paths written. Raises ImportError without matplotlib (the caller reports it)."""
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    from .sweeps import Config
-    header, results = read_jsonl(path)
-    if sweep is not None:
-        results = [r for r in results if sweep.holds(Config.from_dict(r["config"]))]
-    stem = os.path.splitext(os.path.basename(path))[0]
-    out_dir = out_dir or os.path.dirname(os.path.abspath(path))
-    title_dev = (header or {}).get("device_name", "")
+    plt, results, stem, out_dir, title_dev = _load(path, out_dir, sweep)
     written = []
     for d in sorted({r["config"]["head_dim"] for r in results if r["config"]["kind"] == "attention"}):
         modes = [m for m in PLOT_MODES if any(r["mode"] == m and r["config"]["head_dim"] == d for r in results)]
@@ -182,7 +177,8 @@ def plot_e2e(path: str, out_dir: Optional[str] = None) -> List[str]:
     panels = [(sec, field, ylabel) for sec, field, ylabel in E2E_PANELS if e2e_series(records, sec, field)[0]]
     if not panels:
         return []
-    fig, axes = plt.subplots(1, len(panels), squeeze=False, figsize=(PANEL_INCHES[0] * len(panels), PANEL_INCHES[1] * 1.4))
+    fig, axes = plt.subplots(1, len(panels), squeeze=False,
+                             figsize=(PANEL_INCHES[0] * len(panels), PANEL_INCHES[1] * 1.4))
     for ax, (sec, field, ylabel) in zip(axes[0], panels):
         labels, impls, values = e2e_series(records, sec, field)
         impls = sorted(impls, key=lambda i: list(E2E_COLORS).index(i) if i in E2E_COLORS else len(E2E_COLORS))

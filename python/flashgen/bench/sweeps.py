@@ -322,8 +322,8 @@ def plan_for(device: str, quick: bool, *, seqlens: Optional[Sequence[int]] = Non
     sweep; the generations plan's claims sweep keeps its own shape."""
     if quick + generations + sparse > 1:
         raise ValueError("--quick, --generations and --sparse are separate plans; choose one")
-    key = (("gpu" if device == "cuda" else "cpu") + ("-quick" if quick else "") + ("-generations" if generations else "")
-           + ("-sparse" if sparse else ""))
+    key = (("gpu" if device == "cuda" else "cpu") + ("-quick" if quick else "")
+           + ("-generations" if generations else "") + ("-sparse" if sparse else ""))
     plan = PLANS[key]
     att = plan.attention
     if seqlens:
