@@ -205,6 +205,11 @@ __global__ void __launch_bounds__(T::kNThreads, T::kMinBlocksPerSm) fwd_kernel(c
       load_rows_async<T::kBlockN, T::kHeadDim, T::kNThreads>(
           dst, static_cast<const Element*>(p.k) + head_k * p.k_head_stride, paged_cursor(n_block), p.k_batch_stride,
           p.k_row_stride, seq.seqlen_k - n_block * T::kBlockN, p.head_dim, tid);
+      // The next key block of the loop (n_block - 1: last to first) reads its rows' entries at its own K load.
+      if (n_block - 1 >= range.begin) {
+        const int first = kv_first_row(p, batch) + (n_block - 1) * T::kBlockN;
+        prefetch_page_entries(p, batch, first, first + T::kBlockN, tid);
+      }
     } else {
       load_tile_async<T::kBlockN, T::kHeadDim, T::kNThreads>(
           dst, g_k + static_cast<int64_t>(n_block) * T::kBlockN * p.k_row_stride, p.k_row_stride,

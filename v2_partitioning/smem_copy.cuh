@@ -8,6 +8,7 @@
 
 #include <cstdint>
 
+#include "common/params.h"
 #include "v2_partitioning/mma.cuh"
 
 namespace flashgen {
@@ -117,6 +118,22 @@ __device__ __forceinline__ void load_rows_async(Element* smem, const Element* gm
     const Element* src = pred ? gmem + cursor.offset(page_stride, row_stride) + chunk * 8 : gmem;
     cp_async_16(smem_base + swizzled_offset<kHeadDim>(row, chunk) * kElemBytes, src, pred);
     cursor.advance();
+  }
+}
+
+// Paged KV caches: bring the block-table entries of rows [row_begin, row_end) of sequence b into L1 ahead of the
+// tile load that reads them (load_rows_async's cursor reads one entry per row and cannot issue a row's cp.async
+// before that entry has arrived: with one K/V stage that L2 round trip, twice per tile, sat on every tile's
+// critical path; bench/NOTES.md, session 11). A prefetch is a hint: no register waits on it. Threads tid < the
+// number of 128-byte lines those entries span issue one prefetch each; rows are in the table's range (caller).
+constexpr int kCacheLineBytes = 128;
+__device__ __forceinline__ void prefetch_page_entries(const AttnParams& p, int b, int row_begin, int row_end, int tid) {
+  if (row_end <= row_begin) return;
+  const int* table = p.block_table + b * p.block_table_batch_stride;
+  const uintptr_t first = reinterpret_cast<uintptr_t>(table + row_begin / p.page_block_size) / kCacheLineBytes;
+  const uintptr_t last = reinterpret_cast<uintptr_t>(table + (row_end - 1) / p.page_block_size) / kCacheLineBytes;
+  if (static_cast<uintptr_t>(tid) <= last - first) {
+    asm volatile("prefetch.global.L1 [%0];\n" ::"l"((first + tid) * kCacheLineBytes));
   }
 }
 
