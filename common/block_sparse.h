@@ -93,4 +93,39 @@ struct SparseWalk {
   }
 };
 
+// The tiles a pipelined loop has in flight, for a loop that issues a tile's loads up to kSlots - 1 tiles ahead of
+// computing it: slot[k] is tile i + k of the not-off sequence (as its loop index t, -1 past the last) while tile i
+// is computed. fetch(k, ...) takes the walk's next tile into slot k when that tile enters the pipeline (once per
+// tile, in order); advance() moves to tile i + 1. v2's forward (fwd_kernel.cuh SparseTiles) keeps one per CTA.
+template <int kSlots>
+struct SparseTileQueue {
+  SparseWalk walk;
+  int slot[kSlots];
+  bool mixed_bits[kSlots];
+
+  FH_HD SparseTileQueue() {
+    for (int k = 0; k < kSlots; ++k) {
+      slot[k] = -1;
+      mixed_bits[k] = false;
+    }
+  }
+  template <typename ChunkFn>
+  FH_HD void fetch(int k, int n_tiles, ChunkFn chunk_fn) {
+    bool is_mixed = false;
+    slot[k] = walk.next(n_tiles, chunk_fn, &is_mixed);
+    mixed_bits[k] = is_mixed;
+  }
+  FH_HD bool valid(int k) const { return slot[k] >= 0; }
+  FH_HD int tile(int k) const { return slot[k]; }
+  FH_HD bool mixed() const { return mixed_bits[0]; }
+  FH_HD void advance() {
+    for (int k = 0; k + 1 < kSlots; ++k) {
+      slot[k] = slot[k + 1];
+      mixed_bits[k] = mixed_bits[k + 1];
+    }
+    slot[kSlots - 1] = -1;
+    mixed_bits[kSlots - 1] = false;
+  }
+};
+
 }  // namespace flashgen

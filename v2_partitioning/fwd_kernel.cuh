@@ -104,25 +104,20 @@ struct DenseTiles {
 
 // The block-sparse key loop (T::kSparse): the dense loop's tiles without those the layout turns off, found 32 at a
 // time by one ballot per warp (common/block_sparse.h SparseWalk; every warp walks alike, so the CTA's warps agree
-// without shared memory). slot[k] holds tile i + k of the loop as key block * 2 + mixed, -1 past the last; the
-// slots cover the tiles in flight (K runs up to kStages ahead of the tile being computed, kStages - 1 with one
-// barrier per tile).
+// without shared memory). The queue holds the tiles in flight (K runs up to kStages ahead of the tile being
+// computed, kStages - 1 with one barrier per tile) as loop indices t: key block end - 1 - t.
 template <typename T>
 struct SparseTiles {
   static constexpr int kSlots = T::kOneSync ? T::kStages : T::kStages + 1;
   const AttnParams& p;
   int head, m_begin, m_end, seqlen_k, end, n_all, lane;
-  SparseWalk walk;
-  int slot[kSlots];
+  SparseTileQueue<kSlots> queue;
 
   __device__ __forceinline__ SparseTiles(const AttnParams& p_, int head_, int m_begin_, const SeqInfo& seq,
                                          BlockRange range, int lane_)
       : p(p_), head(head_), m_begin(m_begin_), m_end(min(m_begin_ + T::kBlockM, seq.seqlen_q)),
         seqlen_k(seq.seqlen_k), end(range.end), n_all(range.end > range.begin ? range.end - range.begin : 0),
-        lane(lane_) {
-#pragma unroll
-    for (int k = 0; k < kSlots; ++k) slot[k] = -1;
-  }
+        lane(lane_) {}
   // Tile t of the dense loop is key block end - 1 - t; lane j of the warp classifies tile t0 + j.
   __device__ __forceinline__ SparseChunk chunk(int t0) const {
     const int t = t0 + lane;
@@ -134,19 +129,11 @@ struct SparseTiles {
     const SparseChunk bit = sparse_chunk_bit(st, lane);
     return {__ballot_sync(0xffffffffu, bit.on != 0), __ballot_sync(0xffffffffu, bit.mixed != 0)};
   }
-  __device__ __forceinline__ void fetch(int, int k) {
-    bool is_mixed = false;
-    const int t = walk.next(n_all, [&](int t0) { return chunk(t0); }, &is_mixed);
-    slot[k] = t < 0 ? -1 : (end - 1 - t) * 2 + (is_mixed ? 1 : 0);
-  }
-  __device__ __forceinline__ bool valid(int, int k) const { return slot[k] >= 0; }
-  __device__ __forceinline__ int n_block(int, int k) const { return slot[k] >> 1; }
-  __device__ __forceinline__ bool mixed() const { return (slot[0] & 1) != 0; }
-  __device__ __forceinline__ void advance() {
-#pragma unroll
-    for (int k = 0; k + 1 < kSlots; ++k) slot[k] = slot[k + 1];
-    slot[kSlots - 1] = -1;
-  }
+  __device__ __forceinline__ void fetch(int, int k) { queue.fetch(k, n_all, [&](int t0) { return chunk(t0); }); }
+  __device__ __forceinline__ bool valid(int, int k) const { return queue.valid(k); }
+  __device__ __forceinline__ int n_block(int, int k) const { return end - 1 - queue.tile(k); }
+  __device__ __forceinline__ bool mixed() const { return queue.mixed(); }
+  __device__ __forceinline__ void advance() { queue.advance(); }
 };
 
 // The key loop of instance T: SparseTiles for the block-sparse instance, DenseTiles otherwise.

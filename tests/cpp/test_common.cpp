@@ -48,6 +48,7 @@ using flashgen::kSparseChunk;
 using flashgen::sparse_chunk_bit;
 using flashgen::SparseChunk;
 using flashgen::SparseTile;
+using flashgen::SparseTileQueue;
 using flashgen::SparseWalk;
 
 // ---- the spec of visibility, straight from the documented rule ----
@@ -692,8 +693,92 @@ void test_sparse_walk() {
   }
 }
 
+// ---- the tiles in flight of a pipelined loop (common/block_sparse.h SparseTileQueue) ----
+// The order of calls is v2's forward (fwd_kernel.cuh prologue and tile_step): with one barrier per tile (kStages
+// S >= 2) tile i + S - 1 is fetched and loaded (K and V) at the top of step i; with two (S >= 1) K runs S ahead (fetched
+// mid-step) and V S - 1 (at the top, from the slot K filled). Oracle: every tile that is not off is computed once,
+// in order, with its mixed flag, from the stage its K and V were loaded into, after both loads, and no load
+// targets a stage whose tile is not computed yet.
+template <int kStages, bool kOneSync>
+void check_pipeline(const std::vector<SparseTile>& tiles, int trial) {
+  constexpr int kSlots = kOneSync ? kStages : kStages + 1;
+  const int n = static_cast<int>(tiles.size());
+  auto chunk_fn = [&](int t0) {
+    SparseChunk c;
+    for (int j = 0; j < kSparseChunk && t0 + j < n; ++j) {
+      const SparseChunk b = sparse_chunk_bit(tiles[t0 + j], j);
+      c.on |= b.on;
+      c.mixed |= b.mixed;
+    }
+    return c;
+  };
+  std::vector<int> k_in(kStages, -1), v_in(kStages, -1);  // tile loaded into each stage
+  std::vector<int> computed;
+  bool ok = true;
+  SparseTileQueue<kSlots> q;
+  auto load = [&](std::vector<int>& stage_of, int idx, int tile) { stage_of[idx % kStages] = tile; };
+  if (kOneSync) {
+    for (int st = 0; st < kStages - 1; ++st) {
+      q.fetch(st, n, chunk_fn);
+      if (q.valid(st)) { load(k_in, st, q.tile(st)); load(v_in, st, q.tile(st)); }
+    }
+  } else {
+    q.fetch(0, n, chunk_fn);
+    if (q.valid(0)) load(k_in, 0, q.tile(0));
+    for (int st = 1; st < kStages; ++st) {
+      if (q.valid(st - 1)) load(v_in, st - 1, q.tile(st - 1));
+      q.fetch(st, n, chunk_fn);
+      if (q.valid(st)) load(k_in, st, q.tile(st));
+    }
+  }
+  for (int i = 0; q.valid(0) && i <= n; ++i) {
+    const int stage = i % kStages;
+    if (kOneSync) {
+      q.fetch(kStages - 1, n, chunk_fn);
+      if (q.valid(kStages - 1)) {
+        ok = ok && (kStages == 1 || (i + kStages - 1) % kStages != stage);
+        load(k_in, i + kStages - 1, q.tile(kStages - 1));
+        load(v_in, i + kStages - 1, q.tile(kStages - 1));
+      }
+    } else if (q.valid(kStages - 1)) {
+      load(v_in, i + kStages - 1, q.tile(kStages - 1));
+    }
+    ok = ok && k_in[stage] == q.tile(0);  // S = Q K_i^T reads K_i's stage
+    if (!kOneSync) {
+      q.fetch(kStages, n, chunk_fn);
+      if (q.valid(kStages)) load(k_in, i + kStages, q.tile(kStages));  // K_i's stage is free once S is done
+    }
+    ok = ok && v_in[stage] == q.tile(0) && q.mixed() == (tiles[q.tile(0)] == SparseTile::kMixed);
+    computed.push_back(q.tile(0));
+    q.advance();
+  }
+  std::vector<int> want;
+  for (int t = 0; t < n; ++t) {
+    if (tiles[t] != SparseTile::kOff) want.push_back(t);
+  }
+  CHECK(ok && computed == want, "trial %d (stages %d, one sync %d): %zu tiles computed, %zu expected, stages %s",
+        trial, kStages, kOneSync ? 1 : 0, computed.size(), want.size(), ok ? "right" : "WRONG");
+}
+
+void test_sparse_pipeline() {
+  Lcg rng{11};
+  for (int trial = 0; trial < 300; ++trial) {
+    const int n = static_cast<int>(rng.uniform() * 150);
+    const double density = trial % 6 == 0 ? 0.0 : (trial % 6 == 1 ? 1.0 : rng.uniform());
+    std::vector<SparseTile> tiles(n);
+    for (auto& t : tiles) {
+      t = rng.uniform() < density ? (rng.uniform() < 0.3 ? SparseTile::kMixed : SparseTile::kOn) : SparseTile::kOff;
+    }
+    check_pipeline<2, true>(tiles, trial);
+    check_pipeline<3, true>(tiles, trial);
+    check_pipeline<1, false>(tiles, trial);
+    check_pipeline<2, false>(tiles, trial);
+  }
+}
+
 int main() {
   test_sparse_walk();
+  test_sparse_pipeline();
   test_masks();
   test_mask_overflow();
   test_softmax();
