@@ -641,6 +641,32 @@ void test_softmax_nan() {
 }
 
 // ---- the block-sparse walk (common/block_sparse.h SparseWalk) ----
+// A random tile table of density 0 .. 1 (a third of the not-off tiles mixed), and its 32-tile chunks as a warp's
+// ballots give them (bit j: tile t0 + j); the not-off tiles of a table in order.
+std::vector<SparseTile> random_tiles(Lcg& rng, int n, double density) {
+  std::vector<SparseTile> tiles(n);
+  for (auto& t : tiles) {
+    t = rng.uniform() < density ? (rng.uniform() < 0.3 ? SparseTile::kMixed : SparseTile::kOn) : SparseTile::kOff;
+  }
+  return tiles;
+}
+SparseChunk host_chunk(const std::vector<SparseTile>& tiles, int t0) {
+  SparseChunk c;
+  for (int j = 0; j < kSparseChunk && t0 + j < static_cast<int>(tiles.size()); ++j) {
+    const SparseChunk b = sparse_chunk_bit(tiles[t0 + j], j);
+    c.on |= b.on;
+    c.mixed |= b.mixed;
+  }
+  return c;
+}
+std::vector<int> not_off(const std::vector<SparseTile>& tiles) {
+  std::vector<int> out;
+  for (int t = 0; t < static_cast<int>(tiles.size()); ++t) {
+    if (tiles[t] != SparseTile::kOff) out.push_back(t);
+  }
+  return out;
+}
+
 // Oracle: the list of loop indices whose tile is not off, in order, with their mixed flags, from a table of
 // random tile states (density 0 .. 1, runs of off tiles longer than a chunk included); the walk sees the same
 // table only through 32-tile chunks, as a GPU warp's ballots give them.
@@ -649,10 +675,7 @@ void test_sparse_walk() {
   for (int trial = 0; trial < 400; ++trial) {
     const int n = static_cast<int>(rng.uniform() * 200);
     const double density = trial % 5 == 0 ? 0.0 : (trial % 7 == 0 ? 1.0 : rng.uniform());
-    std::vector<SparseTile> tiles(n);
-    for (auto& t : tiles) {
-      t = rng.uniform() < density ? (rng.uniform() < 0.3 ? SparseTile::kMixed : SparseTile::kOn) : SparseTile::kOff;
-    }
+    std::vector<SparseTile> tiles = random_tiles(rng, n, density);
     if (trial % 3 == 0) {  // a long run of off tiles
       const int a = static_cast<int>(rng.uniform() * n), len = static_cast<int>(rng.uniform() * 80);
       for (int t = a; t < std::min(n, a + len); ++t) tiles[t] = SparseTile::kOff;
@@ -660,22 +683,13 @@ void test_sparse_walk() {
     int chunks = 0;
     auto chunk_fn = [&](int t0) {
       ++chunks;
-      SparseChunk c;
-      for (int j = 0; j < kSparseChunk && t0 + j < n; ++j) {
-        const SparseChunk b = sparse_chunk_bit(tiles[t0 + j], j);
-        c.on |= b.on;
-        c.mixed |= b.mixed;
-      }
-      return c;
+      return host_chunk(tiles, t0);
     };
     SparseWalk walk;
-    std::vector<int> got, want;
+    std::vector<int> got;
+    const std::vector<int> want = not_off(tiles);
     std::vector<bool> got_mixed, want_mixed;
-    for (int t = 0; t < n; ++t) {
-      if (tiles[t] == SparseTile::kOff) continue;
-      want.push_back(t);
-      want_mixed.push_back(tiles[t] == SparseTile::kMixed);
-    }
+    for (int t : want) want_mixed.push_back(tiles[t] == SparseTile::kMixed);
     for (bool mixed = false;;) {
       const int t = walk.next(n, chunk_fn, &mixed);
       if (t < 0) break;
@@ -703,15 +717,7 @@ template <int kStages, bool kOneSync>
 void check_pipeline(const std::vector<SparseTile>& tiles, int trial) {
   constexpr int kSlots = kOneSync ? kStages : kStages + 1;
   const int n = static_cast<int>(tiles.size());
-  auto chunk_fn = [&](int t0) {
-    SparseChunk c;
-    for (int j = 0; j < kSparseChunk && t0 + j < n; ++j) {
-      const SparseChunk b = sparse_chunk_bit(tiles[t0 + j], j);
-      c.on |= b.on;
-      c.mixed |= b.mixed;
-    }
-    return c;
-  };
+  auto chunk_fn = [&](int t0) { return host_chunk(tiles, t0); };
   std::vector<int> k_in(kStages, -1), v_in(kStages, -1);  // tile loaded into each stage
   std::vector<int> computed;
   bool ok = true;
@@ -752,10 +758,7 @@ void check_pipeline(const std::vector<SparseTile>& tiles, int trial) {
     computed.push_back(q.tile(0));
     q.advance();
   }
-  std::vector<int> want;
-  for (int t = 0; t < n; ++t) {
-    if (tiles[t] != SparseTile::kOff) want.push_back(t);
-  }
+  const std::vector<int> want = not_off(tiles);
   CHECK(ok && computed == want, "trial %d (stages %d, one sync %d): %zu tiles computed, %zu expected, stages %s",
         trial, kStages, kOneSync ? 1 : 0, computed.size(), want.size(), ok ? "right" : "WRONG");
 }
@@ -765,10 +768,7 @@ void test_sparse_pipeline() {
   for (int trial = 0; trial < 300; ++trial) {
     const int n = static_cast<int>(rng.uniform() * 150);
     const double density = trial % 6 == 0 ? 0.0 : (trial % 6 == 1 ? 1.0 : rng.uniform());
-    std::vector<SparseTile> tiles(n);
-    for (auto& t : tiles) {
-      t = rng.uniform() < density ? (rng.uniform() < 0.3 ? SparseTile::kMixed : SparseTile::kOn) : SparseTile::kOff;
-    }
+    const std::vector<SparseTile> tiles = random_tiles(rng, n, density);
     check_pipeline<2, true>(tiles, trial);
     check_pipeline<3, true>(tiles, trial);
     check_pipeline<1, false>(tiles, trial);
