@@ -16,25 +16,33 @@
 #include <cstdint>
 
 #include "common/config.h"
+#include "common/mask.h"
 #include "common/params.h"
 
 namespace flashgen {
 
-// Cache row of key 0 of sequence b in a paged cache (flash_attn's cache_leftpad: the keys are rows [leftpad,
-// cache_seqlens), and seqused_k counts them from the pad).
-FH_HD int kv_first_row(const AttnParams& p, int b) { return p.cache_leftpad ? p.cache_leftpad[b] : 0; }
+// kv_first_row (the left pad's cache row) lives in common/mask.h beside seq_info, which clamps seqused_k by it.
 
 // The two cases of the rule, for code that has already branched on p.block_table (the kernels' instances), so
 // neither carries the other's code. Dense: key j (seq_info's k_offset + j * row_stride). Paged: cache row r.
 FH_HD int64_t dense_kv_row_offset(const AttnParams& p, int b, int j, int64_t batch_stride, int64_t row_stride) {
-  if (p.cu_seqlens_k) return (static_cast<int64_t>(p.cu_seqlens_k[b]) + j) * row_stride;
-  const int64_t cache_batch = p.kv_batch_idx ? p.kv_batch_idx[b] : b;
-  return cache_batch * batch_stride + static_cast<int64_t>(j) * row_stride;
+  if (p.cu_seqlens_k) return (varlen_rows(p.cu_seqlens_k, b, p.total_k, p.seqlen_k).begin + j) * row_stride;
+  return static_cast<int64_t>(kv_batch_of(p, b)) * batch_stride + static_cast<int64_t>(j) * row_stride;
+}
+
+// A block-table entry as a page of k / v: clamped to the pages there are (batch_k: k's leading dimension; 0 = not
+// given), so a hostile entry reads some page of this cache, never past it (common/mask.h: index values).
+// 32-bit min / max (two IMNMX per row on the GPU; clamp_index's 64-bit compares cost twice that in the row loops).
+FH_HD int page_of(int num_pages, int entry) {
+  if (num_pages <= 0) return entry;
+  const int lo = entry < 0 ? 0 : entry;
+  return lo < num_pages - 1 ? lo : num_pages - 1;
 }
 
 FH_HD int64_t paged_kv_row_offset(const AttnParams& p, int b, int r, int64_t page_stride, int64_t row_stride) {
-  const int page = p.block_table[b * p.block_table_batch_stride + r / p.page_block_size];
-  return static_cast<int64_t>(page) * page_stride + static_cast<int64_t>(r % p.page_block_size) * row_stride;
+  const int entry = p.block_table[b * p.block_table_batch_stride + r / p.page_block_size];
+  return static_cast<int64_t>(page_of(p.batch_k, entry)) * page_stride +
+         static_cast<int64_t>(r % p.page_block_size) * row_stride;
 }
 
 // Cache rows r, r + step, r + 2 step, ... of one sequence of a paged cache, for a loop that visits them in order (the
@@ -46,17 +54,20 @@ struct PagedRowCursor {
   int page_index;       // entry of `pages` holding the current row
   int row_in_page;
   int step_pages, step_rows, page_block_size;
+  int num_pages;        // k's pages (AttnParams::batch_k), for page_of's clamp
 
-  FH_HD PagedRowCursor(const AttnParams& p, int b, int r, int step)
-      : pages(p.block_table + b * p.block_table_batch_stride),
-        page_index(r / p.page_block_size),
-        row_in_page(r - page_index * p.page_block_size),
-        step_pages(step / p.page_block_size),
-        step_rows(step - step_pages * p.page_block_size),
-        page_block_size(p.page_block_size) {}
+  FH_HD PagedRowCursor(const AttnParams& p_, int b, int r, int step)
+      : pages(p_.block_table + b * p_.block_table_batch_stride),
+        page_index(r / p_.page_block_size),
+        row_in_page(r - page_index * p_.page_block_size),
+        step_pages(step / p_.page_block_size),
+        step_rows(step - step_pages * p_.page_block_size),
+        page_block_size(p_.page_block_size),
+        num_pages(p_.batch_k) {}
   // paged_kv_row_offset of the current row (reads its block-table entry).
   FH_HD int64_t offset(int64_t page_stride, int64_t row_stride) const {
-    return static_cast<int64_t>(pages[page_index]) * page_stride + static_cast<int64_t>(row_in_page) * row_stride;
+    return static_cast<int64_t>(page_of(num_pages, pages[page_index])) * page_stride +
+           static_cast<int64_t>(row_in_page) * row_stride;
   }
   FH_HD void advance() {
     page_index += step_pages;

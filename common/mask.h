@@ -7,6 +7,8 @@
 // Causal is window (-1, 0). A row may see nothing (e.g. causal with seqlen_q > seqlen_k): see softmax.h.
 #pragma once
 
+#include <cstdint>
+
 #include "config.h"
 #include "params.h"
 
@@ -88,6 +90,47 @@ FH_HD bool tile_fully_visible(const MaskSpec& mask, int m_begin, int m_end, int 
   return n_begin >= mask.col_begin(m_end - 1) && n_end <= mask.col_end(m_begin);
 }
 
+// ---- index values: clamped, never trusted (issue 17) ----
+// The kernels read cu_seqlens, seqused_k, kv_batch_idx, cache_leftpad and block_table values on the device, where
+// the host does not check them (that would cost a sync; FLASHGEN_CHECK_INDICES=1 does it, and CPU tensors are
+// always checked). Whatever those values are, the rows and pages a kernel touches stay inside the tensors it was
+// given: each value is clamped to AttnParams' extents (total_q / total_k: rows of stacked varlen q / k, 0 = not
+// given; batch_k: k's leading dimension, the cache's batch or its pages), and no sequence is longer than the
+// max_seqlen the grid and the workspaces are sized by. Valid values pass through unchanged.
+FH_HD int64_t clamp_index(int64_t x, int64_t lo, int64_t hi) { return x < lo ? lo : (x > hi ? hi : x); }
+
+// Rows [begin, begin + len) of sequence b of a stacked varlen tensor (cu: cu_seqlens, total rows, 0 = unbounded),
+// len at most max_len.
+struct VarlenRows {
+  int64_t begin;
+  int len;
+};
+FH_HD VarlenRows varlen_rows(const int* cu, int b, int64_t total, int max_len) {
+  const int64_t hi = total > 0 ? total : INT64_MAX;
+  const int64_t begin = clamp_index(cu[b], 0, hi);
+  const int64_t len = clamp_index(cu[b + 1], begin, hi) - begin;
+  return {begin, static_cast<int>(len < max_len ? len : (max_len > 0 ? max_len : 0))};
+}
+
+// The KV cache's batch entry of sequence b (kv_batch_idx, flash_attn's cache_batch_idx), inside k's batch
+// (batch_k; 0 = not given: unclamped, as a cache may hold more entries than the call's batch).
+FH_HD int kv_batch_of(const AttnParams& p, int b) {
+  if (p.kv_batch_idx == nullptr) return b;
+  const int e = p.kv_batch_idx[b];
+  return p.batch_k > 0 ? static_cast<int>(clamp_index(e, 0, p.batch_k - 1)) : e;
+}
+
+// Element offset of (sequence b, row 0, head 0) in a q-side tensor (q, out, dout, dq: pass its own strides) or a
+// key-side one (k, v, dk, dv) of a varlen or dense call; dense KV-cache batches go through kv_batch_of.
+FH_HD int64_t q_side_offset(const AttnParams& p, int b, int64_t batch_stride, int64_t row_stride) {
+  return p.cu_seqlens_q ? varlen_rows(p.cu_seqlens_q, b, p.total_q, p.seqlen_q).begin * row_stride
+                        : b * batch_stride;
+}
+FH_HD int64_t k_side_offset(const AttnParams& p, int b, int64_t batch_stride, int64_t row_stride) {
+  return p.cu_seqlens_k ? varlen_rows(p.cu_seqlens_k, b, p.total_k, p.seqlen_k).begin * row_stride
+                        : b * batch_stride;
+}
+
 // ---- varlen / KV cache: where one batch entry's rows live and how long it is ----
 struct SeqInfo {
   int64_t q_offset;   // element offset of row 0, head 0 of this sequence in q (o uses o strides: see o_offset)
@@ -101,23 +144,32 @@ struct SeqInfo {
   FH_HD MaskSpec mask(const AttnParams& p) const { return {seqlen_q, seqlen_k, p.window_left, p.window_right}; }
 };
 
+// Cache row of key 0 of sequence b in a paged cache (flash_attn's cache_leftpad: the keys are rows [leftpad,
+// cache_seqlens), and seqused_k counts them from the pad), inside the cache's capacity seqlen_k.
+FH_HD int kv_first_row(const AttnParams& p, int b) {
+  return p.cache_leftpad ? static_cast<int>(clamp_index(p.cache_leftpad[b], 0, p.seqlen_k)) : 0;
+}
+
 FH_HD SeqInfo seq_info(const AttnParams& p, int b) {
   SeqInfo s;
   int64_t q_row0 = 0, k_row0 = 0;
   if (p.cu_seqlens_q) {
-    q_row0 = p.cu_seqlens_q[b];
-    s.seqlen_q = p.cu_seqlens_q[b + 1] - p.cu_seqlens_q[b];
+    const VarlenRows r = varlen_rows(p.cu_seqlens_q, b, p.total_q, p.seqlen_q);
+    q_row0 = r.begin;
+    s.seqlen_q = r.len;
   } else {
     s.seqlen_q = p.seqlen_q;
   }
-  const int kb = p.kv_batch_idx ? p.kv_batch_idx[b] : b;
+  const int kb = kv_batch_of(p, b);
   if (p.cu_seqlens_k) {
-    k_row0 = p.cu_seqlens_k[b];
-    s.seqlen_k = p.cu_seqlens_k[b + 1] - p.cu_seqlens_k[b];
+    const VarlenRows r = varlen_rows(p.cu_seqlens_k, b, p.total_k, p.seqlen_k);
+    k_row0 = r.begin;
+    s.seqlen_k = r.len;
   } else {
     s.seqlen_k = p.seqlen_k;
   }
-  if (p.seqused_k) s.seqlen_k = p.seqused_k[b];
+  // keys used: at most the sequence's keys, or the cache's capacity past its left pad
+  if (p.seqused_k) s.seqlen_k = static_cast<int>(clamp_index(p.seqused_k[b], 0, s.seqlen_k - kv_first_row(p, b)));
   const int64_t qb = p.cu_seqlens_q ? 0 : b, kbb = p.cu_seqlens_k ? 0 : kb;
   s.q_offset = qb * p.q_batch_stride + q_row0 * p.q_row_stride;
   s.o_offset = qb * p.o_batch_stride + q_row0 * p.o_row_stride;

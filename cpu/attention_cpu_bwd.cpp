@@ -28,13 +28,7 @@ struct BwdUnit {
   int batch, head_k, chunk, n_block_begin, n_block_end;
 };
 
-// Element offsets of one sequence's row 0 (head 0) in a tensor with the given batch/row strides.
-FG_INLINE int64_t q_side_offset(const AttnParams& p, int b, int64_t batch_stride, int64_t row_stride) {
-  return p.cu_seqlens_q ? static_cast<int64_t>(p.cu_seqlens_q[b]) * row_stride : b * batch_stride;
-}
-FG_INLINE int64_t k_side_offset(const AttnParams& p, int b, int64_t batch_stride, int64_t row_stride) {
-  return p.cu_seqlens_k ? static_cast<int64_t>(p.cu_seqlens_k[b]) * row_stride : b * batch_stride;
-}
+// A sequence's row 0 in dout, dq, dk, dv: common/mask.h q_side_offset / k_side_offset.
 
 // D = rowsum(dO * O) for every row of one head, into dsum (seqlen_q).
 FG_INLINE void dsoftmax_sum(const AttnBwdParams& p, const HeadProblem& hp, float* dsum, BwdScratch& w) {

@@ -11,6 +11,7 @@ steps=(
   "memcheck 90 tests/test_gpu_block_sparse.py v2 and (all_off or dropout_and_gqa or deterministic or probs)"
   "racecheck 90 tests/test_gpu_block_sparse.py v2 and (all_off or dropout_and_gqa)"
   "memcheck 60 tests/test_gpu_huge_logits.py v2 and (decode or backward)"
+  "memcheck 120 tests/test_gpu_hostile_indices.py v2 or v3"
 )
 [ -n "${SANITIZE_STEPS:-}" ] && mapfile -t steps <<< "$SANITIZE_STEPS"
 rc_all=0

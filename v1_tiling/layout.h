@@ -45,14 +45,7 @@ inline WorkspaceSpec bwd_workspace_spec(const AttnParams& p, int bucket) {
   return spec;
 }
 
-// Element offset of (sequence `batch`, row 0, head 0) in a q-side (dout, dq) or k-side (dk, dv) tensor with its own
-// strides: varlen rows start at cu_seqlens[batch].
-FH_HD int64_t q_side_offset(const AttnParams& p, int batch, int64_t batch_stride, int64_t row_stride) {
-  return p.cu_seqlens_q ? static_cast<int64_t>(p.cu_seqlens_q[batch]) * row_stride : batch * batch_stride;
-}
-FH_HD int64_t k_side_offset(const AttnParams& p, int batch, int64_t batch_stride, int64_t row_stride) {
-  return p.cu_seqlens_k ? static_cast<int64_t>(p.cu_seqlens_k[batch]) * row_stride : batch * batch_stride;
-}
+// q_side_offset / k_side_offset (a sequence's row 0 in dout, dq, dk, dv) are common/mask.h's.
 
 }  // namespace v1
 }  // namespace flashgen

@@ -34,13 +34,7 @@ FH_HD int64_t dq_accum_index(const AttnParams& p, int batch, int head) {
   return (static_cast<int64_t>(batch) * p.num_heads + head) * dq_accum_rows(p.seqlen_q);
 }
 
-// Element offset of (sequence `batch`, row 0, head 0) in a q-side tensor (dout, dq) with its own strides.
-FH_HD int64_t q_side_offset(const AttnParams& p, int batch, int64_t batch_stride, int64_t row_stride) {
-  return p.cu_seqlens_q ? static_cast<int64_t>(p.cu_seqlens_q[batch]) * row_stride : batch * batch_stride;
-}
-FH_HD int64_t k_side_offset(const AttnParams& p, int batch, int64_t batch_stride, int64_t row_stride) {
-  return p.cu_seqlens_k ? static_cast<int64_t>(p.cu_seqlens_k[batch]) * row_stride : batch * batch_stride;
-}
+// q_side_offset / k_side_offset (a sequence's row 0 in dout, dq, dk, dv): common/mask.h.
 
 template <typename Tag>
 __global__ void __launch_bounds__(kPrepostThreads) bwd_preprocess_kernel(const __grid_constant__ AttnBwdParams p) {
@@ -80,7 +74,7 @@ __global__ void __launch_bounds__(kPrepostThreads) bwd_postprocess_kernel(const 
   using Tag = typename T::DTag;
   using Element = typename T::Element;
   const int head = blockIdx.y, batch = blockIdx.z;
-  const int seqlen_q = p.cu_seqlens_q ? p.cu_seqlens_q[batch + 1] - p.cu_seqlens_q[batch] : p.seqlen_q;
+  const int seqlen_q = p.cu_seqlens_q ? varlen_rows(p.cu_seqlens_q, batch, p.total_q, p.seqlen_q).len : p.seqlen_q;
   const int m_begin = blockIdx.x * kPostRows;
   if (m_begin >= seqlen_q) return;
   const float* g_acc = p.ws.get(WorkspaceId::kDqAccum) + dq_accum_index(p, batch, head) * T::kHeadDim;  // (dq_accum_rows, kHeadDim)

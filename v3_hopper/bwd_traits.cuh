@@ -160,7 +160,7 @@ __device__ __forceinline__ BwdWork bwd_work(const AttnParams& p, int n_block, in
 
 // Element offset of (sequence `batch`, row 0, head 0) in a key-side gradient (dk, dv) with its own strides.
 __device__ __forceinline__ int64_t k_side_row0(const AttnParams& p, int batch, int64_t batch_stride, int64_t row_stride) {
-  return p.cu_seqlens_k ? static_cast<int64_t>(p.cu_seqlens_k[batch]) * row_stride : batch * batch_stride;
+  return k_side_offset(p, batch, batch_stride, row_stride);  // common/mask.h (clamped index values)
 }
 
 // 1-D bulk copy global -> shared completing `bytes` on mbarrier `bar` (16-byte aligned, multiple of 16 bytes).

@@ -164,10 +164,11 @@ struct TmaRows {
 };
 __device__ __forceinline__ TmaRows tma_rows(const AttnParams& p, int b) {
   TmaRows r;
-  r.q_row0 = p.cu_seqlens_q ? p.cu_seqlens_q[b] : 0;
+  // common/mask.h's clamped index values (TMA bounds the loads by the tensor maps; these also place O and LSE)
+  r.q_row0 = p.cu_seqlens_q ? static_cast<int>(varlen_rows(p.cu_seqlens_q, b, p.total_q, p.seqlen_q).begin) : 0;
   r.q_batch = p.cu_seqlens_q ? 0 : b;
-  r.k_row0 = p.cu_seqlens_k ? p.cu_seqlens_k[b] : 0;
-  r.k_batch = p.cu_seqlens_k ? 0 : (p.kv_batch_idx ? p.kv_batch_idx[b] : b);
+  r.k_row0 = p.cu_seqlens_k ? static_cast<int>(varlen_rows(p.cu_seqlens_k, b, p.total_k, p.seqlen_k).begin) : 0;
+  r.k_batch = p.cu_seqlens_k ? 0 : kv_batch_of(p, b);
   return r;
 }
 

@@ -255,7 +255,69 @@ void test_cursor() {
 
 }  // namespace
 
+// Hostile index values (common/mask.h: clamped, never trusted): cu_seqlens past the rows, decreasing or negative,
+// sequences longer than max_seqlen, seqused_k past the capacity or negative, kv_batch_idx past the cache, block
+// table entries past the pages, left pads past the capacity. Oracle: the extents themselves; every key j < the
+// sequence's clamped length lands inside the tensors (a stacked row < total_k, a cache entry < batch_k, a page <
+// batch_k with its row < page_block_size), and every query row inside total_q; valid values are unchanged.
+void test_hostile_index_values() {
+  using flashgen::clamp_index;
+  using flashgen::seq_info;
+  using flashgen::varlen_rows;
+  const std::vector<int> cu = {0, 4, 12, 3, -5, 9};  // past total 10, decreasing, negative
+  const flashgen::VarlenRows r1 = varlen_rows(cu.data(), 1, 10, 8), r2 = varlen_rows(cu.data(), 2, 10, 8);
+  const flashgen::VarlenRows r3 = varlen_rows(cu.data(), 3, 10, 8), r4 = varlen_rows(cu.data(), 4, 10, 8);
+  CHECK(varlen_rows(cu.data(), 0, 10, 8).begin == 0 && varlen_rows(cu.data(), 0, 10, 8).len == 4, "valid rows kept");
+  CHECK(r1.begin == 4 && r1.len == 6, "rows past total: %lld + %d", static_cast<long long>(r1.begin), r1.len);
+  CHECK(r2.begin == 10 && r2.len == 0 && r3.begin == 3 && r3.len == 0 && r4.begin == 0 && r4.len == 8,
+        "decreasing / negative / longer than max_seqlen");
+  Lcg rng{2024};
+  for (int trial = 0; trial < 3000; ++trial) {
+    const int batch = 1 + rng.below(4), cap = 1 + rng.below(40);
+    auto hostile = [&](int lo, int hi) { return rng.below(4) == 0 ? lo - 1 - rng.below(50) : lo + rng.below(hi - lo + 60); };
+    std::vector<int> cuq(batch + 1), cuk(batch + 1), used(batch), idx(batch), pad(batch), table(batch * 8);
+    for (auto& x : cuq) x = hostile(0, 30);
+    for (auto& x : cuk) x = hostile(0, 30);
+    for (auto& x : used) x = hostile(0, cap);
+    for (auto& x : idx) x = hostile(0, 3);
+    for (auto& x : pad) x = hostile(0, cap);
+    for (auto& x : table) x = hostile(0, 5);
+    const int kind = trial % 3;  // varlen, dense cache (kv_batch_idx), paged (with left pads)
+    AttnParams p;
+    p.batch = batch;
+    p.seqlen_q = 16;
+    p.seqlen_k = kind == 0 ? 16 : (kind == 2 ? 8 * 4 : cap);
+    p.num_heads = p.num_heads_k = 1;
+    p.k_row_stride = 1;
+    if (kind == 0) {
+      p.cu_seqlens_q = cuq.data(), p.cu_seqlens_k = cuk.data(), p.total_q = 30, p.total_k = 25;
+    } else if (kind == 1) {
+      p.kv_batch_idx = idx.data(), p.batch_k = 3, p.k_batch_stride = cap, p.seqused_k = used.data();
+    } else {
+      p.block_table = table.data(), p.block_table_batch_stride = 8, p.page_block_size = 4, p.batch_k = 5;
+      p.k_batch_stride = 4, p.seqused_k = used.data(), p.cache_leftpad = pad.data();
+    }
+    for (int b = 0; b < batch; ++b) {
+      const flashgen::SeqInfo s = seq_info(p, b);
+      bool ok = s.seqlen_q >= 0 && s.seqlen_k >= 0 && s.seqlen_q <= p.seqlen_q && s.seqlen_k <= p.seqlen_k;
+      if (kind == 0) ok = ok && s.q_row0 >= 0 && s.q_row0 + s.seqlen_q <= p.total_q;
+      for (int j = 0; j < s.seqlen_k && ok; ++j) {
+        const int64_t off = flashgen::kv_row_offset(p, b, j, p.k_batch_stride, p.k_row_stride);
+        if (kind == 0) ok = off >= 0 && off < p.total_k;
+        if (kind == 1) ok = off >= 0 && off < int64_t{p.batch_k} * cap;
+        if (kind == 2) ok = off >= 0 && off < int64_t{p.batch_k} * p.page_block_size &&
+                            flashgen::kv_first_row(p, b) + j < p.seqlen_k;
+      }
+      CHECK(ok, "trial %d kind %d b %d: seqlen_q %d seqlen_k %d outside the tensors", trial, kind, b, s.seqlen_q,
+            s.seqlen_k);
+    }
+  }
+  CHECK(clamp_index(-3, 0, 5) == 0 && clamp_index(9, 0, 5) == 5 && clamp_index(2, 0, 5) == 2, "clamp_index");
+  CHECK(flashgen::page_of(5, 7) == 4 && flashgen::page_of(5, -1) == 0 && flashgen::page_of(0, 7) == 7, "page_of");
+}
+
 int main() {
+  test_hostile_index_values();
   test_dense();
   test_varlen();
   for (int page : {1, 3, 16, 256}) test_paged(page);

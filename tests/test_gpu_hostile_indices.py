@@ -1,0 +1,112 @@
+"""Hostile index values in CUDA tensors (issue 17): "the kernels never read or write outside the tensors they were
+given, whatever those values are (clamp, don't trust)". CUDA index tensors are not read on the host (that would be a
+sync per call; FLASHGEN_CHECK_INDICES=1 does it), so the kernels clamp them (common/mask.h: index values): cu_seqlens
+past the rows, decreasing or negative, seqused_k past the cache, cache_batch_idx past the cache, block-table entries
+past the pages, left pads past the capacity. Each call here must finish without a CUDA error and write nothing
+outside its output: out is a view into a larger buffer whose guard rows before and after must keep their sentinel.
+(What a kernel reads out of bounds only compute-sanitizer sees: tools/sanitize_installed.sh runs this file under
+memcheck.) The values computed for such inputs are not specified; valid inputs are checked everywhere else.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+pytestmark = pytest.mark.gpu
+
+if not torch.cuda.is_available():
+    pytest.skip("hostile-index GPU tests need a CUDA device", allow_module_level=True)
+
+from conftest import gpu_generations, need, randn  # noqa: E402
+from flashgen import _ops, validate  # noqa: E402
+
+GUARD = 7          # guard rows on each side of the output
+SENTINEL = 12345.0
+
+
+@pytest.fixture(params=gpu_generations("fwd"))
+def generation(request, monkeypatch):
+    monkeypatch.delenv(validate.CHECK_INDICES_ENV, raising=False)  # the kernels get the values unchecked
+    return request.param
+
+
+def _guarded_out(shape, dtype):
+    """(buffer, out): out = buffer[GUARD:-GUARD] along dim 0, the guards filled with SENTINEL, out with NaN."""
+    big = torch.full((shape[0] + 2 * GUARD, *shape[1:]), SENTINEL, dtype=dtype, device="cuda")
+    out = big[GUARD:GUARD + shape[0]]
+    out.fill_(float("nan"))
+    return big, out
+
+
+def _check_guards(name, big):
+    torch.cuda.synchronize()  # a CUDA error (an illegal address) surfaces here
+    assert bool((big[:GUARD] == SENTINEL).all()) and bool((big[-GUARD:] == SENTINEL).all()), \
+        f"{name}: the kernel wrote outside its output"
+
+
+def _i32(*values):
+    return torch.tensor(values, dtype=torch.int32, device="cuda")
+
+
+@pytest.mark.parametrize("cu", [(0, 4, 12), (0, 9, 3), (0, -5, 10), (3, 2, 1)], ids=["past", "decreasing",
+                                                                                       "negative", "backwards"])
+def test_varlen_cu_seqlens(generation, cu):
+    need(generation, "bf16", 64, "varlen")
+    dt = torch.bfloat16
+    q, k, v = (randn(10, 2, 64, dtype=dt) for _ in range(3))
+    big, out = _guarded_out(q.shape, dt)
+    cu_t = _i32(*cu)
+    _ops.forward(generation, q, k, v, softmax_scale=1 / math.sqrt(64), cu_seqlens_q=cu_t, cu_seqlens_k=cu_t,
+                 max_seqlen_q=10, max_seqlen_k=10, out=out)
+    _check_guards(f"cu_seqlens {cu}", big)
+
+
+def test_varlen_longer_than_max_seqlen(generation):
+    """A sequence longer than the max_seqlen the grid and the workspaces were sized by."""
+    need(generation, "bf16", 64, "varlen", "backward")
+    dt = torch.bfloat16
+    q, k, v = (randn(40, 2, 64, dtype=dt) for _ in range(3))
+    cu = _i32(0, 40)
+    big, out = _guarded_out(q.shape, dt)
+    _, lse, _ = _ops.forward(generation, q, k, v, softmax_scale=0.125, cu_seqlens_q=cu, cu_seqlens_k=cu,
+                             max_seqlen_q=16, max_seqlen_k=16, out=out)
+    _check_guards("max_seqlen 16 for a 40-row sequence", big)
+    dq_big, dq = _guarded_out(q.shape, dt)
+    _ops.backward(generation, torch.randn_like(q), q, k, v, out.nan_to_num(), lse, softmax_scale=0.125,
+                  cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=16, max_seqlen_k=16, dq=dq)
+    _check_guards("backward, max_seqlen 16 for a 40-row sequence", dq_big)
+
+
+@pytest.mark.parametrize("case", ["seqused_past", "seqused_negative", "batch_idx_past"])
+def test_kv_cache_values(generation, case):
+    need(generation, "bf16", 64, "kvcache", "gqa")
+    dt = torch.bfloat16
+    q = randn(3, 1, 4, 64, dtype=dt)
+    kc, vc = (randn(2, 50, 2, 64, dtype=dt) for _ in range(2))  # a cache of 2 entries, 50 rows each
+    used = {"seqused_past": _i32(50, 500, 7), "seqused_negative": _i32(-3, 10, 50)}.get(case, _i32(50, 10, 3))
+    batch_idx = _i32(0, 5, -2) if case == "batch_idx_past" else _i32(0, 1, 1)
+    big, out = _guarded_out(q.shape, dt)
+    _ops.forward(generation, q, kc, vc, softmax_scale=0.125, seqused_k=used, kv_batch_idx=batch_idx, out=out)
+    _check_guards(case, big)
+
+
+@pytest.mark.parametrize("case", ["entries_past", "entries_negative", "leftpad_past"])
+def test_paged_values(generation, case):
+    need(generation, "bf16", 64, "kvcache", "paged_kv", "cache_leftpad")
+    dt = torch.bfloat16
+    q = randn(2, 1, 2, 64, dtype=dt)
+    kc, vc = (randn(6, 16, 2, 64, dtype=dt) for _ in range(2))  # 6 pages of 16 rows
+    table = _i32(0, 1, 2, 3, 4, 5, 0, 1).view(2, 4)
+    if case == "entries_past":
+        table = _i32(0, 1, 60, 3, 4, 900, 0, 1).view(2, 4)
+    elif case == "entries_negative":
+        table = _i32(0, -1, 2, 3, -70, 5, 0, 1).view(2, 4)
+    pad = _i32(0, 200) if case == "leftpad_past" else None
+    used = _i32(64, 40)
+    big, out = _guarded_out(q.shape, dt)
+    _ops.forward(generation, q, kc, vc, softmax_scale=0.125, seqused_k=used, block_table=table, cache_leftpad=pad,
+                 out=out)
+    _check_guards(case, big)
