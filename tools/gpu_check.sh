@@ -9,7 +9,12 @@
 #   FLASHGEN_GIT_SHA=<sha>                   # recorded by the bench: pass it (see below why the default is flagged)
 #   FLASHGEN_CHECK_EXTRA="cmd"               # run after the bench (e.g. compute-sanitizer), output in extra.log
 #   FLASHGEN_CHECK_TEST_TIMEOUT=300          # kill the test tier after this many seconds (the rest still runs)
+#   FLASHGEN_CHECK_BUDGET=560                # seconds for the whole script: each phase is cut to what is left, so the
+#                                            # logs are packed before the device call's own 600 s limit kills it
 set -uo pipefail
+t_start=$(date +%s)
+budget=${FLASHGEN_CHECK_BUDGET:-560}
+left() { local l=$(( budget - ($(date +%s) - t_start) )); [ $l -lt 1 ] && l=1; echo $l; }
 # The device returns at most 8 files, so everything lands in one work folder that is packed into
 # $OUT/gpu_check.tgz at the end (unpack with: tar xzf gpu_check.tgz).
 FINAL_OUT=${OUT:-$PWD/.device_out}
@@ -56,7 +61,8 @@ python3 -c "import json, flashgen._C as c; print(json.dumps(c.build_info()))" > 
 tests=${FLASHGEN_CHECK_TESTS:-tests}
 tests_rc=0
 if [ "$tests" != "none" ]; then
-  timeout -s KILL "${FLASHGEN_CHECK_TEST_TIMEOUT:-1800}" \
+  tmax=${FLASHGEN_CHECK_TEST_TIMEOUT:-1800}; [ "$tmax" -gt "$(left)" ] && tmax=$(left)
+  timeout -s KILL "$tmax" \
     python3 -m pytest $tests -m "gpu and not slow" -q -rs --junitxml="$OUT/junit_gpu.xml" 2>&1 | tee "$OUT/gpu_tests.log" | tail -n 40
   tests_rc=${PIPESTATUS[0]}
   summary+=("gpu tests: rc=$tests_rc in $(( $(date +%s) - t1 )) s: $(tail -n 1 "$OUT/gpu_tests.log")")
@@ -72,7 +78,7 @@ if [ "$benches" != "none" ] && python3 -c "import flashgen.bench" 2>/dev/null; t
       sparse|generations) flag="--$bench" ;;
       *) summary+=("bench ($bench): unknown plan, skipped"); continue ;;
     esac
-    python3 -m flashgen.bench $flag ${FLASHGEN_CHECK_BENCH_ARGS:-} --out "$OUT/bench" > "$OUT/bench-$bench.log" 2>&1
+    timeout -s KILL "$(left)" python3 -m flashgen.bench $flag ${FLASHGEN_CHECK_BENCH_ARGS:-} --out "$OUT/bench" > "$OUT/bench-$bench.log" 2>&1
     bench_rc=$?
     t3=$(date +%s)
     summary+=("bench ($bench): rc=$bench_rc in $((t3 - t2)) s")
@@ -82,7 +88,7 @@ if [ "$benches" != "none" ] && python3 -c "import flashgen.bench" 2>/dev/null; t
 fi
 
 if [ -n "${FLASHGEN_CHECK_EXTRA:-}" ]; then
-  bash -c "$FLASHGEN_CHECK_EXTRA" > "$OUT/extra.log" 2>&1
+  FLASHGEN_CHECK_LEFT=$(left) timeout -s KILL "$(left)" bash -c "$FLASHGEN_CHECK_EXTRA" > "$OUT/extra.log" 2>&1
   summary+=("extra: rc=$? (extra.log)")
   tail -n 30 "$OUT/extra.log"
 fi

@@ -15,9 +15,13 @@ steps=(
 )
 [ -n "${SANITIZE_STEPS:-}" ] && mapfile -t steps <<< "$SANITIZE_STEPS"
 rc_all=0
+# FLASHGEN_CHECK_LEFT (set by gpu_check.sh): the seconds left for all the steps; a step gets at most what is left
+t_end=$(( $(date +%s) + ${FLASHGEN_CHECK_LEFT:-100000} - 5 ))
 for s in "${steps[@]}"; do
   read -r tool secs file expr <<< "$s"
   t0=$(date +%s)
+  [ $(( t_end - t0 )) -lt "$secs" ] && secs=$(( t_end - t0 ))
+  if [ "$secs" -lt 15 ]; then echo "== $tool $file -k '$expr': not run (no time left)"; rc_all=98; continue; fi
   timeout "$secs" compute-sanitizer --tool "$tool" --error-exitcode 99 --print-limit 20 \
     python3 -m pytest -v -p no:cacheprovider "$file" -k "$expr" > /tmp/sanitize_step.log 2>&1
   rc=$?
