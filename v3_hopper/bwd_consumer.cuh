@@ -181,7 +181,9 @@ __device__ __forceinline__ void store_grad(void* base, int64_t offset, int64_t r
   }
 }
 
-template <typename T>
+// kMods (bwd_kernel.cuh): the launch may have softcap or ALiBi, so the fused pass is compiled in; without, only the
+// split pass is.
+template <typename T, bool kMods>
 __device__ void bwd_consumer(const AttnBwdParams& p, const BwdSmem<T>& sm, const BwdWork& w, int head_k, int batch,
                              int wg) {
   const int tid = threadIdx.x % kWarpgroupThreads, lane = tid % 32, warp = tid / 32;
@@ -224,7 +226,7 @@ __device__ void bwd_consumer(const AttnBwdParams& p, const BwdSmem<T>& sm, const
     const AccCoord c{key0 + 16 * warp + lane / 4, m_begin + 2 * (lane % 4)};
     const bool need_mask =
         !tile_fully_visible(w.mask, m_begin, m_begin + T::kBlockM, key0, key0 + kWarpgroupRows);
-    const bool softcap = path.softcap > 0.f, alibi = path.slope != 0.f;
+    const bool softcap = kMods && path.softcap > 0.f, alibi = kMods && path.slope != 0.f;
     uint32_t pa[T::kPRegs], dsa[T::kPRegs];  // P^T, dS^T as 16-bit A fragments
     auto issue_grad = [&](float (&grad)[T::kGradRegs], uint32_t (&a)[T::kPRegs], uint32_t b) {
       fence_regs(grad);
@@ -233,7 +235,7 @@ __device__ void bwd_consumer(const AttnBwdParams& p, const BwdSmem<T>& sm, const
       gemm_grad<T>(grad, a, b);
       wgmma_commit();
     };
-    if (softcap || alibi) {  // softcap's chain factor is only known with the score: one fused pass after dP^T
+    if (kMods && (softcap || alibi)) {  // softcap's chain factor is only known with the score: one fused pass after dP^T
       wgmma_wait<0>();
       fence_regs(dp);
       if (softcap && alibi) {
@@ -280,11 +282,7 @@ __device__ void bwd_consumer(const AttnBwdParams& p, const BwdSmem<T>& sm, const
     fence_regs(dv);
     fence_regs(dk);
     fence_regs(dq);
-    // Every lane read this stage's LSE and D rows with ld.shared (scores_to_grads / scores_to_probs): the warp's
-    // reads happen before lane 0's arrive only through __syncwarp (racecheck reported the stage's next bulk_load
-    // against those reads without it; the forward's consumers read their stages through wgmma only).
-    __syncwarp();
-    if (lane == 0) mbar_arrive(sm.empty(stage));
+    mbar_arrive(sm.empty(stage));  // every thread: its own LSE / D reads of the stage (BwdTraits::kConsumerArrivals)
     stage_dq<T>(sm.dq(wg), dq, tid);
     fence_proxy_async_smem();
     named_sync(kBwdBarrierWarpgroup0 + wg, kWarpgroupThreads);

@@ -3,8 +3,8 @@
 // warpgroup (one thread: TMA of K, V once, then Q, dO, LSE, D per step into a kStages ring; bwd_producer.cuh) and
 // two consumer warpgroups of 64 keys each (the five GEMMs on wgmma, dK and dV in registers over every query block
 // and every query head of the KV head's group; bwd_consumer.cuh). setmaxnreg moves registers to the consumers.
-// Invariant between the roles: a stage alternates full (its four loads landed) and empty (the 8 consumer warps'
-// GEMMs that read it completed); both sides count steps with the same BwdWork.
+// Invariant between the roles: a stage alternates full (its four loads landed) and empty (the 256 consumer threads'
+// GEMMs and LSE / D reads of it completed); both sides count steps with the same BwdWork.
 #pragma once
 
 #include "v3_hopper/bwd_consumer.cuh"
@@ -14,7 +14,10 @@
 namespace flashgen {
 namespace v3 {
 
-template <typename T>
+// kMods: the launch has softcap or ALiBi (p.softcap > 0 or p.alibi_slopes): only then is the fused elementwise pass
+// of bwd_consumer compiled in. With both passes in one kernel, register allocation had to hold the fused pass's
+// S^T and dP^T at once beside dK, dV: ptxas serialized the wgmmas (C7512) and spilled 52 B in every launch.
+template <typename T, bool kMods>
 __global__ void __launch_bounds__(T::kNumThreads, 1)
     bwd_kernel(const __grid_constant__ AttnBwdParams p, const __grid_constant__ CUtensorMap map_q,
                const __grid_constant__ CUtensorMap map_do, const __grid_constant__ CUtensorMap map_k,
@@ -48,7 +51,7 @@ __global__ void __launch_bounds__(T::kNumThreads, 1)
     }
   } else {
     setmaxnreg_inc<T::kConsumerRegs>();
-    bwd_consumer<T>(p, sm, w, head_k, batch, warpgroup - 1);
+    bwd_consumer<T, kMods>(p, sm, w, head_k, batch, warpgroup - 1);
   }
 }
 

@@ -29,7 +29,8 @@ Status launch_bwd(const AttnBwdParams& p, const BwdLaunch& launch, cudaStream_t 
     if (!st.is_ok()) return st;
   }
   if (p.seqlen_k > 0) {
-    auto kernel = bwd_kernel<T>;
+    const bool mods = p.softcap > 0.f || p.alibi_slopes != nullptr;  // bwd_kernel's kMods
+    auto kernel = mods ? bwd_kernel<T, true> : bwd_kernel<T, false>;
     Status st = bwd_cuda_status(
         cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, T::kSmemBytes),
         "cudaFuncSetAttribute(MaxDynamicSharedMemorySize)");

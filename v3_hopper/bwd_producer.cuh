@@ -1,7 +1,7 @@
 // v3 backward producer: one thread of warpgroup 0 loads the CTA's K and V tiles once, then streams, for every step
 // (query head of the group x query block that sees the CTA's keys), Q and dO by TMA and the block's LSE (log2 units)
 // and D rows by bulk copies into a kStages ring (FA3 Sec. 3.1 warp specialization, applied to Alg. 2's inner loop).
-// Invariant: a stage is rewritten only after its empty barrier completed (every consumer warp's GEMMs that read it
+// Invariant: a stage is rewritten only after its empty barrier completed (every consumer thread's GEMMs and reads of it
 // have completed); all four loads of a step complete on the stage's full barrier.
 #pragma once
 

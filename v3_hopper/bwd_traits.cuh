@@ -40,7 +40,10 @@ struct BwdTraits {
   static constexpr int kNumThreads = bwd_num_threads();
   static constexpr int kProducerRegs = bwd_register_budget().producer;
   static constexpr int kConsumerRegs = bwd_register_budget().consumer;
-  static constexpr int kConsumerArrivals = kConsumers * kWarpgroupThreads / 32;  // one per consumer warp
+  // One per consumer thread: every thread reads its stage's LSE and D rows with ld.shared, and an mbarrier arrive
+  // releases the arriving thread's own accesses only (racecheck reported the next bulk_load against the other lanes'
+  // reads when one lane per warp arrived after __syncwarp). CUTLASS's TMA pipelines count consumer threads too.
+  static constexpr int kConsumerArrivals = kConsumers * kWarpgroupThreads;
 
   static constexpr int kChunks = kHeadDim / kChunkCols;
   static constexpr int kChunkBytesQ = kBlockM * kSwizzleBytes;   // one 64-column chunk of a Q or dO tile
