@@ -117,7 +117,19 @@ struct RowState {
   }
 };
 
-// Merge of already-normalized partial outputs by their LSE (split-KV combine): O = sum_i exp(lse_i - lse) * O_i.
+// Merge of already-normalized partial outputs (split-KV combine). Partial i is kept as its row state (max m_i, sum
+// l_i; its output O_i normalized by l_i): it weighs split_numerator(i, M) / L, with M the largest m_i and L the sum of
+// the numerators, and the merged row state is {M, L} (its lse() is the row's LSE). Not by each partial's fp32 LSE:
+// that rounds to ulp(|m_i * scale_log2|), 64 at logits ~1e9, so partials sharing the row max would weigh 1 each
+// instead of l_i / L (issue 17, seen on the GPU: decode at softmax_scale 1e8 off by 2). Empty partials (l = 0) weigh
+// 0; all empty gives the empty row (O = 0, LSE +inf).
+FH_HD float split_numerator(RowState part, float m_max, float scale_log2) {
+  return part.l == 0.f ? 0.f : part.l * exp2f(rescale_exponent(part.m, m_max, scale_log2));
+}
+
+// Merge of already-normalized partial outputs by their LSE, where only the LSE is at hand (the calls of context
+// parallelism, python/flashgen/distributed.py, spec'd by tests/test_distributed.py): O = sum_i exp(lse_i - lse) * O_i.
+// At huge logits the fp32 LSE's rounding limits the weights (see split_numerator, which split-KV uses instead).
 // With m the largest partial_log_weight and S = sum_i merge_weight(lse_i, m), the merged LSE is merged_lse(m, S) and
 // partial i weighs merge_weight(lse_i, merged). Empty partials (LSE +inf) weigh 0; all empty gives +inf.
 FH_HD float partial_log_weight(float lse) { return lse == INFINITY ? -INFINITY : lse; }

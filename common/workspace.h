@@ -14,7 +14,7 @@ namespace flashgen {
 
 enum class WorkspaceId : int {
   kOAccum = 0,  // split-KV partial outputs, each normalized by its own sum (forward, decoding)
-  kLseAccum,    // split-KV partial LSEs (forward, decoding)
+  kLseAccum,    // split-KV partial row states (m, l) (forward, decoding)
   kRowStats,    // running row statistics kept in device memory between key blocks (v1: m and l)
   kDSum,        // D = rowsum(dO * O) per row (backward)
   kDqAccum,     // fp32 dQ accumulator (backward)

@@ -43,7 +43,8 @@ __global__ void instantiate_common(AttnParams p, float* out) {
   const float x = path.exponent(path.score(1.f, 0, 0, row_limits(mask, 0), &chain), 0.5f) + chain +
                   static_cast<float>(path.keep(0, 1)) + alibi_slope_in_score_domain(1.f, p.scale_log2) +
                   softcap_grad(0.5f) + to_float<dtype::bf16>(__float2bfloat16(1.f));
-  const float merged = merged_lse(partial_log_weight(1.f), merge_weight(2.f, 1.f));
+  const float merged =
+      split_numerator(m, 2.f, p.scale_log2) + merged_lse(partial_log_weight(1.f), merge_weight(2.f, 1.f));
   out[threadIdx.x] = m.lse(p.scale_log2) + st.inv_sum() + merged + r.end + c.begin + full +
                      keep + x + static_cast<float>(lse_offset(p, s, 0, 0)) + dropout_keep_scale(p.p_dropout) +
                      static_cast<float>(kv_row_offset(p, blockIdx.x, threadIdx.x, p.k_batch_stride, p.k_row_stride));

@@ -34,7 +34,7 @@ def test_plan_is_bounded_by_max_splits(batch, max_splits):
     if max_splits == 0:
         assert got == _plan(batch=batch, seqlen_q=4, seqlen_k=SEQLEN_K)
     if got[0] > 1:
-        assert got[1:] == (got[0] * batch * 8 * 4 * 128, got[0] * batch * 8 * 4), "workspaces of the bounded count"
+        assert got[1:] == (got[0] * batch * 8 * 4 * 128, 2 * got[0] * batch * 8 * 4), "workspaces of the bounded count"
     else:
         assert got[1:] == (0, 0), "no split, no workspace"
 

@@ -100,14 +100,14 @@ def _decode_tile(head_dim: int = 128):
 
 
 def _expected_plan(*, batch, heads, seqlen_q, seqlen_k, num_sms, head_dim=128, bucket=128):
-    """(num_splits, oaccum floats, lse floats) by split_kv_count over the probed tile: one query tile per (batch, head),
-    each split a partial output row of `bucket` floats and a partial LSE per row."""
+    """(num_splits, oaccum floats, lse_accum floats) by split_kv_count over the probed tile: one query tile per (batch,
+    head), each split a partial output row of `bucket` floats and a partial row state (m, l) per row."""
     _, block_n, ctas_per_sm = _decode_tile(head_dim)
     tiles = batch * heads
     splits = split_kv_count(tiles, num_sms * ctas_per_sm, math.ceil(seqlen_k / block_n))
     if splits == 1:
         return 1, 0, 0
-    return splits, splits * tiles * seqlen_q * bucket, splits * tiles * seqlen_q
+    return splits, splits * tiles * seqlen_q * bucket, 2 * splits * tiles * seqlen_q
 
 
 def test_split_kv_count_spec_on_hand_worked_cases():
@@ -155,7 +155,8 @@ def test_decode_tile_reads_back_as_a_tile():
 def test_split_plan_follows_the_rule(batch, num_sms):
     """bench/NOTES.md's decode case after the fold (8 KV heads x 4 rows each, 32k keys, d128; batch 16 on an H200's
     132 SMs), other batches and SM counts: the plan is split_kv_count over the decode tile, at least 1 split and at
-    most one per key block (and K_MAX_SPLITS), and a workspace of one partial output row and LSE per split and row."""
+    most one per key block (and K_MAX_SPLITS), and a workspace of one partial output row and row state (m, l: two
+    floats) per split and row."""
     shape = dict(batch=batch, heads=8, seqlen_q=4, seqlen_k=32768, num_sms=num_sms)
     got = _plan(**shape)
     assert got == _expected_plan(**shape), f"{shape}: plan {got}, the rule gives {_expected_plan(**shape)}"
@@ -163,7 +164,7 @@ def test_split_plan_follows_the_rule(batch, num_sms):
     n_blocks = math.ceil(32768 / _decode_tile()[1])
     assert 1 <= splits <= min(n_blocks, K_MAX_SPLITS)
     if splits > 1:
-        assert got[1:] == (splits * batch * 8 * 4 * 128, splits * batch * 8 * 4)
+        assert got[1:] == (splits * batch * 8 * 4 * 128, 2 * splits * batch * 8 * 4)
 
 
 @pytest.mark.skipif(not _has_v2(), reason="v2 not compiled into this build")

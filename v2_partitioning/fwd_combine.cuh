@@ -1,8 +1,8 @@
 // Split-KV combine: out and LSE of each query row from the num_splits partial results the decode instance of
 // fwd_kernel wrote (layouts on AttnParams::oaccum / lse_accum, common/params.h). One warp per (row, head, batch).
-// First the LSEs: lane i holds splits i, i + 32, i + 64, i + 96 (kMaxSplits = 128); a warp max and a warp sum give
-// the merged LSE and every split's weight (common/softmax.h: partial_log_weight, merged_lse, merge_weight; an empty
-// split, LSE +inf, weighs 0; a row with no visible key ends with O = 0 and LSE = +inf), staged in shared memory.
+// First the row states: lane i holds splits i, i + 32, i + 64, i + 96 (kMaxSplits = 128), each as its (m, l); a warp
+// max and a warp sum give the merged state, its LSE and every split's weight (common/softmax.h split_numerator; an
+// empty split, l = 0, weighs 0; a row with no visible key ends with O = 0 and LSE = +inf), staged in shared memory.
 // Then O = sum_s w_s * O_s with lane c owning columns [8c, 8c + 8) of the head-dim bucket (buckets up to 256 = 32
 // lanes x 8); the loads of different splits are independent, so they are issued several at a time.
 #pragma once
@@ -20,8 +20,8 @@ namespace v2 {
 
 constexpr int kCombineWarps = 4;  // rows per CTA
 constexpr int kCombineUnroll = 4;  // splits whose partial outputs a lane loads before it accumulates them
-constexpr int kLseSlots = kMaxSplits / 32;  // split LSEs per lane: lane i holds splits i, i + 32, ...
-static_assert(kLseSlots * 32 == kMaxSplits, "the split LSEs fill whole lanes");
+constexpr int kLseSlots = kMaxSplits / 32;  // split row states per lane: lane i holds splits i, i + 32, ...
+static_assert(kLseSlots * 32 == kMaxSplits, "the split row states fill whole lanes");
 
 template <typename Tag, int kBucket>
 __global__ void __launch_bounds__(kCombineWarps * 32) combine_kernel(const __grid_constant__ AttnParams p) {
@@ -35,28 +35,38 @@ __global__ void __launch_bounds__(kCombineWarps * 32) combine_kernel(const __gri
   const int64_t split_stride = static_cast<int64_t>(p.batch) * p.num_heads * p.seqlen_q;
   const int64_t row_index = (static_cast<int64_t>(batch) * p.num_heads + head) * p.seqlen_q + row;
 
-  float lse_s[kLseSlots];
-  float max_w = -INFINITY;
+  const float scale_log2 = p.scale_log2;
+  RowState part[kLseSlots];  // each split's (m, l): common/softmax.h split_numerator says why not its LSE
+  float m_max = -INFINITY;
 #pragma unroll
   for (int j = 0; j < kLseSlots; ++j) {
     const int s = lane + 32 * j;
-    lse_s[j] = s < num_splits ? p.ws.get(WorkspaceId::kLseAccum)[s * split_stride + row_index] : INFINITY;
-    max_w = fmaxf(max_w, partial_log_weight(lse_s[j]));
+    if (s < num_splits) {
+      const float2 ml = reinterpret_cast<const float2*>(p.ws.get(WorkspaceId::kLseAccum))[s * split_stride + row_index];
+      part[j].m = ml.x;
+      part[j].l = ml.y;
+    }
+    if (part[j].l != 0.f) m_max = fmaxf(m_max, part[j].m);
   }
 #pragma unroll
-  for (int offset = 16; offset > 0; offset /= 2) max_w = fmaxf(max_w, __shfl_xor_sync(0xffffffffu, max_w, offset));
-  float sum = 0.f;
+  for (int offset = 16; offset > 0; offset /= 2) m_max = fmaxf(m_max, __shfl_xor_sync(0xffffffffu, m_max, offset));
+  float num[kLseSlots];
+  RowState merged;
+  merged.m = m_max;
+  merged.l = 0.f;
 #pragma unroll
   for (int j = 0; j < kLseSlots; ++j) {
-    sum += max_w == -INFINITY ? 0.f : exp2f((partial_log_weight(lse_s[j]) - max_w) * kLog2e);
+    num[j] = split_numerator(part[j], m_max, scale_log2);
+    merged.l += num[j];
   }
 #pragma unroll
-  for (int offset = 16; offset > 0; offset /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, offset);
-  const float lse = merged_lse(max_w, sum);
+  for (int offset = 16; offset > 0; offset /= 2) merged.l += __shfl_xor_sync(0xffffffffu, merged.l, offset);
+  const float lse = merged.lse(scale_log2);
+  const float inv_l = merged.inv_sum();
 #pragma unroll
   for (int j = 0; j < kLseSlots; ++j) {
     const int s = lane + 32 * j;
-    if (s < num_splits) weights[warp][s] = merge_weight(lse_s[j], lse);
+    if (s < num_splits) weights[warp][s] = num[j] * inv_l;
   }
   __syncwarp();
 

@@ -112,7 +112,8 @@ constexpr int kMaxTilesForSplit = 1 << 30;  // beyond this many query tiles the 
 // num_splits: 0 = this rule alone, 1 = no split). Workspaces (fwd_kernel.cuh / fwd_combine.cuh), element (split s,
 // batch b, head h, row r):
 //   oaccum    (((s * batch + b) * num_heads + h) * seqlen_q + r) * bucket + col: O of split s over its own sum
-//   lse_accum  ((s * batch + b) * num_heads + h) * seqlen_q + r: its LSE
+//   lse_accum  ((s * batch + b) * num_heads + h) * seqlen_q + r: its row state (m, l), a float2
+//              (common/softmax.h split_numerator)
 FwdPlan plan_fwd(const AttnParams& p) {
   FwdPlan plan;
   const int bucket = fwd_bucket(p.dtype, p.head_dim);
@@ -129,9 +130,9 @@ FwdPlan plan_fwd(const AttnParams& p) {
                         : split_kv_count(static_cast<int>(tiles), p.num_sms * c.ctas_per_sm,
                                          ceil_div(p.seqlen_k, c.block_n), max_splits);
   if (plan.num_splits > 1) {
-    const int64_t lse_floats = plan.num_splits * tiles * p.seqlen_q;
-    plan.workspaces.need(WorkspaceId::kLseAccum, lse_floats, /*zero=*/false);
-    plan.workspaces.need(WorkspaceId::kOAccum, lse_floats * bucket, /*zero=*/false);
+    const int64_t rows = plan.num_splits * tiles * p.seqlen_q;
+    plan.workspaces.need(WorkspaceId::kLseAccum, 2 * rows, /*zero=*/false);  // (m, l) per row
+    plan.workspaces.need(WorkspaceId::kOAccum, rows * bucket, /*zero=*/false);
   }
   return plan;
 }

@@ -352,9 +352,91 @@ void test_softmax_no_drift() {
         sum_ref);
 }
 
-// The split-KV merge (partial_log_weight / merged_lse / merge_weight) against a double-precision spec, on sets of
-// 1..128 partials with empty ones (+inf) mixed in, and all empty.
+// The split-KV merge (split_numerator over partial row states) against a double-precision spec, on sets of 1..128
+// partials with empty ones (l = 0) mixed in, and all empty; then partials sharing a huge row max (logits ~1e9 at
+// scale_log2 ~1.4e8), where merging by each partial's fp32 LSE gave every such partial weight 1.
 void test_merge_many() {
+  constexpr double kRelTol = 2e-6;
+  constexpr float kScaleLog2 = 1.4426950f;  // softmax_scale 1: m and lse in the same units up to ln 2
+  uint32_t state = 12345u;
+  auto next = [&state]() {  // LCG in [0, 1)
+    state = state * 1664525u + 1013904223u;
+    return static_cast<float>(state >> 8) / 16777216.f;
+  };
+  auto merge = [](const std::vector<flashgen::RowState>& parts, float scale_log2, std::vector<double>* weights) {
+    float m_max = -INFINITY;
+    for (const auto& p : parts) {
+      if (p.l != 0.f) m_max = std::fmax(m_max, p.m);
+    }
+    flashgen::RowState merged;
+    merged.m = m_max;
+    std::vector<float> num;
+    for (const auto& p : parts) {
+      num.push_back(flashgen::split_numerator(p, m_max, scale_log2));
+      merged.l += num.back();
+    }
+    weights->clear();
+    for (float n : num) weights->push_back(static_cast<double>(n * merged.inv_sum()));
+    return merged;
+  };
+  std::vector<double> w;
+  for (int n : {1, 2, 3, 32, 33, 100, 128}) {
+    for (int empties : {0, 1, n}) {
+      std::vector<flashgen::RowState> parts(n);
+      std::vector<float> o(n);
+      for (int i = 0; i < n; ++i) {
+        if (i >= empties) {
+          parts[i].m = 28.f * next() - 14.f;
+          parts[i].l = 1.f + 99.f * next();
+        }
+        o[i] = i < empties ? 0.f : 2.f * next() - 1.f;
+      }
+      const flashgen::RowState merged = merge(parts, kScaleLog2, &w);
+      const float lse = merged.lse(kScaleLog2);
+      double out = 0, weights = 0;
+      for (int i = 0; i < n; ++i) {
+        out += w[i] * o[i];
+        weights += w[i];
+      }
+      double e_sum = 0, o_spec = 0;
+      for (int i = 0; i < n; ++i) {  // exp(lse_i) = l_i * exp(m_i) with softmax_scale 1
+        if (parts[i].l == 0.f) continue;
+        const double e = static_cast<double>(parts[i].l) * std::exp(static_cast<double>(parts[i].m));
+        e_sum += e;
+        o_spec += e * o[i];
+      }
+      const double l_spec = e_sum == 0 ? INFINITY : std::log(e_sum);
+      o_spec = e_sum == 0 ? 0 : o_spec / e_sum;
+      CHECK(l_spec == INFINITY ? lse == INFINITY : std::fabs(lse - l_spec) <= kRelTol * (1 + std::fabs(l_spec)),
+            "n=%d empties=%d: merged lse %.9g vs %.9g", n, empties, lse, l_spec);
+      CHECK(std::fabs(out - o_spec) <= kRelTol * 10, "n=%d empties=%d: merged out %.9g vs %.9g", n, empties, out,
+            o_spec);
+      CHECK(e_sum == 0 ? weights == 0 : std::fabs(weights - 1) <= kRelTol * n, "n=%d empties=%d: weights sum %.9g", n,
+            empties, weights);
+    }
+  }
+  // Huge logits: three partials share the row max 1e9 (l = 1, 3, 4), one sits a score unit below (weight 0 at this
+  // scale), one is empty. Weights must be l_i / 8 exactly; the LSE within fp32's rounding of m * scale_log2.
+  const float huge_scale_log2 = 1e8f * 1.4426950f;
+  std::vector<flashgen::RowState> parts(5);
+  const float ls[] = {1.f, 3.f, 4.f, 2.f, 0.f};
+  for (int i = 0; i < 5; ++i) {
+    parts[i].m = i == 3 ? 1e9f - 64.f : 1e9f;
+    parts[i].l = ls[i];
+  }
+  const flashgen::RowState merged = merge(parts, huge_scale_log2, &w);
+  const double want[] = {0.125, 0.375, 0.5, 0.0, 0.0};
+  for (int i = 0; i < 5; ++i) {
+    CHECK(w[i] == want[i], "huge logits: partial %d weighs %.9g, want %.9g", i, w[i], want[i]);
+  }
+  const double lse_spec = (1e9 * static_cast<double>(huge_scale_log2) + 3.0) * 0.6931471805599453;
+  CHECK(std::fabs(merged.lse(huge_scale_log2) - lse_spec) <= 2e-7 * lse_spec, "huge logits: lse %.9g vs %.9g",
+        merged.lse(huge_scale_log2), lse_spec);
+}
+
+// The LSE merge (partial_log_weight / merged_lse / merge_weight) against a double-precision spec, on sets of
+// 1..128 partials with empty ones (+inf) mixed in, and all empty.
+void test_merge_lse_many() {
   constexpr double kRelTol = 2e-6;
   uint32_t state = 12345u;
   auto next = [&state]() {  // LCG in [0, 1)
@@ -787,6 +869,7 @@ int main() {
   test_softmax_no_drift();
   test_merge();
   test_merge_many();
+  test_merge_lse_many();
   test_philox();
   test_score_mod();
   test_split_kv();
