@@ -174,21 +174,24 @@ def test_cuda_tensors_are_never_sent_to_the_cpu_backend():
         choose(_cuda((8, 0)), CPU_ONLY, "cpu")
 
 
-@pytest.mark.parametrize("feature", ["block_sparse"])
-def test_missing_v2_feature_names_feature_and_generation(feature):
-    problem = _cuda((8, 0), features={"causal", feature})
-    with pytest.raises(NotImplementedError, match=f"{feature} is not implemented in v2 yet"):
+def test_missing_v2_feature_names_feature_and_generation(monkeypatch):
+    """v2 implements every feature today: with one taken out of its entry, a call that needs it is refused with a
+    message naming the feature and the generation (auto and version="v2" alike)."""
+    spec = dispatch.GENERATIONS["v2"]
+    monkeypatch.setitem(dispatch.GENERATIONS, "v2", dataclasses.replace(spec, implements=spec.implements - {"alibi"}))
+    problem = _cuda((8, 0), features={"causal", "alibi"})
+    with pytest.raises(NotImplementedError, match="alibi is not implemented in v2 yet"):
         choose(problem, V2_FWD)
-    with pytest.raises(NotImplementedError, match=f"{feature} is not implemented in v2 yet"):
+    with pytest.raises(NotImplementedError, match="alibi is not implemented in v2 yet"):
         choose(problem, V2_FWD, "v2")
 
 
-@pytest.mark.parametrize("feature", sorted(ALL_FEATURES - {"backward", "block_sparse"}))
+@pytest.mark.parametrize("feature", sorted(ALL_FEATURES - {"backward"}))
 def test_v2_forward_features(feature):
     assert explain(_cuda((8, 0), features={feature}), V2_FWD)["v2"] == []
 
 
-@pytest.mark.parametrize("feature", sorted(ALL_FEATURES - {"backward", "block_sparse", "kvcache"}))
+@pytest.mark.parametrize("feature", sorted(ALL_FEATURES - {"backward", "kvcache"}))
 def test_v2_backward_features(feature):
     assert explain(_cuda((9, 0), features={feature, "backward"}), _build(kinds=("fwd", "bwd")))["v2"] == []
 
@@ -244,36 +247,48 @@ def test_memoized_choice_follows_the_table_and_the_build(monkeypatch):
                                                                                                   "causal"})))
     assert dispatch.choose_for(*args, built).generation == "v3", "a changed table must not reuse a memoized choice"
     assert dispatch.choose_for(*args, V2_FWD).generation == "v2", "the build is part of the key"
+    v2 = dispatch.GENERATIONS["v2"]
+    monkeypatch.setitem(dispatch.GENERATIONS, "v2", dataclasses.replace(v2, implements=v2.implements - {"block_sparse"}))
     for _ in range(2):
         with pytest.raises(NotImplementedError):
             dispatch.choose_for("cuda", (9, 0), "bf16", 128, frozenset({"block_sparse"}), V2_FWD, "v2")
 
 
-def test_v2_block_sparse_is_opt_in_until_run_on_a_device():
-    """v2's block-sparse kernels are not yet verified on a device: dispatch lists block_sparse for v2 only under
-    FLASHGEN_V2_BLOCK_SPARSE=1 (read at import), so auto runs v1 for block-sparse calls otherwise."""
-    import os
-    import subprocess
-    import sys
-    code = ("from flashgen import dispatch; print('block_sparse' in dispatch.GENERATIONS['v2'].implements)")
-    env = {k: v for k, v in os.environ.items() if k != dispatch.V2_BLOCK_SPARSE_ENV}
-    off = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
-    on = subprocess.run([sys.executable, "-c", code], env={**env, dispatch.V2_BLOCK_SPARSE_ENV: "1"},
-                        capture_output=True, text=True, timeout=120)
-    assert off.stdout.strip() == "False" and on.stdout.strip() == "True", (off.stderr, on.stderr)
-    built = _build(generations=("v1", "v2"), kinds=("fwd", "bwd"))
-    problem = _cuda((9, 0), features=("block_sparse", "backward"))
-    assert choose(problem, built).generation == ("v2" if "block_sparse" in dispatch.GENERATIONS["v2"].implements
-                                                 else "v1")
+def test_v2_runs_block_sparse():
+    """v2's block-sparse kernels passed tests/test_gpu_block_sparse.py on the H200 (session 12): dispatch lists
+    block_sparse for v2, and auto sends block-sparse calls to v2 where it is compiled (v3 has none)."""
+    assert "block_sparse" in dispatch.GENERATIONS["v2"].implements
+    assert "block_sparse" not in dispatch.GENERATIONS["v3"].implements
+    built = _build(generations=("v1", "v2", "v3"), kinds=("fwd", "bwd"), archs=("80", "90a"))
+    for capability in ((9, 0), (8, 0)):
+        problem = _cuda(capability, features=("block_sparse", "backward"))
+        assert choose(problem, built).generation == "v2"
 
 
 @pytest.mark.parametrize("capability", [(9, 0), (8, 0), (8, 9), (10, 0)])
-def test_block_sparse_falls_back_to_v1_on_newer_gpus(capability):
+def test_block_sparse_falls_back_to_v1_on_newer_gpus(capability, monkeypatch):
     """A block-sparse call on sm_80+ runs v1 when no earlier generation in auto's order implements it (it raised
-    NotImplementedError on the H200 while v1 could run it); dense calls still prefer v2 / v3."""
+    NotImplementedError on the H200 while v1 could run it; v2 implements it now, so this drops it from v2's entry);
+    dense calls still prefer v2 / v3."""
     spec = dispatch.GENERATIONS["v2"]
+    monkeypatch.setitem(dispatch.GENERATIONS, "v2",
+                        dataclasses.replace(spec, implements=spec.implements - {"block_sparse"}))
     built = _build(generations=("v1", "v2", "v3"), kinds=("fwd", "bwd"), archs=("80", "90a"))
     sparse = _cuda(capability, features=("block_sparse", "backward", "causal"))
-    want = "v2" if "block_sparse" in spec.implements else "v1"
-    assert choose(sparse, built).generation == want
+    assert choose(sparse, built).generation == "v1"
     assert choose(_cuda(capability, features=("causal",)), built).generation in ("v2", "v3")
+
+
+def test_features_not_implemented_together():
+    """v1 returns probabilities for dense inputs only: varlen with return_probs is refused on v1 with a reason that
+    names both (before any launch; it came from the native layer before), and auto picks v2 for it."""
+    built = _build(generations=("v1", "v2"), kinds=("fwd", "bwd"), archs=("80",))
+    both = _cuda((8, 0), features=("varlen", "return_probs"))
+    reasons = dispatch.explain(both, built)
+    assert reasons["v1"] == ["return_probs with varlen together is not implemented in v1 yet"]
+    assert reasons["v2"] == []
+    assert choose(both, built).generation == "v2"
+    for alone in ("varlen", "return_probs"):
+        assert dispatch.explain(_cuda((8, 0), features=(alone,)), built)["v1"] == []
+    with pytest.raises(NotImplementedError, match="return_probs with varlen"):
+        dispatch.choose_for("cuda", (8, 0), "bf16", 64, frozenset({"varlen", "return_probs"}), built, "v1")

@@ -5,14 +5,11 @@ over sparse block sizes that line up with the kernels' tiles and sizes that do n
 broadcast layouts, with causal, GQA and dropout, and rows whose every block is off (out 0, lse +inf, dq 0); an
 all-on layout equals the dense kernel bit for bit; v2's deterministic backward is bitwise reproducible.
 
-v2's block-sparse kernels are new and dispatch.GENERATIONS does not list "block_sparse" for v2 until this file has
-passed on a device: the `gen` fixture adds it for v2 for the test's duration (auto keeps running v1 for block-sparse
-calls meanwhile). Every launch writes into NaN-poisoned outputs (tests/conftest.py).
+Every launch writes into NaN-poisoned outputs (tests/conftest.py).
 """
 
 from __future__ import annotations
 
-import dataclasses
 import math
 
 import pytest
@@ -25,7 +22,7 @@ if not torch.cuda.is_available():
 
 import flashgen  # noqa: E402
 from conftest import GPU_DTYPES, check_out_and_lse, need, randn, run_bwd, run_fwd  # noqa: E402
-from flashgen import _ops, dispatch  # noqa: E402
+from flashgen import _ops  # noqa: E402
 from flashgen.reference import attention_ref, philox_keep_mask  # noqa: E402
 from flashgen.testing import check_fa_rule, grad_floor  # noqa: E402
 
@@ -33,15 +30,9 @@ SPARSE_GENERATIONS = ("v1", "v2")
 
 
 @pytest.fixture(params=SPARSE_GENERATIONS)
-def gen(request, monkeypatch):
-    """A generation with block-sparse kernels; for v2 (not yet listed, see the module docstring) the dispatch table
-    gains "block_sparse" while the test runs, so need() and version="v2" accept it."""
-    name = request.param
-    spec = dispatch.GENERATIONS[name]
-    if "block_sparse" not in spec.implements:
-        monkeypatch.setitem(dispatch.GENERATIONS, name,
-                            dataclasses.replace(spec, implements=spec.implements | {"block_sparse"}))
-    return name
+def gen(request):
+    """A generation with block-sparse kernels."""
+    return request.param
 
 
 def _layout(heads, seqlen_q, seqlen_k, block_size, density, seed, device="cuda"):

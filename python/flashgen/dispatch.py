@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import os
 from typing import Dict, FrozenSet, List, Mapping, Optional, Sequence, Tuple
 
 from ._native import BuildInfo
@@ -51,6 +50,8 @@ class GenerationSpec:
     implements_by_dtype: Mapping[str, FrozenSet[str]] = dataclasses.field(default_factory=dict)
     head_dim_multiple_by_dtype: Mapping[str, int] = dataclasses.field(default_factory=dict)
     min_capability_by_dtype: Mapping[str, Tuple[int, int]] = dataclasses.field(default_factory=dict)
+    # Features implemented alone but not together (v1: probabilities of varlen inputs)
+    not_together: FrozenSet[FrozenSet[str]] = frozenset()
 
     def implements_for(self, dtype: str) -> FrozenSet[str]:
         """The features this generation implements for `dtype`."""
@@ -83,18 +84,15 @@ class _Table(dict):
 
 # The one table of what each generation implements today, per dtype where that differs (implements_by_dtype). Edit
 # it when a kernel lands and its tests pass.
-# v2's block-sparse instances (v2_partitioning/README.md) are compiled and host-tested but have not yet run on a
-# device: auto sends block-sparse calls to v1 unless FLASHGEN_V2_BLOCK_SPARSE=1 (read at import) opts in to v2's.
-V2_BLOCK_SPARSE_ENV = "FLASHGEN_V2_BLOCK_SPARSE"
-_V2_BLOCK_SPARSE = frozenset({"block_sparse"}) if os.environ.get(V2_BLOCK_SPARSE_ENV, "0") == "1" else frozenset()
 
 GENERATIONS: Dict[str, GenerationSpec] = _Table({
     "v1": GenerationSpec("v1", "cuda", frozenset({"fp16", "bf16"}),
                          frozenset({"forward"}) | (frozenset(FEATURES) - {"paged_kv", "cache_leftpad"}),
                          min_capability=(7, 5), min_capability_by_dtype={"bf16": (8, 0)},
+                         not_together=frozenset({frozenset({"varlen", "return_probs"})}),
                          head_dim_multiple=_GPU_HEAD_DIM_MULTIPLE, alignment_bytes=_GPU_ALIGNMENT_BYTES),
     "v2": GenerationSpec("v2", "cuda", frozenset({"fp16", "bf16"}),
-                         frozenset({"forward"}) | (frozenset(FEATURES) - ({"block_sparse"} - _V2_BLOCK_SPARSE)),
+                         frozenset({"forward"}) | frozenset(FEATURES),
                          min_capability=(8, 0),
                          head_dim_multiple=_GPU_HEAD_DIM_MULTIPLE, alignment_bytes=_GPU_ALIGNMENT_BYTES),
     "v3": GenerationSpec("v3", "cuda", frozenset({"fp16", "bf16", "e4m3"}),
@@ -194,6 +192,9 @@ def _reasons(spec: GenerationSpec, problem: Problem, built: BuildInfo) -> Tuple[
             reasons.append(f"{feature} is not implemented in {spec.name} for {problem.dtype} yet"
                            if problem.dtype in spec.implements_by_dtype
                            else f"{feature} is not implemented in {spec.name} yet")
+        for combo in sorted(spec.not_together, key=sorted):
+            if combo <= problem.features:
+                reasons.append(f"{' with '.join(sorted(combo))} together is not implemented in {spec.name} yet")
     if spec.name not in built.generations:
         reasons.append(f"{spec.name} is not compiled into this build (build_info)")
     elif not reasons:
