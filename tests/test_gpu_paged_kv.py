@@ -93,13 +93,18 @@ LONG = 6000  # keys: many key blocks of any decode tile, not a multiple of any p
 
 
 @pytest.mark.parametrize("page", [1, 16, 256])
-@pytest.mark.parametrize("variant", ["gqa-1-token", "append-leftpad-rotary", "mha-4-tokens-causal"])
+@pytest.mark.parametrize("variant", ["gqa-1-token", "append-leftpad-rotary", "mha-4-tokens-causal",
+                                     "leftpad-on-tile-boundaries"])
 def test_paged_split_decode(generation, page, variant, splits_seen):
+    """Split decode over paged caches. Pages of 256 rows with left pads of whole decode tiles (0, 512, 768 rows)
+    take v2's one-entry-per-tile copy (fwd_kernel.cuh tile_in_page); pads of 1000 and 5, and pages of 1 and 16,
+    the per-row copy."""
     base = dict(page=page, cache_lens=(LONG, 37, LONG - 700), capacity=LONG + 8, head_dim=128, heads=8, heads_k=2)
     case = {"gqa-1-token": KvCase("split-gqa", **base),
             "append-leftpad-rotary": KvCase("split-append", **base, seqlen_new=1, leftpad=(1000, 0, 5),
                                             causal=True, rotary="interleaved", rotary_dim=64),
-            "mha-4-tokens-causal": KvCase("split-causal", **dict(base, heads_k=8), seqlen_q=4, causal=True)}[variant]
+            "mha-4-tokens-causal": KvCase("split-causal", **dict(base, heads_k=8), seqlen_q=4, causal=True),
+            "leftpad-on-tile-boundaries": KvCase("split-pad-tiles", **base, leftpad=(512, 0, 768))}[variant]
     need(generation, "bf16", 128, *_features(case))
     inputs = build(case, "cuda", torch.bfloat16)
     before = clone_inputs(inputs)

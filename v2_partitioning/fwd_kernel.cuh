@@ -186,9 +186,22 @@ __global__ void __launch_bounds__(T::kNThreads, T::kMinBlocksPerSm) fwd_kernel(c
   auto paged_cursor = [&](int n_block) {
     return PagedRowCursor(p, batch, kv_first_row(p, batch) + n_block * T::kBlockN + tid / T::kChunks, kCopyStep);
   };
+  // A tile inside one page (pages a multiple of kBlockN rows, flash_attn's 256 for one, and a first row on a tile
+  // boundary: no left pad, or one of whole tiles): one block-table read for the tile, then the dense copy from
+  // that page. Uniform over the CTA. Otherwise every row reads its own entry (load_rows_async).
+  const bool tile_in_page =
+      T::kPaged && p.page_block_size % T::kBlockN == 0 && kv_first_row(p, batch) % T::kBlockN == 0;
+  auto page_tile = [&](const Element* g, int n_block, int64_t page_stride, int64_t row_stride) {
+    return g + paged_kv_row_offset(p, batch, kv_first_row(p, batch) + n_block * T::kBlockN, page_stride, row_stride);
+  };
   auto load_k = [&](int i, int n_block) {  // tile i of the loop (its stage) is key block n_block
     Element* dst = s_k + (i % T::kStages) * T::kSmemKV;
-    if constexpr (T::kPaged) {
+    if (T::kPaged && tile_in_page) {
+      load_tile_async<T::kBlockN, T::kHeadDim, T::kNThreads>(
+          dst, page_tile(static_cast<const Element*>(p.k) + head_k * p.k_head_stride, n_block, p.k_batch_stride,
+                         p.k_row_stride),
+          p.k_row_stride, seq.seqlen_k - n_block * T::kBlockN, p.head_dim, tid);
+    } else if constexpr (T::kPaged) {
       load_rows_async<T::kBlockN, T::kHeadDim, T::kNThreads>(
           dst, static_cast<const Element*>(p.k) + head_k * p.k_head_stride, paged_cursor(n_block), p.k_batch_stride,
           p.k_row_stride, seq.seqlen_k - n_block * T::kBlockN, p.head_dim, tid);
@@ -205,7 +218,12 @@ __global__ void __launch_bounds__(T::kNThreads, T::kMinBlocksPerSm) fwd_kernel(c
   };
   auto load_v = [&](int i, int n_block) {
     Element* dst = s_v + (i % T::kStages) * T::kSmemKV;
-    if constexpr (T::kPaged) {
+    if (T::kPaged && tile_in_page) {
+      load_tile_async<T::kBlockN, T::kHeadDim, T::kNThreads>(
+          dst, page_tile(static_cast<const Element*>(p.v) + head_k * p.v_head_stride, n_block, p.v_batch_stride,
+                         p.v_row_stride),
+          p.v_row_stride, seq.seqlen_k - n_block * T::kBlockN, p.head_dim, tid);
+    } else if constexpr (T::kPaged) {
       load_rows_async<T::kBlockN, T::kHeadDim, T::kNThreads>(
           dst, static_cast<const Element*>(p.v) + head_k * p.v_head_stride, paged_cursor(n_block), p.v_batch_stride,
           p.v_row_stride, seq.seqlen_k - n_block * T::kBlockN, p.head_dim, tid);

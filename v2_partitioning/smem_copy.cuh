@@ -105,19 +105,34 @@ __device__ __forceinline__ void load_rows_async(Element* smem, const Element* gm
                                                 int tid) {
   constexpr int kChunks = kHeadDim / 8;
   constexpr int kRowsPerPass = kNThreads / kChunks;
+  constexpr int kPasses = kRows / kRowsPerPass;
   static_assert(kRows % kRowsPerPass == 0, "copy passes must tile the rows");
+  // Rows in batches: first every block-table read of the batch (independent loads, in flight together), then its
+  // copies. Row by row, each copy waited on its own entry: the SASS kept 2-3 reads in flight, so a d128 decode tile
+  // paid ~6 round trips per K or V load (bench/NOTES.md, session 12).
+  constexpr int kBatch = kPasses < 8 ? kPasses : 8;
+  static_assert(kPasses % kBatch == 0, "batches must tile the passes");
   const int chunk = tid % kChunks;
   const int row0 = tid / kChunks;
   const uint32_t smem_base = smem_u32(smem);
   constexpr int kElemBytes = sizeof(Element);
   const bool col_ok = chunk * 8 < head_dim;
 #pragma unroll
-  for (int pass = 0; pass < kRows / kRowsPerPass; ++pass) {
-    const int row = row0 + pass * kRowsPerPass;
-    const bool pred = col_ok && row < rows_valid;
-    const Element* src = pred ? gmem + cursor.offset(page_stride, row_stride) + chunk * 8 : gmem;
-    cp_async_16(smem_base + swizzled_offset<kHeadDim>(row, chunk) * kElemBytes, src, pred);
-    cursor.advance();
+  for (int pass0 = 0; pass0 < kPasses; pass0 += kBatch) {
+    int64_t offset[kBatch];
+#pragma unroll
+    for (int u = 0; u < kBatch; ++u) {
+      const bool pred = col_ok && row0 + (pass0 + u) * kRowsPerPass < rows_valid;
+      offset[u] = pred ? cursor.offset(page_stride, row_stride) : 0;
+      cursor.advance();
+    }
+#pragma unroll
+    for (int u = 0; u < kBatch; ++u) {
+      const int row = row0 + (pass0 + u) * kRowsPerPass;
+      const bool pred = col_ok && row < rows_valid;
+      const Element* src = pred ? gmem + offset[u] + chunk * 8 : gmem;
+      cp_async_16(smem_base + swizzled_offset<kHeadDim>(row, chunk) * kElemBytes, src, pred);
+    }
   }
 }
 
