@@ -136,7 +136,7 @@ def test_v3_tiles_match_tile_config_h():
     text = _source("v3_hopper/tile_config.h")
     assert int(re.search(r"kWarpgroupRows = (\d+);", text).group(1)) == io_model.V3_WARPGROUP_ROWS
     assert int(re.search(r"kBwdMaxHeadDim = (\d+);", text).group(1)) == io_model.V3_BWD_MAX_HEAD_DIM
-    bwd = re.search(r"bwd_tile_config\(int /\*head_dim\*/\) \{ return \{(\d+), (\d+),", text)
+    bwd = re.search(r"bwd_tile_config\(int head_dim\) \{ return \{(\d+), (\d+),", text)
     assert (int(bwd.group(1)), int(bwd.group(2))) == io_model.V3_BWD_TILE
     found = {}
     for line in _body(text, "constexpr TileConfig tile_config(int head_dim, bool masked) {").splitlines():
