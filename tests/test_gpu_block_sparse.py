@@ -251,8 +251,9 @@ def test_block_sparse_densities_long(gen, density):
 
 
 def test_block_sparse_auto_runs_on_this_gpu():
-    """block_sparse_attn_func without a version runs on the GPU (auto's order ends with v1, which implements it; it
-    raised NotImplementedError on the H200 before) and explain names the generation it picked."""
+    """block_sparse_attn_func without a version runs on the GPU: auto picks v2 (v1 where v2 is not compiled; it
+    raised NotImplementedError on the H200 once, when no generation before v1 in its order implemented it), and
+    explain names that generation."""
     torch.manual_seed(29)
     q, k, v = (randn(1, s, 2, 64, dtype=torch.float16) for s in (300, 300, 300))
     layout = _layout(1, 300, 300, (128, 128), 0.5, seed=9)
@@ -260,3 +261,6 @@ def test_block_sparse_auto_runs_on_this_gpu():
     ref, _ = attention_ref(q, k, v, causal=True, block_mask=layout, block_size=(128, 128))
     naive, _ = attention_ref(q, k, v, causal=True, block_mask=layout, block_size=(128, 128), dtype=torch.float16)
     check_fa_rule("block_sparse_attn_func auto", out, ref, naive)
+    picked = flashgen.explain(q, k, v, causal=True, block_mask=layout, block_size=(128, 128), backward=False)
+    compiled = flashgen.build_info().generations
+    assert picked.generation == ("v2" if "v2" in compiled else "v1"), str(picked)
