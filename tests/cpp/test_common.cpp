@@ -352,11 +352,21 @@ void test_softmax_no_drift() {
         sum_ref);
 }
 
+// A merge of n partials (empties of them empty) against its double-precision spec: LSE, output, weights summing to 1.
+void check_merged(int n, int empties, float lse, double out, double weights, double l_spec, double o_spec,
+                  bool all_empty) {
+  constexpr double kRelTol = 2e-6;
+  CHECK(l_spec == INFINITY ? lse == INFINITY : std::fabs(lse - l_spec) <= kRelTol * (1 + std::fabs(l_spec)),
+        "n=%d empties=%d: merged lse %.9g vs %.9g", n, empties, lse, l_spec);
+  CHECK(std::fabs(out - o_spec) <= kRelTol * 10, "n=%d empties=%d: merged out %.9g vs %.9g", n, empties, out, o_spec);
+  CHECK(all_empty ? weights == 0 : std::fabs(weights - 1) <= kRelTol * n, "n=%d empties=%d: weights sum %.9g", n,
+        empties, weights);
+}
+
 // The split-KV merge (split_numerator over partial row states) against a double-precision spec, on sets of 1..128
 // partials with empty ones (l = 0) mixed in, and all empty; then partials sharing a huge row max (logits ~1e9 at
 // scale_log2 ~1.4e8), where merging by each partial's fp32 LSE gave every such partial weight 1.
 void test_merge_many() {
-  constexpr double kRelTol = 2e-6;
   constexpr float kScaleLog2 = 1.4426950f;  // softmax_scale 1: m and lse in the same units up to ln 2
   uint32_t state = 12345u;
   auto next = [&state]() {  // LCG in [0, 1)
@@ -407,12 +417,7 @@ void test_merge_many() {
       }
       const double l_spec = e_sum == 0 ? INFINITY : std::log(e_sum);
       o_spec = e_sum == 0 ? 0 : o_spec / e_sum;
-      CHECK(l_spec == INFINITY ? lse == INFINITY : std::fabs(lse - l_spec) <= kRelTol * (1 + std::fabs(l_spec)),
-            "n=%d empties=%d: merged lse %.9g vs %.9g", n, empties, lse, l_spec);
-      CHECK(std::fabs(out - o_spec) <= kRelTol * 10, "n=%d empties=%d: merged out %.9g vs %.9g", n, empties, out,
-            o_spec);
-      CHECK(e_sum == 0 ? weights == 0 : std::fabs(weights - 1) <= kRelTol * n, "n=%d empties=%d: weights sum %.9g", n,
-            empties, weights);
+      check_merged(n, empties, lse, out, weights, l_spec, o_spec, e_sum == 0);
     }
   }
   // Huge logits: three partials share the row max 1e9 (l = 1, 3, 4), one sits a score unit below (weight 0 at this
@@ -437,7 +442,6 @@ void test_merge_many() {
 // The LSE merge (partial_log_weight / merged_lse / merge_weight) against a double-precision spec, on sets of
 // 1..128 partials with empty ones (+inf) mixed in, and all empty.
 void test_merge_lse_many() {
-  constexpr double kRelTol = 2e-6;
   uint32_t state = 12345u;
   auto next = [&state]() {  // LCG in [0, 1)
     state = state * 1664525u + 1013904223u;
@@ -469,12 +473,7 @@ void test_merge_lse_many() {
       }
       const double l_spec = e_sum == 0 ? INFINITY : std::log(e_sum);
       o_spec = e_sum == 0 ? 0 : o_spec / e_sum;
-      CHECK(l_spec == INFINITY ? merged == INFINITY : std::fabs(merged - l_spec) <= kRelTol * (1 + std::fabs(l_spec)),
-            "n=%d empties=%d: merged lse %.9g vs %.9g", n, empties, merged, l_spec);
-      CHECK(std::fabs(out - o_spec) <= kRelTol * 10, "n=%d empties=%d: merged out %.9g vs %.9g", n, empties, out,
-            o_spec);
-      CHECK(e_sum == 0 ? weights == 0 : std::fabs(weights - 1) <= kRelTol * n, "n=%d empties=%d: weights sum %.9g", n,
-            empties, weights);
+      check_merged(n, empties, merged, out, weights, l_spec, o_spec, e_sum == 0);
     }
   }
 }
