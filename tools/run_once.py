@@ -2,8 +2,8 @@
     ncu --clock-control none -k regex:bwd_kernel --launch-skip 1 --launch-count 1 python3 tools/run_once.py 128 8192
 Arguments: head_dim seqlen [causal 0/1] [impl]. bf16, the bench's grid (flashgen.bench.sweeps: 16k tokens, hidden
 2048). impl is a GPU generation this build compiled (default $GENERATION, else v2), run through flashgen._ops, or
-sdpa-flash: torch SDPA's flash backend (FA2's own kernels, e.g. -k regex:flash_bwd) on the same shape, so the peer's
-kernel can be profiled next to ours in the same call.
+sdpa-flash / sdpa-cudnn: torch SDPA's flash backend (FA2's own kernels, e.g. -k regex:flash_bwd) or its cuDNN
+backend on the same shape, so the peer's kernel can be profiled next to ours in the same call.
 """
 
 import math
@@ -27,15 +27,17 @@ for _ in range(2):
     if impl in generations:
         o, lse, _ = _ops.forward(impl, q, k, v, **kw)
         _ops.backward(impl, do, q, k, v, o, lse, **kw)
-    elif impl == "sdpa-flash":
+    elif impl in ("sdpa-flash", "sdpa-cudnn"):
         from torch.nn.attention import SDPBackend, sdpa_kernel
         from torch.nn.functional import scaled_dot_product_attention
 
+        backend = SDPBackend.FLASH_ATTENTION if impl == "sdpa-flash" else SDPBackend.CUDNN_ATTENTION
         qt, kt, vt = (t.transpose(1, 2).detach().requires_grad_() for t in (q, k, v))
-        with sdpa_kernel([SDPBackend.FLASH_ATTENTION]):
+        with sdpa_kernel([backend]):
             o = scaled_dot_product_attention(qt, kt, vt, is_causal=causal)
         o.backward(do.transpose(1, 2))
     else:
-        raise SystemExit(f"impl must be a compiled GPU generation {generations} or sdpa-flash, got {impl!r}")
+        raise SystemExit(f"impl must be a compiled GPU generation {generations} or sdpa-flash / sdpa-cudnn, "
+                         f"got {impl!r}")
 torch.cuda.synchronize()
 print("ok", impl, d, s, causal)
