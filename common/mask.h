@@ -82,12 +82,25 @@ FH_HD BlockRange m_block_range(const MaskSpec& mask, int n_begin, int n_end, int
   return {row_lo / block_m, ceil_div(row_hi, block_m)};
 }
 
+// Columns [begin, end) that every row of [m_begin, m_end) sees: the tightest limits are the last row's begin and the
+// first row's end (both grow with the row), and col_end never passes seqlen_k. Empty (begin >= end) when the rows
+// reach past seqlen_q or are empty themselves. A kernel walking key tiles of one row block computes it once and
+// tests each tile with two compares (full_cols_contain).
+struct ColRange {
+  int begin, end;
+};
+FH_HD ColRange full_cols(const MaskSpec& mask, int m_begin, int m_end) {
+  if (m_end > mask.seqlen_q || m_begin >= m_end) return {0, 0};
+  return {mask.col_begin(m_end - 1), mask.col_end(m_begin)};
+}
+FH_HD bool full_cols_contain(ColRange full, int n_begin, int n_end) {
+  return n_begin < n_end && n_begin >= full.begin && n_end <= full.end;
+}
+
 // True when every (row, col) of the tile rows [m_begin, m_end) x cols [n_begin, n_end) is visible, so the
 // kernel may skip per-element masking (the fast path). Tiles reaching past seqlen_q/seqlen_k are never full.
 FH_HD bool tile_fully_visible(const MaskSpec& mask, int m_begin, int m_end, int n_begin, int n_end) {
-  if (m_end > mask.seqlen_q || n_end > mask.seqlen_k || m_begin >= m_end || n_begin >= n_end) return false;
-  // The tightest limits are the last row's begin and the first row's end.
-  return n_begin >= mask.col_begin(m_end - 1) && n_end <= mask.col_end(m_begin);
+  return full_cols_contain(full_cols(mask, m_begin, m_end), n_begin, n_end);
 }
 
 // ---- index values: clamped, never trusted (issue 17) ----

@@ -102,21 +102,23 @@ __device__ __forceinline__ void consume_tile(const SmemMap<T>& sm, const PingPon
   float alpha[2];
   auto k_desc = [&](int stage) { return smem_desc(sm.k(stage), kKMajorLbo, kSwizzleAtomBytes); };
   auto v_desc = [&](int stage) { return smem_desc(sm.v(stage), T::kChunkBytesKV, kSwizzleAtomBytes); };
+  // The columns every row of this warpgroup sees, once per tile: each key tile is then tested with two compares
+  // (tile_fully_visible per tile was ~30 instructions of 64-bit limit arithmetic per step, ~5% of the loop's samples
+  // in the profile, bench/NOTES.md session 13).
+  const ColRange full = full_cols(mask, wg_row0, wg_row0 + kWarpgroupRows);
   auto n_begin = [&](int i) { return (range.end - 1 - i) * T::kBlockN; };
   // Score modifiers, mask and the softmax step on tile i's S; returns whether a row's max was raised.
   auto softmax_tile = [&](int i) {
     const AccCoord c{coord0.row0, n_begin(i) + coord0.col0};
     if (mods.any()) apply_score_mods<T::kBlockN>(s, c, mods);
-    if (!tile_fully_visible(mask, wg_row0, wg_row0 + kWarpgroupRows, n_begin(i), n_begin(i) + T::kBlockN)) {
-      apply_mask<T::kBlockN>(s, c, mask);
-    }
+    if (!full_cols_contain(full, n_begin(i), n_begin(i) + T::kBlockN)) apply_mask<T::kBlockN>(s, c, mask);
     return softmax_step<T::kBlockN>(s, rows, scale_log2, alpha);
   };
-  // Only the first tile visited (the last key block) can reach past seqlen_k.
+  // Only the first tile visited (the last key block) can reach past seqlen_k; decided once per tile (the key loop
+  // re-read p.seqused_k and compared it on every step, between the two GEMMs' issue).
+  const bool zero_first_v = zero_v_tail && n_begin(0) + T::kBlockN > mask.seqlen_k;
   auto prepare_v = [&](int i, int stage) {
-    if (zero_v_tail && i == 0 && n_begin(0) + T::kBlockN > mask.seqlen_k) {
-      zero_v_rows<T>(sm.v(stage), mask.seqlen_k - n_begin(0), tid, wg);
-    }
+    if (zero_first_v && i == 0) zero_v_rows<T>(sm.v(stage), mask.seqlen_k - n_begin(0), tid, wg);
   };
 
   if constexpr (!kIntraWarpgroupOverlap) {  // ablation (tile_config.h): each GEMM waited for before the next step

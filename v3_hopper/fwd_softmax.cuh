@@ -35,6 +35,39 @@ __device__ __forceinline__ void apply_mask(float (&s)[kN / 2], const AccCoord& c
 // O) and bf16/fp16 (P), and O and l keep sharing m, so the result is the same softmax with fewer O rescales.
 constexpr float kLazyRescaleLog2 = 8.f;
 
+// Independent accumulator chains per row in the max and sum reductions below. A thread holds kN / 4 values of each
+// row (n8 tile j: indices 4j + 2 half + {0, 1}); one fmaxf / add chain over them, row after row, was ptxas's schedule
+// of the plain loop: at d128's 176 columns 2 x 44 dependent FMNMX, ~650 cycles per key block in the profile
+// (bench/NOTES.md, session 13), most of the softmax's latency in front of the exponentials. Four chains per row, both
+// rows interleaved, leave 11 links each.
+constexpr int kReduceChains = 4;
+
+// Each row's max over this thread's values (no quad reduction yet).
+template <int kN>
+__device__ __forceinline__ void thread_row_max(const float (&s)[kN / 2], float (&mx)[2]) {
+  static_assert(kN % (8 * kReduceChains / 2) == 0, "block_n must split evenly into the reduction chains");
+  float part[2][kReduceChains];
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+#pragma unroll
+    for (int c = 0; c < kReduceChains; ++c) part[half][c] = s[4 * (c / 2) + 2 * half + (c % 2)];
+  }
+#pragma unroll
+  for (int j = kReduceChains / 2; j < kN / 8; j += kReduceChains / 2) {
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+#pragma unroll
+      for (int c = 0; c < kReduceChains; ++c) {
+        part[half][c] = fmaxf(part[half][c], s[4 * (j + c / 2) + 2 * half + (c % 2)]);
+      }
+    }
+  }
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    mx[half] = fmaxf(fmaxf(part[half][0], part[half][1]), fmaxf(part[half][2], part[half][3]));
+  }
+}
+
 // One online-softmax step on S (FA2 Sec. 3.1): raise the running max of rows that need it (alpha[half] is the
 // factor for that row of O, 1 otherwise), turn s into exp2(s * scale_log2 - m * scale_log2) and add them to the
 // thread's partial l (the quad's partials are summed once, in finalize). Returns whether any row of this thread
@@ -42,24 +75,26 @@ constexpr float kLazyRescaleLog2 = 8.f;
 template <int kN>
 __device__ __forceinline__ bool softmax_step(float (&s)[kN / 2], RowState (&rows)[2], float scale_log2,
                                              float (&alpha)[2]) {
+  float mx[2];
+  thread_row_max<kN>(s, mx);
+#pragma unroll
+  for (int half = 0; half < 2; ++half) mx[half] = quad_max(mx[half]);
   bool any_raise = false;
 #pragma unroll
   for (int half = 0; half < 2; ++half) {
-    float mx = -INFINITY;
-#pragma unroll
-    for (int i = 0; i < kN / 2; ++i) {
-      if (acc_half(i) == half) mx = fmaxf(mx, s[i]);
-    }
-    mx = quad_max(mx);
     const float m = rows[half].m;
-    const bool raise = mx > m && (m == -INFINITY || (mx - m) * scale_log2 > kLazyRescaleLog2);
-    alpha[half] = raise ? rows[half].rescale(mx, scale_log2) : 1.f;
+    // & and | (not && and ||): both sides are cheap and side-effect free, and short-circuit evaluation compiled to
+    // two branches per row on the softmax's critical path.
+    const bool raise = (mx[half] > m) & ((m == -INFINITY) | ((mx[half] - m) * scale_log2 > kLazyRescaleLog2));
+    // Without a raise, rescaling to the row's own max is the identity (alpha exactly 1, l unchanged): one straight
+    // path for both cases, no branch per row.
+    alpha[half] = rows[half].rescale(raise ? mx[half] : m, scale_log2);
     any_raise |= raise;
   }
   // P = exp2 of common/softmax.h's prob_exponent, one FMA per element: fma(s, c, -m * c), or for a row whose max is
   // so large that this is no longer ~0 at the max (exact_exponent: logits beyond ~177) fma(s - m, c, -0), the exact
   // form, by subtracting m in place first (a uniform branch per warp, never taken on ordinary inputs).
-  float m_off[2], sum[2] = {0.f, 0.f};
+  float m_off[2];
   bool exact[2];
 #pragma unroll
   for (int half = 0; half < 2; ++half) {
@@ -74,14 +109,15 @@ __device__ __forceinline__ bool softmax_step(float (&s)[kN / 2], RowState (&rows
 #pragma unroll
     for (int half = 0; half < 2; ++half) m_off[half] = exact[half] ? 0.f : m_off[half];
   }
+  float sum[2][kReduceChains] = {};
 #pragma unroll
   for (int i = 0; i < kN / 2; ++i) {
-    const int half = acc_half(i);
+    const int half = acc_half(i), chain = ((i >> 2) % (kReduceChains / 2)) * 2 + (i & 1);
     s[i] = exp2f(fmaf(s[i], scale_log2, -m_off[half]));
-    sum[half] += s[i];
+    sum[half][chain] += s[i];
   }
 #pragma unroll
-  for (int half = 0; half < 2; ++half) rows[half].add(sum[half]);
+  for (int half = 0; half < 2; ++half) rows[half].add((sum[half][0] + sum[half][1]) + (sum[half][2] + sum[half][3]));
   return any_raise;
 }
 
