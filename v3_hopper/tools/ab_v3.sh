@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# Source trees timed against each other in one device call (a change to the v3 forward before and after, or two
+# candidate tiles): each tree is built as its own module (bf16, v3 head dims 64/128/256 and v2 d128 only, in
+# parallel), then tools/time_v3.py runs from each in rotation (A B A B ...), so every row has its own same-process
+# cuDNN and the card's drift between builds shows up in the peers' columns.
+#   OUT=... bash v3_hopper/tools/ab_v3.sh name1=tree1 name2=tree2 ...   # e.g. base=.scratch/base new=.
+# Env: ROUNDS (default 2), SEQLENS (default 2048,8192), HEAD_DIMS (default 64,128,256), TIMEOUT per run (150 s).
+# Output: $OUT/ab_v3.jsonl (time_v3.py's rows, "label" = tree name, "round" added) and build logs.
+set -uo pipefail
+here=$(cd "$(dirname "$0")/../.." && pwd)
+OUT=${OUT:-$here/.device_out}
+mkdir -p "$OUT"
+rounds=${ROUNDS:-2}
+jobs=$(( $(nproc) / $# ))
+[ "$jobs" -lt 1 ] && jobs=1
+for spec in "$@"; do
+  name=${spec%%=*}; tree=$(cd "${spec#*=}" && pwd)
+  (cmake -S "$tree" -B "/tmp/ab_v3/build-$name" -G Ninja -DCMAKE_BUILD_TYPE=Release -DFLASHGEN_CUDA_ARCHS=90a \
+      -DFLASHGEN_V3_HEAD_DIMS="64;128;256" -DFLASHGEN_V3_DTYPES=bf16 -DFLASHGEN_V2_HEAD_DIMS=128 \
+      -DFLASHGEN_V2_DTYPES=bf16 -Dpybind11_DIR="$(python3 -m pybind11 --cmakedir)" > "$OUT/ab_build_$name.log" 2>&1 &&
+   cmake --build "/tmp/ab_v3/build-$name" -j "$jobs" >> "$OUT/ab_build_$name.log" 2>&1
+   echo "$name build rc=$?") &
+done
+wait
+names=()
+for spec in "$@"; do
+  name=${spec%%=*}; tree=$(cd "${spec#*=}" && pwd)
+  pkg=/tmp/ab_v3/pkg-$name
+  rm -rf "$pkg" && mkdir -p "$pkg" && cp -r "$tree/python/flashgen" "$pkg/" && rm -f "$pkg"/flashgen/_C*.so
+  if cp /tmp/ab_v3/build-"$name"/_C*.so "$pkg/flashgen/" 2>/dev/null; then names+=("$name"); else
+    echo "$name: no module (see ab_build_$name.log)"; grep -E "error" "$OUT/ab_build_$name.log" | head -20; fi
+  grep -E "registers|spill|C75" "$OUT/ab_build_$name.log" > "$OUT/ab_ptxas_$name.txt" || true
+done
+: > "$OUT/ab_v3.jsonl"
+for round in $(seq 1 "$rounds"); do
+  for name in "${names[@]}"; do
+    echo "== round $round: $name"
+    (cd /tmp && PYTHONPATH=/tmp/ab_v3/pkg-$name timeout -s KILL "${TIMEOUT:-150}" python3 \
+        "$here/v3_hopper/tools/time_v3.py" --head-dims "${HEAD_DIMS:-64,128,256}" --seqlens "${SEQLENS:-2048,8192}" \
+        --label "$name" --out "/tmp/ab_v3/rows.jsonl")
+    python3 -c 'import json, sys
+for line in open(sys.argv[1]):
+    if line.strip():
+        row = json.loads(line)
+        row["round"] = int(sys.argv[2])
+        print(json.dumps(row))' /tmp/ab_v3/rows.jsonl "$round" >> "$OUT/ab_v3.jsonl"
+  done
+done
+python3 "$here/v3_hopper/tools/ab_summary.py" "$OUT/ab_v3.jsonl" | tee "$OUT/ab_v3_summary.txt"
