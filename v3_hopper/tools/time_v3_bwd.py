@@ -6,7 +6,10 @@ Grid: head dims 64/128 x seqlen 2k/8k x causal or not, 16k tokens (batch = 16384
 backward call alone (flashgen._ops.backward, which includes its pre/postprocess and workspace allocation; SDPA's
 autograd backward through torch.autograd.grad with retained graph). Before timing, v3's dq/dk/dv are compared with
 SDPA flash's (max abs difference, printed). Median of triton's do_bench. Prints a table, writes JSON lines to --out.
-    python3 v3_hopper/tools/time_v3_bwd.py [--out results.jsonl] [--head-dims 128] [--seqlens 8192]
+    python3 v3_hopper/tools/time_v3_bwd.py [--out results.jsonl] [--head-dims 128] [--seqlens 8192] [--softcap 30]
+With --softcap, v3 and v2 run with it (v3's modifier instance, bwd_kernel<T, true>) and v3 is timed without it too
+(column v3_plain: what the modifier pass costs); SDPA has no softcap, so its columns stay plain, and the gradient
+check compares v3 with v2 instead of SDPA flash.
 """
 
 from __future__ import annotations
@@ -35,7 +38,9 @@ def main() -> None:
     ap.add_argument("--out", default=None)
     ap.add_argument("--head-dims", default="64,128")
     ap.add_argument("--seqlens", default="2048,8192")
+    ap.add_argument("--softcap", type=float, default=0.0, help="v3 and v2 with this softcap (see the docstring)")
     args = ap.parse_args()
+    mods = {"softcap": args.softcap}
     built = _native.build_info()
     rows = []
     print(f"{'config':<28}{'v3':>9}{'v2':>9}{'cudnn':>9}{'flash':>9}  (TFLOP/s)  v3/cudnn  max|v3-flash| (dq dk dv)")
@@ -47,12 +52,16 @@ def main() -> None:
                 dout = torch.randn_like(q)
                 scale = 1.0 / math.sqrt(d)
                 window = (-1, 0) if causal else (-1, -1)
-                out, lse, _ = _ops.forward("v3", q, k, v, softmax_scale=scale, window_size=window)
+                out, lse, _ = _ops.forward("v3", q, k, v, softmax_scale=scale, window_size=window, **mods)
                 impls = {"v3": lambda: _ops.backward("v3", dout, q, k, v, out, lse, softmax_scale=scale,
-                                                     window_size=window)}
+                                                     window_size=window, **mods)}
                 if built.has("v2", "bwd", "bf16", d):
                     impls["v2"] = lambda: _ops.backward("v2", dout, q, k, v, out, lse, softmax_scale=scale,
-                                                        window_size=window)
+                                                        window_size=window, **mods)
+                if args.softcap > 0:
+                    out_p, lse_p, _ = _ops.forward("v3", q, k, v, softmax_scale=scale, window_size=window)
+                    impls["v3_plain"] = lambda: _ops.backward("v3", dout, q, k, v, out_p, lse_p,
+                                                              softmax_scale=scale, window_size=window)
 
                 def sdpa(backend):
                     qt, kt, vt = (t.detach().transpose(1, 2).requires_grad_() for t in (q, k, v))
@@ -63,14 +72,17 @@ def main() -> None:
                     def run():
                         return torch.autograd.grad(o, (qt, kt, vt), do_t, retain_graph=True)
                     return run
-                rec = {"head_dim": d, "seqlen": s, "batch": b, "heads": h, "causal": causal}
+                rec = {"head_dim": d, "seqlen": s, "batch": b, "heads": h, "causal": causal, "softcap": args.softcap}
                 try:
                     impls["cudnn"] = sdpa(SDPBackend.CUDNN_ATTENTION)
                 except RuntimeError as exc:
                     rec["cudnn_error"] = str(exc)[:200]
                 impls["flash"] = sdpa(SDPBackend.FLASH_ATTENTION)
                 got = impls["v3"]()
-                ref = [t.transpose(1, 2) for t in impls["flash"]()]
+                if args.softcap > 0:
+                    ref = impls["v2"]() if "v2" in impls else got
+                else:
+                    ref = [t.transpose(1, 2) for t in impls["flash"]()]
                 errs = [float((a.float() - r.float()).abs().max()) for a, r in zip(got, ref)]
                 rec["max_abs_vs_flash"] = errs
                 for name, fn in impls.items():
@@ -85,8 +97,9 @@ def main() -> None:
                 ratio = rec["v3"] / rec["cudnn"] if rec.get("cudnn") and rec.get("v3") else float("nan")
                 name = f"d{d} s{s} b{b} h{h} {'causal' if causal else 'full'}"
                 ok = "ok" if max(errs) <= CHECK_ATOL else "MISMATCH"
+                plain = f"  v3 without softcap {rec['v3_plain']:.1f}" if rec.get("v3_plain") else ""
                 print(f"{name:<28}{fmt(rec['v3'])}{fmt(rec.get('v2'))}{fmt(rec.get('cudnn'))}{fmt(rec['flash'])}"
-                      f"  {ratio:8.2f}  {' '.join(f'{e:.1e}' for e in errs)} {ok}", flush=True)
+                      f"  {ratio:8.2f}  {' '.join(f'{e:.1e}' for e in errs)} {ok}{plain}", flush=True)
                 del q, k, v, impls
                 torch.cuda.empty_cache()
     if args.out:
