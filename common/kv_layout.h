@@ -48,26 +48,40 @@ FH_HD int64_t paged_kv_row_offset(const AttnParams& p, int b, int r, int64_t pag
 // Cache rows r, r + step, r + 2 step, ... of one sequence of a paged cache, for a loop that visits them in order (the
 // kernels' tile loads, each thread every step-th row): paged_kv_row_offset of each row without a division per row.
 // The row's page index and row in the page advance by step's quotient and remainder, one carry at most (both stay
-// below page_block_size). Two divisions when made; tests/cpp/test_kv_layout.cpp checks it against the rule.
+// below page_block_size). Rows past r_last (the last row the caller reads) read r_last's page entry instead of one
+// further on, whose table slot may not exist: offset() reads the table unconditionally, so a tile load needs no
+// branch around each row's read (the caller drops those rows' copies). Three divisions when made;
+// tests/cpp/test_kv_layout.cpp checks it against the rule.
+// The products are unsigned 32 x 64-bit: a page (page_of: in [0, num_pages) whenever a tile is loaded, which needs
+// pages) and a row in the page are never negative, and the sign extension of a signed product cost three more
+// instructions per row (bench/NOTES.md, session 13).
 struct PagedRowCursor {
   const int* pages;     // this sequence's row of the block table
   int page_index;       // entry of `pages` holding the current row
   int row_in_page;
   int step_pages, step_rows, page_block_size;
   int num_pages;        // k's pages (AttnParams::batch_k), for page_of's clamp
+  int last_page_index;  // entry of r_last's row: no read goes past it
 
-  FH_HD PagedRowCursor(const AttnParams& p_, int b, int r, int step)
+  FH_HD PagedRowCursor(const AttnParams& p_, int b, int r, int step, int r_last = 0x7fffffff)
       : pages(p_.block_table + b * p_.block_table_batch_stride),
         page_index(r / p_.page_block_size),
         row_in_page(r - page_index * p_.page_block_size),
         step_pages(step / p_.page_block_size),
         step_rows(step - step_pages * p_.page_block_size),
         page_block_size(p_.page_block_size),
-        num_pages(p_.batch_k) {}
-  // paged_kv_row_offset of the current row (reads its block-table entry).
+        num_pages(p_.batch_k),
+        last_page_index(r_last / p_.page_block_size) {}
+  // The current row's block-table entry (r_last's past r_last), and the offset of a row from its entry and its row
+  // in the page: a tile load reads a batch of entries first, all in flight together, then makes the offsets.
+  FH_HD int entry() const { return pages[page_index < last_page_index ? page_index : last_page_index]; }
+  FH_HD int64_t offset_of(int entry_value, int row, int64_t page_stride, int64_t row_stride) const {
+    return static_cast<int64_t>(static_cast<uint32_t>(page_of(num_pages, entry_value))) * page_stride +
+           static_cast<int64_t>(static_cast<uint32_t>(row)) * row_stride;
+  }
+  // paged_kv_row_offset of the current row (reads its block-table entry) while the row is <= r_last.
   FH_HD int64_t offset(int64_t page_stride, int64_t row_stride) const {
-    return static_cast<int64_t>(page_of(num_pages, pages[page_index])) * page_stride +
-           static_cast<int64_t>(row_in_page) * row_stride;
+    return offset_of(entry(), row_in_page, page_stride, row_stride);
   }
   FH_HD void advance() {
     page_index += step_pages;

@@ -183,8 +183,10 @@ __global__ void __launch_bounds__(T::kNThreads, T::kMinBlocksPerSm) fwd_kernel(c
   // kv_first_row + key, each row at its page (common/kv_layout.h: a PagedRowCursor walks a thread's rows of the tile,
   // one block-table read per row), from the tensor's head head_k.
   constexpr int kCopyStep = copy_rows_per_pass<T::kHeadDim, T::kNThreads>();
-  auto paged_cursor = [&](int n_block) {
-    return PagedRowCursor(p, batch, kv_first_row(p, batch) + n_block * T::kBlockN + tid / T::kChunks, kCopyStep);
+  auto paged_cursor = [&](int n_block) {  // r_last: the tile's last key < seqlen_k (a loaded tile has one)
+    const int first = kv_first_row(p, batch) + n_block * T::kBlockN;
+    return PagedRowCursor(p, batch, first + tid / T::kChunks, kCopyStep,
+                          first + imin(T::kBlockN, seq.seqlen_k - n_block * T::kBlockN) - 1);
   };
   // A tile inside one page (pages a multiple of kBlockN rows, flash_attn's 256 for one, and a first row on a tile
   // boundary: no left pad, or one of whole tiles): one block-table read for the tile, then the dense copy from

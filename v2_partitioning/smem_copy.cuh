@@ -97,8 +97,9 @@ __device__ __forceinline__ void load_tile_async(Element* smem, const Element* gm
 // load_tile_async for a tile whose rows lie anywhere (a paged KV cache). `cursor` is at this thread's first row
 // (row tid / kChunks of the tile) and steps kRowsPerPass rows per advance() (common/kv_layout.h PagedRowCursor):
 // cursor.offset(page_stride, row_stride) is that row's element offset from gmem. Rows >= rows_valid and columns >=
-// head_dim become zeros without a global read, and the cursor reads no block-table entry for those rows (the table
-// holds no page past them). Same thread-to-chunk map and swizzle as load_tile_async.
+// head_dim become zeros without a global read; the cursor, made with the tile's last valid row as r_last, reads no
+// block-table entry past that row's (the table holds no page past them), so every row's read is unconditional.
+// Same thread-to-chunk map and swizzle as load_tile_async.
 template <int kRows, int kHeadDim, int kNThreads, typename Element, typename RowCursor>
 __device__ __forceinline__ void load_rows_async(Element* smem, const Element* gmem, RowCursor cursor,
                                                 int64_t page_stride, int64_t row_stride, int rows_valid, int head_dim,
@@ -119,18 +120,19 @@ __device__ __forceinline__ void load_rows_async(Element* smem, const Element* gm
   const bool col_ok = chunk * 8 < head_dim;
 #pragma unroll
   for (int pass0 = 0; pass0 < kPasses; pass0 += kBatch) {
-    int64_t offset[kBatch];
+    int entry[kBatch], row_in_page[kBatch];
 #pragma unroll
     for (int u = 0; u < kBatch; ++u) {
-      const bool pred = col_ok && row0 + (pass0 + u) * kRowsPerPass < rows_valid;
-      offset[u] = pred ? cursor.offset(page_stride, row_stride) : 0;
+      entry[u] = cursor.entry();
+      row_in_page[u] = cursor.row_in_page;
       cursor.advance();
     }
 #pragma unroll
     for (int u = 0; u < kBatch; ++u) {
       const int row = row0 + (pass0 + u) * kRowsPerPass;
       const bool pred = col_ok && row < rows_valid;
-      const Element* src = pred ? gmem + offset[u] + chunk * 8 : gmem;
+      const int64_t offset = cursor.offset_of(entry[u], row_in_page[u], page_stride, row_stride);
+      const Element* src = pred ? gmem + offset + chunk * 8 : gmem;
       cp_async_16(smem_base + swizzled_offset<kHeadDim>(row, chunk) * kElemBytes, src, pred);
     }
   }
