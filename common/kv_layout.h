@@ -52,7 +52,7 @@ FH_HD int64_t paged_kv_row_offset(const AttnParams& p, int b, int r, int64_t pag
 // further on, whose table slot may not exist: offset() reads the table unconditionally, so a tile load needs no
 // branch around each row's read (the caller drops those rows' copies). Three divisions when made;
 // tests/cpp/test_kv_layout.cpp checks it against the rule.
-// The products are unsigned 32 x 64-bit: a page (page_of: in [0, num_pages) whenever a tile is loaded, which needs
+// The products are unsigned 32 x 64-bit: a page (page_of: in [0, num_pages); the API refuses a paged cache without
 // pages) and a row in the page are never negative, and the sign extension of a signed product cost three more
 // instructions per row (bench/NOTES.md, session 13).
 struct PagedRowCursor {
@@ -73,7 +73,7 @@ struct PagedRowCursor {
         num_pages(p_.batch_k),
         last_page_index(r_last / p_.page_block_size) {}
   // The current row's block-table entry (r_last's past r_last), and the offset of a row from its entry and its row
-  // in the page: a tile load reads a batch of entries first, all in flight together, then makes the offsets.
+  // in the page (a tile load reads a batch of entries, then makes their offsets).
   FH_HD int entry() const { return pages[page_index < last_page_index ? page_index : last_page_index]; }
   FH_HD int64_t offset_of(int entry_value, int row, int64_t page_stride, int64_t row_stride) const {
     return static_cast<int64_t>(static_cast<uint32_t>(page_of(num_pages, entry_value))) * page_stride +

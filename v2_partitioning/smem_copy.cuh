@@ -108,9 +108,10 @@ __device__ __forceinline__ void load_rows_async(Element* smem, const Element* gm
   constexpr int kRowsPerPass = kNThreads / kChunks;
   constexpr int kPasses = kRows / kRowsPerPass;
   static_assert(kRows % kRowsPerPass == 0, "copy passes must tile the rows");
-  // Rows in batches: first every block-table read of the batch (independent loads, in flight together), then its
-  // copies. Row by row, each copy waited on its own entry: the SASS kept 2-3 reads in flight, so a d128 decode tile
-  // paid ~6 round trips per K or V load (bench/NOTES.md, session 12).
+  // Rows in batches: first every block-table read of the batch (independent, unconditional loads), then its copies.
+  // ptxas still sinks each read next to its use (two in flight in the d128 decode instance's SASS, session 13); the
+  // entries are L1 hits, prefetched one tile ahead (prefetch_page_entries), so that costs an L1 round trip per pair
+  // of rows (bench/NOTES.md, sessions 12 and 13).
   constexpr int kBatch = kPasses < 8 ? kPasses : 8;
   static_assert(kPasses % kBatch == 0, "batches must tile the passes");
   const int chunk = tid % kChunks;
