@@ -41,6 +41,7 @@ constexpr float kLazyRescaleLog2 = 8.f;
 // (bench/NOTES.md, session 13), most of the softmax's latency in front of the exponentials. Four chains per row, both
 // rows interleaved, leave 11 links each.
 constexpr int kReduceChains = 4;
+static_assert(kReduceChains == 4, "thread_row_max and softmax_step combine exactly four chains per row");
 
 // Each row's max over this thread's values (no quad reduction yet).
 template <int kN>
