@@ -3,7 +3,10 @@
 Arguments: head_dim seqlen [causal 0/1] [impl]. bf16, the bench's grid (flashgen.bench.sweeps: 16k tokens, hidden
 2048). impl is a GPU generation this build compiled (default $GENERATION, else v2), run through flashgen._ops, or
 sdpa-flash / sdpa-cudnn: torch SDPA's flash backend (FA2's own kernels, e.g. -k regex:flash_bwd) or its cuDNN
-backend on the same shape, so the peer's kernel can be profiled next to ours in the same call.
+backend on the same shape, so the peer's kernel can be profiled next to ours in the same call; fa4-cute:
+FlashAttention-4's CuTe DSL kernels (flash_attn.cute, carried as ../shared/tools/fa4_wheels.sh says; its kernels
+are named after their classes, e.g. -k regex:FlashAttentionForwardSm90). With CUTE_DSL_KEEP_PTX=1 and
+CUTE_DSL_DUMP_DIR set, FA4 also leaves the PTX it compiled there, for reading its SASS on a machine without a GPU.
 """
 
 import math
@@ -36,8 +39,15 @@ for _ in range(2):
         with sdpa_kernel([backend]):
             o = scaled_dot_product_attention(qt, kt, vt, is_causal=causal)
         o.backward(do.transpose(1, 2))
+    elif impl == "fa4-cute":
+        from flash_attn.cute import flash_attn_func
+
+        qt, kt, vt = (t.detach().requires_grad_() for t in (q, k, v))
+        o = flash_attn_func(qt, kt, vt, softmax_scale=kw["softmax_scale"], causal=causal)
+        o = o[0] if isinstance(o, (tuple, list)) else o
+        o.backward(do)
     else:
-        raise SystemExit(f"impl must be a compiled GPU generation {generations} or sdpa-flash / sdpa-cudnn, "
+        raise SystemExit(f"impl must be a compiled GPU generation {generations}, sdpa-flash / sdpa-cudnn or fa4-cute, "
                          f"got {impl!r}")
 torch.cuda.synchronize()
 print("ok", impl, d, s, causal)
