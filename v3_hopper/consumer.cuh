@@ -193,15 +193,28 @@ __device__ __forceinline__ void consume_tile(const SmemMap<T>& sm, const PingPon
 }
 
 // O = o / l and LSE for this thread's two rows, rows < seqlen_q only; O as packed pairs (a quad writes 16
-// contiguous bytes of a row per n8 column tile), columns < head_dim only.
+// contiguous bytes of a row per n8 column tile), columns < head_dim only. Every pair is packed before the first
+// store and the column test is a predicate, not a branch: with a branch per store, ptxas gave each pack the
+// register the previous store was still reading, so each F2FP waited on the store before it (long scoreboard), and
+// the epilogue was ~15% of the consumers' samples at 2k causal (bench/NOTES.md session 14).
 template <typename T>
 __device__ __forceinline__ void store_tile(const AttnParams& p, const SeqInfo& seq, const TileCoord& tc,
                                            const AccCoord& coord, float (&o)[T::kORegs], RowState (&rows)[2],
                                            int lane) {
   using Element = typename T::Element;
+  constexpr int kPairs = T::kHeadDim / 8;  // n8 column tiles: one packed pair per row half each
   finalize_rows<T::kHeadDim>(o, rows);
+  uint32_t packed[2][kPairs];
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+#pragma unroll
+    for (int j = 0; j < kPairs; ++j) {
+      packed[half][j] = pack2<typename T::Tag>(o[4 * j + 2 * half], o[4 * j + 2 * half + 1]);
+    }
+  }
   float* g_lse = p.lse + lse_offset(p, seq, tc.batch, tc.head);  // (seqlen_q,) of this (batch, head)
   Element* g_o = static_cast<Element*>(p.o) + seq.o_offset + tc.head * p.o_head_stride + coord.col0;
+  const bool all_cols = p.head_dim >= T::kHeadDim;
 #pragma unroll
   for (int half = 0; half < 2; ++half) {
     const int row = coord.row(half);
@@ -209,9 +222,8 @@ __device__ __forceinline__ void store_tile(const AttnParams& p, const SeqInfo& s
     if (lane % 4 == 0) g_lse[row] = rows[half].lse(p.scale_log2);
     Element* dst = g_o + static_cast<int64_t>(row) * p.o_row_stride;
 #pragma unroll
-    for (int j = 0; j < T::kHeadDim / 8; ++j) {
-      if (8 * j >= p.head_dim) break;
-      *reinterpret_cast<uint32_t*>(dst + 8 * j) = pack2<typename T::Tag>(o[4 * j + 2 * half], o[4 * j + 2 * half + 1]);
+    for (int j = 0; j < kPairs; ++j) {
+      if (all_cols || 8 * j < p.head_dim) *reinterpret_cast<uint32_t*>(dst + 8 * j) = packed[half][j];
     }
   }
 }

@@ -56,19 +56,29 @@ __device__ void producer_loop(const AttnParams& p, const FwdMaps& maps, const Sm
     load_tile<T::kChunks>(sm.q(), maps.q, sm.q_full(), chunks, T::kChunkBytesQ, rows.q_row0 + m_begin, tc.head,
                           rows.q_batch);
 
-    // K and V of tile i (key block range.end - 1 - i: the diagonal, masked blocks first), K before V: the
-    // consumers need K_i before V_{i-1} (intra-warpgroup overlap), and V_i's stage frees after K_i's.
-    for (int i = 0; i < n_tiles; ++i) {
+    // K and V of tile i (key block range.end - 1 - i: the diagonal, masked blocks first) in the order the
+    // consumers use them (FA3's): K_0, then K_{i+1} before V_i, since iteration i + 1 of the consumers needs K_{i+1}
+    // and V_i together (intra-warpgroup overlap). V_i's stage frees only once P_i V_i has completed, one iteration
+    // after K_i's: loading K_{i+1} behind V_i made each K wait on that later release, and at 2k causal (about eight
+    // tiles per query block) the consumers' K wait was 15% of their loop's samples (bench/NOTES.md session 14).
+    auto load_k = [&](int i) {
       const RingSlot<T> slot(kv_iter + i);
-      const int row = rows.k_row0 + (range.end - 1 - i) * T::kBlockN;
       mbar_wait(sm.k_empty(slot.stage), slot.phase ^ 1);
       mbar_arrive_expect_tx(sm.k_full(slot.stage), kv_bytes);
-      load_tile<T::kChunks>(sm.k(slot.stage), maps.k, sm.k_full(slot.stage), chunks, T::kChunkBytesKV, row, head_k,
-                            rows.k_batch);
+      load_tile<T::kChunks>(sm.k(slot.stage), maps.k, sm.k_full(slot.stage), chunks, T::kChunkBytesKV,
+                            rows.k_row0 + (range.end - 1 - i) * T::kBlockN, head_k, rows.k_batch);
+    };
+    auto load_v = [&](int i) {
+      const RingSlot<T> slot(kv_iter + i);
       mbar_wait(sm.v_empty(slot.stage), slot.phase ^ 1);
       mbar_arrive_expect_tx(sm.v_full(slot.stage), kv_bytes);
-      load_tile<T::kChunks>(sm.v(slot.stage), maps.v, sm.v_full(slot.stage), chunks, T::kChunkBytesKV, row, head_k,
-                            rows.k_batch);
+      load_tile<T::kChunks>(sm.v(slot.stage), maps.v, sm.v_full(slot.stage), chunks, T::kChunkBytesKV,
+                            rows.k_row0 + (range.end - 1 - i) * T::kBlockN, head_k, rows.k_batch);
+    };
+    load_k(0);
+    for (int i = 0; i < n_tiles; ++i) {
+      if (i + 1 < n_tiles) load_k(i + 1);
+      load_v(i);
     }
     kv_iter += n_tiles;
     ++q_iter;
