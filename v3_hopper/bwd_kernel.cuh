@@ -43,7 +43,8 @@ __global__ void __launch_bounds__(T::kNumThreads, 1)
   }
   __syncthreads();
 
-  const int warpgroup = threadIdx.x / kWarpgroupThreads;
+  // Warp-uniform (broadcast from lane 0): descriptors derived from it stay in uniform registers (fwd_kernel.cuh).
+  const int warpgroup = __shfl_sync(0xffffffffu, static_cast<int>(threadIdx.x / kWarpgroupThreads), 0);
   if (warpgroup == 0) {
     setmaxnreg_dec<T::kProducerRegs>();
     if (threadIdx.x == 0 && w.steps() > 0) {

@@ -65,9 +65,11 @@ __global__ void __launch_bounds__(T::kNumThreads, 1)
   if (chunks < T::kChunks) zero_unused_chunks_fp8<T>(sm, chunks);
   __syncthreads();
 
-  const TileScheduler sched{ceil_div(p.seqlen_q, T::kBlockM), p.num_heads, p.batch,
-                            p.window_left < 0 && p.window_right >= 0};
-  const int warpgroup = threadIdx.x / kWarpgroupThreads;
+  const int64_t kv_bytes = 2ll * p.seqlen_k * p.head_dim * 1 / (p.num_heads / p.num_heads_k);  // per query head
+  const TileScheduler sched(ceil_div(p.seqlen_q, T::kBlockM), p.num_heads, p.batch,
+                            p.window_left < 0 && p.window_right >= 0, kv_bytes);
+  // Warp-uniform (broadcast from lane 0): descriptors derived from it stay in uniform registers (fwd_kernel.cuh).
+  const int warpgroup = __shfl_sync(0xffffffffu, static_cast<int>(threadIdx.x / kWarpgroupThreads), 0);
   if (warpgroup == 0) {
     setmaxnreg_dec<T::kProducerRegs>();
     fp8_producer_loop<T>(p, FwdMaps{&map_q, &map_k, &map_v}, sm, sched, chunks, threadIdx.x);

@@ -62,9 +62,12 @@ __global__ void __launch_bounds__(T::kNumThreads, 1)
   if (chunks < T::kChunks) zero_unused_chunks<T>(sm, chunks);
   __syncthreads();
 
-  const TileScheduler sched{ceil_div(p.seqlen_q, T::kBlockM), p.num_heads, p.batch,
-                            p.window_left < 0 && p.window_right >= 0};
-  const int warpgroup = threadIdx.x / kWarpgroupThreads;
+  const int64_t kv_bytes = 2ll * p.seqlen_k * p.head_dim * kElementBytes / (p.num_heads / p.num_heads_k);  // per query head
+  const TileScheduler sched(ceil_div(p.seqlen_q, T::kBlockM), p.num_heads, p.batch,
+                            p.window_left < 0 && p.window_right >= 0, kv_bytes);
+  // Broadcast from lane 0, so the compiler knows the index is warp-uniform: the consumers' Q descriptor (and
+  // everything else derived from the warpgroup) then lives in uniform registers, with no R2UR before each wgmma.
+  const int warpgroup = __shfl_sync(0xffffffffu, static_cast<int>(threadIdx.x / kWarpgroupThreads), 0);
   if (warpgroup == 0) {
     setmaxnreg_dec<T::kProducerRegs>();
     if (threadIdx.x == 0) producer_loop<T>(p, FwdMaps{&map_q, &map_k, &map_v}, sm, sched, chunks);
