@@ -1,4 +1,5 @@
-"""Builds and runs tests/cpp/test_common.cpp (host tests of common/ against independent oracles), and, where nvcc
+"""Builds and runs tests/cpp/test_common.cpp (host tests of common/ against independent oracles; beside it the score
+path, the key addresses and v3's tile order), and, where nvcc
 exists, compiles the common/ headers as device code to prove they stay __host__ __device__ clean."""
 
 from __future__ import annotations
@@ -12,7 +13,8 @@ import pytest
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 SOURCES = {"common": ROOT / "tests" / "cpp" / "test_common.cpp",  # masks, softmax, Philox, split-KV
            "score": ROOT / "tests" / "cpp" / "test_score.cpp",   # the score path (common/score.h)
-           "kv_layout": ROOT / "tests" / "cpp" / "test_kv_layout.cpp"}  # key addresses (common/kv_layout.h)
+           "kv_layout": ROOT / "tests" / "cpp" / "test_kv_layout.cpp",  # key addresses (common/kv_layout.h)
+           "v3_tiles": ROOT / "tests" / "cpp" / "test_v3_tiles.cpp"}  # v3's persistent tile order (tile_config.h)
 COMPILE_TIMEOUT_S = 300
 RUN_TIMEOUT_S = 120
 

@@ -98,6 +98,19 @@ def test_persistent_many_tiles(head_dim, causal):
     _check(f"persistent d{head_dim} causal={causal}", out, lse, q, k, v, causal=causal)
 
 
+@pytest.mark.parametrize("head_dim", [64, 128])
+def test_persistent_grouped_heads(head_dim):
+    """Causal with more (batch, head)s than half the SMs: the tile order goes in groups of heads whose K/V fit in L2
+    (tile_config.h make_tile_order: 5 x 16 = 80 head-batches of 2 x 1000 x d x 2 bytes, groups of 48 and a short
+    last one of 32), alternately heaviest and lightest first; GQA 4:1 so a group splits K/V heads' query heads."""
+    _need("bf16", head_dim)
+    torch.manual_seed(2)
+    q = _randn(5, 1000, 16, head_dim, dtype=torch.bfloat16)
+    k, v = (_randn(5, 1000, 4, head_dim, dtype=torch.bfloat16) for _ in range(2))
+    out, lse = _run(q, k, v, window_size=(-1, 0))
+    _check(f"grouped d{head_dim}", out, lse, q, k, v, causal=True)
+
+
 @pytest.mark.parametrize("dtype_name", list(DTYPES))
 @pytest.mark.parametrize("head_dim", [64, 128, 256])
 @pytest.mark.parametrize("case", ["239x1", "113x203-window00"])

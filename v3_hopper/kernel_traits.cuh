@@ -124,33 +124,29 @@ struct RingSlot {
       : stage(kv_iter % T::kStages), phase(static_cast<uint32_t>(kv_iter / T::kStages) & 1u) {}
 };
 
-// Persistent tile order. A tile is (query block, head, batch); the CTAs take them in rounds of gridDim.x. Causal-like
-// masks (right-bounded, left-unbounded: work grows with the query block) go heaviest query block first, heads
-// fastest (FA3's LPT order), and odd rounds run backwards over the CTAs (snake), so each CTA pairs heavier with
-// lighter tiles and the CTAs' totals even out; otherwise query blocks run fastest, so the CTAs of one wave share a
-// head's K and V in L2.
+// Persistent tile order (tile_config.h TileOrder): a tile is (query block, head, batch); the CTAs take them in
+// rounds of gridDim.x. With a causal-like mask (right-bounded, left-unbounded: work grows with the query block)
+// odd rounds also run backwards over the CTAs (snake), so each CTA pairs heavier with lighter tiles.
 struct TileCoord {
   int m_block, head, batch;
 };
 struct TileScheduler {
-  int num_m_blocks, num_heads, batch;
-  bool heavy_first;
-  __device__ __forceinline__ int num_tiles() const { return num_m_blocks * num_heads * batch; }
+  TileOrder order;
+  int num_heads;
+  // kv_bytes: K + V bytes of one query head's (batch, head) (tile_config.h make_tile_order).
+  __device__ __forceinline__ TileScheduler(int num_m_blocks, int num_heads_, int batch, bool heavy_first,
+                                           int64_t kv_bytes)
+      : order(make_tile_order(num_m_blocks, num_heads_ * batch, heavy_first, kv_bytes, gridDim.x)),
+        num_heads(num_heads_) {}
+  __device__ __forceinline__ int num_tiles() const { return order.num_tiles(); }
   // The tile this CTA runs in round r; >= num_tiles() once it has none left (every later round is past it too).
   __device__ __forceinline__ int tile_of_round(int r) const {
-    const int cta = heavy_first && (r & 1) ? gridDim.x - 1 - blockIdx.x : blockIdx.x;
+    const int cta = order.heavy_first && (r & 1) ? gridDim.x - 1 - blockIdx.x : blockIdx.x;
     return r * gridDim.x + cta;
   }
   __device__ __forceinline__ TileCoord coord(int tile) const {
     int m_block, head_batch;
-    if (heavy_first) {
-      const int heads_batches = num_heads * batch;
-      m_block = num_m_blocks - 1 - tile / heads_batches;
-      head_batch = tile % heads_batches;
-    } else {
-      m_block = tile % num_m_blocks;
-      head_batch = tile / num_m_blocks;
-    }
+    order.coord(tile, &m_block, &head_batch);
     return {m_block, head_batch % num_heads, head_batch / num_heads};
   }
 };

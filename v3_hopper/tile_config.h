@@ -102,6 +102,48 @@ static_assert(config_ok(64, false) && config_ok(64, true) && config_ok(128, fals
                   config_ok(192, false) && config_ok(192, true) && config_ok(256, false) && config_ok(256, true),
               "a v3 tile exceeds the shared memory of one CTA or its register budget");
 
+// ---- persistent tile order (kernel_traits.cuh TileScheduler walks it in rounds of gridDim.x CTAs) ----
+// A tile is (query block m, head_batch = batch * num_heads + head). Without a causal-like mask the query blocks run
+// fastest, so the CTAs of one round share a head's K and V in L2. With one (work grows with m) the tiles go
+// heaviest first (FA3's LPT order), heads fastest; when the heads outnumber half the grid, one round would hold
+// each head's K/V once, read again a round later after every other head's: at 2k causal d128 (128 heads of 1 MB
+// K/V) the L2 hit rate was 33% and the loads ran DRAM at 69% (bench/NOTES.md session 14). Then the heads go in
+// groups whose K/V fit kTileGroupBytes, and a round holds several query blocks of each head. Groups alternate
+// heaviest-first and lightest-first, so the round-robin still pairs heavy with light tiles (a host simulation gave
+// a makespan 1.06-1.07x the mean, from 1.17-1.2x with every group heaviest-first; test_v3_tiles.cpp).
+constexpr int64_t kTileGroupBytes = 24ll << 20;  // K + V bytes one group of heads may touch: half an H100's L2
+struct TileOrder {
+  int num_m_blocks, heads_batches;
+  int group;         // head_batches per group; heads_batches when ungrouped
+  bool heavy_first;  // causal-like: heaviest query block first
+  FH_HD int num_tiles() const { return num_m_blocks * heads_batches; }
+  // (query block, head_batch) of `tile` < num_tiles().
+  FH_HD void coord(int tile, int* m_block, int* head_batch) const {
+    if (!heavy_first) {
+      *m_block = tile % num_m_blocks;
+      *head_batch = tile / num_m_blocks;
+      return;
+    }
+    const int per_group = group * num_m_blocks;
+    const int g = tile / per_group, r = tile % per_group;
+    const int size = heads_batches - g * group < group ? heads_batches - g * group : group;  // the last may be short
+    const int k = r / size;
+    *m_block = (g & 1) ? k : num_m_blocks - 1 - k;
+    *head_batch = g * group + r % size;
+  }
+};
+// kv_bytes: K + V bytes of one head_batch (shared K/V of GQA divided among its query heads); grid: CTAs.
+FH_HD TileOrder make_tile_order(int num_m_blocks, int heads_batches, bool heavy_first, int64_t kv_bytes, int grid) {
+  int group = heads_batches;
+  if (heavy_first && 2 * heads_batches > grid) {
+    const int64_t fit = kv_bytes > 0 ? kTileGroupBytes / kv_bytes : heads_batches;
+    group = static_cast<int>(fit < grid / 2 ? fit : grid / 2);
+    if (group < 1) group = 1;
+    if (group > heads_batches) group = heads_batches;
+  }
+  return {num_m_blocks, heads_batches, group, heavy_first};
+}
+
 // ---- backward (bwd_traits.cuh): a CTA owns block_n keys of one KV head, split between 2 consumer warpgroups (64
 // keys each, the wgmma M of S^T = K Q^T), and walks the query blocks of block_m rows that see them, streaming Q, dO,
 // LSE and D through a stages-deep ring. dK and dV stay in registers (2 x head_dim / 2 fp32 per thread), so the

@@ -1,0 +1,148 @@
+// Host tests of v3_hopper/tile_config.h's persistent tile order (TileOrder, make_tile_order), walked the way the
+// kernel's TileScheduler walks it: rounds of `grid` CTAs, odd rounds backwards when heavy_first. Checked without the
+// header's arithmetic: every tile once; heaviest query block first where ungrouped; the K/V bytes one round
+// touches; and the makespan of a causal launch (work of query block m = m + 1 key tiles, plus a per-tile overhead)
+// against the mean, which the alternating groups keep near 1.
+// Prints each failure with its values, a final "N passed, N failed" line, and exits non-zero on any failure.
+#include <algorithm>
+#include <cstdint>
+#include <cstdio>
+#include <set>
+#include <utility>
+#include <vector>
+
+#include "v3_hopper/tile_config.h"
+
+namespace {
+
+int g_passed = 0;
+int g_failed = 0;
+constexpr int kMaxReported = 30;
+
+#define CHECK(cond, ...)                                             \
+  do {                                                               \
+    if (cond) {                                                      \
+      ++g_passed;                                                    \
+    } else if (++g_failed <= kMaxReported) {                         \
+      std::printf("FAIL %s:%d: %s | ", __FILE__, __LINE__, #cond);   \
+      std::printf(__VA_ARGS__);                                      \
+      std::printf("\n");                                             \
+    }                                                                \
+  } while (0)
+
+using flashgen::v3::TileOrder;
+using flashgen::v3::kTileGroupBytes;
+using flashgen::v3::make_tile_order;
+
+constexpr int kGrid = 132;             // the H100 / H200 SM count
+constexpr double kTileOverhead = 0.3;  // per-tile cost (prologue, epilogue) in key tiles
+
+// The tiles in the order the CTAs take them: entry [r * grid + c] is what CTA c runs in round r.
+std::vector<std::pair<int, int>> walk(const TileOrder& o) {
+  std::vector<std::pair<int, int>> tiles(o.num_tiles());
+  for (int t = 0; t < o.num_tiles(); ++t) o.coord(t, &tiles[t].first, &tiles[t].second);
+  return tiles;
+}
+
+// max over CTAs of the causal work they get / the mean (TileScheduler::tile_of_round's snake included).
+double makespan(const TileOrder& o, int grid) {
+  const auto tiles = walk(o);
+  std::vector<double> load(grid, 0.0);
+  double total = 0;
+  for (int r = 0; r * grid < o.num_tiles(); ++r) {
+    for (int c = 0; c < grid; ++c) {
+      const int cta = o.heavy_first && (r & 1) ? grid - 1 - c : c;
+      const int t = r * grid + cta;
+      if (t >= o.num_tiles()) continue;
+      const double w = tiles[t].first + 1 + kTileOverhead;
+      load[c] += w;
+      total += w;
+    }
+  }
+  return *std::max_element(load.begin(), load.end()) / (total / grid);
+}
+
+void test_every_tile_once() {
+  for (int m : {1, 3, 16, 64}) {
+    for (int hb : {1, 5, 24, 128, 257}) {
+      for (int group : {1, 4, 24, hb}) {
+        for (bool heavy : {false, true}) {
+          const TileOrder o{m, hb, std::min(group, hb), heavy};
+          const auto tiles = walk(o);
+          std::set<std::pair<int, int>> seen(tiles.begin(), tiles.end());
+          bool in_range = true;
+          for (const auto& t : tiles) in_range &= t.first >= 0 && t.first < m && t.second >= 0 && t.second < hb;
+          CHECK(in_range && static_cast<int>(seen.size()) == m * hb, "m %d hb %d group %d heavy %d: %zu distinct",
+                m, hb, group, heavy, seen.size());
+        }
+      }
+    }
+  }
+}
+
+void test_orders() {
+  // Ungrouped heavy-first: query blocks descending, heads fastest; not heavy-first: query blocks fastest.
+  const TileOrder heavy{16, 8, 8, true};
+  const auto h = walk(heavy);
+  CHECK(h[0] == std::make_pair(15, 0) && h[7] == std::make_pair(15, 7) && h[8] == std::make_pair(14, 0) &&
+            h.back() == std::make_pair(0, 7),
+        "heavy-first order");
+  const TileOrder plain{16, 8, 8, false};
+  const auto p = walk(plain);
+  CHECK(p[0] == std::make_pair(0, 0) && p[15] == std::make_pair(15, 0) && p[16] == std::make_pair(0, 1),
+        "query blocks fastest");
+  // Groups: the second group runs lightest first, the last one may be short.
+  const TileOrder grouped{4, 10, 4, true};
+  const auto g = walk(grouped);
+  CHECK(g[0] == std::make_pair(3, 0) && g[15] == std::make_pair(0, 3) && g[16] == std::make_pair(0, 4) &&
+            g[31] == std::make_pair(3, 7) && g[32] == std::make_pair(3, 8) && g[39] == std::make_pair(0, 9),
+        "groups alternate; the short last group");
+}
+
+void test_group_rule() {
+  // 2k causal d128 bf16, batch 8 x 16 heads: 1 MiB of K/V per head, 128 heads > half the grid: groups of 24.
+  CHECK(make_tile_order(16, 128, true, 1 << 20, kGrid).group == 24, "2k causal d128");
+  // Few heads (each round holds several query blocks of every head): ungrouped.
+  CHECK(make_tile_order(64, 32, true, 4 << 20, kGrid).group == 32, "8k causal d128");
+  CHECK(make_tile_order(16, 128, false, 1 << 20, kGrid).group == 128, "no mask: ungrouped");
+  // Small K/V: the group is capped at half the grid, so a round still holds two query blocks per head.
+  CHECK(make_tile_order(4, 512, true, 1 << 16, kGrid).group == kGrid / 2, "512 causal");
+  // K/V larger than the budget: one head per group.
+  CHECK(make_tile_order(16, 200, true, int64_t{64} << 20, kGrid).group == 1, "huge K/V");
+}
+
+void test_locality_and_balance() {
+  struct Case {
+    int m_blocks, heads_batches;
+    int64_t kv_bytes;
+  };
+  // (seqlen / 128 query blocks, batch x heads, K + V bytes per head) of causal d128 / d64 launches.
+  for (const Case& c : {Case{16, 128, 1 << 20}, Case{8, 256, 1 << 19}, Case{4, 512, 1 << 18}, Case{32, 256, 1 << 19},
+                        Case{16, 96, 1 << 20}, Case{64, 32, 4 << 20}, Case{128, 16, 8 << 20}, Case{32, 64, 2 << 20}}) {
+    const TileOrder o = make_tile_order(c.m_blocks, c.heads_batches, true, c.kv_bytes, kGrid);
+    const auto tiles = walk(o);
+    int64_t worst_round = 0;
+    for (int r = 0; r * kGrid < o.num_tiles(); ++r) {
+      std::set<int> heads;
+      for (int t = r * kGrid; t < std::min(o.num_tiles(), (r + 1) * kGrid); ++t) heads.insert(tiles[t].second);
+      worst_round = std::max(worst_round, static_cast<int64_t>(heads.size()) * c.kv_bytes);
+    }
+    const bool grouped = o.group < c.heads_batches;
+    CHECK(!grouped || worst_round <= 2 * kTileGroupBytes, "m %d hb %d: a round touches %lld MiB of K/V",
+          c.m_blocks, c.heads_batches, static_cast<long long>(worst_round >> 20));
+    const double span = makespan(o, kGrid);
+    CHECK(span <= (grouped ? 1.10 : 1.04), "m %d hb %d group %d: makespan %.3f of the mean", c.m_blocks,
+          c.heads_batches, o.group, span);
+  }
+}
+
+}  // namespace
+
+int main() {
+  test_every_tile_once();
+  test_orders();
+  test_group_rule();
+  test_locality_and_balance();
+  std::printf("%d passed, %d failed\n", g_passed, g_failed);
+  return g_failed == 0 ? 0 : 1;
+}
