@@ -65,7 +65,8 @@ __global__ void __launch_bounds__(T::kNumThreads, 1)
   if (chunks < T::kChunks) zero_unused_chunks_fp8<T>(sm, chunks);
   __syncthreads();
 
-  const int64_t kv_bytes = 2ll * p.seqlen_k * p.head_dim * 1 / (p.num_heads / p.num_heads_k);  // per query head
+  // K + V bytes per query head (GQA's K/V shared by its query heads), for the tile order's head groups
+  const int64_t kv_bytes = 2ll * p.seqlen_k * p.head_dim * 1 / (p.num_heads / p.num_heads_k);
   const TileScheduler sched(ceil_div(p.seqlen_q, T::kBlockM), p.num_heads, p.batch,
                             p.window_left < 0 && p.window_right >= 0, kv_bytes);
   // Warp-uniform (broadcast from lane 0): descriptors derived from it stay in uniform registers (fwd_kernel.cuh).

@@ -62,7 +62,8 @@ __global__ void __launch_bounds__(T::kNumThreads, 1)
   if (chunks < T::kChunks) zero_unused_chunks<T>(sm, chunks);
   __syncthreads();
 
-  const int64_t kv_bytes = 2ll * p.seqlen_k * p.head_dim * kElementBytes / (p.num_heads / p.num_heads_k);  // per query head
+  // K + V bytes per query head (GQA's K/V shared by its query heads), for the tile order's head groups
+  const int64_t kv_bytes = 2ll * p.seqlen_k * p.head_dim * kElementBytes / (p.num_heads / p.num_heads_k);
   const TileScheduler sched(ceil_div(p.seqlen_q, T::kBlockM), p.num_heads, p.batch,
                             p.window_left < 0 && p.window_right >= 0, kv_bytes);
   // Broadcast from lane 0, so the compiler knows the index is warp-uniform: the consumers' Q descriptor (and
