@@ -4,13 +4,17 @@
 # parallel), then tools/time_v3.py runs from each in rotation (A B A B ...), so every row has its own same-process
 # cuDNN and the card's drift between builds shows up in the peers' columns.
 #   OUT=... bash v3_hopper/tools/ab_v3.sh name1=tree1 name2=tree2 ...   # e.g. base=.scratch/base new=.
-# Env: ROUNDS (default 2), SEQLENS (default 2048,8192), HEAD_DIMS (default 64,128,256), TIMEOUT per run (150 s).
-# Output: $OUT/ab_v3.jsonl (time_v3.py's rows, "label" = tree name, "round" added) and build logs.
+# Env: ROUNDS (default 2), SEQLENS (default 2048,8192), HEAD_DIMS (default 64,128,256), TIMEOUT per run (150 s),
+# BWD=1: time the backward (tools/time_v3_bwd.py, head dims 64/128 by default) instead of the forward, TOOL_ARGS: more
+# arguments for the timing tool (e.g. "--softcap 30").
+# Output: $OUT/ab_v3.jsonl (the tool's rows, "label" = tree name, "round" added), ab_v3_summary.txt, and the build
+# logs and ptxas lines in ab_logs.tar.xz (the device returns at most 8 files).
 set -uo pipefail
 here=$(cd "$(dirname "$0")/../.." && pwd)
 OUT=${OUT:-$here/.device_out}
 mkdir -p "$OUT"
 rounds=${ROUNDS:-2}
+if [ "${BWD:-0}" = 1 ]; then tool=time_v3_bwd.py head_dims=64,128; else tool=time_v3.py head_dims=64,128,256; fi
 jobs=$(( $(nproc) / $# ))
 [ "$jobs" -lt 1 ] && jobs=1
 for spec in "$@"; do
@@ -36,8 +40,8 @@ for round in $(seq 1 "$rounds"); do
   for name in "${names[@]}"; do
     echo "== round $round: $name"
     (cd /tmp && PYTHONPATH=/tmp/ab_v3/pkg-$name timeout -s KILL "${TIMEOUT:-150}" python3 \
-        "$here/v3_hopper/tools/time_v3.py" --head-dims "${HEAD_DIMS:-64,128,256}" --seqlens "${SEQLENS:-2048,8192}" \
-        --label "$name" --out "/tmp/ab_v3/rows.jsonl")
+        "$here/v3_hopper/tools/$tool" --head-dims "${HEAD_DIMS:-$head_dims}" --seqlens "${SEQLENS:-2048,8192}" \
+        --label "$name" --out "/tmp/ab_v3/rows.jsonl" ${TOOL_ARGS:-})
     python3 -c 'import json, sys
 for line in open(sys.argv[1]):
     if line.strip():
@@ -47,3 +51,4 @@ for line in open(sys.argv[1]):
   done
 done
 python3 "$here/v3_hopper/tools/ab_summary.py" "$OUT/ab_v3.jsonl" | tee "$OUT/ab_v3_summary.txt"
+(cd "$OUT" && tar cJf ab_logs.tar.xz ab_build_*.log ab_ptxas_*.txt && rm -f ab_build_*.log ab_ptxas_*.txt)

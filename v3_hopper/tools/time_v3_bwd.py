@@ -39,6 +39,7 @@ def main() -> None:
     ap.add_argument("--head-dims", default="64,128")
     ap.add_argument("--seqlens", default="2048,8192")
     ap.add_argument("--softcap", type=float, default=0.0, help="v3 and v2 with this softcap (see the docstring)")
+    ap.add_argument("--label", default="", help="recorded in every row (e.g. the source tree of this build)")
     args = ap.parse_args()
     mods = {"softcap": args.softcap}
     built = _native.build_info()
@@ -72,7 +73,8 @@ def main() -> None:
                     def run():
                         return torch.autograd.grad(o, (qt, kt, vt), do_t, retain_graph=True)
                     return run
-                rec = {"head_dim": d, "seqlen": s, "batch": b, "heads": h, "causal": causal, "softcap": args.softcap}
+                rec = {"label": args.label, "head_dim": d, "seqlen": s, "batch": b, "heads": h, "causal": causal,
+                       "softcap": args.softcap}
                 try:
                     impls["cudnn"] = sdpa(SDPBackend.CUDNN_ATTENTION)
                 except RuntimeError as exc:
