@@ -21,25 +21,9 @@
 #include "common/score_mod.h"
 #include "common/softmax.h"
 #include "common/split_kv.h"
+#include "tests/cpp/host_check.h"
 
 namespace {
-
-int g_passed = 0;
-int g_failed = 0;
-constexpr int kMaxReported = 30;  // failures printed in full; the count covers the rest
-
-#define CHECK(cond, ...)                                                  \
-  do {                                                                    \
-    if (cond) {                                                           \
-      ++g_passed;                                                         \
-    } else {                                                              \
-      if (++g_failed <= kMaxReported) {                                   \
-        std::printf("FAIL %s:%d: %s | ", __FILE__, __LINE__, #cond);      \
-        std::printf(__VA_ARGS__);                                         \
-        std::printf("\n");                                                \
-      }                                                                   \
-    }                                                                     \
-  } while (0)
 
 using flashgen::BlockRange;
 using flashgen::MaskSpec;
@@ -872,6 +856,5 @@ int main() {
   test_philox();
   test_score_mod();
   test_split_kv();
-  std::printf("%d passed, %d failed\n", g_passed, g_failed);
-  return g_failed == 0 ? 0 : 1;
+  return flashgen_test::finish();
 }

@@ -15,23 +15,9 @@
 #include "common/kv_layout.h"
 #include "common/mask.h"
 #include "common/params.h"
+#include "tests/cpp/host_check.h"
 
 namespace {
-
-int g_passed = 0;
-int g_failed = 0;
-constexpr int kMaxReported = 30;
-
-#define CHECK(cond, ...)                                             \
-  do {                                                               \
-    if (cond) {                                                      \
-      ++g_passed;                                                    \
-    } else if (++g_failed <= kMaxReported) {                         \
-      std::printf("FAIL %s:%d: %s | ", __FILE__, __LINE__, #cond);   \
-      std::printf(__VA_ARGS__);                                      \
-      std::printf("\n");                                             \
-    }                                                                \
-  } while (0)
 
 using flashgen::AttnParams;
 
@@ -356,6 +342,5 @@ int main() {
   test_varlen();
   for (int page : {1, 3, 16, 256}) test_paged(page);
   test_cursor();
-  std::printf("%d passed, %d failed\n", g_passed, g_failed);
-  return g_failed == 0 ? 0 : 1;
+  return flashgen_test::finish();
 }

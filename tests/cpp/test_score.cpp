@@ -14,23 +14,9 @@
 #include "common/philox.h"
 #include "common/score.h"
 #include "common/softmax.h"
+#include "tests/cpp/host_check.h"
 
 namespace {
-
-int g_passed = 0;
-int g_failed = 0;
-constexpr int kMaxReported = 30;
-
-#define CHECK(cond, ...)                                             \
-  do {                                                               \
-    if (cond) {                                                      \
-      ++g_passed;                                                    \
-    } else if (++g_failed <= kMaxReported) {                         \
-      std::printf("FAIL %s:%d: %s | ", __FILE__, __LINE__, #cond);   \
-      std::printf(__VA_ARGS__);                                      \
-      std::printf("\n");                                             \
-    }                                                                \
-  } while (0)
 
 using flashgen::AttnParams;
 using flashgen::ScorePath;
@@ -213,6 +199,5 @@ int main() {
   test_logit_and_mask();
   test_forward_backward_agree();
   test_keep();
-  std::printf("%d passed, %d failed\n", g_passed, g_failed);
-  return g_failed == 0 ? 0 : 1;
+  return flashgen_test::finish();
 }

@@ -19,25 +19,9 @@
 #include "v1_tiling/block_sizes.h"
 #include "v1_tiling/fragments.h"
 #include "v1_tiling/layout.h"
+#include "tests/cpp/host_check.h"
 
 namespace {
-
-int g_passed = 0;
-int g_failed = 0;
-constexpr int kMaxReported = 30;
-
-#define CHECK(cond, ...)                                                  \
-  do {                                                                    \
-    if (cond) {                                                           \
-      ++g_passed;                                                         \
-    } else {                                                              \
-      if (++g_failed <= kMaxReported) {                                   \
-        std::printf("FAIL %s:%d: %s | ", __FILE__, __LINE__, #cond);      \
-        std::printf(__VA_ARGS__);                                         \
-        std::printf("\n");                                                \
-      }                                                                   \
-    }                                                                     \
-  } while (0)
 
 using namespace flashgen;
 using namespace flashgen::v1;
@@ -426,6 +410,5 @@ int main() {
   test_gemms(/*turing=*/true);
   test_sparse_tiles();
   test_workspaces();
-  std::printf("%d passed, %d failed\n", g_passed, g_failed);
-  return g_failed == 0 ? 0 : 1;
+  return flashgen_test::finish();
 }

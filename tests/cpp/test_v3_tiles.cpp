@@ -12,23 +12,9 @@
 #include <vector>
 
 #include "v3_hopper/tile_config.h"
+#include "tests/cpp/host_check.h"
 
 namespace {
-
-int g_passed = 0;
-int g_failed = 0;
-constexpr int kMaxReported = 30;
-
-#define CHECK(cond, ...)                                             \
-  do {                                                               \
-    if (cond) {                                                      \
-      ++g_passed;                                                    \
-    } else if (++g_failed <= kMaxReported) {                         \
-      std::printf("FAIL %s:%d: %s | ", __FILE__, __LINE__, #cond);   \
-      std::printf(__VA_ARGS__);                                      \
-      std::printf("\n");                                             \
-    }                                                                \
-  } while (0)
 
 using flashgen::v3::TileOrder;
 using flashgen::v3::kTileGroupBytes;
@@ -143,6 +129,5 @@ int main() {
   test_orders();
   test_group_rule();
   test_locality_and_balance();
-  std::printf("%d passed, %d failed\n", g_passed, g_failed);
-  return g_failed == 0 ? 0 : 1;
+  return flashgen_test::finish();
 }
