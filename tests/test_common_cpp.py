@@ -1,6 +1,6 @@
-"""Builds and runs tests/cpp/test_common.cpp (host tests of common/ against independent oracles; beside it the score
-path, the key addresses and v3's tile order), and, where nvcc
-exists, compiles the common/ headers as device code to prove they stay __host__ __device__ clean."""
+"""Builds and runs the host tests in tests/cpp: test_common.cpp (common/ against independent oracles), the score path,
+the key addresses and v3's tile order; and, where nvcc exists, compiles the common/ headers as device code to prove
+they stay __host__ __device__ clean."""
 
 from __future__ import annotations
 
