@@ -201,6 +201,22 @@ SCENARIOS = (
 )
 PAGE_SIZES = (1, 3, 16, 256)
 
+# Chunked prefill into a dense cache: at least dispatch.DECODE_MAX_SEQLEN_Q query rows, so these are "kvcache" calls
+# without "decode" (v3 runs them on sm_90). Appended chunks of the query's length or shorter, caches that start empty,
+# mid-way and near full, more query rows than keys (bottom-right causal: the first rows see no key), windows, GQA and
+# MQA, rotary, softcap and ALiBi, and row counts off every tile size (128, 176, 192).
+PREFILL_SCENARIOS = (
+    KvCase("prefill-append-causal", 0, cache_lens=(0, 37, 250, 120), seqlen_q=130, seqlen_new=130, capacity=400,
+           causal=True),
+    KvCase("prefill-append-rotary", 0, cache_lens=(5, 200, 0), seqlen_q=128, seqlen_new=128, capacity=333,
+           causal=True, rotary="halves", rotary_dim=32, heads_k=1),
+    KvCase("prefill-short-append-window", 0, cache_lens=(300, 3), seqlen_q=200, seqlen_new=61, capacity=390,
+           window=(90, 0), heads=6, heads_k=3),
+    KvCase("prefill-no-append-more-rows", 0, cache_lens=(150, 40), seqlen_q=177, capacity=160, causal=True),
+    KvCase("prefill-softcap-alibi", 0, cache_lens=(64, 1, 199), seqlen_q=193, seqlen_new=7, capacity=210,
+           softcap=8.0, alibi=True, rotary="interleaved"),
+)
+
 
 def with_page(case: KvCase, page: int) -> KvCase:
     return dataclasses.replace(case, page=page)

@@ -274,7 +274,7 @@ def test_discover_lists_every_gpu_generation_and_a_nosplit_twin_where_it_decodes
     monkeypatch.setattr(_native, "build_info", lambda: fake)
     names = [i.name for i in bench_impls.discover("cuda")[0] if i.family == "flashgen"]
     gens = sorted({i[0] for i in fake.instances} - {"cpu"})  # v2, v3 and whatever else this build compiled
-    decodes = {g for g in gens if "kvcache" in dispatch.GENERATIONS[g].implements}
+    decodes = {g for g in gens if "decode" in dispatch.GENERATIONS[g].implements}
     assert sorted(names) == sorted([f"flashgen-{g}" for g in gens] + [f"flashgen-{g}-nosplit" for g in decodes])
     chosen = {i.name for i in bench_impls.select(bench_impls.discover("cuda")[0], ["flashgen-v2"])}
     assert chosen == {"flashgen-v2"} | ({"flashgen-v2-nosplit"} if "v2" in decodes else set()), chosen  # a prefix

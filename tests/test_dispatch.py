@@ -59,8 +59,12 @@ def test_sm90_runs_v3_forward_and_v2_for_what_v3_lacks():
     built = _build(generations=("v2", "v3"), kinds=("fwd", "bwd"))
     assert choose(_cuda((9, 0)), built).generation == "v3"
     assert choose(_cuda((9, 0), features={"backward", "causal", "gqa"}), built).generation == "v3"
-    for feature in ("dropout", "kvcache", "return_probs"):
-        assert choose(_cuda((9, 0), features={feature}), built).generation == "v2", feature
+    for features in ({"dropout"}, {"kvcache", "decode"}, {"kvcache", "paged_kv"}, {"kvcache", "cache_leftpad"},
+                     {"return_probs"}):
+        assert choose(_cuda((9, 0), features=features), built).generation == "v2", features
+    # A KV-cache call with DECODE_MAX_SEQLEN_Q query rows or more (chunked prefill into a dense cache) runs on v3.
+    assert choose(_cuda((9, 0), features={"kvcache", "gqa", "causal"}), built).generation == "v3"
+    assert explain(_cuda((9, 0), features={"kvcache", "decode"}), built)["v3"] == ["decode is not implemented in v3 yet"]
     deterministic = explain(_cuda((9, 0), features={"backward", "deterministic"}), built)
     assert deterministic["v3"] == ["deterministic is not implemented in v3 yet"]
     assert choose(_cuda((9, 0), features={"backward", "deterministic"}), built).generation == "v2"
@@ -191,7 +195,7 @@ def test_v2_forward_features(feature):
     assert explain(_cuda((8, 0), features={feature}), V2_FWD)["v2"] == []
 
 
-@pytest.mark.parametrize("feature", sorted(ALL_FEATURES - {"backward", "kvcache"}))
+@pytest.mark.parametrize("feature", sorted(ALL_FEATURES - {"backward", "kvcache", "decode"}))
 def test_v2_backward_features(feature):
     assert explain(_cuda((9, 0), features={feature, "backward"}), _build(kinds=("fwd", "bwd")))["v2"] == []
 

@@ -22,9 +22,9 @@ if not torch.cuda.is_available():
 
 import flashgen  # noqa: E402
 from conftest import check_lse, cu_seqlens, gpu_generations, need, run_fwd  # noqa: E402
-from flashgen import _native, _ops, testing  # noqa: E402
+from flashgen import _native, _ops, dispatch, testing  # noqa: E402
 from flashgen.reference import attention_ref, philox_keep_mask  # noqa: E402
-from paged_kv_cases import (PAGE_SIZES, SCENARIOS, KvCase, build, call, check_cache_after, clone_inputs,  # noqa: E402
+from paged_kv_cases import (PAGE_SIZES, PREFILL_SCENARIOS, SCENARIOS, KvCase, build, call, check_cache_after, clone_inputs,  # noqa: E402
                             expected, keys_used, with_page)
 
 
@@ -50,6 +50,8 @@ def splits_seen(monkeypatch):
 
 def _features(case: KvCase):
     used = ["kvcache"]
+    if case.seqlen_q < dispatch.DECODE_MAX_SEQLEN_Q:
+        used.append("decode")
     if case.page:
         used.append("paged_kv")
     if case.leftpad is not None:
@@ -86,6 +88,30 @@ def test_kvcache_against_oracle(generation, case):
     before = clone_inputs(inputs)
     out, lse = call(case, inputs, version=generation)
     _check(case, inputs, before, out, lse)
+
+
+PREFILL_CASES = [dataclasses.replace(c, head_dim=d) for c in PREFILL_SCENARIOS for d in (64, 128)]
+
+
+@pytest.mark.parametrize("case", PREFILL_CASES, ids=lambda c: f"{c.id}-d{c.head_dim}")
+def test_kvcache_prefill_against_oracle(generation, case):
+    """Chunked prefill into a dense cache through the API (v3 on sm_90: not a decode step), caches checked after."""
+    need(generation, "bf16", case.head_dim, *_features(case))
+    inputs = build(case, "cuda", torch.bfloat16)
+    before = clone_inputs(inputs)
+    out, lse = call(case, inputs, version=generation)
+    _check(case, inputs, before, out, lse)
+
+
+def test_auto_runs_prefill_on_v3_and_decode_on_v2():
+    """On sm_90 with v3 compiled, auto sends a cache call of DECODE_MAX_SEQLEN_Q rows to v3 and one row fewer to v2."""
+    need("v3", "bf16", 128, "kvcache")
+    need("v2", "bf16", 128, "kvcache", "decode")
+    q_cache = torch.empty(1, 64, 2, 128, dtype=torch.bfloat16, device="cuda")
+    rows = dispatch.DECODE_MAX_SEQLEN_Q
+    for seqlen_q, want in ((rows, "v3"), (rows - 1, "v2")):
+        q = torch.empty(1, seqlen_q, 2, 128, dtype=torch.bfloat16, device="cuda")
+        assert flashgen.explain(q, q_cache, q_cache, kvcache=True).generation == want, seqlen_q
 
 
 # ---- the split-KV decode instance over pages: small batch, long cache ----

@@ -68,7 +68,7 @@ def test_no_fold_for_two_queries_mha_or_dropout(launches):
 @pytest.mark.parametrize("heads_k", [HEADS_K, 1], ids=["gqa", "mqa"])
 def test_kvcache_decode_folded_matches_oracle_and_unfolded(generation, device, dtype, heads_k, launches):
     if device == "cuda":
-        need(generation, "bf16", HEAD_DIM, "kvcache", "gqa", "causal", "softcap")
+        need(generation, "bf16", HEAD_DIM, "kvcache", "decode", "gqa", "causal", "softcap")
     gen = torch.Generator().manual_seed(5)
 
     def rand(*shape):

@@ -25,8 +25,13 @@ from ._native import BuildInfo
 # Every optional feature a call can use. The plain dense forward is always part of a problem.
 FEATURES: Tuple[str, ...] = (
     "causal", "window", "softcap", "alibi", "dropout", "gqa", "varlen", "kvcache", "paged_kv", "cache_leftpad",
-    "block_sparse", "return_probs", "backward", "deterministic",
+    "block_sparse", "return_probs", "backward", "deterministic", "decode",
 )
+
+# A flash_attn_with_kvcache call with fewer query rows than this is a decode step ("decode"): v2's split-KV path
+# runs it, since v3 tiles 128 query rows (or 192) and does not split the keys. Calls of this many rows or more
+# (chunked prefill into a cache) are "kvcache" only, which v3 implements for dense caches.
+DECODE_MAX_SEQLEN_Q = 128
 
 # Requested-version values besides a generation name.
 AUTO = "auto"
@@ -96,7 +101,8 @@ GENERATIONS: Dict[str, GenerationSpec] = _Table({
                          min_capability=(8, 0),
                          head_dim_multiple=_GPU_HEAD_DIM_MULTIPLE, alignment_bytes=_GPU_ALIGNMENT_BYTES),
     "v3": GenerationSpec("v3", "cuda", frozenset({"fp16", "bf16", "e4m3"}),
-                         frozenset({"forward", "causal", "window", "softcap", "alibi", "gqa", "varlen", "backward"}),
+                         frozenset({"forward", "causal", "window", "softcap", "alibi", "gqa", "varlen", "kvcache",
+                                    "backward"}),
                          min_capability=(9, 0),
                          max_capability=(9, 0), head_dim_multiple=_GPU_HEAD_DIM_MULTIPLE,
                          alignment_bytes=_GPU_ALIGNMENT_BYTES,

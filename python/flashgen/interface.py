@@ -77,6 +77,8 @@ def _features(q, k, *, causal, window_size, softcap, alibi_slopes, dropout_p, re
         used.append("varlen")
     if kvcache:
         used.append("kvcache")
+        if q.shape[-3] < dispatch.DECODE_MAX_SEQLEN_Q:
+            used.append("decode")
     if paged_kv:
         used.append("paged_kv")
     if cache_leftpad:

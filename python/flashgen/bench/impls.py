@@ -377,7 +377,7 @@ def discover(device: str, *, flex_dynamic: bool = True) -> Tuple[List[Impl], Lis
         from flashgen import dispatch
         impls += [FlashgenNoSplitImpl(g, build) for g in gens
                   if g in dispatch.GENERATIONS and dispatch.GENERATIONS[g].device_type == "cuda"
-                  and "kvcache" in dispatch.GENERATIONS[g].implements]
+                  and "decode" in dispatch.GENERATIONS[g].implements]
         if not gens:
             notes.append(f"flashgen: build_info lists no generation for {device} ({sorted(build.generations)})")
     except Exception as exc:  # a missing or broken build is reported, the peers still run

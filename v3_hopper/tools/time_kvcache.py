@@ -1,0 +1,69 @@
+#!/usr/bin/env python3
+"""Times v2 and v3 on KV-cache calls (dense cache, seqused_k, bottom-right causal, GQA), to place the dispatcher's
+decode / prefill threshold (flashgen.dispatch.DECODE_MAX_SEQLEN_Q): below it auto runs v2's split-KV decode path,
+from it on v3. The kernels are called through flashgen._ops (no append, no dispatch), so v3 is timed below the
+threshold too; one row per (cache length, query rows). bf16 d128, 32 query heads over 8 KV heads (a Llama-style GQA
+layer), batch 4, caches of 2k and 8k rows filled to the end. Median of triton's do_bench; each v3 output checked
+against v2's before timing. JSON lines to --out.
+    python3 v3_hopper/tools/time_kvcache.py [--out rows.jsonl] [--rows 1,16,64,127,128,256,512,1024,2048]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+
+import torch
+from triton.testing import do_bench
+
+from flashgen import _ops, dispatch
+
+CHECK_ATOL = 3e-2  # bf16 outputs of two exact kernels on randn inputs agree far inside this
+
+
+def causal_flops(batch, heads, rows, keys, head_dim):
+    """4 b h d x (keys each query row sees): row i of `rows` sees keys - rows + i + 1 (at least 0)."""
+    seen = sum(max(0, keys - rows + i + 1) for i in range(rows))
+    return 4 * batch * heads * head_dim * seen
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", default=None)
+    ap.add_argument("--rows", default="1,16,64,127,128,256,512,1024,2048")
+    ap.add_argument("--caches", default="2048,8192")
+    ap.add_argument("--batch", type=int, default=4)
+    args = ap.parse_args()
+    b, h, hk, d = args.batch, 32, 8, 128
+    scale = 1.0 / math.sqrt(d)
+    out_rows = []
+    print(f"threshold DECODE_MAX_SEQLEN_Q = {dispatch.DECODE_MAX_SEQLEN_Q}")
+    print(f"{'cache':>6}{'rows':>6}{'v2 us':>10}{'v3 us':>10}{'v2 TF/s':>9}{'v3 TF/s':>9}  v3/v2 time  max|v3-v2|")
+    for cap in (int(x) for x in args.caches.split(",")):
+        kc, vc = (torch.randn(b, cap, hk, d, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+        lens = torch.full((b,), cap, dtype=torch.int32, device="cuda")
+        for rows in (int(x) for x in args.rows.split(",")):
+            q = torch.randn(b, rows, h, d, device="cuda", dtype=torch.bfloat16)
+
+            def run(gen):
+                return _ops.forward(gen, q, kc, vc, softmax_scale=scale, window_size=(-1, 0), seqused_k=lens)[0]
+
+            err = (run("v3").float() - run("v2").float()).abs().max().item()
+            if err > CHECK_ATOL:
+                raise SystemExit(f"cache {cap} rows {rows}: v3 and v2 differ by {err}")
+            times = {gen: do_bench(lambda gen=gen: run(gen), warmup=25, rep=100) * 1e3 for gen in ("v2", "v3")}
+            fl = causal_flops(b, h, rows, cap, d)
+            row = dict(cache=cap, rows=rows, batch=b, heads=h, heads_k=hk, head_dim=d, v2_us=times["v2"],
+                       v3_us=times["v3"], flops=fl, max_abs_diff=err)
+            out_rows.append(row)
+            print(f"{cap:>6}{rows:>6}{times['v2']:>10.1f}{times['v3']:>10.1f}{fl / times['v2'] / 1e6:>9.0f}"
+                  f"{fl / times['v3'] / 1e6:>9.0f}  {times['v3'] / times['v2']:>10.2f}  {err:.1e}")
+    if args.out:
+        with open(args.out, "w") as f:
+            for row in out_rows:
+                f.write(json.dumps(row) + "\n")
+
+
+if __name__ == "__main__":
+    main()
