@@ -132,19 +132,20 @@ __device__ __forceinline__ void to_fragments(const float (&x)[T::kSRegs], uint32
 }
 
 // dS^T fragments -> rows [64 wg, 64 wg + 64) of a dS^T buffer (kBlockN keys x 64 queries, 128-byte rows, 128-byte
-// swizzle: the 16-byte piece j of row r sits at piece j ^ (r % 8)). Register pair 2i, 2i+1 of n8 tile j is row
-// 16 warp + g + 8 half, columns 8j + 2t, +1.
+// swizzle: the 16-byte piece j of row r sits at piece j ^ (r % 8)). Register pair 2j, 2j+1 of n8 tile j is row
+// 16 warp + g + 8 half, columns 8j + 2t, +1 (g = lane / 4, t = lane % 4): each register is one 8 x 8 matrix in
+// stmatrix's fragment layout, so one stmatrix.x4 stores tiles j and j + 1 (matrices (j, 0), (j, 1), (j + 1, 0),
+// (j + 1, 1)), lane l addressing row l % 8 of matrix l / 8: 4 instructions per thread instead of 16 st.shared.u32.
 template <typename T>
 __device__ __forceinline__ void store_ds(uint32_t ds_buf, const uint32_t (&a)[T::kPRegs], int wg, int tid) {
-  const int lane = tid % 32, warp = tid / 32;
+  const int lane = tid % 32, warp = tid / 32, matrix = lane / 8;
+  const int row = kWarpgroupRows * wg + 16 * warp + lane % 8 + 8 * (matrix % 2);  // row % 8 == lane % 8
+  const uint32_t row_addr = ds_buf + row * kSwizzleBytes;
 #pragma unroll
-  for (int j = 0; j < T::kBlockM / 8; ++j)
-#pragma unroll
-    for (int half = 0; half < 2; ++half) {
-      const int row = kWarpgroupRows * wg + 16 * warp + lane / 4 + 8 * half;
-      const uint32_t addr = ds_buf + row * kSwizzleBytes + ((j ^ (row % 8)) * 16) + 4 * (lane % 4);
-      asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(addr), "r"(a[2 * j + half]) : "memory");
-    }
+  for (int j = 0; j < T::kBlockM / 8; j += 2) {
+    const int piece = j + matrix / 2;
+    stmatrix_x4(row_addr + ((piece ^ (lane % 8)) * 16), a[2 * j], a[2 * j + 1], a[2 * j + 2], a[2 * j + 3]);
+  }
 }
 
 // dq (64 queries x kDqCols, wgmma D layout) -> this warpgroup's staging part in fragment order (dq_offset):

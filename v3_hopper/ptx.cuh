@@ -111,6 +111,15 @@ __device__ __forceinline__ void fence_regs(uint32_t (&r)[N]) {
   for (int i = 0; i < N; ++i) asm volatile("" : "+r"(r[i])::"memory");
 }
 
+// stmatrix (sm_90): four 8 x 8 matrices of 16-bit elements from registers to shared memory. Register i of every
+// thread holds matrix i's row lane / 4, elements 2 (lane % 4) and + 1 (the mma / wgmma fragment layout); lane l gives
+// the address of row l % 8 of matrix l / 8 (16 contiguous bytes).
+__device__ __forceinline__ void stmatrix_x4(uint32_t addr, uint32_t r0, uint32_t r1, uint32_t r2, uint32_t r3) {
+  asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(addr), "r"(r0), "r"(r1),
+               "r"(r2), "r"(r3)
+               : "memory");
+}
+
 // ---- shared-memory matrix descriptor, 128-byte swizzle (PTX ISA "Matrix Descriptor Format") ----
 // bits 0-13 start address >> 4, 16-29 leading-dimension byte offset >> 4, 32-45 stride-dimension byte offset >> 4,
 // 62-63 swizzle mode (1 = 128B). Base offset 0: every tile starts on a kSwizzleAtomBytes boundary, and moving the
