@@ -26,12 +26,27 @@ def cfg(seqlen, head_dim, causal=False, batch=1, heads=1, dtype="bf16", heads_k=
 
 # ---- the IO model: bytes computed by hand ---------------------------------------------------------------------------
 
+@pytest.fixture(autouse=True)
+def v1_on_48_kb(monkeypatch):
+    """The hand-computed bytes below take v1's tiles at M = 48 KB (kSramBytes), whatever device this process has."""
+    monkeypatch.setattr(io_model, "v1_sram_bytes", lambda: io_model.V1_SRAM_BYTES)
+
+
 def test_v1_block_sizes_are_the_papers_formula_on_48_kb():
     # Bc = ceil(12288 / 4d), Br = min(Bc, d), rounded down to a multiple of 16, at least 16 (v1_tiling/README.md)
     assert io_model.v1_block_sizes(64) == (48, 48)
     assert io_model.v1_block_sizes(128) == (16, 16)   # ceil(12288 / 512) = 24 -> 16
     assert io_model.v1_block_sizes(256) == (16, 16)   # 12, clamped up to 16
     assert io_model.v1_block_sizes(80) == (16, 16)    # runs in the d128 bucket
+
+
+def test_v1_block_sizes_follow_the_device_tier():
+    # The H200's 227 KB: M = 58112 words; d128: ceil(58112 / 512) = 114 -> 112; d64: 227 -> Bc 128 (kMaxBlockN), Br 64
+    h200 = 227 * 1024
+    assert io_model.v1_block_sizes(128, h200) == (112, 112)
+    assert io_model.v1_block_sizes(64, h200) == (64, 128)
+    assert io_model.v1_block_sizes(256, h200) == (48, 48)
+    assert io_model.v1_block_sizes(128, 64 * 1024) == (32, 32)  # sm_75's 64 KB
 
 
 def test_v1_forward_bytes_by_hand():
@@ -120,6 +135,9 @@ def _body(text, signature):
 def test_v1_constants_match_block_sizes_h():
     text = _source("v1_tiling/block_sizes.h")
     assert int(re.search(r"kSramBytes = (\d+) \* 1024;", text).group(1)) * 1024 == io_model.V1_SRAM_BYTES
+    tiers = re.search(r"kSramTierBytes\[kSramTiers\] = \{([^}]*)\};", text).group(1)
+    assert tuple(int(t) * 1024 for t in re.findall(r"(\d+) \* 1024", tiers)) == io_model.V1_SRAM_TIER_BYTES
+    assert int(re.search(r"kMaxBlockN = (\d+);", text).group(1)) == io_model.V1_MAX_BLOCK_N
     assert int(re.search(r"kMmaTile = (\d+);", text).group(1)) == io_model.V1_MMA_TILE
     assert "Bc = ceil(M / 4d),  Br = min(ceil(M / 4d), d)" in text
 

@@ -1,7 +1,8 @@
 // Every size of one v1 instance, derived from (element tag, head-dim bucket) and the paper's block sizes
-// (block_sizes.h), and checked here. Both kernels run kNWarps warps per CTA.
-//   forward : warp w owns m16 strips w, w + kNWarps, ... of Q_i (kBlockM / 16 strips; at most 3 for any bucket,
-//             so some warps only help with the loads), each strip's S, P and O entirely in its registers.
+// (block_sizes.h) for the M tier kSramTier, and checked here. Both kernels run kNWarps warps per CTA (4, or 8 for
+// the larger tiles: block_sizes.h warps_for).
+//   forward : warp w owns m16 strips w, w + kNWarps, ... of Q_i (kBlockM / 16 strips; where there are fewer than
+//             warps, some warps only help with the loads), each strip's S, P and O entirely in its registers.
 //   backward: each GEMM's output is cut into 16 x 16 units, unit u done by warp u % kNWarps; dK_j, dV_j units stay
 //             in registers for the whole outer step (kKvSlots per warp).
 // Shared memory (16-bit tiles, rows padded by kSmemPad elements, tile_io.cuh):
@@ -15,7 +16,7 @@
 namespace flashgen {
 namespace v1 {
 
-template <typename Tag, int kHeadDim_>
+template <typename Tag, int kHeadDim_, int kSramTier_ = 0>
 struct Traits {
   using DTag = Tag;
   using Element = typename Tag::type;
@@ -23,12 +24,14 @@ struct Traits {
   static_assert(valid_bucket(kHeadDim), "a v1 head-dim bucket is a multiple of 16, at most 256");
   static_assert(sizeof(Element) == 2, "v1 runs 16-bit elements (fp16, bf16)");
 
-  static constexpr BlockSizes kBlocks = block_sizes(kHeadDim);
+  static constexpr int kSramTier = kSramTier_;
+  static constexpr int kSram = kSramTierBytes[kSramTier];  // M of this instance, bytes (block_sizes.h)
+  static constexpr BlockSizes kBlocks = block_sizes(kHeadDim, tier_floats(kSramTier));
   static constexpr int kBlockM = kBlocks.block_m;  // Br
   static constexpr int kBlockN = kBlocks.block_n;  // Bc
   static_assert(kBlockM % kMmaTile == 0 && kBlockN % kMmaTile == 0, "blocks are whole mma tiles");
 
-  static constexpr int kNWarps = 4;
+  static constexpr int kNWarps = warps_for(kHeadDim, kBlocks);
   static constexpr int kNThreads = kNWarps * 32;
   static constexpr int kSmemPad = 8;               // 16 bytes: rows r and r + 1 start 16 bytes apart mod 128
   static constexpr int kLdD = kHeadDim + kSmemPad;  // row stride of the (rows, d) tiles, elements
@@ -66,9 +69,8 @@ struct Traits {
   static constexpr int kBwdSmemBytes = kBwdSmemStatsBytes + 2 * kBlockM * static_cast<int>(sizeof(float));
 
   static_assert(kBwdSmemStatsBytes % 16 == 0, "the fp32 LSE and D rows start 16-byte aligned");
-  static_assert(kFwdSmemBytes <= kSramBytes && kBwdSmemBytes <= kSramBytes,
-                "v1's tiles fit the 48 KB every arch gives a block without the opt-in (block_sizes.h)");
-  static_assert(kKvSlots * 2 * 4 * 2 <= 128, "dK, dV accumulators of one warp stay well inside the registers");
+  static_assert(kFwdSmemBytes <= kSram && kBwdSmemBytes <= kSram, "v1's tiles fit their M (block_sizes.h)");
+  static_assert(kKvSlots <= kMaxKvUnitsPerWarp, "dK, dV accumulators of one warp stay well inside the registers");
 };
 
 }  // namespace v1

@@ -9,6 +9,8 @@
 
 #include "common/element.cuh"
 #include "common/status.h"
+#include "v1_tiling/block_sizes.h"
+#include "v1_tiling/kernel_traits.cuh"
 #include "v1_tiling/mma.cuh"
 
 namespace flashgen {
@@ -38,6 +40,47 @@ Status check_dtype_runs(Kernel kernel, const char* who) {
                                      " code (FLASHGEN_CUDA_ARCHS has no v1 arch >= 80 that runs here)");
     }
     return Status::ok();
+  }
+}
+
+// The M tier of the current device (block_sizes.h sram_tier): its opt-in shared memory per block.
+inline Status device_sram_tier(int* tier, const char* who) {
+  int device = 0, optin = 0;
+  Status st = cuda_status(cudaGetDevice(&device), who, "cudaGetDevice");
+  if (!st.is_ok()) return st;
+  st = cuda_status(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device), who,
+                   "cudaDeviceGetAttribute(MaxSharedMemoryPerBlockOptin)");
+  if (!st.is_ok()) return st;
+  *tier = sram_tier(optin);
+  if (*tier < 0) {
+    return Status::not_implemented(std::string(who) + ": the device gives a block " + std::to_string(optin) +
+                                   " bytes of shared memory, less than v1's smallest M (" +
+                                   std::to_string(kSramTierBytes[0]) + ")");
+  }
+  return Status::ok();
+}
+
+// A kernel's dynamic shared memory above the 48 KB default needs the opt-in attribute (set on every launch: one
+// host call, v1 is not the fast path).
+template <typename Kernel>
+Status allow_smem(Kernel kernel, int bytes, const char* who) {
+  if (bytes <= kSramBytes) return Status::ok();
+  return cuda_status(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes), who,
+                     "cudaFuncSetAttribute(MaxDynamicSharedMemorySize)");
+}
+
+// Fn<T>::run(args...) for T = Traits of the device's M tier: the launchers' one switch over kSramTiers.
+template <template <typename> class Fn, typename Tag, int kHeadDim, typename... Args>
+Status run_sram_tier(const char* who, Args&&... args) {
+  int tier = 0;
+  const Status st = device_sram_tier(&tier, who);
+  if (!st.is_ok()) return st;
+  static_assert(kSramTiers == 4, "one case per tier");
+  switch (tier) {
+    case 0: return Fn<Traits<Tag, kHeadDim, 0>>::run(args...);
+    case 1: return Fn<Traits<Tag, kHeadDim, 1>>::run(args...);
+    case 2: return Fn<Traits<Tag, kHeadDim, 2>>::run(args...);
+    default: return Fn<Traits<Tag, kHeadDim, 3>>::run(args...);
   }
 }
 

@@ -28,30 +28,54 @@ using namespace flashgen::v1;
 
 // ---- block sizes ----
 
-void test_block_sizes() {
-  constexpr double kM = 48.0 * 1024.0 / 4.0;  // the SRAM in fp32 words, as block_sizes.h states it
+void check_block_sizes_on(int sram_bytes) {
+  const double m = sram_bytes / 4.0;  // the SRAM in fp32 words, as block_sizes.h states it
   for (int d = 16; d <= 256; d += 16) {
-    const double bc_paper = std::ceil(kM / (4.0 * d));
+    const double bc_paper = std::ceil(m / (4.0 * d));
     const double br_paper = std::fmin(bc_paper, d);
     auto clamp = [](double b) { return b < 16 ? 16 : static_cast<int>(b) / 16 * 16; };
-    const BlockSizes got = block_sizes(d);
-    CHECK(got.block_n == clamp(bc_paper), "d %d: Bc %d, expected %d", d, got.block_n, clamp(bc_paper));
-    CHECK(got.block_m == clamp(br_paper), "d %d: Br %d, expected %d", d, got.block_m, clamp(br_paper));
-    CHECK(got.block_m % 16 == 0 && got.block_n % 16 == 0 && got.block_m <= got.block_n,
-          "d %d: (Br, Bc) = (%d, %d) must be whole mma tiles, Br <= Bc", d, got.block_m, got.block_n);
-    // The 16-bit tiles the kernels keep (kernel_traits.cuh, rows padded by 8 elements) fit the 48 KB.
+    const BlockSizes got = block_sizes(d, sram_bytes / 4);
+    const int want_bc = clamp(std::fmin(bc_paper, 128.0));  // the register cap, kMaxBlockN
+    CHECK(got.block_n == want_bc, "M %d B d %d: Bc %d, expected %d", sram_bytes, d, got.block_n, want_bc);
+    CHECK(got.block_m == clamp(br_paper), "M %d B d %d: Br %d, expected %d", sram_bytes, d, got.block_m,
+          clamp(br_paper));
+    CHECK(got.block_m % 16 == 0 && got.block_n % 16 == 0, "M %d B d %d: (Br, Bc) = (%d, %d) must be whole mma tiles",
+          sram_bytes, d, got.block_m, got.block_n);
+    // The 16-bit tiles the kernels keep (kernel_traits.cuh, rows padded by 8 elements) fit M.
     const int ld = d + 8, ldn = got.block_n + 8;
     const int fwd_bytes = (got.block_m + 2 * got.block_n) * ld * 2;
     const int bwd_bytes = (2 * got.block_m + 2 * got.block_n) * ld * 2 + 2 * got.block_m * ldn * 2 + 2 * got.block_m * 4;
-    CHECK(fwd_bytes <= 48 * 1024 && bwd_bytes <= 48 * 1024, "d %d: fwd %d B, bwd %d B of shared memory", d,
-          fwd_bytes, bwd_bytes);
+    CHECK(fwd_bytes <= sram_bytes && bwd_bytes <= sram_bytes, "M %d B d %d: fwd %d B, bwd %d B of shared memory",
+          sram_bytes, d, fwd_bytes, bwd_bytes);
+    // Warps: every m16 strip of Q_i has a warp at 8 warps; dK_j / dV_j units per warp stay within the register bound.
+    const int warps = warps_for(d, got), strips = got.block_m / 16, units = (got.block_n / 16) * (d / 16);
+    const int per_warp = (units + warps - 1) / warps;
+    CHECK((warps == 4 || warps == 8) && strips <= 8 && per_warp <= (warps == 4 ? 6 : 8),
+          "M %d B d %d: %d warps for %d strips and %d dK/dV units", sram_bytes, d, warps, strips, units);
   }
-  // Worked by hand: M = 12288; d64: ceil(12288 / 256) = 48 -> (48, 48); d128: 24 -> (16, 16) after the clamp;
-  // d256: 12 -> (16, 16) (clamped up); d32: 96 -> Br = min(96, 32) = 32.
+}
+
+void test_block_sizes() {
+  check_block_sizes_on(kSramBytes);
+  for (int t = 0; t < kSramTiers; ++t) check_block_sizes_on(kSramTierBytes[t]);
+  // Worked by hand: M = 12288 (48 KB); d64: ceil(12288 / 256) = 48 -> (48, 48); d128: 24 -> (16, 16) after the
+  // clamp; d256: 12 -> (16, 16) (clamped up); d32: 96 -> Br = min(96, 32) = 32.
   CHECK(block_sizes(64).block_m == 48 && block_sizes(64).block_n == 48, "d64");
   CHECK(block_sizes(128).block_m == 16 && block_sizes(128).block_n == 16, "d128");
   CHECK(block_sizes(256).block_m == 16 && block_sizes(256).block_n == 16, "d256");
   CHECK(block_sizes(32).block_m == 32 && block_sizes(32).block_n == 96, "d32");
+  // The H200's 227 KB: M = 58112; d128: ceil(58112 / 512) = 114 -> (112, 112); d64: 227 -> Bc capped at 128, Br 64;
+  // d256: 57 -> (48, 48). sm_75's 64 KB: d128: 32 -> (32, 32).
+  const int h200 = tier_floats(sram_tier(232448));
+  CHECK(block_sizes(128, h200).block_m == 112 && block_sizes(128, h200).block_n == 112, "d128 at 227 KB");
+  CHECK(block_sizes(64, h200).block_m == 64 && block_sizes(64, h200).block_n == 128, "d64 at 227 KB");
+  CHECK(block_sizes(256, h200).block_m == 48 && block_sizes(256, h200).block_n == 48, "d256 at 227 KB");
+  CHECK(block_sizes(128, tier_floats(sram_tier(65536))).block_n == 32, "d128 at 64 KB");
+  // Tiers: the largest within the device's opt-in shared memory per block (sm_75 64 KB, sm_86 99 KB, sm_80 163 KB,
+  // sm_90 227 KB), none below 64 KB.
+  CHECK(sram_tier(49152) == -1 && sram_tier(65536) == 0 && sram_tier(101376) == 1 && sram_tier(166912) == 2 &&
+            sram_tier(232448) == 3 && sram_tier(1 << 20) == 3 && sram_tier(101375) == 0,
+        "sram_tier");
   CHECK(valid_bucket(64) && valid_bucket(256) && !valid_bucket(40) && !valid_bucket(272) && !valid_bucket(0),
         "valid_bucket");
 }

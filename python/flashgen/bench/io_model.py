@@ -22,8 +22,11 @@ Loop orders (square or not, bottom-right-aligned causal; whole tiles are loaded,
 
 Tile sizes, retyped from the one place each generation keeps them (tests/test_bench_generations.py parses those
 files and fails when they drift):
-  v1: v1_tiling/block_sizes.h, block_sizes(): Bc = ceil(M / 4d), Br = min(Bc, d), rounded down to a multiple of 16
-      (at least 16), M = kSramBytes / 4 = 48 KB / 4 = 12288 fp32 words -> d64: 48 x 48, d128 and d256: 16 x 16.
+  v1: v1_tiling/block_sizes.h, block_sizes(): Bc = ceil(M / 4d) (at most kMaxBlockN = 128), Br = min(ceil(M / 4d),
+      d), rounded down to a multiple of 16 (at least 16). M is the device's tier (kSramTierBytes: 64, 99, 163, 227
+      KB, the largest within its opt-in shared memory per block; v1_sram_bytes()), in fp32 words: on the H200,
+      227 KB -> d64: 64 x 128, d128: 112 x 112, d256: 48 x 48. Without a CUDA device the model takes kSramBytes
+      (48 KB, no opt-in: d64 48 x 48, d128 and d256 16 x 16).
   v2: v2_partitioning/tile_config.h, tile_config() (forward) and bwd_tile_config() (backward), (block_m, block_n).
   v3: v3_hopper/tile_config.h, tile_config(head_dim, masked) (forward: block_m = 64 x consumer warpgroups) and
       bwd_tile_config() (backward, head dims up to kBwdMaxHeadDim = 128).
@@ -32,6 +35,7 @@ Head dims run in the smallest bucket (64, 128, 256; v3 also 192) at or above the
 
 from __future__ import annotations
 
+import functools
 from typing import List, Optional, Tuple
 
 from .sweeps import Config
@@ -43,6 +47,8 @@ BYTES_PER_GB = 1e9
 
 # v1_tiling/block_sizes.h
 V1_SRAM_BYTES = 48 * 1024   # kSramBytes
+V1_SRAM_TIER_BYTES = (64 * 1024, 99 * 1024, 163 * 1024, 227 * 1024)  # kSramTierBytes
+V1_MAX_BLOCK_N = 128        # kMaxBlockN
 V1_MMA_TILE = 16            # kMmaTile
 V1_BUCKETS = (64, 128, 256)
 
@@ -66,25 +72,43 @@ def _bucket(head_dim: int, buckets) -> Optional[int]:
     return next((b for b in buckets if head_dim <= b), None)
 
 
-def v1_block_sizes(head_dim: int) -> Tuple[int, int]:
-    """(Br, Bc) of v1's bucket for head_dim: block_sizes.h's formula."""
+@functools.lru_cache(maxsize=1)
+def v1_sram_bytes() -> int:
+    """The M v1 runs with on this process's CUDA device (block_sizes.h sram_tier: the largest tier within the device's
+    opt-in shared memory per block), or kSramBytes without a CUDA device."""
+    try:
+        import torch
+        if not torch.cuda.is_available():
+            return V1_SRAM_BYTES
+        optin = torch.cuda.get_device_properties(torch.cuda.current_device()).shared_memory_per_block_optin
+    except (ImportError, AttributeError, RuntimeError):
+        return V1_SRAM_BYTES
+    fits = [t for t in V1_SRAM_TIER_BYTES if t <= optin]
+    return fits[-1] if fits else V1_SRAM_BYTES
+
+
+def v1_block_sizes(head_dim: int, sram_bytes: Optional[int] = None) -> Tuple[int, int]:
+    """(Br, Bc) of v1's bucket for head_dim at M = sram_bytes (default v1_sram_bytes()): block_sizes.h's formula."""
     d = _bucket(head_dim, V1_BUCKETS)
     if d is None:
         raise ValueError(f"v1 has no head-dim bucket for {head_dim}")
-    sram_floats = V1_SRAM_BYTES // 4
-    bc = -(-sram_floats // (4 * d))
-    br = min(bc, d)
+    sram_floats = (v1_sram_bytes() if sram_bytes is None else sram_bytes) // 4
+    paper = -(-sram_floats // (4 * d))
+    bc = min(paper, V1_MAX_BLOCK_N)
+    br = min(paper, d)
 
     def clamp(b):
         return max(V1_MMA_TILE, b // V1_MMA_TILE * V1_MMA_TILE)
     return clamp(br), clamp(bc)
 
 
-def tiles(generation: str, pass_: str, head_dim: int, causal: bool) -> Optional[Tuple[int, int]]:
+def tiles(generation: str, pass_: str, head_dim: int, causal: bool,
+          v1_sram: Optional[int] = None) -> Optional[Tuple[int, int]]:
     """(block_m, block_n) = (query rows, keys) per tile of `generation`'s 'fwd' or 'bwd' pass; None when not modelled
-    (unknown generation, head dim outside its buckets, or v3's backward above d128)."""
+    (unknown generation, head dim outside its buckets, or v3's backward above d128). v1_sram: v1's M in bytes
+    (default v1_sram_bytes())."""
     if generation == "v1":
-        return v1_block_sizes(head_dim) if _bucket(head_dim, V1_BUCKETS) else None
+        return v1_block_sizes(head_dim, v1_sram) if _bucket(head_dim, V1_BUCKETS) else None
     if generation == "v2":
         d = _bucket(head_dim, V2_BUCKETS)
         return None if d is None else (V2_FWD_TILES if pass_ == "fwd" else V2_BWD_TILES)[d]
@@ -130,10 +154,9 @@ def keys_per_query_block(seqlen_q: int, seqlen_k: int, block_m: int, block_n: in
 
 # ---- bytes ---------------------------------------------------------------------------------------------------------
 
-def _v1_forward(cfg: Config, e: int) -> int:
-    """One (batch, head) of FA1 Alg. 1."""
+def _v1_forward(cfg: Config, e: int, br: int, bc: int) -> int:
+    """One (batch, head) of FA1 Alg. 1 with Br x Bc tiles."""
     sq, sk, d = cfg.seqlen_q, cfg.seqlen_k, cfg.head_dim
-    br, bc = v1_block_sizes(d)
     total = sq * d * FP32_BYTES + sq * V1_ROW_STATS_BYTES                          # l.2: O = 0, {m, l} initialised
     for j, rows in enumerate(rows_per_key_block(sq, sk, br, bc, cfg.causal)):
         if rows == 0:
@@ -171,9 +194,10 @@ def _backward(cfg: Config, e: int, block_m: int, block_n: int) -> int:
     return total
 
 
-def hbm_bytes(generation: str, cfg: Config, mode: str) -> Optional[int]:
+def hbm_bytes(generation: str, cfg: Config, mode: str, v1_sram: Optional[int] = None) -> Optional[int]:
     """Modelled HBM bytes of one call of `generation` ('v1', 'v2', 'v3') on cfg in mode 'fwd', 'bwd' or 'fwd+bwd';
-    None for what the model does not cover (other generations, fp32, decode, windows, GQA, v3's backward above d128)."""
+    None for what the model does not cover (other generations, fp32, decode, windows, GQA, v3's backward above d128).
+    v1_sram: the M v1 ran with, bytes (the bench header's v1_sram_bytes; default this process's device)."""
     if (generation not in GENERATIONS or cfg.kind != "attention" or cfg.window_size != (-1, -1)
             or cfg.num_heads != cfg.num_heads_k or cfg.dtype not in ELEMENT_BYTES
             or mode not in ("fwd", "bwd", "fwd+bwd")):
@@ -181,18 +205,18 @@ def hbm_bytes(generation: str, cfg: Config, mode: str) -> Optional[int]:
     e = ELEMENT_BYTES[cfg.dtype]
     total = 0
     if mode in ("fwd", "fwd+bwd"):
-        t = tiles(generation, "fwd", cfg.head_dim, cfg.causal)
+        t = tiles(generation, "fwd", cfg.head_dim, cfg.causal, v1_sram)
         if t is None:
             return None
-        total += _v1_forward(cfg, e) if generation == "v1" else _tiled_forward(cfg, e, *t)
+        total += _v1_forward(cfg, e, *t) if generation == "v1" else _tiled_forward(cfg, e, *t)
     if mode in ("bwd", "fwd+bwd"):
-        t = tiles(generation, "bwd", cfg.head_dim, cfg.causal)
+        t = tiles(generation, "bwd", cfg.head_dim, cfg.causal, v1_sram)
         if t is None:
             return None
         total += _backward(cfg, e, *t)
     return total * cfg.batch * cfg.num_heads
 
 
-def hbm_gb(generation: str, cfg: Config, mode: str) -> Optional[float]:
-    b = hbm_bytes(generation, cfg, mode)
+def hbm_gb(generation: str, cfg: Config, mode: str, v1_sram: Optional[int] = None) -> Optional[float]:
+    b = hbm_bytes(generation, cfg, mode, v1_sram)
     return None if b is None else b / BYTES_PER_GB

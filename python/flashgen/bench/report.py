@@ -229,9 +229,13 @@ def generations_tables(header: Optional[dict], results: Iterable[dict], sweep=No
     gens = _generation_names(results)
     matmul = (header or {}).get("matmul_tflops")
     ceiling = f" ({_num(matmul)} TFLOP/s)" if matmul else ""
+    # v1's tiles follow the M of the device that ran (recorded in the header; older records: the 48 KB tiles)
+    v1_sram = (header or {}).get("v1_sram_bytes") or io_model.V1_SRAM_BYTES
     lines = ["", f"== generations: TFLOP/s and % of the matmul ceiling{ceiling}; modelled HBM GB; speed ratios ==",
              "GB: io_model.py's bytes for each generation's own loop order and tiles, L2 ignored (a model, not a "
-             "measurement). a/b: b's time / a's time (> 1: a faster); best peer: the row's fastest ok peer."]
+             "measurement). a/b: b's time / a's time (> 1: a faster); best peer: the row's fastest ok peer.",
+             f"v1 tiles at M = {v1_sram // 1024} KB (block_sizes.h; d128: "
+             f"{'x'.join(str(b) for b in io_model.v1_block_sizes(128, v1_sram))})."]
     for mode in ATTENTION_MODE_ORDER:
         recs = [r for r in results if r["mode"] == mode]
         if not recs:
@@ -253,7 +257,7 @@ def generations_tables(header: Optional[dict], results: Iterable[dict], sweep=No
             cfg = Config.from_dict(cfgs[row])
             for g in gens:
                 cells[(row, _short(g))] = _gen_cell(by.get((row, g)))
-                gb = io_model.hbm_gb(_short(g), cfg, mode)
+                gb = io_model.hbm_gb(_short(g), cfg, mode, v1_sram)
                 cells[(row, f"{_short(g)} GB")] = MISSING if gb is None else _num(gb)
             v1, v2, v3 = (by.get((row, f"flashgen-{g}")) for g in GENERATION_ORDER)
             cells[(row, "v2/v1")] = _fmt_ratio(_speed_ratio(v2, v1))

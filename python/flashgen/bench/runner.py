@@ -96,8 +96,17 @@ def header(device: str, plan: Plan, impls: Sequence[Impl], notes: Sequence[str],
         "python": platform.python_version(), "git_sha": _git_sha(), "build_info": build,
         "impls": [i.name for i in impls], "notes": list(notes),
         "matmul_tflops": matmul, "matmul_dtype": plan.attention.dtype, "copy_tb_s": copy,
+        "v1_sram_bytes": _v1_sram(device),
         "timing": {"warmup_ms": measure.WARMUP_MS, "rep_ms": measure.REP_MS, "pause_s": measure.PAUSE_S},
     }
+
+
+def _v1_sram(device: str) -> Optional[int]:
+    """The M (bytes) v1's tiles follow on this device (v1_tiling/block_sizes.h sram_tier), for the IO model."""
+    if device != "cuda":
+        return None
+    from .io_model import v1_sram_bytes
+    return v1_sram_bytes()
 
 
 def _record(impl: Impl, cfg: Config, mode: str, status: str, reason: str = "", **extra) -> dict:
