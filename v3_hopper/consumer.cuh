@@ -90,7 +90,7 @@ struct PingPong {
 
 // One query tile of one warpgroup: rows [wg_row0, wg_row0 + 64) against key blocks [range.begin, range.end),
 // visited last to first; the K/V tiles are the kv_iter-th .. (kv_iter + n_tiles - 1)-th of this CTA's ring.
-template <typename T>
+template <typename T, bool kMods>
 __device__ __forceinline__ void consume_tile(const SmemMap<T>& sm, const PingPong<T>& turn, uint64_t desc_q,
                                              int kv_iter, int n_tiles, const BlockRange& range, const MaskSpec& mask,
                                              const ScoreMods& mods, bool zero_v_tail, float scale_log2, int wg_row0,
@@ -107,11 +107,14 @@ __device__ __forceinline__ void consume_tile(const SmemMap<T>& sm, const PingPon
   // in the profile, bench/NOTES.md session 13).
   const ColRange full = full_cols(mask, wg_row0, wg_row0 + kWarpgroupRows);
   auto n_begin = [&](int i) { return (range.end - 1 - i) * T::kBlockN; };
-  // Score modifiers, mask and the softmax step on tile i's S; returns whether a row's max was raised.
-  auto softmax_tile = [&](int i) {
+  // Score modifiers, mask and the softmax step on tile i's S; returns whether a row's max was raised. may_mask
+  // (a constant where it is called): without a window (the unmasked instance) only the first tile visited, the last
+  // key block, can reach past seqlen_k; tiles i >= 1 end at or before (range.end - 1) * kBlockN < seqlen_k, so the
+  // key loop of that instance carries no mask code (it sat between the hot instructions: bench/NOTES.md session 14).
+  auto softmax_tile = [&](int i, bool may_mask) {
     const AccCoord c{coord0.row0, n_begin(i) + coord0.col0};
-    if (mods.any()) apply_score_mods<T::kBlockN>(s, c, mods);
-    if (!full_cols_contain(full, n_begin(i), n_begin(i) + T::kBlockN)) apply_mask<T::kBlockN>(s, c, mask);
+    if (kMods) apply_score_mods<T::kBlockN>(s, c, mods);
+    if (may_mask && !full_cols_contain(full, n_begin(i), n_begin(i) + T::kBlockN)) apply_mask<T::kBlockN>(s, c, mask);
     return softmax_step<T::kBlockN>(s, rows, scale_log2, alpha);
   };
   // Only the first tile visited (the last key block) can reach past seqlen_k; decided once per tile (the key loop
@@ -132,7 +135,7 @@ __device__ __forceinline__ void consume_tile(const SmemMap<T>& sm, const PingPon
       fence_regs(s);
       release(sm.k_empty(slot.stage), lane);
       if (i == n_tiles - 1) release(sm.q_empty(), lane);
-      const bool raised = softmax_tile(i);
+      const bool raised = softmax_tile(i, true);
       if (i > 0 && __any_sync(0xffffffffu, raised)) rescale_o<T::kHeadDim>(o, alpha);
       convert_p<typename T::Tag, T::kBlockN>(s, pa);
       mbar_wait(sm.v_full(slot.stage), slot.phase);
@@ -156,8 +159,13 @@ __device__ __forceinline__ void consume_tile(const SmemMap<T>& sm, const PingPon
     fence_regs(s);
     release(sm.k_empty(k_slot.stage), lane);
     if (n_tiles == 1) release(sm.q_empty(), lane);
-    softmax_tile(0);
+    softmax_tile(0, true);
     convert_p<typename T::Tag, T::kBlockN>(s, pa);
+    if (zero_first_v) {  // V_0's rows past seqlen_k zeroed here, so the key loop carries no V-tail code
+      const RingSlot<T> v_slot(kv_iter);
+      mbar_wait(sm.v_full(v_slot.stage), v_slot.phase);
+      prepare_v(0, v_slot.stage);
+    }
   }
   for (int i = 1; i < n_tiles; ++i) {  // S_i = Q K_i^T and O += P_{i-1} V_{i-1} in flight, then softmax of S_i
     const RingSlot<T> k_slot(kv_iter + i), v_slot(kv_iter + i - 1);
@@ -165,14 +173,13 @@ __device__ __forceinline__ void consume_tile(const SmemMap<T>& sm, const PingPon
     turn.wait_turn();
     gemm_qk<T>(s, desc_q, k_desc(k_slot.stage));
     mbar_wait(sm.v_full(v_slot.stage), v_slot.phase);
-    prepare_v(i - 1, v_slot.stage);
     gemm_pv<T>(o, pa, v_desc(v_slot.stage));
     turn.pass_turn();
     wgmma_wait<1>();  // S_i has landed; P V may still run
     fence_regs(s);
     release(sm.k_empty(k_slot.stage), lane);
     if (i == n_tiles - 1) release(sm.q_empty(), lane);
-    const bool raised = softmax_tile(i);
+    const bool raised = softmax_tile(i, T::kMasked);
     wgmma_wait<0>();  // P_{i-1} V_{i-1} has landed: O and P's registers are free
     fence_regs(o);
     release(sm.v_empty(v_slot.stage), lane);
@@ -182,7 +189,6 @@ __device__ __forceinline__ void consume_tile(const SmemMap<T>& sm, const PingPon
   {  // Epilogue of the loop: O += P_last V_last.
     const RingSlot<T> v_slot(kv_iter + n_tiles - 1);
     mbar_wait(sm.v_full(v_slot.stage), v_slot.phase);
-    prepare_v(n_tiles - 1, v_slot.stage);
     turn.wait_turn();
     gemm_pv<T>(o, pa, v_desc(v_slot.stage));
     turn.pass_turn();
@@ -259,9 +265,15 @@ __device__ void consumer_loop(const AttnParams& p, const SmemMap<T>& sm, const T
     }
     if (n_tiles > 0) {
       mbar_wait(sm.q_full(), q_iter & 1);
-      consume_tile<T>(sm, turn, desc_q, kv_iter, n_tiles, range, mask,
-                      score_mods(p, tc.batch, tc.head, seq.seqlen_q, seq.seqlen_k), zero_v_tail, p.scale_log2,
-                      wg_row0, tid, wg, o, rows);
+      // Softcap / ALiBi: their key loop is its own copy, so the plain loop carries none of their code.
+      const ScoreMods mods = score_mods(p, tc.batch, tc.head, seq.seqlen_q, seq.seqlen_k);
+      if (mods.any()) {
+        consume_tile<T, true>(sm, turn, desc_q, kv_iter, n_tiles, range, mask, mods, zero_v_tail, p.scale_log2,
+                              wg_row0, tid, wg, o, rows);
+      } else {
+        consume_tile<T, false>(sm, turn, desc_q, kv_iter, n_tiles, range, mask, mods, zero_v_tail, p.scale_log2,
+                               wg_row0, tid, wg, o, rows);
+      }
       kv_iter += n_tiles;
       ++q_iter;
     }
