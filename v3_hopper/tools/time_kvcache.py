@@ -4,8 +4,9 @@ decode / prefill threshold (flashgen.dispatch.DECODE_MAX_SEQLEN_Q): below it aut
 from it on v3. The kernels are called through flashgen._ops (no append, no dispatch), so v3 is timed below the
 threshold too; one row per (cache length, query rows). bf16 d128, 32 query heads over 8 KV heads (a Llama-style GQA
 layer), batch 4, caches of 2k and 8k rows filled to the end. Median of triton's do_bench; each v3 output checked
-against v2's before timing. JSON lines to --out.
-    python3 v3_hopper/tools/time_kvcache.py [--out rows.jsonl] [--rows 1,16,64,127,128,256,512,1024,2048]
+against v2's before timing. JSON lines to --out. --graph times the replay of a CUDA graph holding the call, so the
+host side of _ops.forward (~40-90 us, which the plain timing of small calls holds) drops out of the rows below 128.
+    python3 v3_hopper/tools/time_kvcache.py [--out rows.jsonl] [--rows 1,16,64,127,128,256,512,1024,2048] [--graph]
 """
 
 from __future__ import annotations
@@ -28,17 +29,36 @@ def causal_flops(batch, heads, rows, keys, head_dim):
     return 4 * batch * heads * head_dim * seen
 
 
+def bench_ms(fn, graph: bool) -> float:
+    """Median ms of fn, or of replaying a CUDA graph captured from it (after warm-up calls on a side stream, so plan
+    caches and allocations exist before the capture)."""
+    if not graph:
+        return do_bench(fn, warmup=25, rep=100)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(3):
+            fn()
+    torch.cuda.current_stream().wait_stream(side)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        fn()
+    return do_bench(g.replay, warmup=25, rep=100)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=None)
     ap.add_argument("--rows", default="1,16,64,127,128,256,512,1024,2048")
     ap.add_argument("--caches", default="2048,8192")
     ap.add_argument("--batch", type=int, default=4)
+    ap.add_argument("--graph", action="store_true", help="time CUDA-graph replays (kernel time, no host side)")
     args = ap.parse_args()
     b, h, hk, d = args.batch, 32, 8, 128
     scale = 1.0 / math.sqrt(d)
     out_rows = []
-    print(f"threshold DECODE_MAX_SEQLEN_Q = {dispatch.DECODE_MAX_SEQLEN_Q}")
+    print(f"threshold DECODE_MAX_SEQLEN_Q = {dispatch.DECODE_MAX_SEQLEN_Q}; "
+          f"{'CUDA-graph replays' if args.graph else 'eager calls (host side included)'}")
     print(f"{'cache':>6}{'rows':>6}{'v2 us':>10}{'v3 us':>10}{'v2 TF/s':>9}{'v3 TF/s':>9}  v3/v2 time  max|v3-v2|")
     for cap in (int(x) for x in args.caches.split(",")):
         kc, vc = (torch.randn(b, cap, hk, d, device="cuda", dtype=torch.bfloat16) for _ in range(2))
@@ -52,10 +72,10 @@ def main() -> None:
             err = (run("v3").float() - run("v2").float()).abs().max().item()
             if err > CHECK_ATOL:
                 raise SystemExit(f"cache {cap} rows {rows}: v3 and v2 differ by {err}")
-            times = {gen: do_bench(lambda gen=gen: run(gen), warmup=25, rep=100) * 1e3 for gen in ("v2", "v3")}
+            times = {gen: bench_ms(lambda gen=gen: run(gen), args.graph) * 1e3 for gen in ("v2", "v3")}
             fl = causal_flops(b, h, rows, cap, d)
             row = dict(cache=cap, rows=rows, batch=b, heads=h, heads_k=hk, head_dim=d, v2_us=times["v2"],
-                       v3_us=times["v3"], flops=fl, max_abs_diff=err)
+                       v3_us=times["v3"], flops=fl, max_abs_diff=err, graph=args.graph)
             out_rows.append(row)
             print(f"{cap:>6}{rows:>6}{times['v2']:>10.1f}{times['v3']:>10.1f}{fl / times['v2'] / 1e6:>9.0f}"
                   f"{fl / times['v3'] / 1e6:>9.0f}  {times['v3'] / times['v2']:>10.2f}  {err:.1e}")
