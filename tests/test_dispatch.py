@@ -64,7 +64,9 @@ def test_sm90_runs_v3_forward_and_v2_for_what_v3_lacks():
         assert choose(_cuda((9, 0), features=features), built).generation == "v2", features
     # A KV-cache call with DECODE_MAX_SEQLEN_Q query rows or more (chunked prefill into a dense cache) runs on v3.
     assert choose(_cuda((9, 0), features={"kvcache", "gqa", "causal"}), built).generation == "v3"
-    assert explain(_cuda((9, 0), features={"kvcache", "decode"}), built)["v3"] == ["decode is not implemented in v3 yet"]
+    assert explain(_cuda((9, 0), features={"kvcache", "decode"}), built)["v3"] == [
+        f"decode (a KV-cache call of fewer than {dispatch.DECODE_MAX_SEQLEN_Q} query rows) needs a split-KV path, "
+        "which v3 does not have yet"]
     deterministic = explain(_cuda((9, 0), features={"backward", "deterministic"}), built)
     assert deterministic["v3"] == ["deterministic is not implemented in v3 yet"]
     assert choose(_cuda((9, 0), features={"backward", "deterministic"}), built).generation == "v2"

@@ -33,6 +33,13 @@ FEATURES: Tuple[str, ...] = (
 # (chunked prefill into a cache) are "kvcache" only, which v3 implements for dense caches.
 DECODE_MAX_SEQLEN_Q = 128
 
+# What a refusal says for a feature whose name alone does not explain it (default: "<feature> is not implemented in
+# <generation> yet").
+FEATURE_REASONS: Mapping[str, str] = {
+    "decode": f"decode (a KV-cache call of fewer than {DECODE_MAX_SEQLEN_Q} query rows) needs a split-KV path, which "
+              "{generation} does not have yet",
+}
+
 # Requested-version values besides a generation name.
 AUTO = "auto"
 
@@ -195,9 +202,12 @@ def _reasons(spec: GenerationSpec, problem: Problem, built: BuildInfo) -> Tuple[
                        else f"{spec.name} forward for {problem.dtype} is not implemented yet")
     else:
         for feature in sorted(problem.features - implements):
-            reasons.append(f"{feature} is not implemented in {spec.name} for {problem.dtype} yet"
-                           if problem.dtype in spec.implements_by_dtype
-                           else f"{feature} is not implemented in {spec.name} yet")
+            if feature in FEATURE_REASONS:
+                reasons.append(FEATURE_REASONS[feature].format(generation=spec.name))
+            else:
+                reasons.append(f"{feature} is not implemented in {spec.name} for {problem.dtype} yet"
+                               if problem.dtype in spec.implements_by_dtype
+                               else f"{feature} is not implemented in {spec.name} yet")
         for combo in sorted(spec.not_together, key=sorted):
             if combo <= problem.features:
                 reasons.append(f"{' with '.join(sorted(combo))} together is not implemented in {spec.name} yet")
