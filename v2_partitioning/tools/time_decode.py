@@ -23,23 +23,10 @@ from torch.nn.functional import scaled_dot_product_attention
 
 import flashgen
 from flashgen import _ops
+from flashgen.bench import measure
 
 MAX_ABS_DIFF = 2e-2  # bf16 outputs of exact kernels on N(0, 1) inputs differ by a few bf16 ulps of O(1)
 IMPLS = ("v2-decode0", "v2-decode1", "sdpa-flash", "sdpa-cudnn")
-
-
-def graph_ms(fn, rep: int) -> float:
-    """Median time of one replay of fn captured in a CUDA graph (warmed up on a side stream first, as torch asks)."""
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for _ in range(3):
-            fn()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fn()
-    return triton.testing.do_bench(graph.replay, rep=rep, return_mode="median")
 
 
 def main() -> None:
@@ -89,7 +76,7 @@ def main() -> None:
                         print(json.dumps({**row, "impl": name, "error": f"max_abs_diff {diff:.3e}"}), flush=True)
                         continue
                     ms = triton.testing.do_bench(fn, rep=args.rep, return_mode="median")
-                    g_ms = graph_ms(fn, args.rep)
+                    g_ms = measure.graph_replay_ms(fn, rep_ms=args.rep)
                 except RuntimeError as err:  # e.g. a backend that does not take this shape
                     print(json.dumps({**row, "impl": name, "error": str(err)[:200]}), flush=True)
                     continue

@@ -19,6 +19,7 @@ import torch
 from triton.testing import do_bench
 
 from flashgen import _ops, dispatch
+from flashgen.bench import measure
 
 CHECK_ATOL = 3e-2  # bf16 outputs of two exact kernels on randn inputs agree far inside this
 
@@ -27,23 +28,6 @@ def causal_flops(batch, heads, rows, keys, head_dim):
     """4 b h d x (keys each query row sees): row i of `rows` sees keys - rows + i + 1 (at least 0)."""
     seen = sum(max(0, keys - rows + i + 1) for i in range(rows))
     return 4 * batch * heads * head_dim * seen
-
-
-def bench_ms(fn, graph: bool) -> float:
-    """Median ms of fn, or of replaying a CUDA graph captured from it (after warm-up calls on a side stream, so plan
-    caches and allocations exist before the capture)."""
-    if not graph:
-        return do_bench(fn, warmup=25, rep=100)
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for _ in range(3):
-            fn()
-    torch.cuda.current_stream().wait_stream(side)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        fn()
-    return do_bench(g.replay, warmup=25, rep=100)
 
 
 def main() -> None:
@@ -55,6 +39,7 @@ def main() -> None:
     ap.add_argument("--graph", action="store_true", help="time CUDA-graph replays (kernel time, no host side)")
     args = ap.parse_args()
     b, h, hk, d = args.batch, 32, 8, 128
+    timer = measure.graph_replay_ms if args.graph else (lambda fn: do_bench(fn, warmup=25, rep=100))
     scale = 1.0 / math.sqrt(d)
     out_rows = []
     print(f"threshold DECODE_MAX_SEQLEN_Q = {dispatch.DECODE_MAX_SEQLEN_Q}; "
@@ -72,7 +57,7 @@ def main() -> None:
             err = (run("v3").float() - run("v2").float()).abs().max().item()
             if err > CHECK_ATOL:
                 raise SystemExit(f"cache {cap} rows {rows}: v3 and v2 differ by {err}")
-            times = {gen: bench_ms(lambda gen=gen: run(gen), args.graph) * 1e3 for gen in ("v2", "v3")}
+            times = {gen: timer(lambda gen=gen: run(gen)) * 1e3 for gen in ("v2", "v3")}
             fl = causal_flops(b, h, rows, cap, d)
             row = dict(cache=cap, rows=rows, batch=b, heads=h, heads_k=hk, head_dim=d, v2_us=times["v2"],
                        v3_us=times["v3"], flops=fl, max_abs_diff=err, graph=args.graph)

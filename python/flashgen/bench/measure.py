@@ -60,6 +60,22 @@ def time_ms(fn: Callable[[], object], device: str, *, warmup_ms: float = WARMUP_
     return _time_cpu(fn, rep_ms, grad_to_none), "perf_counter median"
 
 
+def graph_replay_ms(fn: Callable[[], object], *, warmup_ms: float = WARMUP_MS, rep_ms: float = REP_MS) -> float:
+    """Median milliseconds of one replay of a CUDA graph captured from `fn` (warmed up on a side stream first, as
+    torch asks, so plan caches and allocations exist before the capture): the GPU's time without the host side of
+    the call, which a small call's wall time is made of."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(3):
+            fn()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    return time_ms(graph.replay, "cuda", warmup_ms=warmup_ms, rep_ms=rep_ms)[0]
+
+
 def _clear(grad_to_none):
     for t in grad_to_none or ():
         t.grad = None
