@@ -201,10 +201,11 @@ SCENARIOS = (
 )
 PAGE_SIZES = (1, 3, 16, 256)
 
-# Chunked prefill into a dense cache: at least dispatch.DECODE_MAX_SEQLEN_Q query rows, so these are "kvcache" calls
-# without "decode" (v3 runs them on sm_90). Appended chunks of the query's length or shorter, caches that start empty,
-# mid-way and near full, more query rows than keys (bottom-right causal: the first rows see no key), windows, GQA and
-# MQA, rotary, softcap and ALiBi, and row counts off every tile size (128, 176, 192).
+# Chunked prefill (and speculative verification) into a dense cache: at least dispatch.DECODE_MAX_SEQLEN_Q query
+# rows, so these are "kvcache" calls without "decode" (v3 runs them on sm_90). Appended chunks of the query's length or
+# shorter, caches that start empty, mid-way and near full, more query rows than keys (bottom-right causal: the first
+# rows see no key), windows, GQA and MQA, rotary, softcap and ALiBi, and row counts off every tile size (128, 176,
+# 192) and inside one tile (17, 64, 127).
 PREFILL_SCENARIOS = (
     KvCase("prefill-append-causal", 0, cache_lens=(0, 37, 250, 120), seqlen_q=130, seqlen_new=130, capacity=400,
            causal=True),
@@ -215,6 +216,10 @@ PREFILL_SCENARIOS = (
     KvCase("prefill-no-append-more-rows", 0, cache_lens=(150, 40), seqlen_q=177, capacity=160, causal=True),
     KvCase("prefill-softcap-alibi", 0, cache_lens=(64, 1, 199), seqlen_q=193, seqlen_new=7, capacity=210,
            softcap=8.0, alibi=True, rotary="interleaved"),
+    KvCase("verify-append-causal-rotary", 0, cache_lens=(0, 90, 33), seqlen_q=17, seqlen_new=17, capacity=120,
+           causal=True, rotary="halves", rotary_dim=32, heads=8, heads_k=2),
+    KvCase("chunk-no-append-window", 0, cache_lens=(100, 64), seqlen_q=64, capacity=100, window=(40, 0), heads_k=1),
+    KvCase("chunk-append-127", 0, cache_lens=(3, 150), seqlen_q=127, seqlen_new=127, capacity=290, causal=True),
 )
 
 

@@ -29,9 +29,12 @@ FEATURES: Tuple[str, ...] = (
 )
 
 # A flash_attn_with_kvcache call with fewer query rows than this is a decode step ("decode"): v2's split-KV path
-# runs it, since v3 tiles 128 query rows (or 192) and does not split the keys. Calls of this many rows or more
-# (chunked prefill into a cache) are "kvcache" only, which v3 implements for dense caches.
-DECODE_MAX_SEQLEN_Q = 128
+# runs it (v3 does not split the keys, so a call of a few rows leaves most SMs idle). Calls of this many rows or more
+# (speculative verification, chunked prefill into a cache) are "kvcache" only, which v3 implements for dense caches.
+# The value is measured (v3_hopper/tools/time_kvcache.py --graph, bench/results/v3-dev/2026-12-02-s16-kvcache-graph.txt:
+# bf16 d128, 32/8 heads, batch 4, caches of 2k and 8k rows): at 1 row v3 takes 1.4-1.8x v2's time, at 16 and 64 rows
+# 0.89-1.01x, from 127 rows 0.43-0.64x.
+DECODE_MAX_SEQLEN_Q = 16
 
 # What a refusal says for a feature whose name alone does not explain it (default: "<feature> is not implemented in
 # <generation> yet").
