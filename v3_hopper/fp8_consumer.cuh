@@ -83,8 +83,11 @@ __device__ __forceinline__ Fp8Descale fp8_descale(const AttnParams& p, int batch
 }
 
 // One query tile of one warpgroup (consumer.cuh consume_tile with e4m3 operands). scale_log2: the softmax's, with
-// the q.k descale folded in unless s_scale != 1 (score modifiers: S is scaled to real scores first).
-template <typename T>
+// the q.k descale folded in unless s_scale != 1 (score modifiers: S is scaled to real scores first). As in
+// consumer.cuh, the key loop carries no code it does not need: kMods (softcap / ALiBi) is its own copy, and without
+// a window (kWindowed false) only the first tile visited, the last key block, can reach past seqlen_k, so the loop's
+// tiles i >= 1 are never masked.
+template <typename T, bool kMods, bool kWindowed>
 __device__ __forceinline__ void consume_tile_fp8(const SmemMap<T>& sm, const PingPong<T>& turn, uint64_t desc_q,
                                                  int kv_iter, int n_tiles, const BlockRange& range,
                                                  const MaskSpec& mask, const ScoreMods& mods, float s_scale,
@@ -98,16 +101,15 @@ __device__ __forceinline__ void consume_tile_fp8(const SmemMap<T>& sm, const Pin
   auto k_desc = [&](int stage) { return smem_desc(sm.k(stage), kKMajorLbo, kSwizzleAtomBytes); };
   auto v_desc = [&](int stage) { return smem_desc(sm.v(stage), kKMajorLbo, kSwizzleAtomBytes); };
   auto n_begin = [&](int i) { return (range.end - 1 - i) * T::kBlockN; };
-  auto softmax_tile = [&](int i) {
+  const ColRange full = full_cols(mask, wg_row0, wg_row0 + kWarpgroupRows);
+  auto softmax_tile = [&](int i, bool may_mask) {
     const AccCoord c{coord0.row0, n_begin(i) + coord0.col0};
-    if (mods.any()) {
+    if (kMods) {
 #pragma unroll
       for (int e = 0; e < T::kSRegs; ++e) s[e] *= s_scale;
       apply_score_mods<T::kBlockN>(s, c, mods);
     }
-    if (!tile_fully_visible(mask, wg_row0, wg_row0 + kWarpgroupRows, n_begin(i), n_begin(i) + T::kBlockN)) {
-      apply_mask<T::kBlockN>(s, c, mask);
-    }
+    if (may_mask && !full_cols_contain(full, n_begin(i), n_begin(i) + T::kBlockN)) apply_mask<T::kBlockN>(s, c, mask);
     return softmax_step<T::kBlockN>(s, rows, scale_log2, alpha);
   };
 
@@ -121,7 +123,7 @@ __device__ __forceinline__ void consume_tile_fp8(const SmemMap<T>& sm, const Pin
     fence_regs(s);
     release(sm.k_empty(k_slot.stage), lane);
     if (n_tiles == 1) release(sm.q_empty(), lane);
-    softmax_tile(0);
+    softmax_tile(0, true);
     convert_p_fp8<T::kBlockN>(s, pa);
   }
   for (int i = 1; i < n_tiles; ++i) {  // S_i and O += P_{i-1} V_{i-1} in flight, then the softmax of S_i
@@ -136,7 +138,7 @@ __device__ __forceinline__ void consume_tile_fp8(const SmemMap<T>& sm, const Pin
     fence_regs(s);
     release(sm.k_empty(k_slot.stage), lane);
     if (i == n_tiles - 1) release(sm.q_empty(), lane);
-    const bool raised = softmax_tile(i);
+    const bool raised = softmax_tile(i, kWindowed);
     wgmma_wait<0>();
     fence_regs(o);
     release(sm.v_empty(v_slot.stage), lane);
@@ -216,8 +218,16 @@ __device__ void fp8_consumer_loop(const AttnParams& p, const SmemMap<T>& sm, con
     }
     if (n_tiles > 0) {
       mbar_wait(sm.q_full(), q_iter & 1);
-      consume_tile_fp8<T>(sm, turn, desc_q, kv_iter, n_tiles, range, mask, mods, descale.qk, scale_log2, wg_row0,
-                          tid, o, rows);
+      if (mods.any()) {
+        consume_tile_fp8<T, true, true>(sm, turn, desc_q, kv_iter, n_tiles, range, mask, mods, descale.qk,
+                                        scale_log2, wg_row0, tid, o, rows);
+      } else if (mask.window_left >= 0 || mask.window_right >= 0) {
+        consume_tile_fp8<T, false, true>(sm, turn, desc_q, kv_iter, n_tiles, range, mask, mods, descale.qk,
+                                         scale_log2, wg_row0, tid, o, rows);
+      } else {
+        consume_tile_fp8<T, false, false>(sm, turn, desc_q, kv_iter, n_tiles, range, mask, mods, descale.qk,
+                                          scale_log2, wg_row0, tid, o, rows);
+      }
       kv_iter += n_tiles;
       ++q_iter;
     }

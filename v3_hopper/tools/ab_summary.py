@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Summary of ab_v3.sh's rows: per configuration, each tree's v3 TFLOP/s and v3 / cuDNN per round (cuDNN timed in
 the same process), then each tree's median ratio over rounds and the ratio of medians between trees.
-    python3 v3_hopper/tools/ab_summary.py ab_v3.jsonl
+    python3 v3_hopper/tools/ab_summary.py ab_v3.jsonl [key]    # key: the timed column, "v3" (default) or "fp8"
 """
 
 import collections
@@ -10,16 +10,17 @@ import statistics
 import sys
 
 
-def main(path: str) -> None:
+def main(path: str, key: str = "v3") -> None:
     rows = [json.loads(line) for line in open(path) if line.strip()]
     by_cfg = collections.defaultdict(lambda: collections.defaultdict(list))
     labels = []
     for r in rows:
         if r["label"] not in labels:
             labels.append(r["label"])
-        if r.get("v3") and r.get("cudnn"):
-            by_cfg[(r["head_dim"], r["seqlen"], r["causal"])][r["label"]].append((r["v3"], r["v3"] / r["cudnn"]))
-    print("config            " + "".join(f"{lab:>28}" for lab in labels) + "   (TFLOP/s per round; median v3/cuDNN)")
+        if r.get(key) and r.get("cudnn"):
+            by_cfg[(r["head_dim"], r["seqlen"], r["causal"])][r["label"]].append((r[key], r[key] / r["cudnn"]))
+    print("config            " + "".join(f"{lab:>28}" for lab in labels) +
+          f"   (TFLOP/s per round; median {key}/cuDNN)")
     for (d, s, causal), per in sorted(by_cfg.items()):
         cells = []
         for lab in labels:
@@ -32,4 +33,4 @@ def main(path: str) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    main(*sys.argv[1:3])

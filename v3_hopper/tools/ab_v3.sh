@@ -6,7 +6,9 @@
 #   OUT=... bash v3_hopper/tools/ab_v3.sh name1=tree1 name2=tree2 ...   # e.g. base=.scratch/base new=.
 # Env: ROUNDS (default 2), SEQLENS (default 2048,8192), HEAD_DIMS (default 64,128,256), TIMEOUT per run (150 s),
 # BWD=1: time the backward (tools/time_v3_bwd.py, head dims 64/128 by default) instead of the forward, TOOL_ARGS: more
-# arguments for the timing tool (e.g. "--softcap 30").
+# arguments for the timing tool (e.g. "--softcap 30"); FP8=1: time the FP8 forward (tools/time_fp8.py, head dims
+# 128/256, e4m3 and bf16 built) instead. BUILD_HEAD_DIMS: the bf16 buckets built (default 64;128;256); SKIP_BUILD=1:
+# time the modules an earlier call of this script built (a second tool over the same trees).
 # Output: $OUT/ab_v3.jsonl (the tool's rows, "label" = tree name, "round" added), ab_v3_summary.txt, and the build
 # logs and ptxas lines in ab_logs.tar.xz (the device returns at most 8 files).
 set -uo pipefail
@@ -14,13 +16,18 @@ here=$(cd "$(dirname "$0")/../.." && pwd)
 OUT=${OUT:-$here/.device_out}
 mkdir -p "$OUT"
 rounds=${ROUNDS:-2}
-if [ "${BWD:-0}" = 1 ]; then tool=time_v3_bwd.py head_dims=64,128; else tool=time_v3.py head_dims=64,128,256; fi
+dtypes=bf16 key=v3
+if [ "${BWD:-0}" = 1 ]; then tool=time_v3_bwd.py head_dims=64,128
+elif [ "${FP8:-0}" = 1 ]; then tool=time_fp8.py head_dims=128,256 dtypes="bf16;e4m3" key=fp8
+else tool=time_v3.py head_dims=64,128,256; fi
 jobs=$(( $(nproc) / $# ))
 [ "$jobs" -lt 1 ] && jobs=1
 for spec in "$@"; do
+  [ "${SKIP_BUILD:-0}" = 1 ] && break
   name=${spec%%=*}; tree=$(cd "${spec#*=}" && pwd)
   (cmake -S "$tree" -B "/tmp/ab_v3/build-$name" -G Ninja -DCMAKE_BUILD_TYPE=Release -DFLASHGEN_CUDA_ARCHS=90a \
-      -DFLASHGEN_V3_HEAD_DIMS="64;128;256" -DFLASHGEN_V3_DTYPES=bf16 -DFLASHGEN_V2_HEAD_DIMS=128 \
+      -DFLASHGEN_V3_HEAD_DIMS="${BUILD_HEAD_DIMS:-64;128;256}" -DFLASHGEN_V3_DTYPES="$dtypes" \
+      -DFLASHGEN_V3_FP8_HEAD_DIMS="128;256" -DFLASHGEN_V2_HEAD_DIMS=128 \
       -DFLASHGEN_V2_DTYPES=bf16 -Dpybind11_DIR="$(python3 -m pybind11 --cmakedir)" > "$OUT/ab_build_$name.log" 2>&1 &&
    cmake --build "/tmp/ab_v3/build-$name" -j "$jobs" >> "$OUT/ab_build_$name.log" 2>&1
    echo "$name build rc=$?") &
@@ -30,6 +37,7 @@ names=()
 for spec in "$@"; do
   name=${spec%%=*}; tree=$(cd "${spec#*=}" && pwd)
   pkg=/tmp/ab_v3/pkg-$name
+  if [ "${SKIP_BUILD:-0}" = 1 ]; then [ -d "$pkg" ] && names+=("$name"); continue; fi
   rm -rf "$pkg" && mkdir -p "$pkg" && cp -r "$tree/python/flashgen" "$pkg/" && rm -f "$pkg"/flashgen/_C*.so
   if cp /tmp/ab_v3/build-"$name"/_C*.so "$pkg/flashgen/" 2>/dev/null; then names+=("$name"); else
     echo "$name: no module (see ab_build_$name.log)"; grep -E "error" "$OUT/ab_build_$name.log" | head -20; fi
@@ -50,5 +58,6 @@ for line in open(sys.argv[1]):
         print(json.dumps(row))' /tmp/ab_v3/rows.jsonl "$round" >> "$OUT/ab_v3.jsonl"
   done
 done
-python3 "$here/v3_hopper/tools/ab_summary.py" "$OUT/ab_v3.jsonl" | tee "$OUT/ab_v3_summary.txt"
-(cd "$OUT" && tar cJf ab_logs.tar.xz ab_build_*.log ab_ptxas_*.txt && rm -f ab_build_*.log ab_ptxas_*.txt)
+python3 "$here/v3_hopper/tools/ab_summary.py" "$OUT/ab_v3.jsonl" "$key" | tee "$OUT/ab_v3_summary.txt"
+[ "${SKIP_BUILD:-0}" = 1 ] || (cd "$OUT" && tar cJf ab_logs.tar.xz ab_build_*.log ab_ptxas_*.txt &&
+                                rm -f ab_build_*.log ab_ptxas_*.txt)

@@ -5,7 +5,7 @@ Grid: head dims 128/256 x seqlen 2k/4k/8k/16k x causal or not, 16k tokens (batch
 (heads = 2048 / head_dim). Median of triton's do_bench; FLOPs 4 b h s^2 d, halved for causal. Before each timed
 configuration the FP8 output is checked against SDPA flash on the dequantized inputs. Also measures the FP8 matmul
 ceiling (torch._scaled_mm, 8192^3) in the same process, so the table can say % of it.
-    python3 v3_hopper/tools/time_fp8.py [--out results.jsonl] [--head-dims 128] [--seqlens 8192]
+    python3 v3_hopper/tools/time_fp8.py [--out results.jsonl] [--head-dims 128] [--seqlens 8192] [--label name]
 """
 
 from __future__ import annotations
@@ -43,6 +43,7 @@ def main() -> None:
     ap.add_argument("--out", default=None)
     ap.add_argument("--head-dims", default="128,256")
     ap.add_argument("--seqlens", default="2048,4096,8192,16384")
+    ap.add_argument("--label", default=None, help="added to every row (ab_v3.sh: the source tree's name)")
     args = ap.parse_args()
     built = _native.build_info()
     rows = []
@@ -103,7 +104,7 @@ def main() -> None:
     if args.out:
         with open(args.out, "w") as f:
             for r in rows:
-                f.write(json.dumps(r) + "\n")
+                f.write(json.dumps(r if args.label is None else {**r, "label": args.label}) + "\n")
 
 
 if __name__ == "__main__":
