@@ -13,6 +13,7 @@
 #include "v3_hopper/acc_layout.cuh"
 #include "v3_hopper/fwd_softmax.cuh"
 #include "v3_hopper/kernel_traits.cuh"
+#include "v3_hopper/producer.cuh"
 #include "v3_hopper/ptx.cuh"
 #include "v3_hopper/score.cuh"
 
@@ -90,11 +91,13 @@ struct PingPong {
 
 // One query tile of one warpgroup: rows [wg_row0, wg_row0 + 64) against key blocks [range.begin, range.end),
 // visited last to first; the K/V tiles are the kv_iter-th .. (kv_iter + n_tiles - 1)-th of this CTA's ring.
-template <typename T, bool kMods>
-__device__ __forceinline__ void consume_tile(const SmemMap<T>& sm, const PingPong<T>& turn, uint64_t desc_q,
-                                             int kv_iter, int n_tiles, const BlockRange& range, const MaskSpec& mask,
-                                             const ScoreMods& mods, bool zero_v_tail, float scale_log2, int wg_row0,
-                                             int tid, int wg, float (&o)[T::kORegs], RowState (&rows)[2]) {
+// Loads (producer.cuh): how it waits for a buffer to fill (ProducerLoads, or InlineLoads without warp specialization).
+template <typename T, bool kMods, typename Loads>
+__device__ __forceinline__ void consume_tile(const SmemMap<T>& sm, const Loads& loads, const PingPong<T>& turn,
+                                             uint64_t desc_q, int kv_iter, int n_tiles, const BlockRange& range,
+                                             const MaskSpec& mask, const ScoreMods& mods, bool zero_v_tail,
+                                             float scale_log2, int wg_row0, int tid, int wg, float (&o)[T::kORegs],
+                                             RowState (&rows)[2]) {
   const int lane = tid % 32;
   const AccCoord coord0{wg_row0 + 16 * (tid / 32) + lane / 4, 2 * (lane % 4)};
   float s[T::kSRegs];      // (64, kBlockN) fp32 scores, then probabilities, of this warpgroup
@@ -127,7 +130,7 @@ __device__ __forceinline__ void consume_tile(const SmemMap<T>& sm, const PingPon
   if constexpr (!kIntraWarpgroupOverlap) {  // ablation (tile_config.h): each GEMM waited for before the next step
     for (int i = 0; i < n_tiles; ++i) {
       const RingSlot<T> slot(kv_iter + i);
-      mbar_wait(sm.k_full(slot.stage), slot.phase);
+      loads.wait(sm.k_full(slot.stage), slot.phase);
       turn.wait_turn();
       gemm_qk<T>(s, desc_q, k_desc(slot.stage));
       turn.pass_turn();
@@ -138,7 +141,7 @@ __device__ __forceinline__ void consume_tile(const SmemMap<T>& sm, const PingPon
       const bool raised = softmax_tile(i, true);
       if (i > 0 && __any_sync(0xffffffffu, raised)) rescale_o<T::kHeadDim>(o, alpha);
       convert_p<typename T::Tag, T::kBlockN>(s, pa);
-      mbar_wait(sm.v_full(slot.stage), slot.phase);
+      loads.wait(sm.v_full(slot.stage), slot.phase);
       prepare_v(i, slot.stage);
       turn.wait_turn();
       gemm_pv<T>(o, pa, v_desc(slot.stage));
@@ -146,12 +149,13 @@ __device__ __forceinline__ void consume_tile(const SmemMap<T>& sm, const PingPon
       wgmma_wait<0>();
       fence_regs(o);
       release(sm.v_empty(slot.stage), lane);
+      loads.pump();
     }
     return;
   }
   {  // Prologue: S_0 and its softmax; O is still 0, so nothing to rescale.
     const RingSlot<T> k_slot(kv_iter);
-    mbar_wait(sm.k_full(k_slot.stage), k_slot.phase);
+    loads.wait(sm.k_full(k_slot.stage), k_slot.phase);
     turn.wait_turn();
     gemm_qk<T>(s, desc_q, k_desc(k_slot.stage));
     turn.pass_turn();
@@ -163,16 +167,16 @@ __device__ __forceinline__ void consume_tile(const SmemMap<T>& sm, const PingPon
     convert_p<typename T::Tag, T::kBlockN>(s, pa);
     if (zero_first_v) {  // V_0's rows past seqlen_k zeroed here, so the key loop carries no V-tail code
       const RingSlot<T> v_slot(kv_iter);
-      mbar_wait(sm.v_full(v_slot.stage), v_slot.phase);
+      loads.wait(sm.v_full(v_slot.stage), v_slot.phase);
       prepare_v(0, v_slot.stage);
     }
   }
   for (int i = 1; i < n_tiles; ++i) {  // S_i = Q K_i^T and O += P_{i-1} V_{i-1} in flight, then softmax of S_i
     const RingSlot<T> k_slot(kv_iter + i), v_slot(kv_iter + i - 1);
-    mbar_wait(sm.k_full(k_slot.stage), k_slot.phase);
+    loads.wait(sm.k_full(k_slot.stage), k_slot.phase);
     turn.wait_turn();
     gemm_qk<T>(s, desc_q, k_desc(k_slot.stage));
-    mbar_wait(sm.v_full(v_slot.stage), v_slot.phase);
+    loads.wait(sm.v_full(v_slot.stage), v_slot.phase);
     gemm_pv<T>(o, pa, v_desc(v_slot.stage));
     turn.pass_turn();
     wgmma_wait<1>();  // S_i has landed; P V may still run
@@ -183,12 +187,13 @@ __device__ __forceinline__ void consume_tile(const SmemMap<T>& sm, const PingPon
     wgmma_wait<0>();  // P_{i-1} V_{i-1} has landed: O and P's registers are free
     fence_regs(o);
     release(sm.v_empty(v_slot.stage), lane);
+    loads.pump();  // without warp specialization: the loads that this step's releases made room for
     if (__any_sync(0xffffffffu, raised)) rescale_o<T::kHeadDim>(o, alpha);
     convert_p<typename T::Tag, T::kBlockN>(s, pa);
   }
   {  // Epilogue of the loop: O += P_last V_last.
     const RingSlot<T> v_slot(kv_iter + n_tiles - 1);
-    mbar_wait(sm.v_full(v_slot.stage), v_slot.phase);
+    loads.wait(sm.v_full(v_slot.stage), v_slot.phase);
     turn.wait_turn();
     gemm_pv<T>(o, pa, v_desc(v_slot.stage));
     turn.pass_turn();
@@ -234,8 +239,9 @@ __device__ __forceinline__ void store_tile(const AttnParams& p, const SeqInfo& s
   }
 }
 
-template <typename T>
-__device__ void consumer_loop(const AttnParams& p, const SmemMap<T>& sm, const TileScheduler& sched, int wg) {
+template <typename T, typename Loads>
+__device__ __forceinline__ void consumer_loop(const AttnParams& p, const SmemMap<T>& sm, const Loads& loads,
+                                              const TileScheduler& sched, int wg) {
   const int tid = threadIdx.x % kWarpgroupThreads, lane = tid % 32;
   const PingPong<T> turn{wg};
   const uint64_t desc_q = smem_desc(sm.q() + wg * T::kWarpgroupRowBytes, kKMajorLbo, kSwizzleAtomBytes);
@@ -264,14 +270,14 @@ __device__ void consumer_loop(const AttnParams& p, const SmemMap<T>& sm, const T
       rows[half].l = 0.f;
     }
     if (n_tiles > 0) {
-      mbar_wait(sm.q_full(), q_iter & 1);
+      loads.wait(sm.q_full(), q_iter & 1);
       // Softcap / ALiBi: their key loop is its own copy, so the plain loop carries none of their code.
       const ScoreMods mods = score_mods(p, tc.batch, tc.head, seq.seqlen_q, seq.seqlen_k);
       if (mods.any()) {
-        consume_tile<T, true>(sm, turn, desc_q, kv_iter, n_tiles, range, mask, mods, zero_v_tail, p.scale_log2,
+        consume_tile<T, true>(sm, loads, turn, desc_q, kv_iter, n_tiles, range, mask, mods, zero_v_tail, p.scale_log2,
                               wg_row0, tid, wg, o, rows);
       } else {
-        consume_tile<T, false>(sm, turn, desc_q, kv_iter, n_tiles, range, mask, mods, zero_v_tail, p.scale_log2,
+        consume_tile<T, false>(sm, loads, turn, desc_q, kv_iter, n_tiles, range, mask, mods, zero_v_tail, p.scale_log2,
                                wg_row0, tid, wg, o, rows);
       }
       kv_iter += n_tiles;

@@ -6,6 +6,7 @@
 // setmaxnreg moves registers from the producer to the consumers. Invariant between the roles: every buffer
 // alternates full (TMA landed: its full mbarrier's phase completed) and empty (every consumer warp's GEMMs that
 // read it completed: its empty mbarrier's phase completed); both sides count phases with the same tile sequence.
+// FLASHGEN_V3_WARPSPEC=0 (an ablation, tile_config.h): no producer; the consumers' first thread issues the loads.
 #pragma once
 
 #include "common/mask.h"
@@ -69,12 +70,20 @@ __global__ void __launch_bounds__(T::kNumThreads, 1)
   // Broadcast from lane 0, so the compiler knows the index is warp-uniform: the consumers' Q descriptor (and
   // everything else derived from the warpgroup) then lives in uniform registers, with no R2UR before each wgmma.
   const int warpgroup = __shfl_sync(0xffffffffu, static_cast<int>(threadIdx.x / kWarpgroupThreads), 0);
-  if (warpgroup == 0) {
+  if constexpr (!kWarpSpecialized) {  // ablation (tile_config.h): the consumers' first thread issues the loads
+    Loader<T> loader{p, FwdMaps{&map_q, &map_k, &map_v}, sm, sched, chunks};
+    const InlineLoads<T> loads{loader, threadIdx.x == 0};
+    consumer_loop<T>(p, sm, loads, sched, warpgroup);
+    if (threadIdx.x == 0) {
+      while (loader.template step<true>()) {  // nothing is left by then (every load was one this warpgroup used)
+      }
+    }
+  } else if (warpgroup == 0) {
     setmaxnreg_dec<T::kProducerRegs>();
     if (threadIdx.x == 0) producer_loop<T>(p, FwdMaps{&map_q, &map_k, &map_v}, sm, sched, chunks);
   } else {
     setmaxnreg_inc<T::kConsumerRegs>();
-    consumer_loop<T>(p, sm, sched, warpgroup - 1);
+    consumer_loop<T>(p, sm, ProducerLoads{}, sched, warpgroup - 1);
   }
 }
 

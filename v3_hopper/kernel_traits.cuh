@@ -53,7 +53,7 @@ struct FwdTraits {
   static constexpr int kBlockN = kConfig.block_n;
   static constexpr int kStages = kConfig.stages;
   static constexpr bool kPingPong = kConfig.pingpong && kPingPongEnabled;
-  static constexpr int kNumThreads = num_threads(kConfig);
+  static constexpr int kNumThreads = num_threads(kConfig, kWarpSpecialized);
   static constexpr int kProducerRegs = register_budget(kConfig).producer;
   static constexpr int kConsumerRegs = register_budget(kConfig).consumer;
   // Arrivals that free a buffer: one per consumer warp, after the warp's wgmma_wait showed its GEMM reads done.

@@ -32,56 +32,129 @@ __device__ __forceinline__ void load_tile(uint32_t dst, const CUtensorMap* map, 
   }
 }
 
+// The CTA's load sequence, one load per step: for each tile with keys (the same persistent sequence as the
+// consumers, the same empty tiles skipped, so the barrier phases of both sides stay in step) Q, then K_0, then
+// K_{i+1} before V_i for i = 0 .. n - 1. K and V of tile i hold key block range.end - 1 - i: the diagonal, masked
+// blocks first. The order is FA3's: iteration i + 1 of the consumers needs K_{i+1} and V_i together
+// (intra-warpgroup overlap), and V_i's stage frees only once P_i V_i has completed, one iteration after K_i's:
+// loading K_{i+1} behind V_i made each K wait on that later release, and at 2k causal (about eight tiles per query
+// block) the consumers' K wait was 15% of their loop's samples (bench/NOTES.md session 14).
+// step<true> waits for the load's buffer to be empty (the producer warpgroup's thread); step<false> issues only
+// if it already is (the no-warp-specialization ablation, where a consumer thread issues the loads between its own
+// work, tile_config.h). Both return false when nothing was issued: the sequence is done, or the buffer is busy.
+template <typename T>
+struct Loader {
+  const AttnParams& p;
+  FwdMaps maps;
+  SmemMap<T> sm;
+  const TileScheduler& sched;
+  int chunks;
+  int round = 0, item = 0, items = 0;  // position: item < items of the tile of round - 1 (items 0: none yet)
+  int kv_iter = 0, q_iter = 0;
+  int n_tiles = 0, key_block_end = 0, m_row = 0, head = 0, head_k = 0;
+  TmaRows rows{};
+  bool done = false;
+
+  // Moves to the next tile that has keys; false (and done) when this CTA has none left.
+  __device__ __forceinline__ bool next_tile() {
+    for (;; ++round) {
+      const int tile = sched.tile_of_round(round);
+      if (tile >= sched.num_tiles()) {
+        done = true;
+        return false;
+      }
+      const TileCoord tc = sched.coord(tile);
+      const SeqInfo seq = seq_info(p, tc.batch);
+      const int m_begin = tc.m_block * T::kBlockM;
+      if (m_begin >= seq.seqlen_q) continue;  // varlen: this sequence is shorter than max_seqlen_q
+      const BlockRange range = tile_n_range<T>(seq.mask(p), m_begin);
+      n_tiles = range.end - range.begin;
+      if (n_tiles <= 0) continue;  // every row of the tile is empty: the consumers write 0 and +inf without loads
+      rows = tma_rows(p, tc.batch);
+      key_block_end = range.end;
+      m_row = rows.q_row0 + m_begin;
+      head = tc.head;
+      head_k = tc.head / (p.num_heads / p.num_heads_k);
+      item = 0;
+      items = 2 + 2 * n_tiles;
+      ++round;
+      return true;
+    }
+  }
+
+  template <bool kBlocking>
+  __device__ __forceinline__ bool step() {
+    for (;;) {
+      if (done || (item == items && !next_tile())) return false;
+      // item 0: Q; item 1: K_0; then K_{i+1}, V_i for i = (item - 2) / 2 (K_n does not exist: skipped)
+      const bool is_q = item == 0, is_k = item == 1 || (item >= 2 && item % 2 == 0);
+      const int i = item == 1 ? 0 : (item - 2) / 2 + (is_k ? 1 : 0);
+      if (!is_q && i >= n_tiles) {
+        ++item;
+        continue;
+      }
+      const RingSlot<T> slot(kv_iter + i);
+      const uint32_t empty = is_q ? sm.q_empty() : (is_k ? sm.k_empty(slot.stage) : sm.v_empty(slot.stage));
+      const uint32_t parity = (is_q ? static_cast<uint32_t>(q_iter & 1) : slot.phase) ^ 1u;
+      if (kBlocking) {
+        mbar_wait(empty, parity);
+      } else if (!mbar_test_wait(empty, parity)) {
+        return false;
+      }
+      if (is_q) {
+        mbar_arrive_expect_tx(sm.q_full(), chunks * T::kChunkBytesQ);
+        load_tile<T::kChunks>(sm.q(), maps.q, sm.q_full(), chunks, T::kChunkBytesQ, m_row, head, rows.q_batch);
+      } else {
+        const uint32_t full = is_k ? sm.k_full(slot.stage) : sm.v_full(slot.stage);
+        mbar_arrive_expect_tx(full, chunks * T::kChunkBytesKV);
+        load_tile<T::kChunks>(is_k ? sm.k(slot.stage) : sm.v(slot.stage), is_k ? maps.k : maps.v, full, chunks,
+                              T::kChunkBytesKV, rows.k_row0 + (key_block_end - 1 - i) * T::kBlockN, head_k,
+                              rows.k_batch);
+      }
+      if (++item == items) {
+        kv_iter += n_tiles;
+        ++q_iter;
+      }
+      return true;
+    }
+  }
+};
+
+// How a consumer waits for a buffer to fill. With warp specialization the producer warpgroup loads it: a plain wait.
+struct ProducerLoads {
+  __device__ __forceinline__ void wait(uint32_t bar, uint32_t parity) const { mbar_wait(bar, parity); }
+  __device__ __forceinline__ void pump() const {}
+};
+// Without (FLASHGEN_V3_WARPSPEC=0): the consumers' first thread owns the Loader and issues whatever loads have a free
+// buffer while it waits, and after its warpgroup's releases (pump). It never blocks on anything but a buffer's
+// phase and its own GEMMs, so the other warpgroup's loads always go out.
+template <typename T>
+struct InlineLoads {
+  Loader<T>& loader;
+  bool issuer;
+  __device__ __forceinline__ void wait(uint32_t bar, uint32_t parity) const {
+    if (issuer) {
+      while (!mbar_test_wait(bar, parity)) loader.template step<false>();
+    } else {
+      mbar_wait(bar, parity);
+    }
+    __syncwarp();
+  }
+  __device__ __forceinline__ void pump() const {
+    if (issuer) {
+      while (loader.template step<false>()) {
+      }
+    }
+    __syncwarp();
+  }
+};
+
+// The producer warpgroup's one thread (warp specialization): the whole sequence, waiting for each buffer.
 template <typename T>
 __device__ void producer_loop(const AttnParams& p, const FwdMaps& maps, const SmemMap<T>& sm,
                               const TileScheduler& sched, int chunks) {
-  const uint32_t q_bytes = chunks * T::kChunkBytesQ, kv_bytes = chunks * T::kChunkBytesKV;
-  const int heads_per_kv = p.num_heads / p.num_heads_k;
-  int kv_iter = 0, q_iter = 0;
-  for (int round = 0;; ++round) {
-    const int tile = sched.tile_of_round(round);
-    if (tile >= sched.num_tiles()) break;
-    const TileCoord tc = sched.coord(tile);
-    const SeqInfo seq = seq_info(p, tc.batch);
-    const int m_begin = tc.m_block * T::kBlockM;
-    if (m_begin >= seq.seqlen_q) continue;  // varlen: this sequence is shorter than max_seqlen_q
-    const BlockRange range = tile_n_range<T>(seq.mask(p), m_begin);
-    const int n_tiles = range.end - range.begin;
-    if (n_tiles <= 0) continue;  // every row of the tile is empty: the consumers write 0 and +inf without loads
-    const TmaRows rows = tma_rows(p, tc.batch);
-    const int head_k = tc.head / heads_per_kv;
-
-    mbar_wait(sm.q_empty(), (q_iter & 1) ^ 1);  // the consumers' last Q K^T of the previous tile has completed
-    mbar_arrive_expect_tx(sm.q_full(), q_bytes);
-    load_tile<T::kChunks>(sm.q(), maps.q, sm.q_full(), chunks, T::kChunkBytesQ, rows.q_row0 + m_begin, tc.head,
-                          rows.q_batch);
-
-    // K and V of tile i (key block range.end - 1 - i: the diagonal, masked blocks first) in the order the
-    // consumers use them (FA3's): K_0, then K_{i+1} before V_i, since iteration i + 1 of the consumers needs K_{i+1}
-    // and V_i together (intra-warpgroup overlap). V_i's stage frees only once P_i V_i has completed, one iteration
-    // after K_i's: loading K_{i+1} behind V_i made each K wait on that later release, and at 2k causal (about eight
-    // tiles per query block) the consumers' K wait was 15% of their loop's samples (bench/NOTES.md session 14).
-    auto load_k = [&](int i) {
-      const RingSlot<T> slot(kv_iter + i);
-      mbar_wait(sm.k_empty(slot.stage), slot.phase ^ 1);
-      mbar_arrive_expect_tx(sm.k_full(slot.stage), kv_bytes);
-      load_tile<T::kChunks>(sm.k(slot.stage), maps.k, sm.k_full(slot.stage), chunks, T::kChunkBytesKV,
-                            rows.k_row0 + (range.end - 1 - i) * T::kBlockN, head_k, rows.k_batch);
-    };
-    auto load_v = [&](int i) {
-      const RingSlot<T> slot(kv_iter + i);
-      mbar_wait(sm.v_empty(slot.stage), slot.phase ^ 1);
-      mbar_arrive_expect_tx(sm.v_full(slot.stage), kv_bytes);
-      load_tile<T::kChunks>(sm.v(slot.stage), maps.v, sm.v_full(slot.stage), chunks, T::kChunkBytesKV,
-                            rows.k_row0 + (range.end - 1 - i) * T::kBlockN, head_k, rows.k_batch);
-    };
-    load_k(0);
-    for (int i = 0; i < n_tiles; ++i) {
-      if (i + 1 < n_tiles) load_k(i + 1);
-      load_v(i);
-    }
-    kv_iter += n_tiles;
-    ++q_iter;
+  Loader<T> loader{p, maps, sm, sched, chunks};
+  while (loader.template step<true>()) {
   }
 }
 

@@ -55,12 +55,22 @@ constexpr TileConfig tile_config(int head_dim, bool masked) {
 #ifndef FLASHGEN_V3_PERSISTENT
 #define FLASHGEN_V3_PERSISTENT 1  // 0: one CTA per tile (grid = tiles) instead of one per SM looping over tiles
 #endif
-constexpr bool kPingPongEnabled = FLASHGEN_V3_PINGPONG != 0;
+#ifndef FLASHGEN_V3_WARPSPEC
+// 0: no producer warpgroup: the consumers' first thread issues the TMA loads between its own work (producer.cuh
+// Loader::step<false>, polled while it waits for a buffer and after each release), no setmaxnreg, no ping-pong (a
+// warpgroup blocked on its turn could not issue the loads the other one waits for)
+#define FLASHGEN_V3_WARPSPEC 1
+#endif
+constexpr bool kWarpSpecialized = FLASHGEN_V3_WARPSPEC != 0;
+constexpr bool kPingPongEnabled = FLASHGEN_V3_PINGPONG != 0 && kWarpSpecialized;
 constexpr bool kIntraWarpgroupOverlap = FLASHGEN_V3_OVERLAP != 0;
 constexpr bool kPersistentGrid = FLASHGEN_V3_PERSISTENT != 0;
 
 constexpr int block_m(const TileConfig& c) { return c.consumers * kWarpgroupRows; }
-constexpr int num_threads(const TileConfig& c) { return (1 + c.consumers) * kWarpgroupThreads; }
+// producer: the producer warpgroup is there (always but in the forward's no-warpspec ablation).
+constexpr int num_threads(const TileConfig& c, bool producer = true) {
+  return ((producer ? 1 : 0) + c.consumers) * kWarpgroupThreads;
+}
 
 // ---- register budgets (setmaxnreg): the SM's 64K registers split unevenly between the roles ----
 // __launch_bounds__(threads, 1) starts every thread at launch_regs; the producer gives registers back to the CTA's
@@ -78,6 +88,7 @@ constexpr int launch_regs(const TileConfig& c) {
   return kRegisterFile / num_threads(c) / kRegisterGranule * kRegisterGranule;
 }
 constexpr bool budget_fits(const TileConfig& c) {
+  if (!kWarpSpecialized) return c.consumers >= 1 && c.consumers <= kMaxConsumerWarpgroups;  // no setmaxnreg
   return kWarpgroupThreads * (launch_regs(c) - register_budget(c).producer) >=
              c.consumers * kWarpgroupThreads * (register_budget(c).consumer - launch_regs(c)) &&
          c.consumers >= 1 && c.consumers <= kMaxConsumerWarpgroups;
