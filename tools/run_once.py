@@ -7,6 +7,7 @@ backend on the same shape, so the peer's kernel can be profiled next to ours in 
 FlashAttention-4's CuTe DSL kernels (flash_attn.cute, carried as ../shared/tools/fa4_wheels.sh says; its kernels
 are named after their classes, e.g. -k regex:FlashAttentionForwardSm90). With CUTE_DSL_KEEP_PTX=1 and
 CUTE_DSL_DUMP_DIR set, FA4 also leaves the PTX it compiled there, for reading its SASS on a machine without a GPU.
+v3-fp8: v3's FP8 (e4m3) forward alone (-k regex:fp8_fwd_kernel) on the same shape, inputs quantized per head.
 """
 
 import math
@@ -39,6 +40,12 @@ for _ in range(2):
         with sdpa_kernel([backend]):
             o = scaled_dot_product_attention(qt, kt, vt, is_causal=causal)
         o.backward(do.transpose(1, 2))
+    elif impl == "v3-fp8":
+        from flashgen import fp8
+
+        t = fp8.quantize_qkv(q.float(), k.float(), v.float(), granularity="head")
+        o, lse, _ = _ops.forward("v3", t.q, t.k, t.v, q_descale=t.q_descale, k_descale=t.k_descale,
+                                 v_descale=t.v_descale, **kw)
     elif impl == "fa4-cute":
         from flash_attn.cute import flash_attn_func
 
@@ -47,7 +54,7 @@ for _ in range(2):
         o = o[0] if isinstance(o, (tuple, list)) else o
         o.backward(do)
     else:
-        raise SystemExit(f"impl must be a compiled GPU generation {generations}, sdpa-flash / sdpa-cudnn or fa4-cute, "
+        raise SystemExit(f"impl must be a compiled GPU generation {generations}, sdpa-flash / sdpa-cudnn, v3-fp8 or fa4-cute, "
                          f"got {impl!r}")
 torch.cuda.synchronize()
 print("ok", impl, d, s, causal)

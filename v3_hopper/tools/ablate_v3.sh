@@ -9,7 +9,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-$PWD/.device_out}
-mkdir -p "$OUT"
+mkdir -p "$OUT" build
 seqlens=${1:-2048,8192}
 variants=("default:" "no-pingpong:-DFLASHGEN_V3_PINGPONG=0" "no-overlap:-DFLASHGEN_V3_OVERLAP=0"
           "no-persistent:-DFLASHGEN_V3_PERSISTENT=0" "no-warpspec:-DFLASHGEN_V3_WARPSPEC=0")
@@ -22,7 +22,7 @@ jobs=$(( $(nproc) / ${#variants[@]} ))
 for v in "${variants[@]}"; do
   name=${v%%:*}; flags=${v#*:}
   (cmake -S . -B "build/ablate-$name" -G Ninja -DCMAKE_BUILD_TYPE=Release -DFLASHGEN_CUDA_ARCHS=90a \
-      -DFLASHGEN_V3_HEAD_DIMS=128 -DFLASHGEN_V3_DTYPES=bf16 -DFLASHGEN_V2_HEAD_DIMS=128 -DFLASHGEN_V2_DTYPES=bf16 \
+      -DFLASHGEN_V3_HEAD_DIMS=128 -DFLASHGEN_V3_BWD_HEAD_DIMS=128 -DFLASHGEN_V3_DTYPES=bf16 -DFLASHGEN_V2_HEAD_DIMS=128 -DFLASHGEN_V2_DTYPES=bf16 \
       -DCMAKE_CUDA_FLAGS="$flags" -Dpybind11_DIR="$(python3 -m pybind11 --cmakedir)" > "build/ablate-$name.log" 2>&1 &&
    cmake --build "build/ablate-$name" -j "$jobs" >> "build/ablate-$name.log" 2>&1; echo "$name build rc=$?") &
 done
