@@ -196,8 +196,43 @@ __global__ void __launch_bounds__(T::kNThreads, T::kMinBlocksPerSm) fwd_kernel(c
   auto page_tile = [&](const Element* g, int n_block, int64_t page_stride, int64_t row_stride) {
     return g + paged_kv_row_offset(p, batch, kv_first_row(p, batch) + n_block * T::kBlockN, page_stride, row_stride);
   };
+  // kRowTable (paged, one K/V stage, two barriers per tile: the d128 / d256 decode instances): for tile i >= 1 of the
+  // loop the address of each of its rows in K and in V sits in shared memory, row_table (i & 1), made one tile
+  // ahead by one thread per row (row_entry at the top of iteration i - 1, row_offsets after its Q K^T): the second
+  // barrier of iteration i - 1 publishes it to K_i's load and to V_i's at the top of iteration i; buffer (i & 1) was
+  // last read by V_{i-2}'s load, before the second barrier of iteration i - 2. Tile 0 keeps load_rows_async.
+  constexpr bool kRowTable = T::kPaged && !T::kOneSync && T::kStages == 1;
+  const Element** s_rows = row_table_smem<kRowTable, 2 * 2 * T::kBlockN, Element>();  // [tile & 1][K, V][row]
+  const Element* k_head = static_cast<const Element*>(p.k) + head_k * p.k_head_stride;
+  const Element* v_head = static_cast<const Element*>(p.v) + head_k * p.v_head_stride;
+  auto row_table = [&](int i) { return s_rows + (i & 1) * 2 * T::kBlockN; };
+  // This thread's row of key block n_block (the block's last valid row past seqlen_k): its cursor and entry.
+  auto row_cursor = [&](int n_block) {
+    const int rows = imin(T::kBlockN, seq.seqlen_k - n_block * T::kBlockN);
+    return PagedRowCursor(p, batch, kv_first_row(p, batch) + n_block * T::kBlockN + imin(tid, rows - 1), 0);
+  };
+  auto row_entry = [&](int n_block) { return tid < T::kBlockN ? row_cursor(n_block).entry() : 0; };
+  auto row_offsets = [&](int i, int n_block, int entry) {
+    if (tid < T::kBlockN) {
+      const PagedRowCursor c = row_cursor(n_block);
+      row_table(i)[tid] = k_head + c.offset_of(entry, c.row_in_page, p.k_batch_stride, p.k_row_stride);
+      row_table(i)[T::kBlockN + tid] = v_head + c.offset_of(entry, c.row_in_page, p.v_batch_stride, p.v_row_stride);
+    }
+    if (n_block - 1 >= range.begin) {  // the next table's entries into L1 (its row_entry reads them)
+      const int first = kv_first_row(p, batch) + (n_block - 1) * T::kBlockN;
+      prefetch_page_entries(p, batch, first, first + T::kBlockN, tid);
+    }
+  };
   auto load_k = [&](int i, int n_block) {  // tile i of the loop (its stage) is key block n_block
     Element* dst = s_k + (i % T::kStages) * T::kSmemKV;
+    if constexpr (kRowTable) {
+      if (!tile_in_page && i > 0) {
+        load_rows_at_async<T::kBlockN, T::kHeadDim, T::kNThreads>(
+            dst, row_table(i),
+            seq.seqlen_k - n_block * T::kBlockN, p.head_dim, tid);
+        return;
+      }
+    }
     if (T::kPaged && tile_in_page) {
       load_tile_async<T::kBlockN, T::kHeadDim, T::kNThreads>(
           dst, page_tile(static_cast<const Element*>(p.k) + head_k * p.k_head_stride, n_block, p.k_batch_stride,
@@ -220,6 +255,14 @@ __global__ void __launch_bounds__(T::kNThreads, T::kMinBlocksPerSm) fwd_kernel(c
   };
   auto load_v = [&](int i, int n_block) {
     Element* dst = s_v + (i % T::kStages) * T::kSmemKV;
+    if constexpr (kRowTable) {
+      if (!tile_in_page && i > 0) {
+        load_rows_at_async<T::kBlockN, T::kHeadDim, T::kNThreads>(
+            dst, row_table(i) + T::kBlockN,
+            seq.seqlen_k - n_block * T::kBlockN, p.head_dim, tid);
+        return;
+      }
+    }
     if (T::kPaged && tile_in_page) {
       load_tile_async<T::kBlockN, T::kHeadDim, T::kNThreads>(
           dst, page_tile(static_cast<const Element*>(p.v) + head_k * p.v_head_stride, n_block, p.v_batch_stride,
@@ -326,6 +369,13 @@ __global__ void __launch_bounds__(T::kNThreads, T::kMinBlocksPerSm) fwd_kernel(c
       }
     }
     cp_async_commit();
+    // kRowTable: tile i + 1's rows, the entry read here and the offsets stored after Q K^T (the read's latency under
+    // the GEMM), before the barrier ahead of K_{i+1}'s load.
+    const bool make_table = kRowTable && !tile_in_page && tiles.valid(i, 1);
+    int next_entry = 0;
+    if constexpr (kRowTable) {
+      if (make_table) next_entry = row_entry(tiles.n_block(i, 1));
+    }
     float s[T::kMAtoms][T::kNTilesS][4];  // (kWarpRows, kBlockN) fp32 scores of this warp, C-fragment layout
 #pragma unroll
     for (int a = 0; a < T::kMAtoms; ++a)
@@ -337,6 +387,9 @@ __global__ void __launch_bounds__(T::kNThreads, T::kMinBlocksPerSm) fwd_kernel(c
     uint32_t hidden[T::kMAtoms][2];  // block-sparse, mixed tile: this thread's elements in zero blocks
     if (tiles.mixed()) sparse_hidden_bits<T::kMAtoms, T::kNTilesS>(hidden, fc, p, head, seq.seqlen_q, seq.seqlen_k);
     gemm_qk<T>(s, q_addr, k_addr, stage * kStageBytes);
+    if constexpr (kRowTable) {
+      if (make_table) row_offsets(i + 1, tiles.n_block(i, 1), next_entry);
+    }
 
     if constexpr (!T::kOneSync) {
       cp_async_wait<2 * T::kStages - 2>();  // V_i landed

@@ -139,6 +139,44 @@ __device__ __forceinline__ void load_rows_async(Element* smem, const Element* gm
   }
 }
 
+// load_tile_async for a paged tile whose rows' addresses are already in shared memory (rows[row], row_table in
+// fwd_kernel.cuh): a row's source is an LDS and an add, where load_rows_async's cursor repeats the page walk, the
+// clamps and two 64-bit products in each of the kChunks threads of a row. Every rows[row] must be a valid row (the
+// table repeats the last valid row past rows_valid); rows >= rows_valid and columns >= head_dim become zeros without
+// a global read (cp.async of 0 source bytes, from the row's first column, inside the tensor).
+template <int kRows, int kHeadDim, int kNThreads, typename Element>
+__device__ __forceinline__ void load_rows_at_async(Element* smem, const Element* const* rows, int rows_valid,
+                                                   int head_dim, int tid) {
+  constexpr int kChunks = kHeadDim / 8;
+  constexpr int kRowsPerPass = kNThreads / kChunks;
+  constexpr int kPasses = kRows / kRowsPerPass;
+  static_assert(kRows % kRowsPerPass == 0, "copy passes must tile the rows");
+  const int chunk = tid % kChunks;
+  const int row0 = tid / kChunks;
+  const uint32_t smem_base = smem_u32(smem);
+  constexpr int kElemBytes = sizeof(Element);
+  const bool col_ok = chunk * 8 < head_dim;
+  const int col = col_ok ? chunk * 8 : 0;
+#pragma unroll
+  for (int pass = 0; pass < kPasses; ++pass) {
+    const int row = row0 + pass * kRowsPerPass;
+    const bool pred = col_ok && row < rows_valid;
+    const Element* src = rows[row] + col;
+    cp_async_16(smem_base + swizzled_offset<kHeadDim>(row, chunk) * kElemBytes, src, pred);
+  }
+}
+
+// Static shared memory for kOn instances only (the paged decode's row tables): kCount row addresses, or none.
+template <bool kOn, int kCount, typename Element>
+__device__ __forceinline__ const Element** row_table_smem() {
+  if constexpr (kOn) {
+    __shared__ const Element* table[kCount];
+    return table;
+  } else {
+    return nullptr;
+  }
+}
+
 // Paged KV caches: bring the block-table entries of rows [row_begin, row_end) of sequence b into L1 ahead of the
 // tile load that reads them (load_rows_async's cursor reads one entry per row and cannot issue a row's cp.async
 // before that entry has arrived: with one K/V stage that L2 round trip, twice per tile, sat on every tile's
