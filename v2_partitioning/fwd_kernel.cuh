@@ -215,8 +215,9 @@ __global__ void __launch_bounds__(T::kNThreads, T::kMinBlocksPerSm) fwd_kernel(c
   auto row_offsets = [&](int i, int n_block, int entry) {
     if (tid < T::kBlockN) {
       const PagedRowCursor c = row_cursor(n_block);
-      row_table(i)[tid] = k_head + c.offset_of(entry, c.row_in_page, p.k_batch_stride, p.k_row_stride);
-      row_table(i)[T::kBlockN + tid] = v_head + c.offset_of(entry, c.row_in_page, p.v_batch_stride, p.v_row_stride);
+      const int slot = row_slot<T::kBlockN, T::kHeadDim, T::kNThreads>(tid);  // load_rows_at_async's order
+      row_table(i)[slot] = k_head + c.offset_of(entry, c.row_in_page, p.k_batch_stride, p.k_row_stride);
+      row_table(i)[T::kBlockN + slot] = v_head + c.offset_of(entry, c.row_in_page, p.v_batch_stride, p.v_row_stride);
     }
     if (n_block - 1 >= range.begin) {  // the next table's entries into L1 (its row_entry reads them)
       const int first = kv_first_row(p, batch) + (n_block - 1) * T::kBlockN;

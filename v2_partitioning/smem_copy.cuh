@@ -144,24 +144,36 @@ __device__ __forceinline__ void load_rows_async(Element* smem, const Element* gm
 // clamps and two 64-bit products in each of the kChunks threads of a row. Every rows[row] must be a valid row (the
 // table repeats the last valid row past rows_valid); rows >= rows_valid and columns >= head_dim become zeros without
 // a global read (cp.async of 0 source bytes, from the row's first column, inside the tensor).
+// The table is in pass-major order per copying thread (row_slot): a thread's kPasses rows are adjacent, so it reads
+// their addresses as 16-byte pairs, all before its first cp.async (one LDS round trip per tile, not one per row).
+template <int kRows, int kHeadDim, int kNThreads>
+__device__ __forceinline__ constexpr int row_slot(int row) {
+  constexpr int kRowsPerPass = kNThreads / (kHeadDim / 8);
+  return (row % kRowsPerPass) * (kRows / kRowsPerPass) + row / kRowsPerPass;
+}
 template <int kRows, int kHeadDim, int kNThreads, typename Element>
 __device__ __forceinline__ void load_rows_at_async(Element* smem, const Element* const* rows, int rows_valid,
                                                    int head_dim, int tid) {
   constexpr int kChunks = kHeadDim / 8;
   constexpr int kRowsPerPass = kNThreads / kChunks;
   constexpr int kPasses = kRows / kRowsPerPass;
-  static_assert(kRows % kRowsPerPass == 0, "copy passes must tile the rows");
+  static_assert(kRows % kRowsPerPass == 0 && kPasses % 2 == 0, "copy passes must tile the rows, in pairs");
   const int chunk = tid % kChunks;
   const int row0 = tid / kChunks;
   const uint32_t smem_base = smem_u32(smem);
   constexpr int kElemBytes = sizeof(Element);
   const bool col_ok = chunk * 8 < head_dim;
   const int col = col_ok ? chunk * 8 : 0;
+  const ulonglong2* mine = reinterpret_cast<const ulonglong2*>(rows + row0 * kPasses);  // rows row0 + pass * step
+  ulonglong2 addr[kPasses / 2];
+#pragma unroll
+  for (int k = 0; k < kPasses / 2; ++k) addr[k] = mine[k];
 #pragma unroll
   for (int pass = 0; pass < kPasses; ++pass) {
     const int row = row0 + pass * kRowsPerPass;
     const bool pred = col_ok && row < rows_valid;
-    const Element* src = rows[row] + col;
+    const Element* src =
+        reinterpret_cast<const Element*>(pass % 2 == 0 ? addr[pass / 2].x : addr[pass / 2].y) + col;
     cp_async_16(smem_base + swizzled_offset<kHeadDim>(row, chunk) * kElemBytes, src, pred);
   }
 }
@@ -170,7 +182,7 @@ __device__ __forceinline__ void load_rows_at_async(Element* smem, const Element*
 template <bool kOn, int kCount, typename Element>
 __device__ __forceinline__ const Element** row_table_smem() {
   if constexpr (kOn) {
-    __shared__ const Element* table[kCount];
+    __shared__ __align__(16) const Element* table[kCount];
     return table;
   } else {
     return nullptr;
