@@ -196,11 +196,12 @@ __global__ void __launch_bounds__(T::kNThreads, T::kMinBlocksPerSm) fwd_kernel(c
   auto page_tile = [&](const Element* g, int n_block, int64_t page_stride, int64_t row_stride) {
     return g + paged_kv_row_offset(p, batch, kv_first_row(p, batch) + n_block * T::kBlockN, page_stride, row_stride);
   };
-  // kRowTable (paged, one K/V stage, two barriers per tile: the d128 / d256 decode instances): for tile i >= 1 of the
+  // kRowTable (paged, one K/V stage, two barriers per tile: the d128 / d256 decode instances): for every tile of the
   // loop the address of each of its rows in K and in V sits in shared memory, row_table (i & 1), made one tile
   // ahead by one thread per row (row_entry at the top of iteration i - 1, row_offsets after its Q K^T): the second
   // barrier of iteration i - 1 publishes it to K_i's load and to V_i's at the top of iteration i; buffer (i & 1) was
-  // last read by V_{i-2}'s load, before the second barrier of iteration i - 2. Tile 0 keeps load_rows_async.
+  // last read by V_{i-2}'s load, before the second barrier of iteration i - 2. Tile 0's table is made before the
+  // prologue's K_0 load, so these instances never take load_rows_async (its per-row code out of the key loop).
   constexpr bool kRowTable = T::kPaged && !T::kOneSync && T::kStages == 1;
   const Element** s_rows = row_table_smem<kRowTable, 2 * 2 * T::kBlockN, Element>();  // [tile & 1][K, V][row]
   const Element* k_head = static_cast<const Element*>(p.k) + head_k * p.k_head_stride;
@@ -227,7 +228,7 @@ __global__ void __launch_bounds__(T::kNThreads, T::kMinBlocksPerSm) fwd_kernel(c
   auto load_k = [&](int i, int n_block) {  // tile i of the loop (its stage) is key block n_block
     Element* dst = s_k + (i % T::kStages) * T::kSmemKV;
     if constexpr (kRowTable) {
-      if (!tile_in_page && i > 0) {
+      if (!tile_in_page) {
         load_rows_at_async<T::kBlockN, T::kHeadDim, T::kNThreads>(
             dst, row_table(i),
             seq.seqlen_k - n_block * T::kBlockN, p.head_dim, tid);
@@ -257,7 +258,7 @@ __global__ void __launch_bounds__(T::kNThreads, T::kMinBlocksPerSm) fwd_kernel(c
   auto load_v = [&](int i, int n_block) {
     Element* dst = s_v + (i % T::kStages) * T::kSmemKV;
     if constexpr (kRowTable) {
-      if (!tile_in_page && i > 0) {
+      if (!tile_in_page) {
         load_rows_at_async<T::kBlockN, T::kHeadDim, T::kNThreads>(
             dst, row_table(i) + T::kBlockN,
             seq.seqlen_k - n_block * T::kBlockN, p.head_dim, tid);
@@ -316,6 +317,12 @@ __global__ void __launch_bounds__(T::kNThreads, T::kMinBlocksPerSm) fwd_kernel(c
     }
   };
   auto tiles = make_tiles<T>(p, head, m_begin, seq, range, n_tiles, lane);
+  if constexpr (kRowTable) {  // tile 0's table, before K_0's load (once per CTA: one entry read and one barrier)
+    if (!tile_in_page && n_tiles > 0) {
+      row_offsets(0, tiles.n_block(0, 0), row_entry(tiles.n_block(0, 0)));
+      __syncthreads();
+    }
+  }
   prologue(tiles);
 
   float acc_o[T::kMAtoms][T::kNTilesO][4];  // (kWarpRows, kHeadDim) fp32 of this warp, C-fragment layout
