@@ -55,6 +55,12 @@ FH_HD int64_t paged_kv_row_offset(const AttnParams& p, int b, int r, int64_t pag
 // The products are unsigned 32 x 64-bit: a page (page_of: in [0, num_pages); the API refuses a paged cache without
 // pages) and a row in the page are never negative, and the sign extension of a signed product cost three more
 // instructions per row (bench/NOTES.md, session 13).
+// The offset of row `row` of the page a block-table entry names (page_of's clamp), as PagedRowCursor makes it.
+FH_HD int64_t paged_entry_offset(int num_pages, int entry_value, int row, int64_t page_stride, int64_t row_stride) {
+  return static_cast<int64_t>(static_cast<uint32_t>(page_of(num_pages, entry_value))) * page_stride +
+         static_cast<int64_t>(static_cast<uint32_t>(row)) * row_stride;
+}
+
 struct PagedRowCursor {
   const int* pages;     // this sequence's row of the block table
   int page_index;       // entry of `pages` holding the current row
@@ -72,12 +78,21 @@ struct PagedRowCursor {
         page_block_size(p_.page_block_size),
         num_pages(p_.batch_k),
         last_page_index(r_last / p_.page_block_size) {}
+  // The same with the three divisions by `div` (RowDivider::make(page_block_size); r, step, r_last >= 0).
+  FH_HD PagedRowCursor(const AttnParams& p_, const RowDivider& div, int b, int r, int step, int r_last)
+      : pages(p_.block_table + b * p_.block_table_batch_stride),
+        page_index(div.div(r)),
+        row_in_page(r - page_index * p_.page_block_size),
+        step_pages(div.div(step)),
+        step_rows(step - step_pages * p_.page_block_size),
+        page_block_size(p_.page_block_size),
+        num_pages(p_.batch_k),
+        last_page_index(div.div(r_last)) {}
   // The current row's block-table entry (r_last's past r_last), and the offset of a row from its entry and its row
   // in the page (a tile load reads a batch of entries, then makes their offsets).
   FH_HD int entry() const { return pages[page_index < last_page_index ? page_index : last_page_index]; }
   FH_HD int64_t offset_of(int entry_value, int row, int64_t page_stride, int64_t row_stride) const {
-    return static_cast<int64_t>(static_cast<uint32_t>(page_of(num_pages, entry_value))) * page_stride +
-           static_cast<int64_t>(static_cast<uint32_t>(row)) * row_stride;
+    return paged_entry_offset(num_pages, entry_value, row, page_stride, row_stride);
   }
   // paged_kv_row_offset of the current row (reads its block-table entry) while the row is <= r_last.
   FH_HD int64_t offset(int64_t page_stride, int64_t row_stride) const {

@@ -7,6 +7,7 @@
 #pragma once
 
 #include "config.h"
+#include "row_divider.h"
 #include "workspace.h"
 
 namespace flashgen {
@@ -107,6 +108,10 @@ struct AttnParams {
   // ---- split-KV bound: the caller's limit on num_splits (flash_attn's num_splits): 0 = the plan chooses, 1 = no
   // split, n = at most n ----
   int max_splits = 0;
+
+  // ---- made by the generation from page_block_size at launch (v2's fwd(): RowDivider::make), not by the caller:
+  // r / page_block_size without a division instruction in the kernels' paged row code ----
+  RowDivider page_div;
 };
 
 struct AttnBwdParams : AttnParams {

@@ -183,18 +183,23 @@ __global__ void __launch_bounds__(T::kNThreads, T::kMinBlocksPerSm) fwd_kernel(c
   // kv_first_row + key, each row at its page (common/kv_layout.h: a PagedRowCursor walks a thread's rows of the tile,
   // one block-table read per row), from the tensor's head head_k.
   constexpr int kCopyStep = copy_rows_per_pass<T::kHeadDim, T::kNThreads>();
+  // The left pad's cache row, read once (kv_first_row loads cache_leftpad[batch]: inside the lambdas below it was a
+  // global load per tile).
+  const int first_row = T::kPaged ? kv_first_row(p, batch) : 0;
   auto paged_cursor = [&](int n_block) {  // r_last: the tile's last key < seqlen_k (a loaded tile has one)
-    const int first = kv_first_row(p, batch) + n_block * T::kBlockN;
-    return PagedRowCursor(p, batch, first + tid / T::kChunks, kCopyStep,
+    const int first = first_row + n_block * T::kBlockN;
+    return PagedRowCursor(p, p.page_div, batch, first + tid / T::kChunks, kCopyStep,
                           first + imin(T::kBlockN, seq.seqlen_k - n_block * T::kBlockN) - 1);
   };
   // A tile inside one page (pages a multiple of kBlockN rows, flash_attn's 256 for one, and a first row on a tile
   // boundary: no left pad, or one of whole tiles): one block-table read for the tile, then the dense copy from
   // that page. Uniform over the CTA. Otherwise every row reads its own entry (load_rows_async).
   const bool tile_in_page =
-      T::kPaged && p.page_block_size % T::kBlockN == 0 && kv_first_row(p, batch) % T::kBlockN == 0;
+      T::kPaged && p.page_block_size % T::kBlockN == 0 && first_row % T::kBlockN == 0;
   auto page_tile = [&](const Element* g, int n_block, int64_t page_stride, int64_t row_stride) {
-    return g + paged_kv_row_offset(p, batch, kv_first_row(p, batch) + n_block * T::kBlockN, page_stride, row_stride);
+    const int r = first_row + n_block * T::kBlockN, page = p.page_div.div(r);  // paged_kv_row_offset's rule
+    return g + paged_entry_offset(p.batch_k, p.block_table[batch * p.block_table_batch_stride + page],
+                                  r - page * p.page_block_size, page_stride, row_stride);
   };
   // kRowTable (paged, one K/V stage, two barriers per tile: the d128 / d256 decode instances): for every tile of the
   // loop the address of each of its rows in K and in V sits in shared memory, row_table (i & 1), made one tile
@@ -207,21 +212,26 @@ __global__ void __launch_bounds__(T::kNThreads, T::kMinBlocksPerSm) fwd_kernel(c
   const Element* k_head = static_cast<const Element*>(p.k) + head_k * p.k_head_stride;
   const Element* v_head = static_cast<const Element*>(p.v) + head_k * p.v_head_stride;
   auto row_table = [&](int i) { return s_rows + (i & 1) * 2 * T::kBlockN; };
-  // This thread's row of key block n_block (the block's last valid row past seqlen_k): its cursor and entry.
-  auto row_cursor = [&](int n_block) {
+  // This thread's row of key block n_block (the block's last valid row past seqlen_k): its cache row, its entry
+  // (common/kv_layout.h's rule, the divisions by p.page_div: fwd() made it) and its row in the page.
+  auto table_row = [&](int n_block) {
     const int rows = imin(T::kBlockN, seq.seqlen_k - n_block * T::kBlockN);
-    return PagedRowCursor(p, batch, kv_first_row(p, batch) + n_block * T::kBlockN + imin(tid, rows - 1), 0);
+    return first_row + n_block * T::kBlockN + imin(tid, rows - 1);
   };
-  auto row_entry = [&](int n_block) { return tid < T::kBlockN ? row_cursor(n_block).entry() : 0; };
+  auto row_entry = [&](int n_block) {
+    return tid < T::kBlockN ? p.block_table[batch * p.block_table_batch_stride + p.page_div.div(table_row(n_block))]
+                            : 0;
+  };
   auto row_offsets = [&](int i, int n_block, int entry) {
     if (tid < T::kBlockN) {
-      const PagedRowCursor c = row_cursor(n_block);
+      const int r = table_row(n_block), in_page = r - p.page_div.div(r) * p.page_block_size;
       const int slot = row_slot<T::kBlockN, T::kHeadDim, T::kNThreads>(tid);  // load_rows_at_async's order
-      row_table(i)[slot] = k_head + c.offset_of(entry, c.row_in_page, p.k_batch_stride, p.k_row_stride);
-      row_table(i)[T::kBlockN + slot] = v_head + c.offset_of(entry, c.row_in_page, p.v_batch_stride, p.v_row_stride);
+      row_table(i)[slot] = k_head + paged_entry_offset(p.batch_k, entry, in_page, p.k_batch_stride, p.k_row_stride);
+      row_table(i)[T::kBlockN + slot] =
+          v_head + paged_entry_offset(p.batch_k, entry, in_page, p.v_batch_stride, p.v_row_stride);
     }
     if (n_block - 1 >= range.begin) {  // the next table's entries into L1 (its row_entry reads them)
-      const int first = kv_first_row(p, batch) + (n_block - 1) * T::kBlockN;
+      const int first = first_row + (n_block - 1) * T::kBlockN;
       prefetch_page_entries(p, batch, first, first + T::kBlockN, tid);
     }
   };
@@ -246,7 +256,7 @@ __global__ void __launch_bounds__(T::kNThreads, T::kMinBlocksPerSm) fwd_kernel(c
           p.k_row_stride, seq.seqlen_k - n_block * T::kBlockN, p.head_dim, tid);
       // The next key block of the loop (n_block - 1: last to first) reads its rows' entries at its own K load.
       if (n_block - 1 >= range.begin) {
-        const int first = kv_first_row(p, batch) + (n_block - 1) * T::kBlockN;
+        const int first = first_row + (n_block - 1) * T::kBlockN;
         prefetch_page_entries(p, batch, first, first + T::kBlockN, tid);
       }
     } else {

@@ -194,12 +194,13 @@ __device__ __forceinline__ const Element** row_table_smem() {
 // before that entry has arrived: with one K/V stage that L2 round trip, twice per tile, sat on every tile's
 // critical path; bench/NOTES.md, session 11). A prefetch is a hint: no register waits on it. Threads tid < the
 // number of 128-byte lines those entries span issue one prefetch each; rows are in the table's range (caller).
+// p.page_div: v2's fwd() made it from page_block_size.
 constexpr int kCacheLineBytes = 128;
 __device__ __forceinline__ void prefetch_page_entries(const AttnParams& p, int b, int row_begin, int row_end, int tid) {
   if (row_end <= row_begin) return;
   const int* table = p.block_table + b * p.block_table_batch_stride;
-  const uintptr_t first = reinterpret_cast<uintptr_t>(table + row_begin / p.page_block_size) / kCacheLineBytes;
-  const uintptr_t last = reinterpret_cast<uintptr_t>(table + (row_end - 1) / p.page_block_size) / kCacheLineBytes;
+  const uintptr_t first = reinterpret_cast<uintptr_t>(table + p.page_div.div(row_begin)) / kCacheLineBytes;
+  const uintptr_t last = reinterpret_cast<uintptr_t>(table + p.page_div.div(row_end - 1)) / kCacheLineBytes;
   if (static_cast<uintptr_t>(tid) <= last - first) {
     asm volatile("prefetch.global.L1 [%0];\n" ::"l"((first + tid) * kCacheLineBytes));
   }

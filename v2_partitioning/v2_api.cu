@@ -148,7 +148,9 @@ WorkspaceSpec bwd_workspaces(const AttnBwdParams& p) {
   return spec;
 }
 
-Status fwd(const AttnParams& p, void* stream) {
+Status fwd(const AttnParams& caller_params, void* stream) {
+  AttnParams p = caller_params;
+  p.page_div = RowDivider::make(p.page_block_size);  // the kernels' paged row code divides by it (common/row_divider.h)
   int bucket = 0;
   const Status shared = check_shared(p, /*forward=*/true, &bucket);
   if (!shared.is_ok()) return shared;

@@ -253,9 +253,15 @@ void test_cursor() {
           p.page_block_size = page;
           const int64_t page_stride = 1000003, row_stride = 97;
           flashgen::PagedRowCursor cursor(p, 1, r0, step, r_last);
-          for (int i = 0; i < 40 && r0 + i * step < kMaxBlocks * page; ++i, cursor.advance()) {
+          // The kernels' form: the divisions by a RowDivider; the same rows, entries and offsets.
+          flashgen::PagedRowCursor fast(p, flashgen::RowDivider::make(page), 1, r0, step, r_last);
+          for (int i = 0; i < 40 && r0 + i * step < kMaxBlocks * page; ++i, cursor.advance(), fast.advance()) {
             const int r = r0 + i * step;
             const int64_t got = cursor.offset(page_stride, row_stride);
+            CHECK(fast.offset(page_stride, row_stride) == got && fast.row_in_page == cursor.row_in_page,
+                  "cursor with RowDivider, r_last %d page %d step %d row %d: offset %lld, the plain cursor %lld",
+                  r_last, page, step, r, static_cast<long long>(fast.offset(page_stride, row_stride)),
+                  static_cast<long long>(got));
             if (r <= r_last) {
               const int64_t want = flashgen::paged_kv_row_offset(p, 1, r, page_stride, row_stride);
               CHECK(got == want, "cursor r_last %d page %d step %d row %d: offset %lld, the rule %lld", r_last, page,
@@ -271,6 +277,41 @@ void test_cursor() {
       }
     }
   }
+}
+
+// RowDivider::div(n) == n / d for every divisor 1..4096 and a sample of larger ones (powers of two and their
+// neighbours, random values, 2^31 - 1), at n = 0, small n, the multiples of d and their neighbours, random n and
+// n = 2^31 - 1. One CHECK per divisor.
+void test_row_divider() {
+  std::vector<int> divisors;
+  for (int d = 1; d <= 4096; ++d) divisors.push_back(d);
+  for (int k = 12; k <= 30; ++k) {
+    for (int e : {-1, 0, 1}) divisors.push_back((1 << k) + e);
+  }
+  Lcg rng{2026};
+  for (int i = 0; i < 200; ++i) divisors.push_back(1 + rng.below(0x7ffffffe));
+  divisors.push_back(0x7fffffff);
+  for (int d : divisors) {
+    const flashgen::RowDivider div = flashgen::RowDivider::make(d);
+    int bad_n = -1;
+    auto check = [&](int64_t n) {
+      if (n < 0 || n > 0x7fffffff || bad_n >= 0) return;
+      if (div.div(static_cast<int>(n)) != static_cast<int>(n / d)) bad_n = static_cast<int>(n);
+    };
+    for (int64_t n = 0; n < 64; ++n) check(n);
+    for (int64_t k = 1; k < 64; ++k) {
+      for (int64_t e = -1; e <= 1; ++e) check(k * d + e);
+    }
+    for (int64_t q = 0x7fffffff / d - 2; q <= 0x7fffffff / d + 1; ++q) {
+      for (int64_t e = -1; e <= 1; ++e) check(q * d + e);
+    }
+    for (int i = 0; i < 64; ++i) check(rng.below(0x7fffffff));
+    check(0x7fffffff);
+    CHECK(div.divisor == static_cast<uint32_t>(d) && bad_n < 0, "RowDivider %d: div(%d) = %d, want %d", d, bad_n,
+          bad_n >= 0 ? div.div(bad_n) : 0, bad_n >= 0 ? bad_n / d : 0);
+  }
+  CHECK(flashgen::RowDivider::make(0).divisor == 0 && flashgen::RowDivider::make(-3).divisor == 0,
+        "RowDivider::make of a divisor < 1 leaves it unmade");
 }
 
 }  // namespace
@@ -342,5 +383,6 @@ int main() {
   test_varlen();
   for (int page : {1, 3, 16, 256}) test_paged(page);
   test_cursor();
+  test_row_divider();
   return flashgen_test::finish();
 }
