@@ -18,7 +18,7 @@ if torch.cuda.get_device_capability() != (9, 0):
     pytest.skip("v3 runs on sm_90 (H100/H200) only", allow_module_level=True)
 
 import flashgen  # noqa: E402
-from conftest import check_grads, randn, run_bwd  # noqa: E402
+from conftest import check_grads, cu_seqlens, randn, run_bwd  # noqa: E402
 from flashgen import _native, _ops  # noqa: E402
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
@@ -30,10 +30,11 @@ def _need(dtype_name: str, head_dim: int) -> None:
 
 
 @pytest.mark.parametrize("dtype", ["bf16", "fp16"])
-@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("head_dim", [64, 128, 192, 256])
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 def test_long_sequence(dtype, head_dim, causal):
-    """1100 x 1300: 18 query blocks per key block, a partial last key block, GQA 4 -> 2."""
+    """1100 x 1300: 18 query blocks per key block, a partial last key block, GQA 4 -> 2 (d192 / d256: the split
+    layout, tile_config.h, with its two P^T / dS^T buffers reused over 18 steps)."""
     _need(dtype, head_dim)
     torch.manual_seed(21)
     q = randn(1, 1100, 4, head_dim, dtype=DTYPES[dtype])
@@ -42,7 +43,7 @@ def test_long_sequence(dtype, head_dim, causal):
                 window_size=(-1, 0) if causal else (-1, -1))
 
 
-@pytest.mark.parametrize("head_dim", [72, 96, 120, 32, 8])
+@pytest.mark.parametrize("head_dim", [72, 96, 120, 32, 8, 136, 160, 200, 248])
 def test_head_dims_between_buckets(head_dim):
     _need("bf16", head_dim)
     torch.manual_seed(22)
@@ -50,13 +51,29 @@ def test_head_dims_between_buckets(head_dim):
     check_grads("v3", f"d{head_dim}", q, k, v, window_size=(-1, 0))
 
 
-def test_mqa_window_softcap_alibi():
-    _need("bf16", 128)
+@pytest.mark.parametrize("head_dim", [128, 256])
+def test_mqa_window_softcap_alibi(head_dim):
+    _need("bf16", head_dim)
     torch.manual_seed(23)
-    q = randn(2, 257, 8, 128, dtype=torch.bfloat16)
-    k, v = (randn(2, 300, 1, 128, dtype=torch.bfloat16) for _ in range(2))
+    q = randn(2, 257, 8, head_dim, dtype=torch.bfloat16)
+    k, v = (randn(2, 300, 1, head_dim, dtype=torch.bfloat16) for _ in range(2))
     slopes = torch.rand(2, 8, device="cuda", dtype=torch.float32) * 0.5
-    check_grads("v3", "mqa window softcap alibi", q, k, v, window_size=(70, 20), softcap=30.0, alibi_slopes=slopes)
+    check_grads("v3", f"mqa window softcap alibi d{head_dim}", q, k, v, window_size=(70, 20), softcap=30.0,
+                alibi_slopes=slopes)
+
+
+@pytest.mark.parametrize("head_dim", [192, 256])
+def test_varlen_split_layout(head_dim):
+    """Varlen at the split buckets: sequences of 1, 63, 64, 65 and 300 rows (one shorter than a key block of 64,
+    exactly one, one over), an empty one, causal, GQA 6 -> 2."""
+    _need("bf16", head_dim)
+    torch.manual_seed(24)
+    lens = [1, 63, 0, 64, 65, 300]
+    cu = cu_seqlens(lens)
+    q = randn(sum(lens), 6, head_dim, dtype=torch.bfloat16)
+    k, v = (randn(sum(lens), 2, head_dim, dtype=torch.bfloat16) for _ in range(2))
+    check_grads("v3", f"varlen d{head_dim}", q, k, v, window_size=(-1, 0), cu_seqlens_q=cu, cu_seqlens_k=cu,
+                max_seqlen_q=max(lens), max_seqlen_k=max(lens))
 
 
 @pytest.mark.parametrize("sq,sk", [(0, 50), (50, 0)])

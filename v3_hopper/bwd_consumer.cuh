@@ -62,7 +62,20 @@ __device__ __forceinline__ void gemm_dq(float (&dq)[T::kDqRegs], uint32_t ds, ui
   }
 }
 
-// The elementwise step on one (64 keys x kBlockM queries) tile: s holds S^T, dp holds dP^T; on return s holds P^T
+// kSplit: grad (64 x kHeadDim) += A (64 keys x kBlockM queries: P^T or dS^T as stored, K-major) B (kBlockM x
+// kHeadDim: dO or Q as stored, read MN-major).
+template <typename T>
+__device__ __forceinline__ void gemm_grad_ss(float (&grad)[T::kGradRegs], uint32_t a, uint32_t b) {
+  const uint64_t desc_a = smem_desc(a, kBwdKMajorLbo, kSwizzleAtomBytes);
+  const uint64_t desc_b = smem_desc(b, T::kChunkBytesQ, kSwizzleAtomBytes);
+#pragma unroll
+  for (int kk = 0; kk < T::kStepsM; ++kk) {
+    T::GemmGrad::template ss_bt<T::Tag::kBf16>(grad, desc_advance(desc_a, kk * T::kKStepBytes),
+                                               desc_advance(desc_b, kk * T::kKStepRowsBytes), 1u);
+  }
+}
+
+// The elementwise step on one (64 keys x kScoreCols queries) tile: s holds S^T, dp holds dP^T; on return s holds P^T
 // and dp holds dS^T. Element i of this thread is (key c.row(acc_half(i)), query c.col(i)); lse_log2 and dsum are
 // the block's rows in smem (query m_begin + j at index j). kMods: softcap / ALiBi on; kMask: some element of the
 // tile is outside the mask.
@@ -71,7 +84,7 @@ __device__ __forceinline__ void scores_to_grads(float (&s)[T::kSRegs], float (&d
                                                 int m_begin, uint32_t lse_smem, uint32_t dsum_smem,
                                                 const MaskSpec& mask, const ScorePath& path) {
 #pragma unroll
-  for (int j = 0; j < T::kBlockM / 8; ++j) {
+  for (int j = 0; j < T::kScoreCols / 8; ++j) {
     const int qcol = 8 * j + (c.col0 - m_begin);  // column inside the block of this n8 tile's first register
     float2 lse2, d2;
     asm volatile("ld.shared.v2.f32 {%0, %1}, [%2];\n" : "=f"(lse2.x), "=f"(lse2.y) : "r"(lse_smem + 4 * qcol));
@@ -97,7 +110,7 @@ template <typename T, bool kMask>
 __device__ __forceinline__ void scores_to_probs(float (&s)[T::kSRegs], const AccCoord& c, int m_begin,
                                                 uint32_t lse_smem, const MaskSpec& mask, const ScorePath& path) {
 #pragma unroll
-  for (int j = 0; j < T::kBlockM / 8; ++j) {
+  for (int j = 0; j < T::kScoreCols / 8; ++j) {
     const int qcol = 8 * j + (c.col0 - m_begin);
     float2 lse2;
     asm volatile("ld.shared.v2.f32 {%0, %1}, [%2];\n" : "=f"(lse2.x), "=f"(lse2.y) : "r"(lse_smem + 4 * qcol));
@@ -117,7 +130,7 @@ template <typename T>
 __device__ __forceinline__ void probs_to_grads(const float (&pr)[T::kSRegs], float (&dp)[T::kSRegs], int qcol0,
                                                uint32_t dsum_smem) {
 #pragma unroll
-  for (int j = 0; j < T::kBlockM / 8; ++j) {
+  for (int j = 0; j < T::kScoreCols / 8; ++j) {
     float2 d2;
     asm volatile("ld.shared.v2.f32 {%0, %1}, [%2];\n" : "=f"(d2.x), "=f"(d2.y) : "r"(dsum_smem + 4 * (8 * j + qcol0)));
 #pragma unroll
@@ -131,19 +144,21 @@ __device__ __forceinline__ void to_fragments(const float (&x)[T::kSRegs], uint32
   for (int i = 0; i < T::kPRegs; ++i) a[i] = pack2<typename T::Tag>(x[2 * i], x[2 * i + 1]);
 }
 
-// dS^T fragments -> rows [64 wg, 64 wg + 64) of a dS^T buffer (kBlockN keys x 64 queries, 128-byte rows, 128-byte
-// swizzle: the 16-byte piece j of row r sits at piece j ^ (r % 8)). Register pair 2j, 2j+1 of n8 tile j is row
-// 16 warp + g + 8 half, columns 8j + 2t, +1 (g = lane / 4, t = lane % 4): each register is one 8 x 8 matrix in
-// stmatrix's fragment layout, so one stmatrix.x4 stores tiles j and j + 1 (matrices (j, 0), (j, 1), (j + 1, 0),
-// (j + 1, 1)), lane l addressing row l % 8 of matrix l / 8: 4 instructions per thread instead of 16 st.shared.u32.
+// P^T or dS^T fragments (64 keys x kScoreCols queries) -> rows [row0, row0 + 64), 16-byte pieces [piece0,
+// piece0 + kScoreCols / 8) of a (keys x 64 queries) buffer: 128-byte rows, 128-byte swizzle (the 16-byte piece j of
+// row r sits at piece j ^ (r % 8)). Register pair 2j, 2j+1 of n8 tile j is row 16 warp + g + 8 half, columns 8j +
+// 2t, +1 (g = lane / 4, t = lane % 4): each register is one 8 x 8 matrix in stmatrix's fragment layout, so one
+// stmatrix.x4 stores tiles j and j + 1 (matrices (j, 0), (j, 1), (j + 1, 0), (j + 1, 1)), lane l addressing row
+// l % 8 of matrix l / 8: kScoreCols / 16 instructions per thread instead of kScoreCols / 4 st.shared.u32.
 template <typename T>
-__device__ __forceinline__ void store_ds(uint32_t ds_buf, const uint32_t (&a)[T::kPRegs], int wg, int tid) {
+__device__ __forceinline__ void store_ds(uint32_t ds_buf, const uint32_t (&a)[T::kPRegs], int row0, int piece0,
+                                         int tid) {
   const int lane = tid % 32, warp = tid / 32, matrix = lane / 8;
-  const int row = kWarpgroupRows * wg + 16 * warp + lane % 8 + 8 * (matrix % 2);  // row % 8 == lane % 8
+  const int row = row0 + 16 * warp + lane % 8 + 8 * (matrix % 2);  // row % 8 == lane % 8 (row0 % 8 == 0)
   const uint32_t row_addr = ds_buf + row * kSwizzleBytes;
 #pragma unroll
-  for (int j = 0; j < T::kBlockM / 8; j += 2) {
-    const int piece = j + matrix / 2;
+  for (int j = 0; j < T::kScoreCols / 8; j += 2) {
+    const int piece = piece0 + j + matrix / 2;
     stmatrix_x4(row_addr + ((piece ^ (lane % 8)) * 16), a[2 * j], a[2 * j + 1], a[2 * j + 2], a[2 * j + 3]);
   }
 }
@@ -266,7 +281,7 @@ __device__ void bwd_consumer(const AttnBwdParams& p, const BwdSmem<T>& sm, const
     }
 
     const uint32_t ds_buf = sm.ds(it & 1);
-    store_ds<T>(ds_buf, dsa, wg, tid);
+    store_ds<T>(ds_buf, dsa, kWarpgroupRows * wg, 0, tid);
     fence_proxy_async_smem();
     if (tid == 0) bulk_wait_read();  // the previous step's dQ part has left this warpgroup's staging buffer
     if constexpr (T::kDqSplitCols) {
@@ -301,6 +316,148 @@ __device__ void bwd_consumer(const AttnBwdParams& p, const BwdSmem<T>& sm, const
   const int64_t v_off = k_side_row0(p, batch, p.dv_batch_stride, p.dv_row_stride) + head_k * p.dv_head_stride;
   store_grad<T>(p.dk, k_off, p.dk_row_stride, p.head_dim, dk, c, w.seq.seqlen_k, p.softmax_scale);
   store_grad<T>(p.dv, v_off, p.dv_row_stride, p.head_dim, dv, c, w.seq.seqlen_k, 1.f);
+}
+
+// kSplit: one 64-column part of dQ (wgmma D layout) added into dq_accum from registers, at the part's fragment
+// order (dq_offset): register group k of thread tid at float 4 (128 k + tid), one 16-byte RED each, a warp's 32
+// contiguous. No staging buffer (d256's tiles leave no room for one).
+__device__ __forceinline__ void red_add_v4(float* dst, float a, float b, float c, float d) {
+  asm volatile("red.global.add.v4.f32 [%0], {%1, %2, %3, %4};\n" ::"l"(dst), "f"(a), "f"(b), "f"(c), "f"(d)
+               : "memory");
+}
+template <typename T>
+__device__ __forceinline__ void add_dq_part(float* part, const float (&dq)[T::kDqRegs], int tid) {
+#pragma unroll
+  for (int k = 0; k < T::kDqRegs / 4; ++k) {
+    red_add_v4(part + 4 * (kWarpgroupThreads * k + tid), dq[4 * k], dq[4 * k + 1], dq[4 * k + 2], dq[4 * k + 3]);
+  }
+}
+
+// One step's GEMMs after the barrier, for warpgroup kWg of the split consumer (static, so every wgmma wait is too):
+// grad += P^T dO (kWg 0) or dS^T Q (kWg 1), then dQ parts kWg, kWg + 2, ... < kDqParts (d192: 2 for warpgroup 0, 1
+// for warpgroup 1) each added into the block's dq_accum. The stage is released once grad's GEMM has completed.
+template <typename T, int kWg>
+__device__ __forceinline__ void split_grad_dq(float (&grad)[T::kGradRegs], const BwdSmem<T>& sm, int buf, int stage,
+                                              float* dq_block, int tid) {
+  fence_regs(grad);
+  wgmma_fence();
+  gemm_grad_ss<T>(grad, kWg == 0 ? sm.pt(buf) : sm.ds(buf), kWg == 0 ? sm.dout(stage) : sm.q(stage));
+  wgmma_commit();
+#pragma unroll
+  for (int part = kWg; part < T::kDqParts; part += T::kConsumers) {
+    float dq[T::kDqRegs];  // (64 queries, 64 columns) fp32
+    fence_regs(dq);
+    wgmma_fence();
+    gemm_dq<T>(dq, sm.ds(buf), sm.k() + part * T::kChunkBytesK);
+    wgmma_commit();
+    if (part == kWg) {
+      wgmma_wait<1>();  // this step's dV / dK GEMM has completed: the stage's Q, dO (and LSE, D) are read
+      fence_regs(grad);
+      mbar_arrive(sm.empty(stage));  // every thread (BwdTraits::kConsumerArrivals)
+    }
+    wgmma_wait<0>();
+    fence_regs(dq);
+    add_dq_part<T>(dq_block + part * T::kDqPartFloats, dq, tid);
+  }
+}
+
+// The d192 / d256 consumers (tile_config.h kSplit). Both warpgroups work on the CTA's 64 keys; warpgroup wg takes
+// queries [32 wg, 32 wg + 32) of each block for
+//   S^T = K Q_wg^T, dP^T = V dO_wg^T                       (SS, N = 32)
+//   P^T, dS^T as bwd_consumer, for its 32 queries          (-> its half of the P^T and dS^T buffers, 16-bit)
+// then, both halves published by one named barrier,
+//   wg 0: dV += P^T dO,  wg 1: dK += dS^T Q                (SS, A from the buffers, N = head dim)
+//   dQ parts w, w + 2, ... (64 columns each) = dS K_part    (SS, both MN-major), added into dq_accum (REDs).
+// Loop invariant (after step i): grad = sum over steps <= i of P^T dO (wg 0) or dS^T Q (wg 1). The buffers are
+// double-buffered by step: buffer (i & 1) is rewritten at step i + 2, after both warpgroups passed the barrier of
+// step i + 1, which each reaches only after its step-i GEMMs completed (wgmma_wait<0> at the end of a step).
+template <typename T, bool kMods>
+__device__ void bwd_consumer_split(const AttnBwdParams& p, const BwdSmem<T>& sm, const BwdWork& w, int head_k,
+                                   int batch, int wg) {
+  const int tid = threadIdx.x % kWarpgroupThreads, lane = tid % 32, warp = tid / 32;
+  const int key0 = w.n_begin;
+  const int q_off = T::kScoreCols * wg;  // this warpgroup's first query of a block
+  float grad[T::kGradRegs];              // wg 0: dV, wg 1: dK (64 keys, kHeadDim) fp32
+#pragma unroll
+  for (int i = 0; i < T::kGradRegs; ++i) grad[i] = 0.f;
+
+  const int steps = w.steps();
+  if (steps > 0) mbar_wait(sm.kv_full(), 0);
+  const int blocks = w.range.end - w.range.begin;
+  const int64_t ws_rows = bwd_ws_rows(p.seqlen_q, T::kBlockM);
+  ScorePath path;
+  int path_head = -1;
+  for (int it = 0; it < steps; ++it) {
+    const int head = head_k * w.group + it / blocks;
+    const int m_begin = (w.range.begin + it % blocks) * T::kBlockM;
+    if (head != path_head) {
+      path = ScorePath::make(p, batch, head, w.seq.seqlen_q, w.seq.seqlen_k);
+      path_head = head;
+    }
+    const int stage = it % T::kStages;
+    mbar_wait(sm.full(stage), static_cast<uint32_t>(it / T::kStages) & 1u);
+
+    float s[T::kSRegs], dp[T::kSRegs];  // S^T then P^T; dP^T then dS^T: (64 keys, kScoreCols queries) fp32
+    fence_regs(s);
+    fence_regs(dp);
+    wgmma_fence();
+    gemm_scores<T>(s, sm.k(), T::kChunkBytesK, sm.q(stage) + q_off * kSwizzleBytes);
+    wgmma_commit();
+    gemm_scores<T>(dp, sm.v(), T::kChunkBytesK, sm.dout(stage) + q_off * kSwizzleBytes);
+    wgmma_commit();
+    wgmma_wait<1>();  // S^T has landed; dP^T may still run
+    fence_regs(s);
+
+    const AccCoord c{key0 + 16 * warp + lane / 4, m_begin + q_off + 2 * (lane % 4)};
+    const bool need_mask = !tile_fully_visible(w.mask, m_begin + q_off, m_begin + q_off + T::kScoreCols, key0,
+                                               key0 + kWarpgroupRows);
+    const bool softcap = kMods && path.softcap > 0.f, alibi = kMods && path.slope != 0.f;
+    if (kMods && (softcap || alibi)) {
+      wgmma_wait<0>();
+      fence_regs(dp);
+      if (softcap && alibi) {
+        scores_to_grads<T, true, true, true>(s, dp, c, m_begin, sm.lse(stage), sm.dsum(stage), w.mask, path);
+      } else if (softcap) {
+        scores_to_grads<T, true, false, true>(s, dp, c, m_begin, sm.lse(stage), sm.dsum(stage), w.mask, path);
+      } else {
+        scores_to_grads<T, false, true, true>(s, dp, c, m_begin, sm.lse(stage), sm.dsum(stage), w.mask, path);
+      }
+    } else {
+      if (need_mask) {
+        scores_to_probs<T, true>(s, c, m_begin, sm.lse(stage), w.mask, path);
+      } else {
+        scores_to_probs<T, false>(s, c, m_begin, sm.lse(stage), w.mask, path);
+      }
+      wgmma_wait<0>();
+      fence_regs(dp);
+      probs_to_grads<T>(s, dp, c.col0 - m_begin, sm.dsum(stage));
+    }
+    uint32_t pa[T::kPRegs], dsa[T::kPRegs];  // P^T, dS^T as 16-bit fragments
+    to_fragments<T>(s, pa);
+    to_fragments<T>(dp, dsa);
+    const int buf = it & 1;
+    store_ds<T>(sm.pt(buf), pa, 0, q_off / 8, tid);
+    store_ds<T>(sm.ds(buf), dsa, 0, q_off / 8, tid);
+    fence_proxy_async_smem();
+    named_sync(kBwdBarrierDsReady, T::kConsumers * kWarpgroupThreads);
+
+    float* dq_block = p.ws.get(WorkspaceId::kDqAccum) +
+                      ((static_cast<int64_t>(batch) * p.num_heads + head) * ws_rows + m_begin) * T::kHeadDim;
+    if (wg == 0) {
+      split_grad_dq<T, 0>(grad, sm, buf, stage, dq_block, tid);
+    } else {
+      split_grad_dq<T, 1>(grad, sm, buf, stage, dq_block, tid);
+    }
+  }
+
+  const AccCoord c{key0 + 16 * warp + lane / 4, 2 * (lane % 4)};
+  if (wg == 0) {
+    const int64_t v_off = k_side_row0(p, batch, p.dv_batch_stride, p.dv_row_stride) + head_k * p.dv_head_stride;
+    store_grad<T>(p.dv, v_off, p.dv_row_stride, p.head_dim, grad, c, w.seq.seqlen_k, 1.f);
+  } else {
+    const int64_t k_off = k_side_row0(p, batch, p.dk_batch_stride, p.dk_row_stride) + head_k * p.dk_head_stride;
+    store_grad<T>(p.dk, k_off, p.dk_row_stride, p.head_dim, grad, c, w.seq.seqlen_k, p.softmax_scale);
+  }
 }
 
 }  // namespace v3

@@ -2,7 +2,8 @@
 // Sec. 3 and App. B) on sm_90a. Partition: grid (key blocks of kBlockN, num_heads_k, batch); a CTA is a producer
 // warpgroup (one thread: TMA of K, V once, then Q, dO, LSE, D per step into a kStages ring; bwd_producer.cuh) and
 // two consumer warpgroups of 64 keys each (the five GEMMs on wgmma, dK and dV in registers over every query block
-// and every query head of the KV head's group; bwd_consumer.cuh). setmaxnreg moves registers to the consumers.
+// and every query head of the KV head's group; bwd_consumer.cuh), or at d192 / d256 two on the same 64 keys, one
+// holding dV and one dK (bwd_consumer_split). setmaxnreg moves registers to the consumers.
 // Invariant between the roles: a stage alternates full (its four loads landed) and empty (the 256 consumer threads'
 // GEMMs and LSE / D reads of it completed); both sides count steps with the same BwdWork.
 #pragma once
@@ -52,7 +53,11 @@ __global__ void __launch_bounds__(T::kNumThreads, 1)
     }
   } else {
     setmaxnreg_inc<T::kConsumerRegs>();
-    bwd_consumer<T, kMods>(p, sm, w, head_k, batch, warpgroup - 1);
+    if constexpr (T::kSplit) {
+      bwd_consumer_split<T, kMods>(p, sm, w, head_k, batch, warpgroup - 1);
+    } else {
+      bwd_consumer<T, kMods>(p, sm, w, head_k, batch, warpgroup - 1);
+    }
   }
 }
 

@@ -18,7 +18,7 @@ namespace v3 {
 // Named barriers of the backward kernel (0 is __syncthreads).
 enum BwdNamedBarrier : int {
   kBwdBarrierSyncThreads = 0,
-  kBwdBarrierDsReady = 1,  // both consumer warpgroups wrote their dS^T rows: dQ = dS K may read all of them
+  kBwdBarrierDsReady = 1,  // both consumer warpgroups wrote their dS^T (split: and P^T) parts: the GEMMs may read them
   kBwdBarrierWarpgroup0 = 2,  // kBwdBarrierWarpgroup0 + w: warpgroup w wrote its dS^T rows (dQ split by keys)
   kBwdBarrierCount = kBwdBarrierWarpgroup0 + kBwdConsumers,
 };
@@ -36,6 +36,9 @@ struct BwdTraits {
   static constexpr int kBlockM = kConfig.block_m;  // query rows per step
   static constexpr int kBlockN = kConfig.block_n;  // keys per CTA
   static constexpr int kStages = kConfig.stages;
+  // d192 / d256 (tile_config.h): both warpgroups on the CTA's 64 keys, each against half of a block's queries; one
+  // owns dV, the other dK. Otherwise each warpgroup owns 64 keys with their dK and dV.
+  static constexpr bool kSplit = kConfig.split;
   static constexpr int kConsumers = kBwdConsumers;
   static constexpr int kNumThreads = bwd_num_threads();
   static constexpr int kProducerRegs = bwd_register_budget().producer;
@@ -52,6 +55,7 @@ struct BwdTraits {
   static constexpr int kTileBytesK = kChunks * kChunkBytesK;
   static constexpr int kWarpgroupRowBytes = kWarpgroupRows * kSwizzleBytes;  // a consumer's 64 keys of a K chunk
   static constexpr int kDsBytes = kBlockN * kBlockM * kElementBytes;         // dS^T (keys, queries), one chunk wide
+  static constexpr int kDsBuffers = bwd_ds_buffers(kConfig);                 // dS^T x 2 (and P^T x 2 with kSplit)
   static constexpr int kRowBytes = kBlockM * 4;                              // LSE or D of one query block
 
   static constexpr int kKStep = 16;
@@ -60,21 +64,24 @@ struct BwdTraits {
   static constexpr int kStepsPerChunk = kChunkCols / kKStep;
   static constexpr int kStepsD = kHeadDim / kKStep;   // S^T, dP^T: K = head dim
   static constexpr int kStepsM = kBlockM / kKStep;    // dV, dK: K = the block's queries
+  // Queries of a warpgroup's S^T / dP^T tile (the wgmma N): the whole block, or its half with kSplit.
+  static constexpr int kScoreCols = kSplit ? kBlockM / kConsumers : kBlockM;
   // dQ = dS K (64 queries x head dim) is split between the warpgroups: at d128 by columns (each takes 64 columns over
   // all kBlockN keys, so dS^T of both warpgroups is read: a barrier between them), at d64 by keys (each its own 64
   // keys over all columns, both adding into dq_accum).
-  static constexpr bool kDqSplitCols = kHeadDim == 2 * kBwdDqCols;
+  static constexpr bool kDqSplitCols = !kSplit && kHeadDim == 2 * kBwdDqCols;
   static constexpr int kDqCols = kBwdDqCols;
   static constexpr int kDqPartFloats = kBlockM * kDqCols;  // one warpgroup's dQ part, fragment order (dq_part_offset)
   static constexpr int kDqPartBytes = kDqPartFloats * 4;
-  static constexpr int kDqKeys = kDqSplitCols ? kBlockN : kWarpgroupRows;
+  static constexpr int kDqKeys = kDqSplitCols || kSplit ? kBlockN : kWarpgroupRows;
+  static constexpr int kDqParts = kHeadDim / kDqCols;  // kSplit: warpgroup w takes parts w, w + 2, ...
   static constexpr int kStepsDq = kDqKeys / kKStep;
 
-  static constexpr int kSRegs = kBlockM / 2;    // S^T, dP^T (64 keys x kBlockM queries) fp32 per thread
-  static constexpr int kPRegs = kBlockM / 4;    // P^T, dS^T as 16-bit A fragments
+  static constexpr int kSRegs = kScoreCols / 2;  // S^T, dP^T (64 keys x kScoreCols queries) fp32 per thread
+  static constexpr int kPRegs = kScoreCols / 4;  // P^T, dS^T as 16-bit A fragments
   static constexpr int kGradRegs = kHeadDim / 2;  // dK, dV (64 keys x kHeadDim) fp32 per thread
   static constexpr int kDqRegs = kDqCols / 2;
-  using GemmS = WgmmaOps<kBlockM>;
+  using GemmS = WgmmaOps<kScoreCols>;
   using GemmGrad = WgmmaOps<kHeadDim>;
   using GemmDq = WgmmaOps<kDqCols>;
 
@@ -83,14 +90,15 @@ struct BwdTraits {
   static constexpr int kOffK = kOffDo + kStages * kTileBytesQ;
   static constexpr int kOffV = kOffK + kTileBytesK;
   static constexpr int kOffDs = kOffV + kTileBytesK;
-  static constexpr int kOffDq = kOffDs + 2 * kDsBytes;
-  static constexpr int kOffLse = kOffDq + kConsumers * kDqPartBytes;
+  static constexpr int kOffDq = kOffDs + kDsBuffers * kDsBytes;
+  static constexpr int kOffLse = kOffDq + bwd_dq_staging_bytes(kConfig);
   static constexpr int kOffDsum = kOffLse + kStages * kRowBytes;
   static constexpr int kOffBarriers = kOffDsum + kStages * kRowBytes;
   static constexpr int kSmemBytes = bwd_smem_bytes(kConfig, kHeadDim);
 
-  static_assert(kHeadDim % kChunkCols == 0 && kHeadDim <= kBwdMaxHeadDim, "bucket: whole chunks, at most 128");
-  static_assert(kHeadDim == kDqCols || kHeadDim == kConsumers * kDqCols, "dQ: split by keys (d64) or columns (d128)");
+  static_assert(kHeadDim % kChunkCols == 0 && kHeadDim <= kBwdMaxHeadDim, "bucket: whole chunks, at most 256");
+  static_assert(kSplit ? kHeadDim % kDqCols == 0 : (kHeadDim == kDqCols || kHeadDim == kConsumers * kDqCols),
+                "dQ: split by keys (d64), columns (d128) or 64-column parts (split)");
 
   // dq_accum holds, per (batch, head) and query block, kHeadDim / kDqCols parts of kDqPartFloats, each in the order
   // a consumer warpgroup's wgmma accumulators leave registers: group k of 4 registers of all 128 threads, thread
@@ -103,7 +111,8 @@ struct BwdTraits {
     return part * kDqPartFloats + (reg / 4) * (4 * kWarpgroupThreads) + 4 * tid + reg % 4;
   }
   static_assert(kBlockM == kChunkCols, "dS^T rows are one 128-byte swizzle row (64 queries)");
-  static_assert(kBlockN == kConsumers * kWarpgroupRows, "each consumer warpgroup owns 64 keys");
+  static_assert(kSplit ? kBlockN == kWarpgroupRows && kScoreCols % 16 == 0 : kBlockN == kConsumers * kWarpgroupRows,
+                "each consumer warpgroup owns 64 keys (split: both the same 64, half the queries each)");
   static_assert(kSmemBytes <= kMaxSmemPerBlock, "tile_config.h: smem");
   static_assert(kOffBarriers + bwd_barrier_count(kStages) * kBarrierBytes + kSwizzleAtomBytes == kSmemBytes,
                 "the shared-memory map and tile_config.h's bwd_smem_bytes disagree");
@@ -128,6 +137,7 @@ struct BwdSmem {
   __device__ __forceinline__ uint32_t k() const { return base + T::kOffK; }
   __device__ __forceinline__ uint32_t v() const { return base + T::kOffV; }
   __device__ __forceinline__ uint32_t ds(int buf) const { return base + T::kOffDs + buf * T::kDsBytes; }
+  __device__ __forceinline__ uint32_t pt(int buf) const { return base + T::kOffDs + (2 + buf) * T::kDsBytes; }  // kSplit
   __device__ __forceinline__ uint32_t dq(int wg) const { return base + T::kOffDq + wg * T::kDqPartBytes; }
   __device__ __forceinline__ uint32_t lse(int s) const { return base + T::kOffLse + s * T::kRowBytes; }
   __device__ __forceinline__ uint32_t dsum(int s) const { return base + T::kOffDsum + s * T::kRowBytes; }

@@ -155,36 +155,51 @@ FH_HD TileOrder make_tile_order(int num_m_blocks, int heads_batches, bool heavy_
   return {num_m_blocks, heads_batches, group, heavy_first};
 }
 
-// ---- backward (bwd_traits.cuh): a CTA owns block_n keys of one KV head, split between 2 consumer warpgroups (64
-// keys each, the wgmma M of S^T = K Q^T), and walks the query blocks of block_m rows that see them, streaming Q, dO,
-// LSE and D through a stages-deep ring. dK and dV stay in registers (2 x head_dim / 2 fp32 per thread), so the
-// backward runs head-dim buckets up to 128 (d192/d256 stay on v2: their dK + dV alone would take 192-256 registers).
+// ---- backward (bwd_traits.cuh): a CTA owns block_n keys of one KV head and walks the query blocks of block_m rows
+// that see them, streaming Q, dO, LSE and D through a stages-deep ring; two consumer warpgroups.
+//   d64, d128: 128 keys, 64 per consumer warpgroup (the wgmma M of S^T = K Q^T), each with its dK and dV rows in
+//              registers (2 x head_dim / 2 fp32 per thread).
+//   d192, d256 (split): dK + dV of 64 keys alone would take 192-256 registers per thread, so the CTA owns 64 keys
+//              and the warpgroups split the work: each computes S^T and dP^T of the 64 keys against its half of the
+//              block's queries (64 x 32, N = 32), P^T and dS^T meet in shared memory, then warpgroup 0 accumulates
+//              dV += P^T dO and warpgroup 1 dK += dS^T Q (head_dim / 2 registers each), and dQ = dS K is split by
+//              64-column parts, added into dq_accum from registers (no staging buffer: it would not fit at d256).
 struct BwdTileConfig {
   int block_m, block_n, stages;
+  bool split;
 };
 constexpr int kBwdConsumers = 2;
-constexpr int kBwdMaxHeadDim = 128;
+constexpr int kBwdMaxHeadDim = 256;
+constexpr int kBwdSplitMinHeadDim = 160;  // buckets above 128 take the split layout
 // Stages: d64's step (5 GEMMs of 64 x 128 x 64) takes ~1.2 us at 600 TFLOP/s over 132 SMs, shorter than a Q / dO
 // load's round trip, so 2 stages (one step of lookahead) left it waiting; 4 stages give three steps (162 KB of smem).
-// d128's step is twice as long and 3 stages would not fit beside its tiles (224 KB of 227).
-constexpr BwdTileConfig bwd_tile_config(int head_dim) { return {64, 128, head_dim <= 64 ? 4 : 2}; }
+// d128's step is twice as long and 3 stages would not fit beside its tiles (224 KB of 227). d256 (split): 2 stages
+// of 64 x 256 Q and dO, K and V, and four 8 KB P^T / dS^T buffers take 226 KB.
+constexpr BwdTileConfig bwd_tile_config(int head_dim) {
+  return head_dim >= kBwdSplitMinHeadDim ? BwdTileConfig{64, 64, 2, true}
+                                         : BwdTileConfig{64, 128, head_dim <= 64 ? 4 : 2, false};
+}
 constexpr int bwd_num_threads() { return (1 + kBwdConsumers) * kWarpgroupThreads; }
 constexpr RegisterBudget bwd_register_budget() { return {24, 240}; }
 // mbarriers: K/V full, then per stage full and empty (Q, dO, LSE, D of one query block).
 constexpr int bwd_barrier_count(int stages) { return 1 + 2 * stages; }
-// dQ = dS K of one step is split between the consumer warpgroups in (block_m x kBwdDqCols) fp32 parts, each staged
-// in shared memory for one bulk reduce-add into dq_accum.
+// dQ = dS K of one step is split between the consumer warpgroups in (block_m x kBwdDqCols) fp32 parts; without
+// split, each is staged in shared memory for one bulk reduce-add into dq_accum.
 constexpr int kBwdDqCols = 64;
-// Q and dO per stage, K, V, two dS^T buffers (block_n x block_m), the dQ parts, LSE and D rows per stage, barriers,
+// (block_n x block_m) 16-bit buffers: two dS^T (double-buffered over steps); split adds two P^T.
+constexpr int bwd_ds_buffers(const BwdTileConfig& c) { return c.split ? 4 : 2; }
+constexpr int bwd_dq_staging_bytes(const BwdTileConfig& c) { return c.split ? 0 : kBwdConsumers * c.block_m * kBwdDqCols * 4; }
+// Q and dO per stage, K, V, the dS^T (and P^T) buffers, the dQ staging parts, LSE and D rows per stage, barriers,
 // align slack.
 constexpr int bwd_smem_bytes(const BwdTileConfig& c, int head_dim_bucket) {
   return (2 * c.stages * c.block_m + 2 * c.block_n) * head_dim_bucket * kElementBytes +
-         2 * c.block_n * c.block_m * kElementBytes + kBwdConsumers * c.block_m * kBwdDqCols * 4 +
+         bwd_ds_buffers(c) * c.block_n * c.block_m * kElementBytes + bwd_dq_staging_bytes(c) +
          2 * c.stages * c.block_m * 4 +
          bwd_barrier_count(c.stages) * kBarrierBytes + kSwizzleAtomBytes;
 }
 static_assert(bwd_smem_bytes(bwd_tile_config(128), 128) <= kMaxSmemPerBlock &&
-                  bwd_smem_bytes(bwd_tile_config(64), 64) <= kMaxSmemPerBlock,
+                  bwd_smem_bytes(bwd_tile_config(64), 64) <= kMaxSmemPerBlock &&
+                  bwd_smem_bytes(bwd_tile_config(256), 256) <= kMaxSmemPerBlock,
               "v3 backward tile exceeds smem");
 
 }  // namespace v3

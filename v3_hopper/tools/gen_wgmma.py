@@ -12,9 +12,12 @@ import pathlib
 
 # N of every wgmma the kernels issue: S = Q K^T uses N = block_n (tile_config.h), O += P V uses N = the head-dim
 # bucket. m64nNk16 with fp32 accumulators, 16-bit inputs: N is a multiple of 8 up to 256 (PTX ISA).
-SHAPES = (64, 80, 112, 128, 176, 192, 256)
+SHAPES = (32, 64, 80, 112, 128, 176, 192, 256)
 # N of the backward's dQ = dS K (bwd_traits.cuh): A = dS^T and B = K as stored, both MN-major (ss_tt form).
 TT_SHAPES = (64,)
+# N of the d192 / d256 backward's dV += P^T dO and dK += dS^T Q (bwd_traits.cuh kSplit): A = P^T or dS^T from
+# shared memory, K-major; B = dO or Q as stored, MN-major (ss_bt form).
+BT_SHAPES = (192, 256)
 PER_LINE = 8
 
 HEADER = """\
@@ -23,6 +26,7 @@ HEADER = """\
 //   WgmmaOps<N>::rs<kBf16>(d, a, desc_b):               D(64xN) += A(64x16, registers) * B(16xN, smem, MN-major)
 //   WgmmaOps<N>::ss_tt<kBf16>(d, desc_a, desc_b, scale_d): as ss with A and B both MN-major (imm-trans-a/b = 1),
 //                                                       for N in TT_SHAPES only
+//   WgmmaOps<N>::ss_bt<kBf16>(d, desc_a, desc_b, scale_d): as ss with B MN-major (imm-trans-b = 1), N in BT_SHAPES
 // d: the N/2 fp32 accumulators of this thread (wgmma D layout); scale_d 0 overwrites D; a: 4 x b32 (8 elements of
 // A, mma.m16n8k16's A layout per warp); descriptors: ptx.cuh smem_desc. The RS form sets imm-trans-b (B is V
 // stored key-major, i.e. N contiguous).
@@ -50,12 +54,12 @@ def chunks(items, per_line):
 def emit(n: int) -> str:
     regs = n // 2
     out = [f"\ntemplate <>\nstruct WgmmaOps<{n}> {{", f"  static constexpr int kRegs = {regs};"]
-    for form in ("ss", "rs") + (("ss_tt",) if n in TT_SHAPES else ()):
+    for form in ("ss", "rs") + (("ss_tt",) if n in TT_SHAPES else ()) + (("ss_bt",) if n in BT_SHAPES else ()):
         macro = f"FG_V3_WGMMA_{form.upper()}_{n}"
-        if form in ("ss", "ss_tt"):
+        if form in ("ss", "ss_tt", "ss_bt"):
             a_text = f'" %{regs}, "'
             b_idx, p_idx = regs + 1, regs + 2
-            tail = '" p, 1, 1, 0, 0;\\n"' if form == "ss" else '" p, 1, 1, 1, 1;\\n"'
+            tail = {"ss": '" p, 1, 1, 0, 0;\\n"', "ss_tt": '" p, 1, 1, 1, 1;\\n"', "ss_bt": '" p, 1, 1, 0, 1;\\n"'}[form]
             ins = '"l"(desc_a), "l"(desc_b), "r"(scale_d)'
             sig = "uint64_t desc_a, uint64_t desc_b, uint32_t scale_d"
         else:
