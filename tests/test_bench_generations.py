@@ -110,7 +110,8 @@ def test_v1_moves_tc_times_more_than_v2_asymptotically():
 def test_model_says_none_for_what_it_does_not_model():
     assert io_model.hbm_bytes("cpu", cfg(256, 64), "fwd") is None
     assert io_model.hbm_bytes("v2", cfg(256, 64, dtype="fp32"), "fwd") is None
-    assert io_model.hbm_bytes("v3", cfg(256, 256), "bwd") is None          # v3's backward stops at d128
+    assert io_model.hbm_bytes("v3", cfg(256, 320), "bwd") is None          # no bucket above d256
+    assert io_model.hbm_bytes("v3", cfg(256, 256), "bwd") is not None      # the split layout
     assert io_model.hbm_bytes("v3", cfg(256, 256), "fwd") is not None
     assert io_model.hbm_bytes("v2", cfg(256, 64, heads=4, heads_k=2), "fwd") is None
     dec = sweeps.Config("decode", 1, 1, 4096, 8, 8, 128, False, "bf16")
@@ -154,8 +155,13 @@ def test_v3_tiles_match_tile_config_h():
     text = _source("v3_hopper/tile_config.h")
     assert int(re.search(r"kWarpgroupRows = (\d+);", text).group(1)) == io_model.V3_WARPGROUP_ROWS
     assert int(re.search(r"kBwdMaxHeadDim = (\d+);", text).group(1)) == io_model.V3_BWD_MAX_HEAD_DIM
-    bwd = re.search(r"bwd_tile_config\(int head_dim\) \{ return \{(\d+), (\d+),", text)
-    assert (int(bwd.group(1)), int(bwd.group(2))) == io_model.V3_BWD_TILE
+    assert int(re.search(r"kBwdSplitMinHeadDim = (\d+);", text).group(1)) == io_model.V3_BWD_SPLIT_MIN_HEAD_DIM
+    bwd = _body(text, "constexpr BwdTileConfig bwd_tile_config(int head_dim) {")
+    split, plain = [(int(m), int(n)) for m, n in re.findall(r"BwdTileConfig\{(\d+), (\d+),", bwd)]
+    assert "head_dim >= kBwdSplitMinHeadDim ?" in bwd
+    assert (split, plain) == (io_model.V3_BWD_SPLIT_TILE, io_model.V3_BWD_TILE)
+    assert io_model.tiles("v3", "bwd", 128, causal=False) == (64, 128)
+    assert io_model.tiles("v3", "bwd", 192, causal=True) == (64, 64)
     found = {}
     for line in _body(text, "constexpr TileConfig tile_config(int head_dim, bool masked) {").splitlines():
         if "return" not in line:

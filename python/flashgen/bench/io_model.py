@@ -62,7 +62,9 @@ V3_WARPGROUP_ROWS = 64      # kWarpgroupRows
 V3_FWD_TILES = {64: ((3, 128), (3, 128)), 128: ((2, 176), (2, 128)), 192: ((2, 112), (2, 112)),
                 256: ((2, 80), (2, 80))}
 V3_BWD_TILE = (64, 128)
-V3_BWD_MAX_HEAD_DIM = 128   # kBwdMaxHeadDim
+V3_BWD_SPLIT_TILE = (64, 64)        # the split layout of the buckets from kBwdSplitMinHeadDim up
+V3_BWD_SPLIT_MIN_HEAD_DIM = 160     # kBwdSplitMinHeadDim
+V3_BWD_MAX_HEAD_DIM = 256           # kBwdMaxHeadDim
 V3_BUCKETS = (64, 128, 192, 256)
 
 GENERATIONS = ("v1", "v2", "v3")
@@ -105,7 +107,7 @@ def v1_block_sizes(head_dim: int, sram_bytes: Optional[int] = None) -> Tuple[int
 def tiles(generation: str, pass_: str, head_dim: int, causal: bool,
           v1_sram: Optional[int] = None) -> Optional[Tuple[int, int]]:
     """(block_m, block_n) = (query rows, keys) per tile of `generation`'s 'fwd' or 'bwd' pass; None when not modelled
-    (unknown generation, head dim outside its buckets, or v3's backward above d128). v1_sram: v1's M in bytes
+    (unknown generation, head dim outside its buckets). v1_sram: v1's M in bytes
     (default v1_sram_bytes())."""
     if generation == "v1":
         return v1_block_sizes(head_dim, v1_sram) if _bucket(head_dim, V1_BUCKETS) else None
@@ -117,7 +119,9 @@ def tiles(generation: str, pass_: str, head_dim: int, causal: bool,
         if d is None:
             return None
         if pass_ == "bwd":
-            return V3_BWD_TILE if head_dim <= V3_BWD_MAX_HEAD_DIM else None
+            if head_dim > V3_BWD_MAX_HEAD_DIM:
+                return None
+            return V3_BWD_SPLIT_TILE if head_dim >= V3_BWD_SPLIT_MIN_HEAD_DIM else V3_BWD_TILE
         consumers, block_n = V3_FWD_TILES[d][1 if causal else 0]
         return consumers * V3_WARPGROUP_ROWS, block_n
     return None
