@@ -162,6 +162,7 @@ def test_v3_tiles_match_tile_config_h():
     assert (split, plain) == (io_model.V3_BWD_SPLIT_TILE, io_model.V3_BWD_TILE)
     assert io_model.tiles("v3", "bwd", 128, causal=False) == (64, 128)
     assert io_model.tiles("v3", "bwd", 192, causal=True) == (64, 64)
+    assert io_model.tiles("v3", "bwd", 136, causal=False) == (64, 64)   # bucket 192
     found = {}
     for line in _body(text, "constexpr TileConfig tile_config(int head_dim, bool masked) {").splitlines():
         if "return" not in line:

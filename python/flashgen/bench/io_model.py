@@ -119,9 +119,10 @@ def tiles(generation: str, pass_: str, head_dim: int, causal: bool,
         if d is None:
             return None
         if pass_ == "bwd":
-            if head_dim > V3_BWD_MAX_HEAD_DIM:
+            if d > V3_BWD_MAX_HEAD_DIM:
                 return None
-            return V3_BWD_SPLIT_TILE if head_dim >= V3_BWD_SPLIT_MIN_HEAD_DIM else V3_BWD_TILE
+            # the launch picks by bucket (v3_api.cu: bwd_tile_config(bucket)), so d136 takes d192's split tile
+            return V3_BWD_SPLIT_TILE if d >= V3_BWD_SPLIT_MIN_HEAD_DIM else V3_BWD_TILE
         consumers, block_n = V3_FWD_TILES[d][1 if causal else 0]
         return consumers * V3_WARPGROUP_ROWS, block_n
     return None
