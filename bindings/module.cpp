@@ -196,6 +196,7 @@ PYBIND11_MODULE(_C, m) {
       FG_PTR(AttnParams, block_mask, const uint8_t*)
       FG_RW(AttnParams, block_mask_head_stride) FG_RW(AttnParams, block_mask_row_stride)
       FG_RW(AttnParams, sparse_block_m) FG_RW(AttnParams, sparse_block_n)
+      FG_PTR(AttnParams, sparse_order, const int*)
       FG_RW(AttnParams, num_threads) FG_RW(AttnParams, num_sms)
       FG_RW(AttnParams, num_splits) FG_RW(AttnParams, max_splits)
       .def(

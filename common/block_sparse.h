@@ -128,4 +128,38 @@ struct SparseTileQueue {
   }
 };
 
+// The work of one CTA of a block-sparse launch run in p.sparse_order's order. order[r] is the r-th unit to run, as
+// the id (batch * heads + head) * units + unit; a unit is a sparse block row (forward: units = ceil(seqlen_q /
+// sparse_block_m), heads = num_heads) or column (backward: ceil(seqlen_k / sparse_block_n), num_heads_k) and
+// covers `split` kernel tiles (sparse block / kernel tile; the launch uses the order only where that is whole).
+// CTA `linear` (its index in launch order, x fastest) runs tile linear % split of unit order[linear / split]. Unsigned
+// 32-bit arithmetic (sparse_order_applies keeps the grid below 2^31 CTAs): a 64-bit division is a long call.
+// Sparse blocks of `block` rows (or columns) over n of them: ceil(n / block) without overflow for any block >= 1.
+FH_HD int sparse_units(int n, int block) { return n > 0 ? (n - 1) / block + 1 : 0; }
+
+// Whether a launch whose natural grid has `tiles` kernel tiles of `tile` rows over n runs in sparse_order's order:
+// sparse blocks must be whole tiles, and the grid of units x split tiles (the last unit's tiles past n exit at
+// once) may hold at most twice the natural one. Its grid's extent then is *ordered_tiles.
+// `others` is the grid's extent in its other dimensions (heads x batch): the whole grid must have fewer than 2^31
+// CTAs, so that sparse_cta's index arithmetic stays in 32 bits.
+FH_HD bool sparse_order_applies(int n, int block, int tile, int tiles, int64_t others, int* ordered_tiles) {
+  if (block % tile != 0) return false;
+  const int64_t total = static_cast<int64_t>(sparse_units(n, block)) * (block / tile);
+  if (total > 2 * static_cast<int64_t>(tiles) || total * others >= (int64_t{1} << 31)) return false;
+  *ordered_tiles = static_cast<int>(total);
+  return true;
+}
+
+struct SparseCta {
+  int tile;  // m_block (forward) or n_block (backward)
+  int head;  // query head (forward) or KV head (backward)
+  int batch;
+};
+
+FH_HD SparseCta sparse_cta(const int* order, uint32_t linear, uint32_t split, uint32_t units, uint32_t heads) {
+  const uint32_t id = static_cast<uint32_t>(order[linear / split]);
+  const uint32_t unit = id % units, bh = id / units;
+  return {static_cast<int>(unit * split + linear % split), static_cast<int>(bh % heads), static_cast<int>(bh / heads)};
+}
+
 }  // namespace flashgen

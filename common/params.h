@@ -112,6 +112,11 @@ struct AttnParams {
   // ---- made by the generation from page_block_size at launch (v2's fwd(): RowDivider::make), not by the caller:
   // r / page_block_size without a division instruction in the kernels' paged row code ----
   RowDivider page_div;
+
+  // ---- block-sparse schedule (python/flashgen/_ops.py sparse_order; common/block_sparse.h sparse_cta): null, or
+  // the order in which a block-sparse launch runs its (batch, head, sparse block row) units, heaviest first (the
+  // backward's: (batch, KV head, sparse block column)); a generation that cannot use it runs its own order ----
+  const int* sparse_order = nullptr;
 };
 
 struct AttnBwdParams : AttnParams {

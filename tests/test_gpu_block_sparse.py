@@ -250,6 +250,72 @@ def test_block_sparse_densities_long(gen, density):
                       block_size=(128, 128))
 
 
+def _local_global_layout(heads, seqlen_q, seqlen_k, block_size, device="cuda"):
+    """A band of one block around the diagonal plus block row 0 and column 0 (global tokens), per head shifted so
+    that heads differ: the units of the launch order weigh very differently (flashgen._ops.sparse_order)."""
+    rows, cols = -(-seqlen_q // block_size[0]), -(-seqlen_k // block_size[1])
+    layout = torch.zeros(heads, rows, cols, dtype=torch.bool)
+    for h in range(heads):
+        for r in range(rows):
+            layout[h, r, max(0, r - 1 - h % 2):r + 2] = True
+        layout[h, h % rows, :] = True
+        layout[h, :, 0] = True
+    return layout.to(device)
+
+
+@pytest.mark.parametrize("block_size", [(128, 128), (256, 256)], ids=["bs128", "bs256"])
+@pytest.mark.parametrize("heads_in_layout", [4, 1], ids=["per-head", "broadcast"])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_block_sparse_launch_order_v2(gen, block_size, heads_in_layout, causal, monkeypatch):
+    """v2 runs block-sparse CTAs heaviest unit first (p.sparse_order; bwd_launch.cuh / fwd_launch.cuh use it where
+    sparse blocks are whole tiles: 128 and 256 here, over 2 query and key tiles at 256). The results may not depend
+    on the order: the launch's natural order, the computed one and a random permutation give out, lse, dk and dv
+    bitwise equal (dq is added by atomics: to fp32 rounding), over seqlens that end inside a block, GQA 4 / 2, and
+    the computed order's output passes the oracle."""
+    if gen != "v2":
+        pytest.skip("v2's launch order (v1 runs one CTA per head, as FA1)")
+    need(gen, "bf16", 128, "block_sparse", "backward", "gqa", *(["causal"] if causal else []))
+    torch.manual_seed(30)
+    b, h, hk, sq, sk = 2, 4, 2, 700, 900
+    q = randn(b, sq, h, 128, dtype=torch.bfloat16)
+    k, v = (randn(b, sk, hk, 128, dtype=torch.bfloat16) for _ in range(2))
+    layout = _local_global_layout(h, sq, sk, block_size)[:heads_in_layout].contiguous()
+    kw = dict(softmax_scale=1 / math.sqrt(128), window_size=(-1, 0) if causal else (-1, -1), block_mask=layout,
+              block_size=block_size)
+    real = _ops.sparse_order
+
+    def permuted(block_mask, block_size_, *, batch, num_heads, num_heads_k, by_rows, **rest):
+        units = block_mask.shape[1] if by_rows else block_mask.shape[2]
+        n = batch * (num_heads if by_rows else num_heads_k) * units
+        return torch.randperm(n, generator=torch.Generator().manual_seed(n)).to("cuda", torch.int32)
+
+    dout = randn(b, sq, h, 128, dtype=torch.bfloat16)
+    runs = {}
+    for name, order_for in (("natural", lambda *a, **k_: None), ("computed", _ops._sparse_order_for),
+                            ("permuted", _ops._sparse_order_for)):
+        monkeypatch.setattr(_ops, "_sparse_order_for", order_for)
+        monkeypatch.setattr(_ops, "sparse_order", permuted if name == "permuted" else real)
+        monkeypatch.setattr(_ops, "_sparse_orders", {})
+        out, lse, _ = run_fwd(gen, q, k, v, **kw)
+        runs[name] = (out, lse, run_bwd(gen, q, k, v, dout, out, lse, **kw))
+    base = runs["natural"]
+    for name in ("computed", "permuted"):
+        out, lse, (dq, dk, dv) = runs[name]
+        assert torch.equal(out, base[0]) and torch.equal(lse, base[1]), f"{name} order: out / lse differ"
+        assert torch.equal(dk, base[2][1]) and torch.equal(dv, base[2][2]), f"{name} order: dk / dv differ"
+        assert torch.allclose(dq.float(), base[2][0].float(), rtol=0, atol=1e-2 * float(base[2][0].abs().max())), \
+            f"{name} order: dq differs"
+    check_out_and_lse(f"block-sparse launch order {block_size} causal={causal}", runs["computed"][0],
+                      runs["computed"][1], q, k, v, causal=causal, block_mask=layout, block_size=block_size)
+    # The kernels do read the order: one naming unit 0 for every CTA (a valid id) leaves the other units' rows of
+    # out and of dk / dv as the poison the harness put there.
+    monkeypatch.setattr(_ops, "sparse_order", lambda *a, **k_: torch.zeros_like(permuted(*a, **k_)))
+    monkeypatch.setattr(_ops, "_sparse_orders", {})
+    out, lse, _ = run_fwd(gen, q, k, v, **kw)
+    _, dk, dv = run_bwd(gen, q, k, v, dout, runs["natural"][0], runs["natural"][1], **kw)
+    assert bool(torch.isnan(out).any()) and bool(torch.isnan(dk).any()), "the kernels ignored p.sparse_order"
+
+
 def test_block_sparse_auto_runs_on_this_gpu():
     """block_sparse_attn_func without a version runs on the GPU: auto picks v2 (v1 where v2 is not compiled; it
     raised NotImplementedError on the H200 once, when no generation before v1 in its order implemented it), and

@@ -133,7 +133,17 @@ __global__ void __launch_bounds__(T::kNThreads, 1) bwd_kernel(const __grid_const
   extern __shared__ __align__(128) unsigned char smem_raw[];
   Element* smem = reinterpret_cast<Element*>(smem_raw);
 
-  const int n_block = blockIdx.x, head_k = blockIdx.y, batch = blockIdx.z;
+  int n_block = blockIdx.x, head_k = blockIdx.y, batch = blockIdx.z;
+  if constexpr (kSparse) {
+    if (p.sparse_order != nullptr) {  // heaviest units first (launch_bwd checked the order applies)
+      const uint32_t linear = blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z);
+      const SparseCta cta = sparse_cta(p.sparse_order, linear, p.sparse_block_n / T::kBlockN,
+                                       sparse_units(p.seqlen_k, p.sparse_block_n), p.num_heads_k);
+      n_block = cta.tile;
+      head_k = cta.head;
+      batch = cta.batch;
+    }
+  }
   const SeqInfo seq = seq_info(p, batch);
   const int n_begin = n_block * T::kBlockN;
   if (n_begin >= seq.seqlen_k) return;  // varlen: this sequence has fewer keys than max_seqlen_k

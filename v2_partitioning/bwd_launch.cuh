@@ -28,6 +28,19 @@ Status launch_bwd(const AttnBwdParams& p, cudaStream_t stream) {
     if (!bwd_has_mods(p)) kernel = bwd_kernel<T, false>;
   }
   if (p.block_mask != nullptr) kernel = bwd_kernel<T, true, /*kSparse=*/true>;  // block-sparse: its own instance
+  // Block-sparse, heaviest sparse columns first (common/block_sparse.h sparse_cta): one CTA per key block of every
+  // sparse column, where a sparse column is whole key blocks (sparse_order_applies). Not in deterministic mode:
+  // there a CTA waits for the key blocks below it to add into dQ, which must then have been dispatched before it.
+  AttnBwdParams ordered = p;
+  dim3 grid(ceil_div(p.seqlen_k, T::kBlockN), p.num_heads_k, p.batch);
+  int tiles = 0;
+  if (p.block_mask != nullptr && p.sparse_order != nullptr && !p.deterministic &&
+      sparse_order_applies(p.seqlen_k, p.sparse_block_n, T::kBlockN, static_cast<int>(grid.x),
+                           static_cast<int64_t>(grid.y) * grid.z, &tiles)) {
+    grid.x = tiles;
+  } else {
+    ordered.sparse_order = nullptr;
+  }
   constexpr int smem = T::kSmemBytes;
   Status st = opt_in_smem(kernel, smem, kHeadDim, kBwdWho);
   if (!st.is_ok()) return st;
@@ -38,7 +51,7 @@ Status launch_bwd(const AttnBwdParams& p, cudaStream_t stream) {
     if (!st.is_ok()) return st;
   }
   if (p.seqlen_k > 0) {
-    kernel<<<dim3(ceil_div(p.seqlen_k, T::kBlockN), p.num_heads_k, p.batch), T::kNThreads, smem, stream>>>(p);
+    kernel<<<grid, T::kNThreads, smem, stream>>>(ordered);
     st = cuda_status(cudaGetLastError(), kBwdWho, "bwd_kernel launch");
     if (!st.is_ok()) return st;
   }

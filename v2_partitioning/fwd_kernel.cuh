@@ -162,7 +162,17 @@ __global__ void __launch_bounds__(T::kNThreads, T::kMinBlocksPerSm) fwd_kernel(c
     split = blockIdx.x % num_splits;
     m_block = gridDim.x / num_splits - 1 - blockIdx.x / num_splits;
   }
-  const int head = blockIdx.y, batch = blockIdx.z;
+  int head = blockIdx.y, batch = blockIdx.z;
+  if constexpr (T::kSparse) {
+    if (p.sparse_order != nullptr) {  // heaviest units first (launch_fwd_instances checked the order applies)
+      const uint32_t linear = blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z);
+      const SparseCta cta = sparse_cta(p.sparse_order, linear, p.sparse_block_m / T::kBlockM,
+                                       sparse_units(p.seqlen_q, p.sparse_block_m), p.num_heads);
+      m_block = cta.tile;
+      head = cta.head;
+      batch = cta.batch;
+    }
+  }
   const SeqInfo seq = seq_info(p, batch);
   const int m_begin = m_block * T::kBlockM;
   if (m_begin >= seq.seqlen_q) return;  // varlen: this sequence is shorter than max_seqlen_q

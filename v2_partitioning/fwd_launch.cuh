@@ -49,7 +49,23 @@ Status launch_fwd_instances(const AttnParams& p, cudaStream_t stream) {
     }
   }
   using T = FwdTraits<Tag, kHeadDim, /*kDecode=*/false, kPaged, kSparse>;
-  const Status st = launch_fwd_kernel<T>(p, dim3(ceil_div(p.seqlen_q, T::kBlockM), p.num_heads, p.batch), stream);
+  dim3 grid(ceil_div(p.seqlen_q, T::kBlockM), p.num_heads, p.batch);
+  Status st;
+  if (kSparse && p.sparse_order != nullptr) {
+    // Block-sparse, heaviest sparse rows first (common/block_sparse.h sparse_cta): one CTA per query block of every
+    // sparse row, where a sparse row is whole query blocks; else the order is dropped and the grid's own runs.
+    AttnParams ordered = p;
+    int tiles = 0;
+    if (sparse_order_applies(p.seqlen_q, p.sparse_block_m, T::kBlockM, static_cast<int>(grid.x),
+                             static_cast<int64_t>(grid.y) * grid.z, &tiles)) {
+      grid.x = tiles;
+    } else {
+      ordered.sparse_order = nullptr;
+    }
+    st = launch_fwd_kernel<T>(ordered, grid, stream);
+  } else {
+    st = launch_fwd_kernel<T>(p, grid, stream);
+  }
   if (!st.is_ok() || p.p_out == nullptr) return st;
   probs_kernel<Tag><<<dim3(p.seqlen_q, p.num_heads, p.batch), kProbsThreads, 0, stream>>>(p);
   return cuda_status(cudaGetLastError(), kFwdWho, "probs_kernel launch");

@@ -10,6 +10,7 @@ from __future__ import annotations
 import functools
 import math
 import os
+import weakref
 from typing import Optional, Tuple
 
 import torch
@@ -136,6 +137,78 @@ def _fill(p, q, k, v, o, lse, *, softmax_scale, window_size, softcap, alibi_slop
         p.v_descale_batch_stride, p.v_descale_head_stride = v_descale.stride()
     if q.is_cuda:
         p.num_sms = _num_sms(q.device.index if q.device.index is not None else torch.cuda.current_device())
+
+
+# ---- block-sparse schedule (p.sparse_order; common/block_sparse.h sparse_cta) ----
+# A block-sparse launch's CTAs differ in work by the on blocks of their sparse row (forward) or column (backward):
+# with global rows or columns (a local + global layout) one unit holds every block while the rest hold a few, and a
+# grid in its natural order ends waiting for the full units dispatched last. The order runs units in classes of
+# weight, heaviest first (longest processing time first), each class in the natural (batch, head, unit) order so
+# that the CTAs running together share a few heads' K/V in L2 (a strict sort by weight would spread them over all).
+SPARSE_ORDER_CLASSES = 4  # classes of a quarter of the heaviest unit's weight each
+
+
+def sparse_order(block_mask: torch.Tensor, block_size, *, batch: int, num_heads: int, num_heads_k: int,
+                 seqlen_q: int, seqlen_k: int, window_size, by_rows: bool) -> torch.Tensor:
+    """int32 order of the unit ids (batch * heads + head) * units + unit a block-sparse launch runs. Forward
+    (by_rows): units are the layout's block rows and heads num_heads; backward: block columns and num_heads_k, a
+    KV head's weight summed over its query heads. A unit's weight is its on blocks inside window_size (left,
+    right; -1 unbounded, causal as (-1, 0), bottom-right). Any permutation is a correct schedule; this one is fast."""
+    block_m, block_n = block_size
+    rows, cols = block_mask.shape[1], block_mask.shape[2]
+    dev = block_mask.device
+    on = block_mask
+    left, right = int(window_size[0]), int(window_size[1])
+    if left >= 0 or right >= 0:  # block (r, c) holds a visible key when the key span meets the window's
+        r = torch.arange(rows, device=dev, dtype=torch.int64)
+        c = torch.arange(cols, device=dev, dtype=torch.int64)
+        shift = seqlen_k - seqlen_q
+        if right >= 0:
+            q_last = torch.clamp((r + 1) * block_m, max=seqlen_q) - 1
+            on = on & ((c * block_n)[None, :] <= (q_last + shift + right)[:, None])
+        if left >= 0:
+            k_last = torch.clamp((c + 1) * block_n, max=seqlen_k) - 1
+            on = on & (k_last[None, :] >= (r * block_m + shift - left)[:, None])
+    weight = on.sum(dim=2 if by_rows else 1, dtype=torch.int32)  # (layout heads or 1, units)
+    heads = num_heads if by_rows else num_heads_k
+    if weight.shape[0] > 1 and not by_rows:
+        weight = weight.view(num_heads_k, num_heads // num_heads_k, -1).sum(1, dtype=torch.int32)
+    units = weight.shape[1]
+    weight = weight.expand(heads, units)
+    classes = SPARSE_ORDER_CLASSES
+    cls = torch.clamp(weight * classes // torch.clamp(weight.max(), min=1), max=classes - 1).to(torch.int64)
+    n = batch * heads * units
+    if n >= 2 ** 31:
+        raise ValueError(f"block_mask: {n} (batch, head, block) units do not fit the int32 schedule")
+    unit = torch.arange(units, device=dev, dtype=torch.int64)
+    if by_rows:  # the forward's natural order runs a head's last (under causal, heaviest) query blocks first
+        unit = units - 1 - unit
+    position = (torch.arange(batch * heads, device=dev, dtype=torch.int64)[:, None] * units + unit[None, :])
+    key = (classes - 1 - cls).unsqueeze(0) * n + position.view(batch, heads, units)
+    return torch.argsort(key.flatten()).to(torch.int32)
+
+
+_sparse_orders: dict = {}  # id(block_mask) -> (weakref to it, its version and the call's sizes, the order)
+_SPARSE_ORDERS_KEPT = 16
+
+
+def _sparse_order_for(p, block_mask: torch.Tensor, block_size, by_rows: bool) -> Optional[torch.Tensor]:
+    """sparse_order for the call p describes (None: the launch's natural order), kept per layout tensor: models pass the same layout to every layer
+    and step, and the order costs a dozen small kernels. Never kept or reused while a CUDA graph is captured (the
+    capture runs nothing, so a kept order would hold no values, and a graph must own the order it reads)."""
+    args = dict(batch=p.batch, num_heads=p.num_heads, num_heads_k=p.num_heads_k, seqlen_q=p.seqlen_q,
+                seqlen_k=p.seqlen_k, window_size=(p.window_left, p.window_right), by_rows=by_rows)
+    if block_mask.is_cuda and torch.cuda.is_current_stream_capturing():
+        return sparse_order(block_mask, block_size, **args)
+    key = (block_mask._version, tuple(block_size), tuple(sorted(args.items())))
+    kept = _sparse_orders.get(id(block_mask))
+    if kept is not None and kept[0]() is block_mask and kept[1] == key:
+        return kept[2]
+    order = sparse_order(block_mask, block_size, **args)
+    if len(_sparse_orders) >= _SPARSE_ORDERS_KEPT:
+        _sparse_orders.clear()
+    _sparse_orders[id(block_mask)] = (weakref.ref(block_mask), key, order)
+    return order
 
 
 def kv_capacity(k: torch.Tensor, block_table: Optional[torch.Tensor]) -> int:
@@ -271,8 +344,12 @@ def forward(generation: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, 
           block_table=block_table, cache_leftpad=cache_leftpad, max_splits=max_splits,
           q_descale=q_descale, k_descale=k_descale, v_descale=v_descale)
     workspace = _plan_forward(generation, p, q.device) if q.is_cuda else None
+    order = _sparse_order_for(p, block_mask, block_size, by_rows=True) if block_mask is not None and q.is_cuda \
+        else None
+    if order is not None:
+        p.sparse_order = order.data_ptr()
     _native.C.fwd(generation, p, _stream_of(q))
-    del workspace  # freed in stream order: the caching allocator reuses it only after the kernels queued here
+    del workspace, order  # freed in stream order: the caching allocator reuses them only after the kernels here
     return o, lse, probs
 
 
@@ -303,6 +380,11 @@ def backward(generation: str, dout: torch.Tensor, q: torch.Tensor, k: torch.Tens
     # accumulator, in its own layouts).
     p.deterministic = bool(deterministic)
     workspace = _allocate_workspaces(p, _native.C.bwd_workspaces(generation, p), q.device)
+    order = None  # deterministic mode keeps the natural order (bwd_launch.cuh)
+    if block_mask is not None and q.is_cuda and not p.deterministic:
+        order = _sparse_order_for(p, block_mask, block_size, by_rows=False)
+    if order is not None:
+        p.sparse_order = order.data_ptr()
     _native.C.bwd(generation, p, _stream_of(q))
-    del workspace  # freed in stream order, after the kernels queued here
+    del workspace, order  # freed in stream order, after the kernels queued here
     return dq, dk, dv

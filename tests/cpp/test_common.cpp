@@ -31,6 +31,7 @@ using flashgen::RowState;
 using flashgen::kSparseChunk;
 using flashgen::sparse_chunk_bit;
 using flashgen::SparseChunk;
+using flashgen::SparseCta;
 using flashgen::SparseTile;
 using flashgen::SparseTileQueue;
 using flashgen::SparseWalk;
@@ -841,7 +842,50 @@ void test_sparse_pipeline() {
   }
 }
 
+// ---- the block-sparse launch order (common/block_sparse.h sparse_cta, sparse_order_applies) ----
+// Oracle: a random permutation of the (batch, head, unit) ids as the order; walking the launch's CTAs in index
+// order must give every (tile, head, batch) of units x split tiles exactly once, the `split` tiles of a unit
+// together and in the order's sequence.
+void test_sparse_order() {
+  Lcg rng{13};
+  for (int trial = 0; trial < 200; ++trial) {
+    const int units = 1 + static_cast<int>(rng.uniform() * 9), split = 1 + static_cast<int>(rng.uniform() * 3);
+    const int heads = 1 + static_cast<int>(rng.uniform() * 4), batch = 1 + static_cast<int>(rng.uniform() * 3);
+    std::vector<int> order(units * heads * batch);
+    for (int i = 0; i < static_cast<int>(order.size()); ++i) order[i] = i;
+    for (int i = static_cast<int>(order.size()) - 1; i > 0; --i) {
+      std::swap(order[i], order[static_cast<int>(rng.uniform() * (i + 1))]);
+    }
+    std::vector<int> seen(units * split * heads * batch, 0);
+    bool ok = true;
+    for (uint32_t linear = 0; linear < seen.size(); ++linear) {
+      const SparseCta c = flashgen::sparse_cta(order.data(), linear, split, units, heads);
+      const int id = order[linear / split];
+      ok = ok && c.tile >= 0 && c.tile < units * split && c.head >= 0 && c.head < heads && c.batch >= 0 &&
+           c.batch < batch && c.tile / split == id % units && c.tile % split == static_cast<int>(linear % split) &&
+           c.batch * heads + c.head == id / units;
+      if (ok) ++seen[(c.batch * heads + c.head) * units * split + c.tile];
+    }
+    CHECK(ok && std::all_of(seen.begin(), seen.end(), [](int n) { return n == 1; }),
+          "trial %d (units %d, split %d, heads %d, batch %d): the ordered grid must run each tile once", trial, units,
+          split, heads, batch);
+  }
+  int tiles = -1;
+  CHECK(!flashgen::sparse_order_applies(300, 64, 128, 3, 1, &tiles) && tiles == -1,
+        "sparse blocks smaller than a tile: no order");
+  CHECK(!flashgen::sparse_order_applies(300, 96, 64, 5, 1, &tiles), "sparse blocks not whole tiles: no order");
+  CHECK(flashgen::sparse_order_applies(300, 128, 128, 3, 8, &tiles) && tiles == 3, "128 on 128: %d tiles", tiles);
+  // 300 rows in blocks of 256 on tiles of 64: 2 units of 4 tiles = 8, against 5 natural (the last 3 exit at once)
+  CHECK(flashgen::sparse_order_applies(300, 256, 64, 5, 8, &tiles) && tiles == 8, "256 on 64: %d tiles", tiles);
+  CHECK(!flashgen::sparse_order_applies(100, 1 << 20, 64, 2, 8, &tiles), "a block far past the sequence: no order");
+  CHECK(!flashgen::sparse_order_applies(1 << 20, 128, 128, 1 << 13, int64_t{1} << 18, &tiles),
+        "2^31 CTAs or more: no order (32-bit indices)");
+  CHECK(flashgen::sparse_order_applies(1 << 30, 1 << 30, 1 << 29, 2, 1, &tiles) && tiles == 2,
+        "sizes near 2^31 do not overflow: %d", tiles);
+}
+
 int main() {
+  test_sparse_order();
   test_sparse_walk();
   test_sparse_pipeline();
   test_masks();

@@ -1,0 +1,114 @@
+"""The block-sparse launch order (flashgen._ops.sparse_order, read by v2's block-sparse kernels through
+common/block_sparse.h sparse_cta): a permutation of every (batch, head, unit) id, the heaviest weight class first,
+each class in the natural order, and weights that count only the blocks a causal or sliding window leaves visible.
+Runs on the CPU (the function is torch ops on whatever device the layout is on); the kernels' use of it is in
+tests/test_gpu_block_sparse.py."""
+
+from __future__ import annotations
+
+import torch
+
+from flashgen import _ops
+
+
+def _ids(batch, heads, units, order):
+    """(batch, head, unit) of each entry of an order, from the id (batch * heads + head) * units + unit."""
+    order = order.tolist()
+    return [((i // units) // heads, (i // units) % heads, i % units) for i in order]
+
+
+def _local_global(rows, cols, band=1):
+    layout = torch.zeros(rows, cols, dtype=torch.bool)
+    for r in range(rows):
+        layout[r, max(0, r - band):r + band + 1] = True
+    layout[0, :] = True  # the global row
+    layout[:, 0] = True  # and column
+    return layout
+
+
+def test_order_is_a_permutation_with_the_heavy_units_first():
+    rows, cols, batch, heads = 16, 16, 3, 4
+    layout = _local_global(rows, cols).unsqueeze(0)
+    order = _ops.sparse_order(layout, (128, 128), batch=batch, num_heads=heads, num_heads_k=heads,
+                              seqlen_q=rows * 128, seqlen_k=cols * 128, window_size=(-1, -1), by_rows=True)
+    assert order.dtype == torch.int32
+    n = batch * heads * rows
+    assert sorted(order.tolist()) == list(range(n)), "the order must name every (batch, head, row) once"
+    ids = _ids(batch, heads, rows, order)
+    # Row 0 (16 blocks) is the only one in the top class: all batch x heads of it come first.
+    assert all(unit == 0 for _, _, unit in ids[:batch * heads]), ids[:batch * heads]
+    assert all(unit != 0 for _, _, unit in ids[batch * heads:])
+    # The whole order: classes of a quarter of the heaviest row's blocks (16) each, the top one first (rows of 4
+    # blocks are class 1, rows 1 and 15 with 3 class 0); within a class batch, head, then the rows from the last.
+    blocks = layout[0].sum(-1).tolist()
+    cls = [min(3, 4 * b // max(blocks)) for b in blocks]
+    want = sorted(((b, h, u) for b in range(batch) for h in range(heads) for u in range(rows)),
+                  key=lambda t: (-cls[t[2]], t[0], t[1], -t[2]))
+    assert ids == want, (ids[:8], want[:8])
+
+
+def test_order_of_a_uniform_layout_is_the_natural_order():
+    layout = torch.ones(1, 5, 7, dtype=torch.bool)
+    for by_rows, units in ((True, 5), (False, 7)):
+        order = _ops.sparse_order(layout, (64, 64), batch=2, num_heads=3, num_heads_k=3, seqlen_q=300,
+                                  seqlen_k=420, window_size=(-1, -1), by_rows=by_rows)
+        ids = _ids(2, 3, units, order)
+        # forward: a head's rows from the last (the dense grid's order); backward: columns from the first
+        want = sorted(ids, key=lambda t: (t[0], t[1], -t[2] if by_rows else t[2]))
+        assert ids == want, (by_rows, ids[:10])
+
+
+def test_causal_weights_put_the_last_rows_and_first_columns_first():
+    rows = cols = 8
+    layout = torch.ones(1, rows, cols, dtype=torch.bool)
+    kw = dict(batch=1, num_heads=2, num_heads_k=2, seqlen_q=rows * 32, seqlen_k=cols * 32, window_size=(-1, 0))
+    fwd = _ids(1, 2, rows, _ops.sparse_order(layout, (32, 32), by_rows=True, **kw))
+    # Row r sees r + 1 blocks: class floor(4 (r + 1) / 8) capped at 3, i.e. rows 5-7 / 3, 4 / 1, 2 / 0, heaviest
+    # class first, each head's rows from the last within a class.
+    assert [u for _, _, u in fwd] == [7, 6, 5, 7, 6, 5, 4, 3, 4, 3, 2, 1, 2, 1, 0, 0], fwd
+    bwd = _ids(1, 2, cols, _ops.sparse_order(layout, (32, 32), by_rows=False, **kw))
+    # Column c is seen by rows c .. 7 (weight 8 - c): columns 0-2 first, each head's from the first.
+    assert [u for _, _, u in bwd[:6]] == [0, 1, 2, 0, 1, 2], bwd
+    # A sliding window of one block each way: every row sees 2-3 blocks, no class stands out past the edges.
+    win = _ops.sparse_order(layout, (32, 32), by_rows=True, **{**kw, "window_size": (32, 32)})
+    assert sorted(win.tolist()) == list(range(2 * rows))
+
+
+def test_backward_weights_sum_a_kv_heads_query_heads():
+    """GQA, per-head layout: the CTA of KV head j walks query heads 2j, 2j + 1, so its columns weigh their sum."""
+    rows, cols, heads, heads_k = 4, 6, 4, 2
+    layout = torch.zeros(heads, rows, cols, dtype=torch.bool)
+    layout[:, :, 1] = True  # every head: column 1 in every row
+    layout[2:4, :, 5] = True  # query heads 2, 3 (KV head 1): column 5 as well
+    order = _ops.sparse_order(layout, (16, 16), batch=1, num_heads=heads, num_heads_k=heads_k, seqlen_q=64,
+                              seqlen_k=96, window_size=(-1, -1), by_rows=False)
+    ids = _ids(1, heads_k, cols, order)
+    assert sorted(order.tolist()) == list(range(heads_k * cols))
+    assert set(ids[:3]) == {(0, 0, 1), (0, 1, 1), (0, 1, 5)}, ids  # weight 8 each; the rest weigh 0
+    assert ids[3:] == sorted(ids[3:], key=lambda t: (t[1], t[2]))
+
+
+def test_kept_order_follows_the_layout_tensor_and_its_version(monkeypatch):
+    calls = []
+    real = _ops.sparse_order
+
+    def counting(*args, **kw):
+        calls.append(1)
+        return real(*args, **kw)
+
+    monkeypatch.setattr(_ops, "sparse_order", counting)
+    monkeypatch.setattr(_ops, "_sparse_orders", {})
+
+    class P:  # the fields _sparse_order_for reads
+        batch, num_heads, num_heads_k, seqlen_q, seqlen_k, window_left, window_right = 1, 2, 2, 256, 256, -1, -1
+
+    layout = _local_global(2, 2).unsqueeze(0)
+    first = _ops._sparse_order_for(P, layout, (128, 128), by_rows=True)
+    assert _ops._sparse_order_for(P, layout, (128, 128), by_rows=True) is first and len(calls) == 1
+    layout[0, 1, 1] = False  # an in-place write bumps the version: the order is made again
+    _ops._sparse_order_for(P, layout, (128, 128), by_rows=True)
+    assert len(calls) == 2
+    _ops._sparse_order_for(P, layout, (128, 128), by_rows=False)  # another call shape: its own order
+    other = layout.clone()  # another tensor with the same values: its own entry
+    _ops._sparse_order_for(P, other, (128, 128), by_rows=True)
+    assert len(calls) == 4
