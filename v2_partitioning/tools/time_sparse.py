@@ -2,12 +2,13 @@
 (flashgen._ops.sparse_order; the natural order is the launch's own grid, as before the order existed). The layouts
 are the bench's (flashgen.bench.sweeps.sparse_layout, 128 x 128 blocks, one layout over all heads), the shapes the
 bench's sparse plan (4k-16k, batch x seqlen = 16k, d128 h16 / d64 h32, bf16, non-causal). Forward and backward
-(through flashgen._ops, so the times are the kernels' and the order's own small torch ops), triton do_bench median.
+(through flashgen._ops, so the times are the kernels' and the order's own small torch ops), triton do_bench median
+(--graph: of CUDA-graph replays, where the order is made inside the graph as a captured call makes it).
 ratio = sparse time / (density x dense time): issue 19 asks for <= 1.3; floor = the all-off layout's time over the
 same (what does not shrink with the density). Each sparse output is checked against the
 natural order's (bitwise for out; the order may not change a result). One JSON line per (shape, layout, order).
 
-    python v2_partitioning/tools/time_sparse.py [--label name] [--seqlens 4096,16384] [--head-dims 128]
+    python v2_partitioning/tools/time_sparse.py [--label name] [--graph] [--seqlens 4096,16384] [--head-dims 128]
         [--patterns random,local-global] [--densities 0.5,0.25,0.1] [--out rows.jsonl]
 """
 
@@ -18,7 +19,7 @@ import json
 import math
 
 import torch
-from triton.testing import do_bench
+from triton.testing import do_bench, do_bench_cudagraph
 
 from flashgen import _ops
 from flashgen.bench.sweeps import Config, sparse_layout
@@ -33,8 +34,12 @@ def main() -> None:
     ap.add_argument("--head-dims", default="128,64")
     ap.add_argument("--patterns", default="random,local-global")
     ap.add_argument("--densities", default="0.5,0.25,0.1")
+    ap.add_argument("--graph", action="store_true",
+                    help="time CUDA-graph replays (do_bench_cudagraph): the kernels without the host's per-call cost")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
+    timer = (lambda fn: do_bench_cudagraph(fn, rep=100, return_mode="median")) if args.graph else \
+        (lambda fn: do_bench(fn, warmup=10, rep=100, return_mode="median"))
     rows = []
     for d in (int(x) for x in args.head_dims.split(",")):
         h = 16 if d == 128 else 32
@@ -53,8 +58,8 @@ def main() -> None:
             def bwd(o, l_, **kw):
                 return lambda: _ops.backward("v2", dout, q, k, v, o, l_, softmax_scale=scale, **kw)
 
-            t_dense = {"fwd": do_bench(fwd(), warmup=10, rep=100, return_mode="median"),
-                       "bwd": do_bench(bwd(out, lse), warmup=10, rep=100, return_mode="median")}
+            t_dense = {"fwd": timer(fwd()),
+                       "bwd": timer(bwd(out, lse))}
             base = dict(label=args.label, head_dim=d, seqlen=s, batch=b, heads=h)
             for mode, ms in t_dense.items():
                 rows.append({**base, "layout": "dense", "order": "-", "mode": mode, "ms": ms})
@@ -64,8 +69,8 @@ def main() -> None:
             off = dict(block_mask=torch.zeros(1, -(-s // 128), -(-s // 128), dtype=torch.bool, device="cuda"),
                        block_size=(128, 128))
             o_off, l_off, _ = fwd(**off)()
-            t_off = {"fwd": do_bench(fwd(**off), warmup=10, rep=100, return_mode="median"),
-                     "bwd": do_bench(bwd(o_off, l_off, **off), warmup=10, rep=100, return_mode="median")}
+            t_off = {"fwd": timer(fwd(**off)),
+                     "bwd": timer(bwd(o_off, l_off, **off))}
             for mode, ms in t_off.items():
                 rows.append({**base, "layout": "off", "order": "-", "mode": mode, "ms": ms})
             for pattern in args.patterns.split(","):
@@ -82,8 +87,8 @@ def main() -> None:
                         o, l_, _ = fwd(**sparse)()
                         same = True if ref is None else bool(torch.equal(o, ref))
                         ref = o if ref is None else ref
-                        times = {"fwd": do_bench(fwd(**sparse), warmup=10, rep=100, return_mode="median"),
-                                 "bwd": do_bench(bwd(o, l_, **sparse), warmup=10, rep=100, return_mode="median")}
+                        times = {"fwd": timer(fwd(**sparse)),
+                                 "bwd": timer(bwd(o, l_, **sparse))}
                         for mode, ms in times.items():
                             rows.append({**base, "layout": f"{pattern}:{density}", "density": actual, "order": order,
                                          "mode": mode, "ms": ms, "ratio": ms / (actual * t_dense[mode]),
