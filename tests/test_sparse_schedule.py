@@ -108,7 +108,14 @@ def test_kept_order_follows_the_layout_tensor_and_its_version(monkeypatch):
     layout[0, 1, 1] = False  # an in-place write bumps the version: the order is made again
     _ops._sparse_order_for(P, layout, (128, 128), by_rows=True)
     assert len(calls) == 2
-    _ops._sparse_order_for(P, layout, (128, 128), by_rows=False)  # another call shape: its own order
+    _ops._sparse_order_for(P, layout, (128, 128), by_rows=False)  # the backward's order: its own entry
+    assert len(calls) == 3
+    for _ in range(3):  # a training step alternates the two: both stay kept
+        _ops._sparse_order_for(P, layout, (128, 128), by_rows=True)
+        _ops._sparse_order_for(P, layout, (128, 128), by_rows=False)
+    assert len(calls) == 3, "the forward's and the backward's orders must not evict each other"
+    P.seqlen_q = 200  # another call shape: made again
+    _ops._sparse_order_for(P, layout, (128, 128), by_rows=True)
     other = layout.clone()  # another tensor with the same values: its own entry
     _ops._sparse_order_for(P, other, (128, 128), by_rows=True)
-    assert len(calls) == 4
+    assert len(calls) == 5

@@ -188,7 +188,7 @@ def sparse_order(block_mask: torch.Tensor, block_size, *, batch: int, num_heads:
     return torch.argsort(key.flatten()).to(torch.int32)
 
 
-_sparse_orders: dict = {}  # id(block_mask) -> (weakref to it, its version and the call's sizes, the order)
+_sparse_orders: dict = {}  # (id(block_mask), by_rows) -> (weakref to it, its version and the call's sizes, order)
 _SPARSE_ORDERS_KEPT = 16
 
 
@@ -201,13 +201,14 @@ def _sparse_order_for(p, block_mask: torch.Tensor, block_size, by_rows: bool) ->
     if block_mask.is_cuda and torch.cuda.is_current_stream_capturing():
         return sparse_order(block_mask, block_size, **args)
     key = (block_mask._version, tuple(block_size), tuple(sorted(args.items())))
-    kept = _sparse_orders.get(id(block_mask))
+    slot = (id(block_mask), by_rows)  # a training step alternates the forward's order and the backward's
+    kept = _sparse_orders.get(slot)
     if kept is not None and kept[0]() is block_mask and kept[1] == key:
         return kept[2]
     order = sparse_order(block_mask, block_size, **args)
     if len(_sparse_orders) >= _SPARSE_ORDERS_KEPT:
         _sparse_orders.clear()
-    _sparse_orders[id(block_mask)] = (weakref.ref(block_mask), key, order)
+    _sparse_orders[slot] = (weakref.ref(block_mask), key, order)
     return order
 
 
