@@ -119,3 +119,18 @@ def test_kept_order_follows_the_layout_tensor_and_its_version(monkeypatch):
     other = layout.clone()  # another tensor with the same values: its own entry
     _ops._sparse_order_for(P, other, (128, 128), by_rows=True)
     assert len(calls) == 5
+
+
+def test_no_order_past_int32_ids(monkeypatch):
+    """A call with 2^31 (batch, head, block) units or more runs the natural order instead of failing."""
+    monkeypatch.setattr(_ops, "_sparse_orders", {})
+
+    class P:
+        batch, num_heads, num_heads_k, seqlen_q, seqlen_k, window_left, window_right = 2 ** 16, 2 ** 8, 2 ** 8, \
+            2 ** 14, 2 ** 14, -1, -1
+
+    layout = torch.ones(1, 128, 128, dtype=torch.bool)
+    assert _ops._sparse_order_for(P, layout, (128, 128), by_rows=True) is None
+    P.batch = 2
+    assert _ops._sparse_order_for(P, layout, (128, 128), by_rows=True) is not None
+

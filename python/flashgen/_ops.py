@@ -198,6 +198,9 @@ def _sparse_order_for(p, block_mask: torch.Tensor, block_size, by_rows: bool) ->
     capture runs nothing, so a kept order would hold no values, and a graph must own the order it reads)."""
     args = dict(batch=p.batch, num_heads=p.num_heads, num_heads_k=p.num_heads_k, seqlen_q=p.seqlen_q,
                 seqlen_k=p.seqlen_k, window_size=(p.window_left, p.window_right), by_rows=by_rows)
+    units = block_mask.shape[1] if by_rows else block_mask.shape[2]
+    if p.batch * (p.num_heads if by_rows else p.num_heads_k) * units >= 2 ** 31:
+        return None  # past int32 ids (and past the grids sparse_order_applies orders): the natural order
     if block_mask.is_cuda and torch.cuda.is_current_stream_capturing():
         return sparse_order(block_mask, block_size, **args)
     key = (block_mask._version, tuple(block_size), tuple(sorted(args.items())))
