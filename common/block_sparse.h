@@ -128,12 +128,6 @@ struct SparseTileQueue {
   }
 };
 
-// The work of one CTA of a block-sparse launch run in p.sparse_order's order. order[r] is the r-th unit to run, as
-// the id (batch * heads + head) * units + unit; a unit is a sparse block row (forward: units = ceil(seqlen_q /
-// sparse_block_m), heads = num_heads) or column (backward: ceil(seqlen_k / sparse_block_n), num_heads_k) and
-// covers `split` kernel tiles (sparse block / kernel tile; the launch uses the order only where that is whole).
-// CTA `linear` (its index in launch order, x fastest) runs tile linear % split of unit order[linear / split]. Unsigned
-// 32-bit arithmetic (sparse_order_applies keeps the grid below 2^31 CTAs): a 64-bit division is a long call.
 // Sparse blocks of `block` rows (or columns) over n of them: ceil(n / block) without overflow for any block >= 1.
 FH_HD int sparse_units(int n, int block) { return n > 0 ? (n - 1) / block + 1 : 0; }
 
@@ -150,6 +144,12 @@ FH_HD bool sparse_order_applies(int n, int block, int tile, int tiles, int64_t o
   return true;
 }
 
+// The work of one CTA of a block-sparse launch run in p.sparse_order's order. order[r] is the r-th unit to run, as
+// the id (batch * heads + head) * units + unit; a unit is a sparse block row (forward: units = ceil(seqlen_q /
+// sparse_block_m), heads = num_heads) or column (backward: ceil(seqlen_k / sparse_block_n), num_heads_k) and
+// covers `split` kernel tiles (sparse block / kernel tile; the launch uses the order only where that is whole).
+// CTA `linear` (its index in launch order, x fastest) runs tile linear % split of unit order[linear / split]. Unsigned
+// 32-bit arithmetic (sparse_order_applies keeps the grid below 2^31 CTAs): a 64-bit division is a long call.
 struct SparseCta {
   int tile;  // m_block (forward) or n_block (backward)
   int head;  // query head (forward) or KV head (backward)

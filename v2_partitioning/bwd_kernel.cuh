@@ -3,7 +3,9 @@
 // Partition: grid (key block, kv head, batch) -> CTA owns keys [n_begin, n_begin + kBlockN) and loops over every
 // (query head of its GQA group, query block that sees those keys) -> per step three GEMM phases, each split over
 // all warps by its own warp grid (bwd_traits.cuh): S, dP (registers) -> P, dS (smem) -> dK, dV (registers, summed
-// over the whole loop and over the group's query heads) and dQ (fp32 atomics into dq_accum).
+// over the whole loop and over the group's query heads) and dQ (fp32 atomics into dq_accum). Block-sparse
+// (kSparse) with p.sparse_order: the CTA's (key block, kv head, batch) comes from that order, heaviest sparse
+// columns first (common/block_sparse.h sparse_cta; launch_bwd sizes the grid).
 // Loop invariant (after step i): dv = sum P_drop^T dO and dk = sum dS^T Q over steps <= i (softmax_scale applied
 // at the end); dq_accum holds every finished step's dS K. Deterministic mode orders the dQ additions of the key
 // blocks of one (batch, head, query block) by a counter per query block (FA3's semaphore scheme).

@@ -9,6 +9,8 @@
 // Keys and values: a dense cache is a strided tile per key block (load_tile_async); a paged KV cache
 // (p.block_table, the T::kPaged instances) gives every key row its own address, common/kv_layout.h's rule
 // (load_rows_async). cache_leftpad and kv_batch_idx are resolved by seq_info / that rule.
+// Block-sparse instance (T::kSparse) with p.sparse_order: the CTA's (query block, head, batch) comes from that
+// order, heaviest sparse rows first (common/block_sparse.h sparse_cta; the grid launch_fwd_instances sizes).
 // Decode instance (T::kDecode, tile_config.h decode_tile_config): blockIdx.x also carries the split s of
 // p.num_splits; the CTA visits share s of the key blocks (common/split_kv.h) and, with more than one split,
 // writes O normalized by its own sum and its row state (m, l) to the oaccum / lse_accum workspaces for fwd_combine.cuh.
