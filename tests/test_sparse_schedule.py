@@ -134,3 +134,20 @@ def test_no_order_past_int32_ids(monkeypatch):
     P.batch = 2
     assert _ops._sparse_order_for(P, layout, (128, 128), by_rows=True) is not None
 
+
+def test_kept_order_is_freed_with_its_layout(monkeypatch):
+    import gc
+
+    monkeypatch.setattr(_ops, "_sparse_orders", {})
+
+    class P:
+        batch, num_heads, num_heads_k, seqlen_q, seqlen_k, window_left, window_right = 1, 2, 2, 256, 256, -1, -1
+
+    layout = _local_global(2, 2).unsqueeze(0)
+    _ops._sparse_order_for(P, layout, (128, 128), by_rows=True)
+    _ops._sparse_order_for(P, layout, (128, 128), by_rows=False)
+    assert len(_ops._sparse_orders) == 2
+    del layout
+    gc.collect()
+    assert not _ops._sparse_orders, "the orders of a freed layout must not stay kept"
+

@@ -211,8 +211,15 @@ def _sparse_order_for(p, block_mask: torch.Tensor, block_size, by_rows: bool) ->
     order = sparse_order(block_mask, block_size, **args)
     if len(_sparse_orders) >= _SPARSE_ORDERS_KEPT:
         _sparse_orders.clear()
-    _sparse_orders[slot] = (weakref.ref(block_mask), key, order)
+    _sparse_orders[slot] = (weakref.ref(block_mask, functools.partial(_drop_sparse_order, slot)), key, order)
     return order
+
+
+def _drop_sparse_order(slot, ref) -> None:
+    """A kept layout was freed: free its order too (unless the slot holds a newer tensor's by now)."""
+    kept = _sparse_orders.get(slot)
+    if kept is not None and kept[0] is ref:
+        del _sparse_orders[slot]
 
 
 def kv_capacity(k: torch.Tensor, block_table: Optional[torch.Tensor]) -> int:
