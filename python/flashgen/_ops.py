@@ -193,9 +193,10 @@ _SPARSE_ORDERS_KEPT = 16
 
 
 def _sparse_order_for(p, block_mask: torch.Tensor, block_size, by_rows: bool) -> Optional[torch.Tensor]:
-    """sparse_order for the call p describes (None: the launch's natural order), kept per layout tensor: models pass the same layout to every layer
-    and step, and the order costs a dozen small kernels. Never kept or reused while a CUDA graph is captured (the
-    capture runs nothing, so a kept order would hold no values, and a graph must own the order it reads)."""
+    """sparse_order for the call p describes (None: the launch's natural order), kept per layout tensor and
+    direction: models pass the same layout to every layer and step, and the order costs a dozen small kernels.
+    Never kept or reused while a CUDA graph is captured (the capture runs nothing, so a kept order would hold no
+    values, and a graph must own the order it reads)."""
     args = dict(batch=p.batch, num_heads=p.num_heads, num_heads_k=p.num_heads_k, seqlen_q=p.seqlen_q,
                 seqlen_k=p.seqlen_k, window_size=(p.window_left, p.window_right), by_rows=by_rows)
     units = block_mask.shape[1] if by_rows else block_mask.shape[2]
@@ -355,8 +356,9 @@ def forward(generation: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, 
           block_table=block_table, cache_leftpad=cache_leftpad, max_splits=max_splits,
           q_descale=q_descale, k_descale=k_descale, v_descale=v_descale)
     workspace = _plan_forward(generation, p, q.device) if q.is_cuda else None
-    order = _sparse_order_for(p, block_mask, block_size, by_rows=True) if block_mask is not None and q.is_cuda \
-        else None
+    order = None
+    if block_mask is not None and q.is_cuda:
+        order = _sparse_order_for(p, block_mask, block_size, by_rows=True)
     if order is not None:
         p.sparse_order = order.data_ptr()
     _native.C.fwd(generation, p, _stream_of(q))
