@@ -9,7 +9,9 @@ same (what does not shrink with the density). Each sparse output is checked agai
 natural order's (bitwise for out; the order may not change a result). One JSON line per (shape, layout, order).
 
     python v2_partitioning/tools/time_sparse.py [--label name] [--graph] [--seqlens 4096,16384] [--head-dims 128]
-        [--patterns random,local-global] [--densities 0.5,0.25,0.1] [--out rows.jsonl]
+        [--patterns random,local-global] [--densities 0.5,0.25,0.1] [--orders natural,heavy-first] [--out rows.jsonl]
+
+Rows are appended to --out as they are measured, so a run cut by a timeout keeps what it finished.
 """
 
 from __future__ import annotations
@@ -36,8 +38,19 @@ def main() -> None:
     ap.add_argument("--densities", default="0.5,0.25,0.1")
     ap.add_argument("--graph", action="store_true",
                     help="time CUDA-graph replays (do_bench_cudagraph): the kernels without the host's per-call cost")
+    ap.add_argument("--orders", default="natural,heavy-first",
+                    help="launch orders to time (heavy-first alone halves a run; natural is the reference for out)")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
+    orders = tuple(args.orders.split(",")) if REAL_ORDER else ("natural",)
+    sink = open(args.out, "w") if args.out else None
+
+    def emit(row: dict) -> None:
+        rows.append(row)
+        if sink:
+            sink.write(json.dumps(row) + "\n")
+            sink.flush()
+
     timer = (lambda fn: do_bench_cudagraph(fn, rep=100, return_mode="median")) if args.graph else \
         (lambda fn: do_bench(fn, warmup=10, rep=100, return_mode="median"))
     rows = []
@@ -62,7 +75,7 @@ def main() -> None:
                        "bwd": timer(bwd(out, lse))}
             base = dict(label=args.label, head_dim=d, seqlen=s, batch=b, heads=h)
             for mode, ms in t_dense.items():
-                rows.append({**base, "layout": "dense", "order": "-", "mode": mode, "ms": ms})
+                emit({**base, "layout": "dense", "order": "-", "mode": mode, "ms": ms})
             # The all-off layout: what a call costs that does not shrink with the density (Q / O, dO, dq_accum,
             # K / V and dK / dV traffic, the backward's pre- and postprocess, the launches); "floor" below is it
             # over density x dense, the part of each ratio no tile schedule can remove.
@@ -72,7 +85,7 @@ def main() -> None:
             t_off = {"fwd": timer(fwd(**off)),
                      "bwd": timer(bwd(o_off, l_off, **off))}
             for mode, ms in t_off.items():
-                rows.append({**base, "layout": "off", "order": "-", "mode": mode, "ms": ms})
+                emit({**base, "layout": "off", "order": "-", "mode": mode, "ms": ms})
             for pattern in args.patterns.split(","):
                 for density in (float(x) for x in args.densities.split(",")):
                     cfg = Config("attention", b, s, s, h, h, d, False, "bf16", sparsity=f"{pattern}:{density}")
@@ -80,30 +93,29 @@ def main() -> None:
                     actual = float(layout.float().mean())
                     sparse = dict(block_mask=layout, block_size=(128, 128))
                     ref = None
-                    for order in ("natural", "heavy-first") if REAL_ORDER else ("natural",):
+                    for order in orders:
                         if REAL_ORDER:
                             _ops._sparse_order_for = REAL_ORDER if order == "heavy-first" else (lambda *a, **kw: None)
                             _ops._sparse_orders.clear()
                         o, l_, _ = fwd(**sparse)()
-                        same = True if ref is None else bool(torch.equal(o, ref))
-                        ref = o if ref is None else ref
+                        # None: no natural-order output in this run to compare with
+                        same = bool(torch.equal(o, ref)) if ref is not None else (True if order == "natural" else None)
+                        ref = o if order == "natural" else ref
                         times = {"fwd": timer(fwd(**sparse)),
                                  "bwd": timer(bwd(o, l_, **sparse))}
                         for mode, ms in times.items():
-                            rows.append({**base, "layout": f"{pattern}:{density}", "density": actual, "order": order,
+                            emit({**base, "layout": f"{pattern}:{density}", "density": actual, "order": order,
                                          "mode": mode, "ms": ms, "ratio": ms / (actual * t_dense[mode]),
                                          "floor": t_off[mode] / (actual * t_dense[mode]),
                                          "same_out_as_natural": same})
                             r = rows[-1]
                             print(f"d{d} s{s} {r['layout']:>18} {order:>11} {mode}: {ms:7.3f} ms "
                                   f"ratio {r['ratio']:.2f} floor {r['floor']:.2f} (density {actual:.3f})"
-                                  f"{'' if same else ' OUT DIFFERS'}", flush=True)
+                                  f"{' OUT DIFFERS' if same is False else ''}", flush=True)
                     if REAL_ORDER:
                         _ops._sparse_order_for = REAL_ORDER
-    if args.out:
-        with open(args.out, "w") as f:
-            for r in rows:
-                f.write(json.dumps(r) + "\n")
+    if sink:
+        sink.close()
 
 
 if __name__ == "__main__":
