@@ -307,6 +307,55 @@ def test_block_sparse_launch_order_v2(gen, block_size, heads_in_layout, causal, 
             f"{name} order: dq differs"
     check_out_and_lse(f"block-sparse launch order {block_size} causal={causal}", runs["computed"][0],
                       runs["computed"][1], q, k, v, causal=causal, block_mask=layout, block_size=block_size)
+
+
+@pytest.mark.parametrize("warm_up", [True, False], ids=["warm-up", "no-warm-up"])
+def test_block_sparse_order_in_a_cuda_graph_v2(warm_up, monkeypatch):
+    """A captured v2 block-sparse forward + backward reads the order its eager warm-up kept (held for the graph:
+    _ops._sparse_orders_in_graphs), or makes one inside the graph without a warm-up. Replays give the eager call's
+    out, lse, dk, dv bit for bit (dq to fp32 rounding: atomics), also after the layout changes in place, when the
+    replayed order is the old layout's (any permutation is a correct schedule)."""
+    need("v2", "bf16", 128, "block_sparse", "backward", "gqa")
+    monkeypatch.setattr(_ops, "_sparse_orders", {})
+    monkeypatch.setattr(_ops, "_sparse_orders_in_graphs", {})
+    torch.manual_seed(31)
+    b, h, hk, sq, sk = 2, 4, 2, 700, 900
+    q = randn(b, sq, h, 128, dtype=torch.bfloat16)
+    k, v = (randn(b, sk, hk, 128, dtype=torch.bfloat16) for _ in range(2))
+    dout = randn(b, sq, h, 128, dtype=torch.bfloat16)
+    layout = _local_global_layout(h, sq, sk, (128, 128))
+    kw = dict(softmax_scale=1 / math.sqrt(128), block_mask=layout, block_size=(128, 128))
+
+    def step():
+        out, lse, _ = _ops.forward("v2", q, k, v, **kw)
+        return (out, lse, *_ops.backward("v2", dout, q, k, v, out, lse, **kw))
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    if warm_up:
+        with torch.cuda.stream(side):
+            step()
+        torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        static = step()
+    held = len(_ops._sparse_orders_in_graphs)
+    assert held == (2 if warm_up else 0), f"the graph should hold the warm-up's two orders, holds {held}"
+    for change in (False, True):
+        if change:  # a new layout's values, in place: the graph still replays the old order
+            layout[:, 2:4, 3] = ~layout[:, 2:4, 3]
+        for t in static:
+            t.fill_(float("nan"))
+        graph.replay()
+        replayed = [t.clone() for t in static]
+        monkeypatch.setattr(_ops, "_sparse_orders", {})
+        eager = step()
+        for name, got, want in zip(("out", "lse", "dq", "dk", "dv"), replayed, eager):
+            if name == "dq":
+                assert torch.allclose(got.float(), want.float(), rtol=0, atol=1e-2 * float(want.abs().max())), \
+                    f"layout changed={change}: replayed dq differs"
+            else:
+                assert torch.equal(got, want), f"layout changed={change}: replayed {name} differs from eager"
     # The kernels do read the order: one naming unit 0 for every CTA (a valid id) leaves the other units' rows of
     # out and of dk / dv as the poison the harness put there.
     monkeypatch.setattr(_ops, "sparse_order", lambda *a, **k_: torch.zeros_like(permuted(*a, **k_)))

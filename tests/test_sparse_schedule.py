@@ -151,3 +151,43 @@ def test_kept_order_is_freed_with_its_layout(monkeypatch):
     gc.collect()
     assert not _ops._sparse_orders, "the orders of a freed layout must not stay kept"
 
+
+
+def test_capture_reads_the_kept_order_and_holds_it(monkeypatch):
+    """While a CUDA graph is captured nothing is kept; an order the eager warm-up kept is read by the graph and held
+    for it (a replay reads the captured pointer), even after its layout and cache entry are gone."""
+    import gc
+
+    calls = []
+    real = _ops.sparse_order
+
+    def counting(*args, **kw):
+        calls.append(1)
+        return real(*args, **kw)
+
+    monkeypatch.setattr(_ops, "sparse_order", counting)
+    monkeypatch.setattr(_ops, "_sparse_orders", {})
+    monkeypatch.setattr(_ops, "_sparse_orders_in_graphs", {})
+    capturing = [False]
+    monkeypatch.setattr(_ops, "_capturing", lambda block_mask: capturing[0])
+
+    class P:
+        batch, num_heads, num_heads_k, seqlen_q, seqlen_k, window_left, window_right = 1, 2, 2, 256, 256, -1, -1
+
+    layout = _local_global(2, 2).unsqueeze(0)
+    capturing[0] = True  # no warm-up: the graph makes its own order, nothing is kept or held
+    fresh = _ops._sparse_order_for(P, layout, (128, 128), by_rows=True)
+    assert len(calls) == 1 and not _ops._sparse_orders and not _ops._sparse_orders_in_graphs
+    capturing[0] = False  # the eager warm-up keeps one
+    kept = _ops._sparse_order_for(P, layout, (128, 128), by_rows=True)
+    assert len(calls) == 2 and torch.equal(kept, fresh)
+    capturing[0] = True
+    assert _ops._sparse_order_for(P, layout, (128, 128), by_rows=True) is kept and len(calls) == 2
+    assert _ops._sparse_orders_in_graphs == {id(kept): kept}
+    layout[0, 1, 1] = False  # changed before another capture: that capture makes its own
+    _ops._sparse_order_for(P, layout, (128, 128), by_rows=True)
+    assert len(calls) == 3 and len(_ops._sparse_orders_in_graphs) == 1
+    del layout
+    gc.collect()
+    assert not _ops._sparse_orders, "the cache entry goes with its layout"
+    assert _ops._sparse_orders_in_graphs == {id(kept): kept}, "the graph's order must stay alive"

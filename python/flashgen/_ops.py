@@ -190,24 +190,38 @@ def sparse_order(block_mask: torch.Tensor, block_size, *, batch: int, num_heads:
 
 _sparse_orders: dict = {}  # (id(block_mask), by_rows) -> (weakref to it, its version and the call's sizes, order)
 _SPARSE_ORDERS_KEPT = 16
+# Kept orders a captured CUDA graph reads, held for the rest of the process: a graph replays the pointer it was
+# captured with, and nothing says when the graph is gone. One small int32 tensor per kept order first captured.
+_sparse_orders_in_graphs: dict = {}  # id(order) -> order
+
+
+def _capturing(block_mask: torch.Tensor) -> bool:
+    return block_mask.is_cuda and torch.cuda.is_current_stream_capturing()
 
 
 def _sparse_order_for(p, block_mask: torch.Tensor, block_size, by_rows: bool) -> Optional[torch.Tensor]:
     """sparse_order for the call p describes (None: the launch's natural order), kept per layout tensor and
     direction: models pass the same layout to every layer and step, and the order costs a dozen small kernels.
-    Never kept or reused while a CUDA graph is captured (the capture runs nothing, so a kept order would hold no
-    values, and a graph must own the order it reads)."""
+    While a CUDA graph is captured nothing is kept (the capture runs nothing, so a new order holds no values
+    until a replay): a kept order the eager warm-up made is read by the graph and held from then on, else the
+    graph makes its own (~65 us of small kernels per replay on the H200). The graph then replays the order of the
+    layout's values at capture; if they change in place later it stays a permutation of the same units, which is
+    all a launch needs to be correct (it is only slower)."""
     args = dict(batch=p.batch, num_heads=p.num_heads, num_heads_k=p.num_heads_k, seqlen_q=p.seqlen_q,
                 seqlen_k=p.seqlen_k, window_size=(p.window_left, p.window_right), by_rows=by_rows)
     units = block_mask.shape[1] if by_rows else block_mask.shape[2]
     if p.batch * (p.num_heads if by_rows else p.num_heads_k) * units >= 2 ** 31:
         return None  # past int32 ids (and past the grids sparse_order_applies orders): the natural order
-    if block_mask.is_cuda and torch.cuda.is_current_stream_capturing():
-        return sparse_order(block_mask, block_size, **args)
     key = (block_mask._version, tuple(block_size), tuple(sorted(args.items())))
     slot = (id(block_mask), by_rows)  # a training step alternates the forward's order and the backward's
     kept = _sparse_orders.get(slot)
-    if kept is not None and kept[0]() is block_mask and kept[1] == key:
+    hit = kept is not None and kept[0]() is block_mask and kept[1] == key
+    if _capturing(block_mask):
+        if not hit:
+            return sparse_order(block_mask, block_size, **args)
+        _sparse_orders_in_graphs[id(kept[2])] = kept[2]
+        return kept[2]
+    if hit:
         return kept[2]
     order = sparse_order(block_mask, block_size, **args)
     if len(_sparse_orders) >= _SPARSE_ORDERS_KEPT:

@@ -3,13 +3,15 @@
 are the bench's (flashgen.bench.sweeps.sparse_layout, 128 x 128 blocks, one layout over all heads), the shapes the
 bench's sparse plan (4k-16k, batch x seqlen = 16k, d128 h16 / d64 h32, bf16, non-causal). Forward and backward
 (through flashgen._ops, so the times are the kernels' and the order's own small torch ops), triton do_bench median
-(--graph: of CUDA-graph replays, where the order is made inside the graph as a captured call makes it).
+(--graph: of CUDA-graph replays; the graph reads the order its eager warm-up kept, as _ops._sparse_order_for
+does; --order-cost times the order alone, what a graph captured without a warm-up pays per replay).
 ratio = sparse time / (density x dense time): issue 19 asks for <= 1.3; floor = the all-off layout's time over the
 same (what does not shrink with the density). Each sparse output is checked against the
 natural order's (bitwise for out; the order may not change a result). One JSON line per (shape, layout, order).
 
     python v2_partitioning/tools/time_sparse.py [--label name] [--graph] [--seqlens 4096,16384] [--head-dims 128]
-        [--patterns random,local-global] [--densities 0.5,0.25,0.1] [--orders natural,heavy-first] [--out rows.jsonl]
+        [--patterns random,local-global] [--densities 0.5,0.25,0.1] [--orders natural,heavy-first] [--order-cost]
+        [--out rows.jsonl]
 
 Rows are appended to --out as they are measured, so a run cut by a timeout keeps what it finished.
 """
@@ -40,6 +42,8 @@ def main() -> None:
                     help="time CUDA-graph replays (do_bench_cudagraph): the kernels without the host's per-call cost")
     ap.add_argument("--orders", default="natural,heavy-first",
                     help="launch orders to time (heavy-first alone halves a run; natural is the reference for out)")
+    ap.add_argument("--order-cost", action="store_true",
+                    help="also time _ops.sparse_order alone per layout and direction (rows order-fwd / order-bwd)")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
     orders = tuple(args.orders.split(",")) if REAL_ORDER else ("natural",)
@@ -114,6 +118,14 @@ def main() -> None:
                                   f"{' OUT DIFFERS' if same is False else ''}", flush=True)
                     if REAL_ORDER:
                         _ops._sparse_order_for = REAL_ORDER
+                    if REAL_ORDER and args.order_cost:  # the order itself, as a graph without a warm-up makes it
+                        for mode, by_rows in (("order-fwd", True), ("order-bwd", False)):
+                            ms = timer(lambda: _ops.sparse_order(layout, (128, 128), batch=b, num_heads=h,
+                                                                 num_heads_k=h, seqlen_q=s, seqlen_k=s,
+                                                                 window_size=(-1, -1), by_rows=by_rows))
+                            emit({**base, "layout": f"{pattern}:{density}", "density": actual, "order": "-",
+                                  "mode": mode, "ms": ms})
+                            print(f"d{d} s{s} {pattern}:{density:<5} {mode}: {ms * 1e3:7.1f} us", flush=True)
     if sink:
         sink.close()
 
