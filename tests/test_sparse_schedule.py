@@ -152,7 +152,6 @@ def test_kept_order_is_freed_with_its_layout(monkeypatch):
     assert not _ops._sparse_orders, "the orders of a freed layout must not stay kept"
 
 
-
 def test_capture_reads_the_kept_order_and_holds_it(monkeypatch):
     """While a CUDA graph is captured nothing is kept; an order the eager warm-up kept is read by the graph and held
     for it (a replay reads the captured pointer), even after its layout and cache entry are gone."""

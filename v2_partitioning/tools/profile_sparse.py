@@ -1,7 +1,8 @@
 """Per-kernel GPU time of v2 block-sparse calls (torch.profiler): what each kernel of a forward and a backward costs
 for a dense layout, an all-off one and one of the bench's sparse layouts, so the part of a sparse call that does
-not shrink with the density (time_sparse.py's floor) can be put on the kernel that spends it. d128 h16 bf16,
-batch x seqlen = 16k as the bench's sparse plan; 20 calls of each after a warm-up, mean per call.
+not shrink with the density (time_sparse.py's floor) can be put on the kernel that spends it. bf16, 16 heads at
+d128 and 32 at other head dims, batch x seqlen = 16k as the bench's sparse plan; 20 calls of each after a warm-up,
+mean per call.
 
     python v2_partitioning/tools/profile_sparse.py [--seqlens 4096,8192] [--layouts dense,off,random:0.1]
         [--head-dim 128] [--generation v2] [--out f.jsonl]
