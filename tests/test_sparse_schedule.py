@@ -6,6 +6,7 @@ tests/test_gpu_block_sparse.py."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from flashgen import _ops
@@ -88,16 +89,22 @@ def test_backward_weights_sum_a_kv_heads_query_heads():
     assert ids[3:] == sorted(ids[3:], key=lambda t: (t[1], t[2]))
 
 
-def test_kept_order_follows_the_layout_tensor_and_its_version(monkeypatch):
-    calls = []
+@pytest.fixture
+def calls(monkeypatch):
+    """The calls of _ops.sparse_order made from here on (one entry each), with an empty order cache."""
+    made = []
     real = _ops.sparse_order
 
     def counting(*args, **kw):
-        calls.append(1)
+        made.append(1)
         return real(*args, **kw)
 
     monkeypatch.setattr(_ops, "sparse_order", counting)
     monkeypatch.setattr(_ops, "_sparse_orders", {})
+    return made
+
+
+def test_kept_order_follows_the_layout_tensor_and_its_version(calls):
 
     class P:  # the fields _sparse_order_for reads
         batch, num_heads, num_heads_k, seqlen_q, seqlen_k, window_left, window_right = 1, 2, 2, 256, 256, -1, -1
@@ -152,20 +159,11 @@ def test_kept_order_is_freed_with_its_layout(monkeypatch):
     assert not _ops._sparse_orders, "the orders of a freed layout must not stay kept"
 
 
-def test_capture_reads_the_kept_order_and_holds_it(monkeypatch):
+def test_capture_reads_the_kept_order_and_holds_it(calls, monkeypatch):
     """While a CUDA graph is captured nothing is kept; an order the eager warm-up kept is read by the graph and held
     for it (a replay reads the captured pointer), even after its layout and cache entry are gone."""
     import gc
 
-    calls = []
-    real = _ops.sparse_order
-
-    def counting(*args, **kw):
-        calls.append(1)
-        return real(*args, **kw)
-
-    monkeypatch.setattr(_ops, "sparse_order", counting)
-    monkeypatch.setattr(_ops, "_sparse_orders", {})
     monkeypatch.setattr(_ops, "_sparse_orders_in_graphs", {})
     capturing = [False]
     monkeypatch.setattr(_ops, "_capturing", lambda block_mask: capturing[0])
