@@ -1,7 +1,7 @@
 // Launch geometry and checks for one backward instance, three kernels on the caller's stream:
 //   preprocess  grid (ceil(seqlen_q / kPreRows), num_heads, batch)   D = rowsum(dO * O)
 //   bwd_kernel  grid (ceil(seqlen_k / kBlockN), num_heads_k, batch)  kNThreads threads, kSmemBytes (opted in)
-//   postprocess grid (ceil(seqlen_q / kPostRows), num_heads, batch)  dQ from dq_accum
+//   postprocess grid (ceil(seqlen_q / kBlockM), num_heads, batch)    dQ from dq_accum
 // Never synchronizes; returns the first launch error.
 #pragma once
 
@@ -56,7 +56,7 @@ Status launch_bwd(const AttnBwdParams& p, cudaStream_t stream) {
     if (!st.is_ok()) return st;
   }
   if (p.seqlen_q == 0) return Status::ok();
-  bwd_postprocess_kernel<T><<<dim3(ceil_div(p.seqlen_q, kPostRows), p.num_heads, p.batch), kPrepostThreads, 0,
+  bwd_postprocess_kernel<T><<<dim3(ceil_div(p.seqlen_q, T::kBlockM), p.num_heads, p.batch), kPrepostThreads, 0,
                                 stream>>>(p);
   return cuda_status(cudaGetLastError(), kBwdWho, "bwd_postprocess_kernel launch");
 }

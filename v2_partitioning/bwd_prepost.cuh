@@ -1,13 +1,14 @@
 // The two small kernels around the v2 backward's main loop (FA2 Alg. 2, lines 4 and the dQ write-out):
 //   preprocess : D = rowsum(dO * O) in fp32 per (batch, head, row), into p.ws.get(WorkspaceId::kDSum);
 //   postprocess: dQ = softmax_scale * dq_accum, fp32 -> the input dtype, 16-byte stores.
-// Partition of both: grid (row blocks, num_heads, batch) -> threads over (row, 16-byte chunk), 8 threads per row
-// in the preprocess (shuffle-reduced). Workspace layouts: AttnBwdParams (common/params.h), bwd_row_index and
+// Partition: preprocess grid (row blocks, num_heads, batch) -> threads over (row, 16-byte chunk), 8 threads per row
+// (shuffle-reduced); postprocess grid (query blocks, num_heads, batch), a warp per pair of dq_accum patches. Workspace layouts: AttnBwdParams (common/params.h), bwd_row_index and
 // dq_accum_index below.
 #pragma once
 
 #include <cstdint>
 
+#include "common/dq_out.cuh"
 #include "common/mask.h"
 #include "common/params.h"
 #include "v2_partitioning/bwd_traits.cuh"
@@ -20,7 +21,6 @@ namespace v2 {
 constexpr int kPrepostThreads = 128;
 constexpr int kPreThreadsPerRow = 8;  // lanes sharing one row's dot product (shuffle-reduced)
 constexpr int kPreRows = 64;          // rows per preprocess CTA
-constexpr int kPostRows = 32;         // rows per postprocess CTA
 
 // Index of (batch, head, row 0) in dsoftmax_sum. Varlen: batch is the sequence index and seqlen_q the padded max,
 // so the layout is dense in any case.
@@ -67,35 +67,45 @@ __global__ void __launch_bounds__(kPrepostThreads) bwd_preprocess_kernel(const _
   }
 }
 
-// dq_accum is in the main kernel's fragment order (BwdTraits::dq_frag_offset): the 8 columns of one output chunk
-// are 4 float2 of consecutive lanes' accumulators.
+// dq_accum is in the main kernel's fragment order (BwdTraits::dq_frag_offset): a CTA takes one query block, each
+// warp kPostPairs pairs of 512-byte patches at a time (common/dq_out.cuh), all their loads first.
+constexpr int kPostPairs = 2;
+
 template <typename T>
 __global__ void __launch_bounds__(kPrepostThreads) bwd_postprocess_kernel(const __grid_constant__ AttnBwdParams p) {
   using Tag = typename T::DTag;
   using Element = typename T::Element;
+  constexpr int kPairs = T::kBlockM * T::kHeadDim / (2 * kDqPatchFloats), kWarps = kPrepostThreads / 32;
+  static_assert(T::dq_pairs_match(), "dq_pair_first / dq_patch_row0 / col0 must invert dq_frag_offset");
+  static_assert(kPairs % (kWarps * kPostPairs) == 0, "whole rounds of patch pairs per warp");
+  __shared__ uint32_t s_stage[kWarps][kPostPairs][kDqStageWords];
   const int head = blockIdx.y, batch = blockIdx.z;
   const int seqlen_q = p.cu_seqlens_q ? varlen_rows(p.cu_seqlens_q, batch, p.total_q, p.seqlen_q).len : p.seqlen_q;
-  const int m_begin = blockIdx.x * kPostRows;
+  const int m_begin = blockIdx.x * T::kBlockM;
   if (m_begin >= seqlen_q) return;
-  const float* g_acc = p.ws.get(WorkspaceId::kDqAccum) + dq_accum_index(p, batch, head) * T::kHeadDim;  // (dq_accum_rows, kHeadDim)
+  const float* g_acc = p.ws.get(WorkspaceId::kDqAccum) + (dq_accum_index(p, batch, head) + m_begin) * T::kHeadDim;
   Element* g_dq = static_cast<Element*>(p.dq) + q_side_offset(p, batch, p.dq_batch_stride, p.dq_row_stride) +
-                  head * p.dq_head_stride;
-  const int chunks = p.head_dim / 8;
+                  head * p.dq_head_stride + static_cast<int64_t>(m_begin) * p.dq_row_stride;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int rows = seqlen_q - m_begin;
 #pragma unroll 1
-  for (int idx = threadIdx.x; idx < kPostRows * chunks; idx += kPrepostThreads) {
-    const int row = m_begin + idx / chunks, chunk = idx % chunks;
-    if (row >= seqlen_q) break;  // idx grows with row
-    const int r = row % T::kBlockM;
-    const float* block = g_acc + static_cast<int64_t>(row - r) * T::kHeadDim;  // this query block's dQ
-    const float s = p.softmax_scale;
-    uint32_t packed[4];
+  for (int pair0 = warp * kPostPairs; pair0 < kPairs; pair0 += kWarps * kPostPairs) {
+    float4 x[kPostPairs][2];
 #pragma unroll
-    for (int k = 0; k < 4; ++k) {
-      const float2 v = *reinterpret_cast<const float2*>(block + T::dq_frag_offset(r, chunk * 8 + 2 * k));
-      packed[k] = pack2<Tag>(v.x * s, v.y * s);
+    for (int u = 0; u < kPostPairs; ++u) {
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        const int q = T::dq_pair_first(pair0 + u) + half * T::kDqPairStep;
+        x[u][half] = *reinterpret_cast<const float4*>(g_acc + q * kDqPatchFloats + 4 * lane);
+      }
     }
-    *reinterpret_cast<uint4*>(g_dq + static_cast<int64_t>(row) * p.dq_row_stride + chunk * 8) =
-        make_uint4(packed[0], packed[1], packed[2], packed[3]);
+#pragma unroll
+    for (int u = 0; u < kPostPairs; ++u) {
+      const int q = T::dq_pair_first(pair0 + u);
+      dq_patch_pair_store(x[u][0], x[u][1], s_stage[warp][u], T::dq_patch_row0(q), T::dq_patch_col0(q), rows,
+                          p.head_dim, p.softmax_scale, g_dq, p.dq_row_stride,
+                          [](float a, float b) { return pack2<Tag>(a, b); });
+    }
   }
 }
 

@@ -60,6 +60,34 @@ struct BwdTraits {
     return ((((wd * kDqWarpsM + wm) * kDqAtoms + rr / 16) * kDqTiles + cc / 8) * 32 + lane) * 4 + e;
   }
   static constexpr int kDqWarpFloats = kDqAtoms * kDqTiles * 32 * 4;  // one warp's share of a block
+  // The postprocess reads a block as pairs of 512-byte patches side by side (common/dq_out.cuh): pair p is the
+  // patches 2p and 2p + 1 (n8 tiles j, j + 1 of one m16 atom; patch q = ((wd * kDqWarpsM + wm) * kDqAtoms + a) *
+  // kDqTiles + j); the first's row and column:
+  static constexpr int kDqPairStep = 1;  // patch index of the right-hand patch minus the left-hand one's
+  static constexpr FH_HD int dq_pair_first(int pair) { return 2 * pair; }
+  static constexpr FH_HD int dq_patch_row0(int q) {
+    return (q / (kDqTiles * kDqAtoms) % kDqWarpsM) * kDqWarpRows + (q / kDqTiles % kDqAtoms) * 16;
+  }
+  static constexpr FH_HD int dq_patch_col0(int q) {
+    return (q / (kDqTiles * kDqAtoms * kDqWarpsM)) * kDqWarpCols + (q % kDqTiles) * 8;
+  }
+  static constexpr bool dq_pairs_match() {  // every element of every pair is dq_frag_offset's
+    if (kDqTiles % 2 != 0) return false;
+    for (int pair = 0; pair < kBlockM * kHeadDim / 256; ++pair) {
+      for (int half = 0; half < 2; ++half) {
+        const int q = dq_pair_first(pair) + half * kDqPairStep;
+        if (dq_patch_row0(q) != dq_patch_row0(dq_pair_first(pair)) ||
+            dq_patch_col0(q) != dq_patch_col0(dq_pair_first(pair)) + 8 * half)
+          return false;
+        for (int i = 0; i < 128; ++i) {
+          const int lane = i / 4, e = i % 4;
+          const int r = dq_patch_row0(q) + lane / 4 + 8 * (e / 2), c = dq_patch_col0(q) + 2 * (lane % 4) + e % 2;
+          if (dq_frag_offset(r, c) != q * 128 + i) return false;
+        }
+      }
+    }
+    return true;
+  }
 
   // Shared memory, element offsets; every tile row-major and XOR-swizzled (smem_copy.cuh).
   static constexpr int kSmemK = 0;                                  // (kBlockN, kHeadDim)

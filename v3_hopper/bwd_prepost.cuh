@@ -5,12 +5,13 @@
 //   postprocess: dQ = softmax_scale * dq_accum (fp32, BwdTraits::dq_offset's order per query block) -> the input
 //                dtype.
 // Partition of both: grid (row blocks of kPrepostRows, num_heads, batch); the preprocess gives each row 8 lanes
-// (shuffle-reduced), the postprocess one thread per 8 output columns.
+// (shuffle-reduced), the postprocess one query block per CTA, a warp per pair of dq_accum patches.
 #pragma once
 
 #include <cstdint>
 
 #include "common/config.h"
+#include "common/dq_out.cuh"
 #include "common/mask.h"
 #include "common/params.h"
 #include "v3_hopper/bwd_traits.cuh"
@@ -71,34 +72,48 @@ __global__ void __launch_bounds__(kPrepostThreads) bwd_preprocess_kernel(const _
   }
 }
 
+// A CTA takes one query block of dq_accum (BwdTraits::dq_offset's order), each warp kPostPairs pairs of 512-byte
+// patches at a time (common/dq_out.cuh), all their loads first.
+constexpr int kPostPairs = 2;
+
 template <typename T>
 __global__ void __launch_bounds__(kPrepostThreads) bwd_postprocess_kernel(const __grid_constant__ AttnBwdParams p) {
   using Element = typename T::Element;
+  constexpr int kPairs = T::kBlockM * T::kHeadDim / (2 * kDqPatchFloats), kWarps = kPrepostThreads / 32;
+  static_assert(T::dq_pairs_match(), "dq_pair_first / dq_patch_row0 / col0 must invert dq_offset");
+  static_assert(kPairs % (kWarps * kPostPairs) == 0, "whole rounds of patch pairs per warp");
+  static_assert(kPrepostRows == T::kBlockM, "one query block per CTA");
+  __shared__ uint32_t s_stage[kWarps][kPostPairs][kDqStageWords];
   const int head = blockIdx.y, batch = blockIdx.z;
   const SeqInfo seq = seq_info(p, batch);
-  const int m_begin = blockIdx.x * kPrepostRows;
+  const int m_begin = blockIdx.x * T::kBlockM;
   if (m_begin >= seq.seqlen_q) return;
   const int64_t ws_rows = bwd_ws_rows(p.seqlen_q, T::kBlockM);
-  const float* g_acc =
-      p.ws.get(WorkspaceId::kDqAccum) + (static_cast<int64_t>(batch) * p.num_heads + head) * ws_rows * T::kHeadDim;
+  const float* g_acc = p.ws.get(WorkspaceId::kDqAccum) +
+                       ((static_cast<int64_t>(batch) * p.num_heads + head) * ws_rows + m_begin) * T::kHeadDim;
   const int64_t dq_off = p.cu_seqlens_q ? seq.q_row0 * p.dq_row_stride : batch * p.dq_batch_stride;
-  Element* g_dq = static_cast<Element*>(p.dq) + dq_off + head * p.dq_head_stride;
-  const int chunks = p.head_dim / 8;
+  Element* g_dq = static_cast<Element*>(p.dq) + dq_off + head * p.dq_head_stride +
+                  static_cast<int64_t>(m_begin) * p.dq_row_stride;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int rows = seq.seqlen_q - m_begin;
 #pragma unroll 1
-  for (int idx = threadIdx.x; idx < kPrepostRows * chunks; idx += kPrepostThreads) {
-    const int row = m_begin + idx / chunks, chunk = idx % chunks;
-    if (row >= seq.seqlen_q) break;  // idx grows with row
-    const int r = row % T::kBlockM;
-    const float* block = g_acc + static_cast<int64_t>(row - r) * T::kHeadDim;  // this query block's parts
-    const float s = p.softmax_scale;
-    uint32_t packed[4];
+  for (int pair0 = warp * kPostPairs; pair0 < kPairs; pair0 += kWarps * kPostPairs) {
+    float4 x[kPostPairs][2];
 #pragma unroll
-    for (int k = 0; k < 4; ++k) {  // columns 8 chunk + 2k, +1: adjacent floats of one register pair
-      const float2 x = *reinterpret_cast<const float2*>(block + T::dq_offset(r, chunk * 8 + 2 * k));
-      packed[k] = pack2<typename T::Tag>(x.x * s, x.y * s);
+    for (int u = 0; u < kPostPairs; ++u) {
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        const int q = T::dq_pair_first(pair0 + u) + half * T::kDqPairStep;
+        x[u][half] = *reinterpret_cast<const float4*>(g_acc + q * kDqPatchFloats + 4 * lane);
+      }
     }
-    *reinterpret_cast<uint4*>(g_dq + static_cast<int64_t>(row) * p.dq_row_stride + chunk * 8) =
-        make_uint4(packed[0], packed[1], packed[2], packed[3]);
+#pragma unroll
+    for (int u = 0; u < kPostPairs; ++u) {
+      const int q = T::dq_pair_first(pair0 + u);
+      dq_patch_pair_store(x[u][0], x[u][1], s_stage[warp][u], T::dq_patch_row0(q), T::dq_patch_col0(q), rows,
+                          p.head_dim, p.softmax_scale, g_dq, p.dq_row_stride,
+                          [](float a, float b) { return pack2<typename T::Tag>(a, b); });
+    }
   }
 }
 

@@ -110,6 +110,36 @@ struct BwdTraits {
     const int reg = 4 * (c / 8) + 2 * ((row % 16) / 8) + c % 2;
     return part * kDqPartFloats + (reg / 4) * (4 * kWarpgroupThreads) + 4 * tid + reg % 4;
   }
+  // The postprocess reads a query block's parts as pairs of 512-byte patches side by side (common/dq_out.cuh):
+  // patch q is warp q % 4's 16 rows of register group q / 4 % (kDqCols / 8) of part q / (4 kDqCols / 8); pair p
+  // is the groups 2g, 2g + 1 of one warp and part.
+  static constexpr int kDqPairStep = 4;
+  __host__ __device__ static constexpr int dq_pair_first(int pair) {
+    return (pair / (2 * kDqCols / 8)) * (4 * kDqCols / 8) + (pair / 4 % (kDqCols / 16)) * 8 + pair % 4;
+  }
+  __host__ __device__ static constexpr int dq_patch_row0(int q) { return 16 * (q % 4); }
+  __host__ __device__ static constexpr int dq_patch_col0(int q) {
+    return (q / (4 * (kDqCols / 8))) * kDqCols + 8 * (q / 4 % (kDqCols / 8));
+  }
+  static constexpr bool dq_pairs_match() {  // every element of every pair is dq_offset's, each patch once
+    bool seen[kBlockM * kHeadDim / 128] = {};
+    for (int pair = 0; pair < kBlockM * kHeadDim / 256; ++pair) {
+      for (int half = 0; half < 2; ++half) {
+        const int q = dq_pair_first(pair) + half * kDqPairStep;
+        if (q >= kBlockM * kHeadDim / 128 || seen[q]) return false;
+        seen[q] = true;
+        if (dq_patch_row0(q) != dq_patch_row0(dq_pair_first(pair)) ||
+            dq_patch_col0(q) != dq_patch_col0(dq_pair_first(pair)) + 8 * half)
+          return false;
+        for (int i = 0; i < 128; ++i) {
+          const int lane = i / 4, e = i % 4;
+          const int r = dq_patch_row0(q) + lane / 4 + 8 * (e / 2), c = dq_patch_col0(q) + 2 * (lane % 4) + e % 2;
+          if (dq_offset(r, c) != q * 128 + i) return false;
+        }
+      }
+    }
+    return true;
+  }
   static_assert(kBlockM == kChunkCols, "dS^T rows are one 128-byte swizzle row (64 queries)");
   static_assert(kSplit ? kBlockN == kWarpgroupRows && kScoreCols % 16 == 0 : kBlockN == kConsumers * kWarpgroupRows,
                 "each consumer warpgroup owns 64 keys (split: both the same 64, half the queries each)");
