@@ -2,8 +2,8 @@
 //   preprocess : D = rowsum(dO * O) in fp32 per (batch, head, row), into p.ws.get(WorkspaceId::kDSum);
 //   postprocess: dQ = softmax_scale * dq_accum, fp32 -> the input dtype, 16-byte stores.
 // Partition: preprocess grid (row blocks, num_heads, batch) -> threads over (row, 16-byte chunk), 8 threads per row
-// (shuffle-reduced); postprocess grid (query blocks, num_heads, batch), a warp per pair of dq_accum patches. Workspace layouts: AttnBwdParams (common/params.h), bwd_row_index and
-// dq_accum_index below.
+// (shuffle-reduced); postprocess grid (query blocks, num_heads, batch), a warp per pair of dq_accum patches.
+// Workspace layouts: AttnBwdParams (common/params.h), bwd_row_index and dq_accum_index below.
 #pragma once
 
 #include <cstdint>
