@@ -150,6 +150,31 @@ def test_fp8_dense(head_dim, seqlen_q, seqlen_k, causal):
            *_naive_fp8(q, k, v, qd, kd, vd, scale, causal=causal))
 
 
+# Shapes whose rows see >= 4096 keys, so the d128 bucket runs its 224-key tile (fp8_config.h fp8_wide_tile; the host
+# test tests/cpp/test_v3_tiles.cpp holds the rule): a partial last key tile of every size class, causal, a window
+# cutting both sides, one query row, softcap. (seqlen_q, seqlen_k, window, softcap)
+WIDE_CASES = [(113, 4203, (-1, -1), 0.0), (113, 4203, (-1, 0), 0.0), (1, 4500, (-1, 0), 0.0),
+              (300, 4500, (3000, 1200), 0.0), (200, 4300, (-1, 0), 5.0), (129, 4480, (-1, -1), 0.0)]
+
+
+@pytest.mark.parametrize("seqlen_q,seqlen_k,window,softcap", WIDE_CASES)
+@pytest.mark.parametrize("head_dim", [96, 128])
+def test_fp8_wide_tile(seqlen_q, seqlen_k, window, softcap, head_dim):
+    _need(head_dim)
+    gen = torch.Generator(device="cuda").manual_seed(seqlen_q + seqlen_k + head_dim)
+    b, h, hk = 1, 4, 2
+    q = _fp8(b, seqlen_q, h, head_dim, gen=gen, ternary=True)
+    k = _fp8(b, seqlen_k, hk, head_dim, gen=gen, ternary=True)
+    v = _fp8(b, seqlen_k, hk, head_dim, gen=gen)
+    qd, kd, vd = (_descale(b, hk, gen) for _ in range(3))
+    out, lse = _run(q, k, v, qd, kd, vd, window_size=window, softcap=softcap)
+    dq, dk, dv = _deq(q, qd, h // hk), _deq(k, kd), _deq(v, vd)
+    scale = 1.0 / math.sqrt(head_dim)
+    ref, ref_lse = attention_ref(dq, dk, dv, window_size=window, softmax_scale=scale, softcap=softcap)
+    _check(f"wide d{head_dim} {seqlen_q}x{seqlen_k} window {window} softcap {softcap}", out, lse, ref, ref_lse,
+           *_naive_fp8(q, k, v, qd, kd, vd, scale, window_size=window, softcap=softcap))
+
+
 @pytest.mark.parametrize("window", [(64, 0), (100, 37), (-1, 5)])
 def test_fp8_window_gqa_mqa(window):
     _need(128)
@@ -179,11 +204,16 @@ def test_fp8_softcap():
            *_naive_fp8(q, k, v, qd, kd, vd, 1 / math.sqrt(d), causal=True, softcap=5.0))
 
 
+# The second: max_seqlen_k 4500, so the 224-key tile (fp8_wide_tile), over sequences of 7 keys to 4500.
+VARLEN_LENS = [([1, 300, 0, 129, 77], [5, 260, 3, 129, 200]), ([300, 1, 0, 129], [4500, 4100, 7, 4300])]
+
+
+@pytest.mark.parametrize("lens", VARLEN_LENS)
 @pytest.mark.parametrize("causal", [False, True])
-def test_fp8_varlen(causal):
+def test_fp8_varlen(causal, lens):
     _need(128)
     gen = torch.Generator(device="cuda").manual_seed(3)
-    lens_q, lens_k = [1, 300, 0, 129, 77], [5, 260, 3, 129, 200]
+    lens_q, lens_k = lens
     cu_q = torch.tensor([0] + list(torch.tensor(lens_q).cumsum(0)), dtype=torch.int32, device="cuda")
     cu_k = torch.tensor([0] + list(torch.tensor(lens_k).cumsum(0)), dtype=torch.int32, device="cuda")
     h, hk, d = 4, 2, 128

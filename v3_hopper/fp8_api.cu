@@ -184,7 +184,8 @@ Status fwd_fp8(const AttnParams& p, void* stream) {
   if (!st.is_ok()) return st;
   const int64_t k_rows = p.cu_seqlens_k ? p.total_k : p.seqlen_k;
   const int64_t k_batches = p.cu_seqlens_k ? 1 : p.batch;
-  const Fp8TileConfig tile = fp8_tile_config(bucket);
+  const Fp8TileConfig tile =
+      fp8_tile_config(bucket, fp8_wide_tile(bucket, p.seqlen_q, p.seqlen_k, p.window_left, p.window_right));
   const int tile_rows = fp8_block_m(tile);
   const int64_t tiles = static_cast<int64_t>(ceil_div(p.seqlen_q, tile_rows)) * p.num_heads * p.batch;
   if (q_rows + tile_rows > kTmaMaxCoord || k_rows + tile.block_n > kTmaMaxCoord || tiles > kTmaMaxCoord) {
@@ -192,6 +193,7 @@ Status fwd_fp8(const AttnParams& p, void* stream) {
   }
   FwdLaunch launch;
   launch.masked = p.window_left >= 0 || p.window_right >= 0;
+  launch.block_n = tile.block_n;
   const int64_t q_batches = p.cu_seqlens_q ? 1 : p.batch;
   st = encode_map(&launch.q, "q", p.q, p.head_dim, q_rows, p.num_heads, q_batches, p.q_row_stride, p.q_head_stride,
                   p.q_batch_stride, tile_rows);

@@ -36,14 +36,18 @@ __device__ __forceinline__ void gemm_qk_fp8(float (&s)[T::kSRegs], uint64_t desc
   fence_regs(s);
 }
 
-// o += P V: P (64, kBlockN) e4m3 A fragments in registers, V^T (kHeadDim, kBlockN) K-major in smem.
+// o += P V: P (64, kBlockN) e4m3 A fragments in registers, V^T (kHeadDim, kBlockN) K-major in smem, in chunks of
+// 128 keys.
 template <typename T>
 __device__ __forceinline__ void gemm_pv_fp8(float (&o)[T::kORegs], uint32_t (&p)[T::kPRegs], uint64_t desc_vt) {
   fence_regs(o);
   fence_regs(p);
   wgmma_fence();
 #pragma unroll
-  for (int kk = 0; kk < T::kStepsPV; ++kk) T::GemmO::rs(o, &p[4 * kk], desc_advance(desc_vt, kk * T::kKStepBytes));
+  for (int kk = 0; kk < T::kStepsPV; ++kk) {
+    const int chunk = kk / T::kStepsPerChunk, step = kk % T::kStepsPerChunk;
+    T::GemmO::rs(o, &p[4 * kk], desc_advance(desc_vt, chunk * T::kChunkBytesVt + step * T::kKStepBytes));
+  }
   wgmma_commit();
   fence_regs(o);
 }

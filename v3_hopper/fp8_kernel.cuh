@@ -80,9 +80,12 @@ __global__ void __launch_bounds__(T::kNumThreads, 1)
   }
 }
 
-template <int kHeadDim>
-Status launch_fwd_fp8(const AttnParams& p, const FwdLaunch& launch, cudaStream_t stream) {
-  using T = Fp8FwdTraits<kHeadDim>;
+template <typename T>
+Status launch_fp8_kernel(const AttnParams& p, const FwdLaunch& launch, cudaStream_t stream) {
+  if (launch.block_n != T::kBlockN) {  // the K / V maps' boxes are block_n rows: they must be this kernel's tile
+    return Status::runtime("v3 fp8 forward: tensor maps for " + std::to_string(launch.block_n) +
+                           "-key tiles, kernel tile " + std::to_string(T::kBlockN));
+  }
   auto kernel = fp8_fwd_kernel<T>;
   cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, T::kSmemBytes);
   if (err != cudaSuccess) {
@@ -92,6 +95,15 @@ Status launch_fwd_fp8(const AttnParams& p, const FwdLaunch& launch, cudaStream_t
   err = cudaGetLastError();
   if (err != cudaSuccess) return Status::runtime(std::string("v3 fp8 forward launch: ") + cudaGetErrorString(err));
   return Status::ok();
+}
+
+// One bucket's instance: its 128-key kernel and, where the bucket has one, the wide one (fp8_config.h).
+template <int kHeadDim>
+Status launch_fwd_fp8(const AttnParams& p, const FwdLaunch& launch, cudaStream_t stream) {
+  if constexpr (fp8_has_wide(kHeadDim)) {
+    if (launch.block_n == kFp8WideBlockN) return launch_fp8_kernel<Fp8FwdTraits<kHeadDim, true>>(p, launch, stream);
+  }
+  return launch_fp8_kernel<Fp8FwdTraits<kHeadDim, false>>(p, launch, stream);
 }
 
 }  // namespace v3

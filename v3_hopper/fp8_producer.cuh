@@ -54,17 +54,25 @@ __device__ __forceinline__ uint32_t swizzled(int row, int col) {
 }
 
 // raw (kBlockN, kHeadDim) -> vt (kHeadDim, kBlockN) with keys permuted per group of 16: V^T[d][16g + 4t + j] =
-// V[16g + 2t + (j & 1) + 8 (j >> 1)][d]. Thread `tid` of the producer warpgroup: lane = (g, t), warp picks the
-// 16-column block.
+// V[16g + 2t + (j & 1) + 8 (j >> 1)][d], key chunk c of V^T holding keys 128c .. 128c + 127 (kChunkBytesVt apart).
+// Thread `tid` of the producer warpgroup: lane = (g, t) the group inside a key chunk, the warp picks the (key
+// chunk, 16-column block) pair.
 template <typename T>
 __device__ __forceinline__ void transpose_v(uint32_t raw, uint32_t vt, int tid) {
   const int lane = tid % 32, g = lane / 4, t = lane % 4;
   const int key0 = 16 * g + 2 * t;  // keys key0, key0 + 1, key0 + 8, key0 + 9 -> positions 16g + 4t + 0..3
-  const int keys[4] = {key0, key0 + 1, key0 + 8, key0 + 9};
+  constexpr bool kOneChunk = T::kVtChunks == 1;  // d256: the loop as before key chunks (producer at 24 registers)
 #pragma unroll 1  // one unit's 16 data registers live at a time: the producer runs on 24-56 registers
   for (int it = 0; it < T::kTransposeIters; ++it) {
-    const int block = tid / 32 + it * (kWarpgroupThreads / 32);  // 16-column block of the head dim
+    const int unit = tid / 32 + it * (kWarpgroupThreads / 32);
+    const int key_chunk = kOneChunk ? 0 : unit / T::kColBlocks;
+    const int block = kOneChunk ? unit : unit % T::kColBlocks;  // 16 head-dim columns
+    if constexpr (T::kKeyGroups % T::kGroupsPerVtChunk != 0) {
+      if (key_chunk * T::kGroupsPerVtChunk + g >= T::kKeyGroups) continue;  // past the tile's keys (last chunk)
+    }
     const int chunk = block / (kFp8ChunkCols / 16), col = (block % (kFp8ChunkCols / 16)) * 16;
+    const int key = key_chunk * kFp8KeysPerVtChunk + key0;
+    const int keys[4] = {key, key + 1, key + 8, key + 9};
     uint4 rows[4];
 #pragma unroll
     for (int r = 0; r < 4; ++r) rows[r] = ld_shared_v4(raw + chunk * T::kChunkBytesKV + swizzled(keys[r], col));
@@ -72,12 +80,13 @@ __device__ __forceinline__ void transpose_v(uint32_t raw, uint32_t vt, int tid) 
                                   {rows[0].y, rows[1].y, rows[2].y, rows[3].y},
                                   {rows[0].z, rows[1].z, rows[2].z, rows[3].z},
                                   {rows[0].w, rows[1].w, rows[2].w, rows[3].w}};
+    const uint32_t dst = vt + key_chunk * T::kChunkBytesVt;
 #pragma unroll
     for (int w = 0; w < 4; ++w) {
       uint32_t out[4];
       transpose4x4(words[w][0], words[w][1], words[w][2], words[w][3], out);
 #pragma unroll
-      for (int e = 0; e < 4; ++e) st_shared_u32(vt + swizzled(16 * block + 4 * w + e, 16 * g + 4 * t), out[e]);
+      for (int e = 0; e < 4; ++e) st_shared_u32(dst + swizzled(16 * block + 4 * w + e, 16 * g + 4 * t), out[e]);
     }
   }
 }

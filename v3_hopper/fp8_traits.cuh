@@ -17,11 +17,12 @@ namespace v3 {
 constexpr int kBarrierProducer = kBarrierCount;
 static_assert(kBarrierProducer < 16, "sm_90 has 16 named barriers per CTA");
 
-template <int kHeadDim_>
+template <int kHeadDim_, bool kWide_ = false>
 struct Fp8FwdTraits {
   using Tag = dtype::e4m3;
   static constexpr int kHeadDim = kHeadDim_;
-  static constexpr Fp8TileConfig kConfig = fp8_tile_config(kHeadDim);
+  static constexpr bool kWide = kWide_;
+  static constexpr Fp8TileConfig kConfig = fp8_tile_config(kHeadDim, kWide);
   static constexpr int kConsumers = kConfig.consumers;
   static constexpr int kBlockM = fp8_block_m(kConfig);
   static constexpr int kBlockN = kConfig.block_n;
@@ -29,19 +30,22 @@ struct Fp8FwdTraits {
   static constexpr int kRawStages = kConfig.raw_stages;
   static constexpr bool kPingPong = kConfig.pingpong;
   static constexpr int kNumThreads = fp8_num_threads(kConfig);
-  static constexpr int kProducerRegs = fp8_register_budget(kHeadDim).producer;
-  static constexpr int kConsumerRegs = fp8_register_budget(kHeadDim).consumer;
+  static constexpr int kProducerRegs = fp8_register_budget(kHeadDim, kWide).producer;
+  static constexpr int kConsumerRegs = fp8_register_budget(kHeadDim, kWide).consumer;
   static constexpr int kConsumerArrivals = kConsumers * kWarpgroupThreads / 32;
   static constexpr int kTransposeArrivals = kWarpgroupThreads;  // every producer thread writes part of V^T
 
   // Tiles: Q (kBlockM, kHeadDim), K and raw V (kBlockN, kHeadDim) in 128-column chunks of rows x 128 B; V^T
-  // (kHeadDim, kBlockN) as kHeadDim rows x 128 B (one chunk: kBlockN = 128 keys).
+  // (kHeadDim, kBlockN) in key chunks of kHeadDim rows x 128 B (128 keys each; the last one holds what is left).
   static constexpr int kChunks = kHeadDim / kFp8ChunkCols;
+  static constexpr int kVtChunks = fp8_vt_chunks(kConfig);
   static constexpr int kChunkBytesQ = kBlockM * kSwizzleBytes;
   static constexpr int kChunkBytesKV = kBlockN * kSwizzleBytes;
+  static constexpr int kChunkBytesVt = kHeadDim * kSwizzleBytes;
   static constexpr int kTileBytesQ = kChunks * kChunkBytesQ;
-  static constexpr int kTileBytesKV = kChunks * kChunkBytesKV;  // K, raw V, and V^T (kHeadDim x 128 B): the same
-  static constexpr int kTileBytesVt = kHeadDim * kSwizzleBytes;
+  static constexpr int kTileBytesKV = kChunks * kChunkBytesKV;  // K and raw V
+  static constexpr int kTileBytesVt = kVtChunks * kChunkBytesVt;
+  static constexpr int kTileBytesV = kTileBytesVt;  // SmemMap::v: the V stages hold V^T
   static constexpr int kWarpgroupRowBytes = kWarpgroupRows * kSwizzleBytes;
 
   // wgmma: k-steps of 32 e4m3 = 32 bytes along every K-major row (Q, K, V^T).
@@ -60,20 +64,24 @@ struct Fp8FwdTraits {
   static constexpr int kOffQ = 0;
   static constexpr int kOffK = kOffQ + kTileBytesQ;
   static constexpr int kOffV = kOffK + kStages * kTileBytesKV;
-  static constexpr int kOffVRaw = kOffV + kStages * kTileBytesKV;
+  static constexpr int kOffVRaw = kOffV + kStages * kTileBytesVt;
   static constexpr int kOffBarriers = kOffVRaw + kRawStages * kTileBytesKV;
   static constexpr int kSmemBytes = fp8_smem_bytes(kConfig, kHeadDim);
 
   // The transpose: a unit is 4 keys x 16 head-dim columns (4 x 16-byte loads, 16 x 4-byte stores); a warp's 32
-  // lanes take the 32 (key group of 16, quad lane) pairs of one 16-column block, so its stores fill one V^T row.
+  // lanes take the 32 (key group of 16, quad lane) pairs of one key chunk's 16-column block, so its stores fill
+  // one V^T chunk row (lanes past the tile's last key group idle in a partly used chunk).
   static constexpr int kKeyGroups = kBlockN / 16;
+  static constexpr int kGroupsPerVtChunk = kFp8KeysPerVtChunk / 16;
   static constexpr int kColBlocks = kHeadDim / 16;
-  static constexpr int kTransposeUnits = kKeyGroups * 4 * kColBlocks;
-  static constexpr int kTransposeIters = kTransposeUnits / kWarpgroupThreads;
+  static constexpr int kTransposeWarpUnits = kVtChunks * kColBlocks;  // (key chunk, column block) per warp pass
+  static constexpr int kTransposeIters = kTransposeWarpUnits / (kWarpgroupThreads / 32);
 
-  static_assert(kBlockN == kFp8KeysPerVtRow && kTileBytesVt == kTileBytesKV, "V^T tile: one 128-byte row per column");
+  static_assert(kBlockN % kKStep == 0 && kBlockN <= 256, "block_n: whole k32 steps of P V, a wgmma N");
+  static_assert(kStepsPerChunk * kKStep == kFp8KeysPerVtChunk, "a V^T chunk row is whole k-steps");
   static_assert(kHeadDim % kFp8ChunkCols == 0 && kHeadDim <= 256, "the head-dim bucket: whole chunks, wgmma N <= 256");
-  static_assert(kKeyGroups * 4 == 32 && kTransposeUnits % kWarpgroupThreads == 0, "transpose work split");
+  static_assert(kGroupsPerVtChunk * 4 == 32 && kTransposeWarpUnits % (kWarpgroupThreads / 32) == 0,
+                "transpose work split");
   static_assert(kSmemBytes <= kMaxSmemPerBlock, "fp8_config.h: shared memory");
   static_assert(kChunkBytesQ % kSwizzleAtomBytes == 0 && kChunkBytesKV % kSwizzleAtomBytes == 0 &&
                     kWarpgroupRowBytes % kSwizzleAtomBytes == 0,

@@ -64,6 +64,7 @@ struct FwdTraits {
   static constexpr int kChunkBytesKV = kBlockN * kSwizzleBytes;   // one chunk of a K or V tile
   static constexpr int kTileBytesQ = kChunks * kChunkBytesQ;
   static constexpr int kTileBytesKV = kChunks * kChunkBytesKV;
+  static constexpr int kTileBytesV = kTileBytesKV;  // a V stage (SmemMap::v): the FP8 kernel's V^T differs
   static constexpr int kWarpgroupRowBytes = kWarpgroupRows * kSwizzleBytes;  // a consumer's 64 rows of a Q chunk
 
   // wgmma shapes: S (64 x kBlockN) and O (64 x kHeadDim) per consumer warpgroup; k-steps of 16.
@@ -104,7 +105,7 @@ struct SmemMap {
   uint32_t base;  // kSwizzleAtomBytes-aligned
   __device__ __forceinline__ uint32_t q() const { return base + T::kOffQ; }
   __device__ __forceinline__ uint32_t k(int stage) const { return base + T::kOffK + stage * T::kTileBytesKV; }
-  __device__ __forceinline__ uint32_t v(int stage) const { return base + T::kOffV + stage * T::kTileBytesKV; }
+  __device__ __forceinline__ uint32_t v(int stage) const { return base + T::kOffV + stage * T::kTileBytesV; }
   __device__ __forceinline__ uint32_t bar(int i) const { return base + T::kOffBarriers + i * kBarrierBytes; }
   __device__ __forceinline__ uint32_t q_full() const { return bar(0); }
   __device__ __forceinline__ uint32_t q_empty() const { return bar(1); }

@@ -15,6 +15,7 @@ struct FwdLaunch {
   CUtensorMap q, k, v;  // 4-D (head_dim, rows, heads, batches) maps, boxes of tile_config.h's tile rows
   int grid;             // CTAs: min(tiles, SMs)
   bool masked;          // a window (causal or local): tile_config(bucket, masked) picked the tile
+  int block_n = 0;      // FP8: the key tile the K / V maps were made for (fp8_tile_config)
 };
 
 template <typename Tag, int kHeadDim>

@@ -3,6 +3,7 @@
 // header's arithmetic: every tile once; heaviest query block first where ungrouped; the K/V bytes one round
 // touches; and the makespan of a causal launch (work of query block m = m + 1 key tiles, plus a per-tile overhead)
 // against the mean, which the alternating groups keep near 1.
+// Also the FP8 forward's choice of key tile (fp8_config.h fp8_wide_tile) at the shapes it was measured on.
 // Prints each failure with its values, a final "N passed, N failed" line, and exits non-zero on any failure.
 #include <algorithm>
 #include <cstdint>
@@ -11,6 +12,7 @@
 #include <utility>
 #include <vector>
 
+#include "v3_hopper/fp8_config.h"
 #include "v3_hopper/tile_config.h"
 #include "tests/cpp/host_check.h"
 
@@ -122,6 +124,34 @@ void test_locality_and_balance() {
   }
 }
 
+// The measured points (bench/results/v3-dev/2026-12-03-s23-ab-fp8-*): 224 keys won at d128 4k / 8k full and 8k
+// causal, lost at 2k full and 4k causal; d256 has one tile; a short window never takes the wide tile.
+void test_fp8_tile_choice() {
+  using flashgen::v3::fp8_tile_config;
+  using flashgen::v3::fp8_wide_tile;
+  struct Case {
+    int head_dim;
+    int64_t seqlen_q, seqlen_k;
+    int window_left, window_right;
+    bool wide;
+  };
+  const Case cases[] = {
+      {128, 4096, 4096, -1, -1, true},    {128, 8192, 8192, -1, -1, true},    {128, 2048, 2048, -1, -1, false},
+      {128, 8192, 8192, -1, 0, true},     {128, 4096, 4096, -1, 0, false},    {128, 16384, 16384, 127, 0, false},
+      {128, 1, 8192, -1, 0, true},        {128, 16384, 16384, 8192, -1, true}, {128, 16384, 16384, 1000, 1000, false},
+      {256, 16384, 16384, -1, -1, false}, {64, 8192, 8192, -1, -1, true},
+  };
+  for (const Case& c : cases) {
+    const bool wide = fp8_wide_tile(c.head_dim, c.seqlen_q, c.seqlen_k, c.window_left, c.window_right);
+    CHECK(wide == c.wide, "d%d %lldx%lld window (%d, %d): wide %d", c.head_dim, static_cast<long long>(c.seqlen_q),
+          static_cast<long long>(c.seqlen_k), c.window_left, c.window_right, wide);
+  }
+  CHECK(fp8_tile_config(128, true).block_n == 224 && fp8_tile_config(128, false).block_n == 128 &&
+            fp8_tile_config(256, true).block_n == 128,
+        "block_n %d / %d / %d", fp8_tile_config(128, true).block_n, fp8_tile_config(128, false).block_n,
+        fp8_tile_config(256, true).block_n);
+}
+
 }  // namespace
 
 int main() {
@@ -129,5 +159,6 @@ int main() {
   test_orders();
   test_group_rule();
   test_locality_and_balance();
+  test_fp8_tile_choice();
   return flashgen_test::finish();
 }

@@ -9,7 +9,7 @@ from __future__ import annotations
 import pathlib
 
 # N of every FP8 wgmma: S = Q K^T uses N = block_n (fp8_traits.cuh), O += P V uses N = the head-dim bucket.
-SHAPES = (128, 256)
+SHAPES = (128, 224, 256)
 PER_LINE = 8
 
 HEADER = """\
