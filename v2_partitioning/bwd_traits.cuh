@@ -6,6 +6,7 @@
 #include <cstdint>
 
 #include "common/config.h"
+#include "common/dq_out.cuh"
 #include "v2_partitioning/mma.cuh"
 #include "v2_partitioning/tile_config.h"
 
@@ -71,22 +72,8 @@ struct BwdTraits {
   static constexpr FH_HD int dq_patch_col0(int q) {
     return (q / (kDqTiles * kDqAtoms * kDqWarpsM)) * kDqWarpCols + (q % kDqTiles) * 8;
   }
-  static constexpr bool dq_pairs_match() {  // every element of every pair is dq_frag_offset's
-    if (kDqTiles % 2 != 0) return false;
-    for (int pair = 0; pair < kBlockM * kHeadDim / 256; ++pair) {
-      for (int half = 0; half < 2; ++half) {
-        const int q = dq_pair_first(pair) + half * kDqPairStep;
-        if (dq_patch_row0(q) != dq_patch_row0(dq_pair_first(pair)) ||
-            dq_patch_col0(q) != dq_patch_col0(dq_pair_first(pair)) + 8 * half)
-          return false;
-        for (int i = 0; i < 128; ++i) {
-          const int lane = i / 4, e = i % 4;
-          const int r = dq_patch_row0(q) + lane / 4 + 8 * (e / 2), c = dq_patch_col0(q) + 2 * (lane % 4) + e % 2;
-          if (dq_frag_offset(r, c) != q * 128 + i) return false;
-        }
-      }
-    }
-    return true;
+  static constexpr bool dq_pairs_match() {  // common/dq_out.cuh
+    return dq_pairs_invert<BwdTraits>([](int r, int c) { return dq_frag_offset(r, c); });
   }
 
   // Shared memory, element offsets; every tile row-major and XOR-swizzled (smem_copy.cuh).

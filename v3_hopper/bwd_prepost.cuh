@@ -79,9 +79,8 @@ constexpr int kPostPairs = 2;
 template <typename T>
 __global__ void __launch_bounds__(kPrepostThreads) bwd_postprocess_kernel(const __grid_constant__ AttnBwdParams p) {
   using Element = typename T::Element;
-  constexpr int kPairs = T::kBlockM * T::kHeadDim / (2 * kDqPatchFloats), kWarps = kPrepostThreads / 32;
+  constexpr int kWarps = kPrepostThreads / 32;
   static_assert(T::dq_pairs_match(), "dq_pair_first / dq_patch_row0 / col0 must invert dq_offset");
-  static_assert(kPairs % (kWarps * kPostPairs) == 0, "whole rounds of patch pairs per warp");
   static_assert(kPrepostRows == T::kBlockM, "one query block per CTA");
   __shared__ uint32_t s_stage[kWarps][kPostPairs][kDqStageWords];
   const int head = blockIdx.y, batch = blockIdx.z;
@@ -94,27 +93,9 @@ __global__ void __launch_bounds__(kPrepostThreads) bwd_postprocess_kernel(const 
   const int64_t dq_off = p.cu_seqlens_q ? seq.q_row0 * p.dq_row_stride : batch * p.dq_batch_stride;
   Element* g_dq = static_cast<Element*>(p.dq) + dq_off + head * p.dq_head_stride +
                   static_cast<int64_t>(m_begin) * p.dq_row_stride;
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int rows = seq.seqlen_q - m_begin;
-#pragma unroll 1
-  for (int pair0 = warp * kPostPairs; pair0 < kPairs; pair0 += kWarps * kPostPairs) {
-    float4 x[kPostPairs][2];
-#pragma unroll
-    for (int u = 0; u < kPostPairs; ++u) {
-#pragma unroll
-      for (int half = 0; half < 2; ++half) {
-        const int q = T::dq_pair_first(pair0 + u) + half * T::kDqPairStep;
-        x[u][half] = *reinterpret_cast<const float4*>(g_acc + q * kDqPatchFloats + 4 * lane);
-      }
-    }
-#pragma unroll
-    for (int u = 0; u < kPostPairs; ++u) {
-      const int q = T::dq_pair_first(pair0 + u);
-      dq_patch_pair_store(x[u][0], x[u][1], s_stage[warp][u], T::dq_patch_row0(q), T::dq_patch_col0(q), rows,
-                          p.head_dim, p.softmax_scale, g_dq, p.dq_row_stride,
-                          [](float a, float b) { return pack2<typename T::Tag>(a, b); });
-    }
-  }
+  dq_block_store<T, kWarps, kPostPairs>(g_acc, g_dq, seq.seqlen_q - m_begin, p.head_dim, p.softmax_scale,
+                                        p.dq_row_stride, s_stage,
+                                        [](float a, float b) { return pack2<typename T::Tag>(a, b); });
 }
 
 }  // namespace v3

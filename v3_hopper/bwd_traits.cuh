@@ -4,6 +4,7 @@
 
 #include <cstdint>
 
+#include "common/dq_out.cuh"
 #include "common/mask.h"
 #include "common/params.h"
 #include "v3_hopper/dtype.cuh"
@@ -121,24 +122,8 @@ struct BwdTraits {
   __host__ __device__ static constexpr int dq_patch_col0(int q) {
     return (q / (4 * (kDqCols / 8))) * kDqCols + 8 * (q / 4 % (kDqCols / 8));
   }
-  static constexpr bool dq_pairs_match() {  // every element of every pair is dq_offset's, each patch once
-    bool seen[kBlockM * kHeadDim / 128] = {};
-    for (int pair = 0; pair < kBlockM * kHeadDim / 256; ++pair) {
-      for (int half = 0; half < 2; ++half) {
-        const int q = dq_pair_first(pair) + half * kDqPairStep;
-        if (q >= kBlockM * kHeadDim / 128 || seen[q]) return false;
-        seen[q] = true;
-        if (dq_patch_row0(q) != dq_patch_row0(dq_pair_first(pair)) ||
-            dq_patch_col0(q) != dq_patch_col0(dq_pair_first(pair)) + 8 * half)
-          return false;
-        for (int i = 0; i < 128; ++i) {
-          const int lane = i / 4, e = i % 4;
-          const int r = dq_patch_row0(q) + lane / 4 + 8 * (e / 2), c = dq_patch_col0(q) + 2 * (lane % 4) + e % 2;
-          if (dq_offset(r, c) != q * 128 + i) return false;
-        }
-      }
-    }
-    return true;
+  static constexpr bool dq_pairs_match() {  // common/dq_out.cuh
+    return dq_pairs_invert<BwdTraits>([](int r, int c) { return dq_offset(r, c); });
   }
   static_assert(kBlockM == kChunkCols, "dS^T rows are one 128-byte swizzle row (64 queries)");
   static_assert(kSplit ? kBlockN == kWarpgroupRows && kScoreCols % 16 == 0 : kBlockN == kConsumers * kWarpgroupRows,
