@@ -61,7 +61,9 @@ template <typename T>
 __device__ __forceinline__ void transpose_v(uint32_t raw, uint32_t vt, int tid) {
   const int lane = tid % 32, g = lane / 4, t = lane % 4;
   const int key0 = 16 * g + 2 * t;  // keys key0, key0 + 1, key0 + 8, key0 + 9 -> positions 16g + 4t + 0..3
-  constexpr bool kOneChunk = T::kVtChunks == 1;  // d256: the loop as before key chunks (producer at 24 registers)
+  // One V^T chunk (the 128-key tiles): the key chunk folds to 0 at compile time, and d256's SASS stays that of the
+  // loop before key chunks (its producer runs on 24 registers and spilled more with the index arithmetic).
+  constexpr bool kOneChunk = T::kVtChunks == 1;
 #pragma unroll 1  // one unit's 16 data registers live at a time: the producer runs on 24-56 registers
   for (int it = 0; it < T::kTransposeIters; ++it) {
     const int unit = tid / 32 + it * (kWarpgroupThreads / 32);
