@@ -8,6 +8,7 @@ FlashAttention-4's CuTe DSL kernels (flash_attn.cute, carried as ../shared/tools
 are named after their classes, e.g. -k regex:FlashAttentionForwardSm90). With CUTE_DSL_KEEP_PTX=1 and
 CUTE_DSL_DUMP_DIR set, FA4 also leaves the PTX it compiled there, for reading its SASS on a machine without a GPU.
 v3-fp8: v3's FP8 (e4m3) forward alone (-k regex:fp8_fwd_kernel) on the same shape, inputs quantized per head.
+FWD_ONLY=1 skips the generations' backward (a build without their backward instances).
 """
 
 import math
@@ -30,7 +31,8 @@ kw = dict(softmax_scale=1 / math.sqrt(d), window_size=(-1, 0) if causal else (-1
 for _ in range(2):
     if impl in generations:
         o, lse, _ = _ops.forward(impl, q, k, v, **kw)
-        _ops.backward(impl, do, q, k, v, o, lse, **kw)
+        if os.environ.get("FWD_ONLY") != "1":
+            _ops.backward(impl, do, q, k, v, o, lse, **kw)
     elif impl in ("sdpa-flash", "sdpa-cudnn"):
         from torch.nn.attention import SDPBackend, sdpa_kernel
         from torch.nn.functional import scaled_dot_product_attention
