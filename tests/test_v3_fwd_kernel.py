@@ -101,8 +101,8 @@ def test_persistent_many_tiles(head_dim, causal):
 @pytest.mark.parametrize("head_dim", [64, 128])
 def test_persistent_grouped_heads(head_dim):
     """Causal with more (batch, head)s than half the SMs: the tile order goes in groups of heads whose K/V fit in L2
-    (tile_config.h make_tile_order: 5 x 16 = 80 head-batches of 2 x 1000 x d x 2 bytes, groups of 48 and a short
-    last one of 32), alternately heaviest and lightest first; GQA 4:1 so a group splits K/V heads' query heads."""
+    (tile_config.h choose_tile_group: 5 x 16 = 80 head-batches, groups of 29 (d64) / 28 (d128) and a short last
+    one), alternately heaviest and lightest first; GQA 4:1 so a group splits K/V heads' query heads."""
     _need("bf16", head_dim)
     torch.manual_seed(2)
     q = _randn(5, 1000, 16, head_dim, dtype=torch.bfloat16)

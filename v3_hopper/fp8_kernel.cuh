@@ -41,7 +41,8 @@ __device__ __forceinline__ void zero_unused_chunks_fp8(const SmemMap<T>& sm, int
 template <typename T>
 __global__ void __launch_bounds__(T::kNumThreads, 1)
     fp8_fwd_kernel(const __grid_constant__ AttnParams p, const __grid_constant__ CUtensorMap map_q,
-                   const __grid_constant__ CUtensorMap map_k, const __grid_constant__ CUtensorMap map_v) {
+                   const __grid_constant__ CUtensorMap map_k, const __grid_constant__ CUtensorMap map_v,
+                   int tile_group) {
   extern __shared__ __align__(kSwizzleAtomBytes) unsigned char smem_raw[];
   const uint32_t raw = smem_u32(smem_raw);
   const SmemMap<T> sm{(raw + kSwizzleAtomBytes - 1) & ~static_cast<uint32_t>(kSwizzleAtomBytes - 1)};
@@ -65,10 +66,9 @@ __global__ void __launch_bounds__(T::kNumThreads, 1)
   if (chunks < T::kChunks) zero_unused_chunks_fp8<T>(sm, chunks);
   __syncthreads();
 
-  // K + V bytes per query head (GQA's K/V shared by its query heads), for the tile order's head groups
-  const int64_t kv_bytes = 2ll * p.seqlen_k * p.head_dim * 1 / (p.num_heads / p.num_heads_k);
+  // tile_group: heads per group of the causal tile order, chosen by the host launch (tile_config.h choose_tile_group)
   const TileScheduler sched(ceil_div(p.seqlen_q, T::kBlockM), p.num_heads, p.batch,
-                            p.window_left < 0 && p.window_right >= 0, kv_bytes);
+                            p.window_left < 0 && p.window_right >= 0, tile_group);
   // Warp-uniform (broadcast from lane 0): descriptors derived from it stay in uniform registers (fwd_kernel.cuh).
   const int warpgroup = __shfl_sync(0xffffffffu, static_cast<int>(threadIdx.x / kWarpgroupThreads), 0);
   if (warpgroup == 0) {
@@ -91,7 +91,7 @@ Status launch_fp8_kernel(const AttnParams& p, const FwdLaunch& launch, cudaStrea
   if (err != cudaSuccess) {
     return Status::runtime(std::string("v3 fp8 forward: cudaFuncSetAttribute: ") + cudaGetErrorString(err));
   }
-  kernel<<<launch.grid, T::kNumThreads, T::kSmemBytes, stream>>>(p, launch.q, launch.k, launch.v);
+  kernel<<<launch.grid, T::kNumThreads, T::kSmemBytes, stream>>>(p, launch.q, launch.k, launch.v, launch.tile_group);
   err = cudaGetLastError();
   if (err != cudaSuccess) return Status::runtime(std::string("v3 fp8 forward launch: ") + cudaGetErrorString(err));
   return Status::ok();

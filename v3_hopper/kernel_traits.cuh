@@ -134,16 +134,13 @@ struct TileCoord {
 struct TileScheduler {
   TileOrder order;
   int num_heads;
-  // kv_bytes: K + V bytes of one query head's (batch, head) (tile_config.h make_tile_order).
-  __device__ __forceinline__ TileScheduler(int num_m_blocks, int num_heads_, int batch, bool heavy_first,
-                                           int64_t kv_bytes)
-      : order(make_tile_order(num_m_blocks, num_heads_ * batch, heavy_first, kv_bytes, gridDim.x)),
-        num_heads(num_heads_) {}
+  // group: heads per group of a causal-like order, chosen on the host (tile_config.h choose_tile_group).
+  __device__ __forceinline__ TileScheduler(int num_m_blocks, int num_heads_, int batch, bool heavy_first, int group)
+      : order(make_tile_order(num_m_blocks, num_heads_ * batch, heavy_first, group)), num_heads(num_heads_) {}
   __device__ __forceinline__ int num_tiles() const { return order.num_tiles(); }
   // The tile this CTA runs in round r; >= num_tiles() once it has none left (every later round is past it too).
   __device__ __forceinline__ int tile_of_round(int r) const {
-    const int cta = order.heavy_first && (r & 1) ? gridDim.x - 1 - blockIdx.x : blockIdx.x;
-    return r * gridDim.x + cta;
+    return r * gridDim.x + tile_order_cta(order, r, blockIdx.x, gridDim.x);
   }
   __device__ __forceinline__ TileCoord coord(int tile) const {
     int m_block, head_batch;

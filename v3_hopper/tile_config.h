@@ -116,12 +116,16 @@ static_assert(config_ok(64, false) && config_ok(64, true) && config_ok(128, fals
 // ---- persistent tile order (kernel_traits.cuh TileScheduler walks it in rounds of gridDim.x CTAs) ----
 // A tile is (query block m, head_batch = batch * num_heads + head). Without a causal-like mask the query blocks run
 // fastest, so the CTAs of one round share a head's K and V in L2. With one (work grows with m) the tiles go
-// heaviest first (FA3's LPT order), heads fastest; when the heads outnumber half the grid, one round would hold
-// each head's K/V once, read again a round later after every other head's: at 2k causal d128 (128 heads of 1 MB
-// K/V) the L2 hit rate was 33% and the loads ran DRAM at 69% (bench/NOTES.md session 14). Then the heads go in
-// groups whose K/V fit kTileGroupBytes, and a round holds several query blocks of each head. Groups alternate
-// heaviest-first and lightest-first, so the round-robin still pairs heavy with light tiles (a host simulation gave
-// a makespan 1.06-1.07x the mean, from 1.17-1.2x with every group heaviest-first; test_v3_tiles.cpp).
+// heaviest first (FA3's LPT order), heads fastest. When the heads' K/V do not fit in L2 that order streams them from
+// DRAM: the CTAs of one head drift apart, and each re-reads K/V another evicted. At 2k causal d128 (128 heads of
+// 1 MB) the L2 hit rate was 33% and DRAM ran at 69% (bench/NOTES.md session 14); at 8k causal d128 (32 heads of
+// 4 MB) 66% and 28%, and under sustained load, where the card holds ~600 W, that DRAM traffic cost the SM clock:
+// 1.51 GHz against cuDNN's 1.71 on the same shape (session 25). Then the heads go in groups of at most
+// kTileGroupBytes of K/V, and a round holds several query blocks of the same few heads (8k causal d128: L2 hits 91%,
+// DRAM 7%, 1.67 GHz, +6%). Groups alternate heaviest-first and lightest-first, so the round-robin still pairs heavy
+// with light tiles; how evenly depends on where the group boundaries fall in the rounds (a host simulation of the
+// makespan over group sizes is jagged: at 8k causal d128 1.07x the mean with groups of 6 heads, 1.02x with 5,
+// 1.001x with 12), so the host picks the size (choose_tile_group) and the kernel takes it as a launch parameter.
 constexpr int64_t kTileGroupBytes = 24ll << 20;  // K + V bytes one group of heads may touch: half an H100's L2
 struct TileOrder {
   int num_m_blocks, heads_batches;
@@ -143,16 +147,69 @@ struct TileOrder {
     *head_batch = g * group + r % size;
   }
 };
-// kv_bytes: K + V bytes of one head_batch (shared K/V of GQA divided among its query heads); grid: CTAs.
-FH_HD TileOrder make_tile_order(int num_m_blocks, int heads_batches, bool heavy_first, int64_t kv_bytes, int grid) {
-  int group = heads_batches;
-  if (heavy_first && 2 * heads_batches > grid) {
-    const int64_t fit = kv_bytes > 0 ? kTileGroupBytes / kv_bytes : heads_batches;
-    group = static_cast<int>(fit < grid / 2 ? fit : grid / 2);
-    if (group < 1) group = 1;
-    if (group > heads_batches) group = heads_batches;
-  }
+// group: heads per group from choose_tile_group (ignored without a causal-like mask; clamped to [1, heads_batches]).
+FH_HD TileOrder make_tile_order(int num_m_blocks, int heads_batches, bool heavy_first, int group) {
+  if (!heavy_first || group > heads_batches) group = heads_batches;
+  if (group < 1) group = 1;
   return {num_m_blocks, heads_batches, group, heavy_first};
+}
+
+// The CTA of round r that takes the round's c-th tile (TileScheduler::tile_of_round): odd rounds of a heavy-first
+// order run backwards (snake), so a CTA that took a heavy tile takes a light one next.
+FH_HD int tile_order_cta(const TileOrder& o, int round, int c, int grid) {
+  return o.heavy_first && (round & 1) ? grid - 1 - c : c;
+}
+
+// Simulated max / mean of the CTAs' causal work under order o on `grid` CTAs: query block m costs m + 1 key tiles
+// plus kTileOverheadKeyTiles (Q load, prologue, epilogue), the model test_v3_tiles.cpp checks the orders with.
+constexpr double kTileOverheadKeyTiles = 0.3;
+constexpr int kMaxSimulatedTiles = 1 << 18;  // beyond this choose_tile_group does not simulate (host time)
+constexpr int kMaxSimulatedGrid = 1024;
+inline double tile_order_makespan(const TileOrder& o, int grid) {
+  double load[kMaxSimulatedGrid] = {};
+  double total = 0;
+  for (int t = 0; t < o.num_tiles(); ++t) {
+    int m = 0, hb = 0;
+    o.coord(t, &m, &hb);
+    const double w = m + 1 + kTileOverheadKeyTiles;
+    load[tile_order_cta(o, t / grid, t % grid, grid)] += w;
+    total += w;
+  }
+  double worst = 0;
+  for (int c = 0; c < grid; ++c) worst = load[c] > worst ? load[c] : worst;
+  return total > 0 ? worst / (total / grid) : 1.0;
+}
+
+// Heads per group for a causal-like launch (heads_batches = ungrouped), chosen on the host. kv_bytes: K + V bytes
+// of one head_batch (GQA's K/V divided among its query heads); grid: CTAs. Grouped when the heads' K/V exceed
+// kTileGroupBytes in all or the heads outnumber half the grid (each round would hold every head once); the size is
+// the best-balanced one (tile_order_makespan, ties to the larger) of those whose K/V fit kTileGroupBytes and at most
+// half the grid (a round then holds two query blocks of each head). A launch grouped only for its bytes stays
+// ungrouped when no such size comes within kTileGroupMaxImbalance of the ungrouped order's balance: d256 8k causal
+// (16 heads of 8 MB) had 1.22x the mean at its best size of 3, and ran 5% slower grouped than not (session 25).
+constexpr double kTileGroupMaxImbalance = 0.05;
+inline int choose_tile_group(int num_m_blocks, int heads_batches, bool heavy_first, int64_t kv_bytes, int grid) {
+  if (!heavy_first || heads_batches <= 1 || grid < 1 || grid > kMaxSimulatedGrid) return heads_batches;
+  const bool many_heads = 2 * heads_batches > grid;  // grouped whatever the balance (the 2k causal case above)
+  if (!many_heads && static_cast<int64_t>(heads_batches) * kv_bytes <= kTileGroupBytes) {
+    return heads_batches;  // every head's K/V fits, and a round holds several query blocks of each head
+  }
+  int64_t cap = kv_bytes > 0 ? kTileGroupBytes / kv_bytes : heads_batches;
+  if (cap > grid / 2) cap = grid / 2;
+  if (cap > heads_batches) cap = heads_batches;
+  if (cap < 1) cap = 1;
+  if (static_cast<int64_t>(num_m_blocks) * heads_batches > kMaxSimulatedTiles) return static_cast<int>(cap);
+  const double ungrouped = tile_order_makespan(make_tile_order(num_m_blocks, heads_batches, true, heads_batches), grid);
+  int best = static_cast<int>(cap);
+  double best_span = 1e30;
+  for (int g = static_cast<int>(cap); g >= 1; --g) {
+    const double span = tile_order_makespan(make_tile_order(num_m_blocks, heads_batches, true, g), grid);
+    if (span < best_span - 1e-9) {
+      best_span = span;
+      best = g;
+    }
+  }
+  return many_heads || best_span <= ungrouped + kTileGroupMaxImbalance ? best : heads_batches;
 }
 
 // ---- backward (bwd_traits.cuh): a CTA owns block_n keys of one KV head and walks the query blocks of block_m rows

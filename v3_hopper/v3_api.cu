@@ -192,6 +192,30 @@ Status check_fwd(const AttnParams& p, int* bucket) {
 
 }  // namespace
 
+int launch_tile_group(const AttnParams& p, int block_m, int64_t kv_bytes, int grid) {
+  const bool heavy_first = p.window_left < 0 && p.window_right >= 0;  // the kernels' TileScheduler rule
+  const int heads_batches = p.num_heads * p.batch, num_m_blocks = ceil_div(p.seqlen_q, block_m);
+  if (!heavy_first) return heads_batches;
+  struct Entry {
+    int num_m_blocks, heads_batches, grid;
+    int64_t kv_bytes;
+    int group;
+  };
+  constexpr int kEntries = 8;
+  thread_local Entry cache[kEntries] = {};
+  thread_local int next = 0;
+  for (const Entry& e : cache) {
+    if (e.group > 0 && e.num_m_blocks == num_m_blocks && e.heads_batches == heads_batches && e.grid == grid &&
+        e.kv_bytes == kv_bytes) {
+      return e.group;
+    }
+  }
+  const int group = choose_tile_group(num_m_blocks, heads_batches, heavy_first, kv_bytes, grid);
+  cache[next] = {num_m_blocks, heads_batches, grid, kv_bytes, group};
+  next = (next + 1) % kEntries;
+  return group;
+}
+
 Status fwd(const AttnParams& p, void* stream) {
   if (p.dtype == DType::kFloat8E4M3) return fwd_fp8(p, stream);
   int bucket = 0;
@@ -231,6 +255,9 @@ Status fwd(const AttnParams& p, void* stream) {
   // One CTA per SM (384-512 threads, 120-225 KB), or one per tile when the persistent grid is ablated.
   const int64_t slots = !kPersistentGrid ? tiles : (p.num_sms > 0 ? p.num_sms : num_sms);
   launch.grid = static_cast<int>(tiles < slots ? tiles : slots);
+  // K + V bytes per query head (GQA's K/V shared by its query heads), for the causal order's head groups
+  const int64_t kv_bytes = 2ll * p.seqlen_k * p.head_dim * kElementBytes / (p.num_heads / p.num_heads_k);
+  launch.tile_group = launch_tile_group(p, tile_rows, kv_bytes, launch.grid);
 
   cudaStream_t cuda_stream = static_cast<cudaStream_t>(stream);
 #define FG_V3_LAUNCH(kind, dt, hd)                                                                \
