@@ -1,0 +1,88 @@
+"""Steady-state SM clock and board power of the v3 forward and SDPA cuDNN: each runs back to back for ~2 s while
+nvidia-smi samples every 50 ms; prints TFLOP/s, mean SM clock and power per phase (the first 0.3 s of each dropped).
+Under sustained load the H200 holds ~600 W, so a kernel that moves more DRAM bytes runs at a lower clock than its
+single-launch (ncu) timing suggests (bench/NOTES.md session 25).
+    PYTHONPATH=<package> python3 v3_hopper/tools/clock_probe.py [label]
+Env: CFGS="head_dim,seqlen,causal;..." (default 128,8192,0;128,8192,1;128,2048,0), bench grid shapes (16k tokens,
+hidden 2048); REPS: v3 / cuDNN alternations per shape (default 2)."""
+import datetime
+import math
+import os
+import subprocess
+import sys
+import time
+
+import torch
+import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+from flashgen import _ops
+
+
+TOKENS, HIDDEN = 16384, 2048  # the bench grid: batch = TOKENS / seqlen, heads = HIDDEN / head_dim
+RUN_S, SKIP_S = 2.0, 0.3        # seconds each implementation runs back to back; seconds dropped at its start
+
+
+def run_phase(fn, flop):
+    """Runs fn back to back for RUN_S; returns (wall start, wall end, TFLOP/s by CUDA events)."""
+    fn()
+    torch.cuda.synchronize()
+    t0, n = time.time(), 0
+    e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    e0.record()
+    while time.time() - t0 < RUN_S:
+        for _ in range(20):
+            fn()
+        n += 20
+        torch.cuda.synchronize()
+    e1.record()
+    torch.cuda.synchronize()
+    return t0, time.time(), flop * n / (e0.elapsed_time(e1) * 1e-3) / 1e12
+
+
+def main() -> None:
+    label = sys.argv[1] if len(sys.argv) > 1 else ""
+    cfgs = [tuple(int(x) for x in c.split(",")) for c in
+            os.environ.get("CFGS", "128,8192,0;128,8192,1;128,2048,0").split(";")]
+    reps = int(os.environ.get("REPS", "2"))
+    log = open("/tmp/smi.csv", "w")
+    smi = subprocess.Popen(["nvidia-smi", "--query-gpu=timestamp,clocks.sm,power.draw",
+                            "--format=csv,noheader,nounits", "-lms", "50"], stdout=log)
+    time.sleep(0.5)
+    phases = []
+    for d, s, causal in cfgs:
+        b, h = TOKENS // s, HIDDEN // d
+        q, k, v = (torch.randn(b, s, h, d, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+        qt, kt, vt = (t.transpose(1, 2) for t in (q, k, v))
+        flop = 4 * b * h * s * s * d / (2 if causal else 1)
+
+        def v3():
+            _ops.forward("v3", q, k, v, softmax_scale=1 / math.sqrt(d), window_size=(-1, 0) if causal else (-1, -1))
+
+        def cudnn():
+            with sdpa_kernel([SDPBackend.CUDNN_ATTENTION]):
+                F.scaled_dot_product_attention(qt, kt, vt, is_causal=bool(causal))
+
+        for name, fn in (("v3", v3), ("cudnn", cudnn)) * reps:
+            t0, t1, tflops = run_phase(fn, flop)
+            phases.append((f"d{d} s{s} {'causal' if causal else 'full'}", name, t0 + SKIP_S, t1, tflops))
+            time.sleep(0.5)
+    smi.terminate()
+    log.close()
+    samples = []  # (time, SM MHz, W); nvidia-smi's timestamps are the machine's local time, as datetime reads them
+    for line in open("/tmp/smi.csv"):
+        try:
+            ts, clk, pw = [x.strip() for x in line.split(",")]
+            samples.append((datetime.datetime.strptime(ts, "%Y/%m/%d %H:%M:%S.%f").timestamp(), float(clk), float(pw)))
+        except ValueError:
+            pass
+    for cfg, name, t0, t1, tflops in phases:
+        sel = [x for x in samples if t0 <= x[0] <= t1]
+        clk = sum(x[1] for x in sel) / max(len(sel), 1)
+        pw = sum(x[2] for x in sel) / max(len(sel), 1)
+        print(f"{label:>8} {cfg:<18} {name:<6} {tflops:7.1f} TFLOP/s  SM clock {clk:6.0f} MHz  power {pw:5.0f} W  "
+              f"({len(sel)} samples)")
+
+
+if __name__ == "__main__":
+    main()
