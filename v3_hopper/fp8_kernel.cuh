@@ -42,7 +42,7 @@ template <typename T>
 __global__ void __launch_bounds__(T::kNumThreads, 1)
     fp8_fwd_kernel(const __grid_constant__ AttnParams p, const __grid_constant__ CUtensorMap map_q,
                    const __grid_constant__ CUtensorMap map_k, const __grid_constant__ CUtensorMap map_v,
-                   int tile_group) {
+                   TileOrder order) {
   extern __shared__ __align__(kSwizzleAtomBytes) unsigned char smem_raw[];
   const uint32_t raw = smem_u32(smem_raw);
   const SmemMap<T> sm{(raw + kSwizzleAtomBytes - 1) & ~static_cast<uint32_t>(kSwizzleAtomBytes - 1)};
@@ -66,9 +66,7 @@ __global__ void __launch_bounds__(T::kNumThreads, 1)
   if (chunks < T::kChunks) zero_unused_chunks_fp8<T>(sm, chunks);
   __syncthreads();
 
-  // tile_group: heads per group of the causal tile order, chosen by the host launch (tile_config.h choose_tile_group)
-  const TileScheduler sched(ceil_div(p.seqlen_q, T::kBlockM), p.num_heads, p.batch,
-                            p.window_left < 0 && p.window_right >= 0, tile_group);
+  const TileScheduler sched{order, p.num_heads};  // the host made the order (v3_api.cu)
   // Warp-uniform (broadcast from lane 0): descriptors derived from it stay in uniform registers (fwd_kernel.cuh).
   const int warpgroup = __shfl_sync(0xffffffffu, static_cast<int>(threadIdx.x / kWarpgroupThreads), 0);
   if (warpgroup == 0) {
@@ -91,7 +89,7 @@ Status launch_fp8_kernel(const AttnParams& p, const FwdLaunch& launch, cudaStrea
   if (err != cudaSuccess) {
     return Status::runtime(std::string("v3 fp8 forward: cudaFuncSetAttribute: ") + cudaGetErrorString(err));
   }
-  kernel<<<launch.grid, T::kNumThreads, T::kSmemBytes, stream>>>(p, launch.q, launch.k, launch.v, launch.tile_group);
+  kernel<<<launch.grid, T::kNumThreads, T::kSmemBytes, stream>>>(p, launch.q, launch.k, launch.v, launch.order);
   err = cudaGetLastError();
   if (err != cudaSuccess) return Status::runtime(std::string("v3 fp8 forward launch: ") + cudaGetErrorString(err));
   return Status::ok();

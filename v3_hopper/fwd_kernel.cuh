@@ -41,7 +41,7 @@ template <typename T>
 __global__ void __launch_bounds__(T::kNumThreads, 1)
     fwd_kernel(const __grid_constant__ AttnParams p, const __grid_constant__ CUtensorMap map_q,
                const __grid_constant__ CUtensorMap map_k, const __grid_constant__ CUtensorMap map_v,
-               int tile_group) {
+               TileOrder order) {
   extern __shared__ __align__(kSwizzleAtomBytes) unsigned char smem_raw[];
   const uint32_t raw = smem_u32(smem_raw);
   const SmemMap<T> sm{(raw + kSwizzleAtomBytes - 1) & ~static_cast<uint32_t>(kSwizzleAtomBytes - 1)};
@@ -64,9 +64,7 @@ __global__ void __launch_bounds__(T::kNumThreads, 1)
   if (chunks < T::kChunks) zero_unused_chunks<T>(sm, chunks);
   __syncthreads();
 
-  // tile_group: heads per group of the causal tile order, chosen by the host launch (tile_config.h choose_tile_group)
-  const TileScheduler sched(ceil_div(p.seqlen_q, T::kBlockM), p.num_heads, p.batch,
-                            p.window_left < 0 && p.window_right >= 0, tile_group);
+  const TileScheduler sched{order, p.num_heads};  // the host made the order (v3_api.cu)
   // Broadcast from lane 0, so the compiler knows the index is warp-uniform: the consumers' Q descriptor (and
   // everything else derived from the warpgroup) then lives in uniform registers, with no R2UR before each wgmma.
   const int warpgroup = __shfl_sync(0xffffffffu, static_cast<int>(threadIdx.x / kWarpgroupThreads), 0);

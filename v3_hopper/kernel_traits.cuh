@@ -132,11 +132,8 @@ struct TileCoord {
   int m_block, head, batch;
 };
 struct TileScheduler {
-  TileOrder order;
+  TileOrder order;  // the launch's, made on the host (v3_api.cu launch_tile_order: choose_tile_group's group)
   int num_heads;
-  // group: heads per group of a causal-like order, chosen on the host (tile_config.h choose_tile_group).
-  __device__ __forceinline__ TileScheduler(int num_m_blocks, int num_heads_, int batch, bool heavy_first, int group)
-      : order(make_tile_order(num_m_blocks, num_heads_ * batch, heavy_first, group)), num_heads(num_heads_) {}
   __device__ __forceinline__ int num_tiles() const { return order.num_tiles(); }
   // The tile this CTA runs in round r; >= num_tiles() once it has none left (every later round is past it too).
   __device__ __forceinline__ int tile_of_round(int r) const {

@@ -7,6 +7,7 @@
 
 #include "common/params.h"
 #include "common/status.h"
+#include "v3_hopper/tile_config.h"
 
 namespace flashgen {
 namespace v3 {
@@ -16,12 +17,13 @@ struct FwdLaunch {
   int grid;             // CTAs: min(tiles, SMs)
   bool masked;          // a window (causal or local): tile_config(bucket, masked) picked the tile
   int block_n = 0;      // FP8: the key tile the K / V maps were made for (fp8_tile_config)
-  int tile_group = 0;   // heads per group of a causal-like tile order (tile_config.h choose_tile_group)
+  TileOrder order = {};  // the persistent grid's tile order (tile_config.h make_tile_order, choose_tile_group)
 };
 
-// choose_tile_group for one launch, remembered for the last few shapes (it simulates the order on the host, up to
-// ~1 ms for the largest of the bench grid's shapes; a model repeats the same few). kv_bytes: K + V of one query head.
-int launch_tile_group(const AttnParams& p, int block_m, int64_t kv_bytes, int grid);
+// The tile order of one launch: the kernels' rule for a causal-like order (window_left < 0 <= window_right) and
+// choose_tile_group's group, remembered for the last few shapes (it simulates the order on the host, up to ~1 ms for
+// the largest of the bench grid's shapes; a model repeats the same few). kv_bytes: K + V of one query head.
+TileOrder launch_tile_order(const AttnParams& p, int block_m, int64_t kv_bytes, int grid);
 
 template <typename Tag, int kHeadDim>
 Status launch_fwd(const AttnParams& p, const FwdLaunch& launch, cudaStream_t stream);

@@ -192,10 +192,10 @@ Status check_fwd(const AttnParams& p, int* bucket) {
 
 }  // namespace
 
-int launch_tile_group(const AttnParams& p, int block_m, int64_t kv_bytes, int grid) {
-  const bool heavy_first = p.window_left < 0 && p.window_right >= 0;  // the kernels' TileScheduler rule
+TileOrder launch_tile_order(const AttnParams& p, int block_m, int64_t kv_bytes, int grid) {
+  const bool heavy_first = p.window_left < 0 && p.window_right >= 0;
   const int heads_batches = p.num_heads * p.batch, num_m_blocks = ceil_div(p.seqlen_q, block_m);
-  if (!heavy_first) return heads_batches;
+  if (!heavy_first) return make_tile_order(num_m_blocks, heads_batches, false, heads_batches);
   struct Entry {
     int num_m_blocks, heads_batches, grid;
     int64_t kv_bytes;
@@ -207,13 +207,13 @@ int launch_tile_group(const AttnParams& p, int block_m, int64_t kv_bytes, int gr
   for (const Entry& e : cache) {
     if (e.group > 0 && e.num_m_blocks == num_m_blocks && e.heads_batches == heads_batches && e.grid == grid &&
         e.kv_bytes == kv_bytes) {
-      return e.group;
+      return make_tile_order(num_m_blocks, heads_batches, true, e.group);
     }
   }
-  const int group = choose_tile_group(num_m_blocks, heads_batches, heavy_first, kv_bytes, grid);
+  const int group = choose_tile_group(num_m_blocks, heads_batches, true, kv_bytes, grid);
   cache[next] = {num_m_blocks, heads_batches, grid, kv_bytes, group};
   next = (next + 1) % kEntries;
-  return group;
+  return make_tile_order(num_m_blocks, heads_batches, true, group);
 }
 
 Status fwd(const AttnParams& p, void* stream) {
@@ -257,7 +257,7 @@ Status fwd(const AttnParams& p, void* stream) {
   launch.grid = static_cast<int>(tiles < slots ? tiles : slots);
   // K + V bytes per query head (GQA's K/V shared by its query heads), for the causal order's head groups
   const int64_t kv_bytes = 2ll * p.seqlen_k * p.head_dim * kElementBytes / (p.num_heads / p.num_heads_k);
-  launch.tile_group = launch_tile_group(p, tile_rows, kv_bytes, launch.grid);
+  launch.order = launch_tile_order(p, tile_rows, kv_bytes, launch.grid);
 
   cudaStream_t cuda_stream = static_cast<cudaStream_t>(stream);
 #define FG_V3_LAUNCH(kind, dt, hd)                                                                \
