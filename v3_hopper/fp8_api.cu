@@ -211,8 +211,7 @@ Status fwd_fp8(const AttnParams& p, void* stream) {
   }
   const int slots = p.num_sms > 0 ? p.num_sms : num_sms;
   launch.grid = static_cast<int>(tiles < slots ? tiles : slots);
-  const int64_t kv_bytes = 2ll * p.seqlen_k * p.head_dim / (p.num_heads / p.num_heads_k);  // 1-byte elements
-  launch.order = launch_tile_order(p, tile_rows, kv_bytes, launch.grid);
+  launch.order = launch_tile_order(p, tile_rows, /*element_bytes=*/1, launch.grid);
 
   cudaStream_t cuda_stream = static_cast<cudaStream_t>(stream);
 #define FG_FP8_LAUNCH(kind, dt, hd)                                                                   \

@@ -22,8 +22,8 @@ struct FwdLaunch {
 
 // The tile order of one launch: the kernels' rule for a causal-like order (window_left < 0 <= window_right) and
 // choose_tile_group's group, remembered for the last few shapes (it simulates the order on the host, up to ~1 ms for
-// the largest of the bench grid's shapes; a model repeats the same few). kv_bytes: K + V of one query head.
-TileOrder launch_tile_order(const AttnParams& p, int block_m, int64_t kv_bytes, int grid);
+// the largest of the bench grid's shapes; a model repeats the same few). element_bytes: of q, k, v (2, or 1 for FP8).
+TileOrder launch_tile_order(const AttnParams& p, int block_m, int element_bytes, int grid);
 
 template <typename Tag, int kHeadDim>
 Status launch_fwd(const AttnParams& p, const FwdLaunch& launch, cudaStream_t stream);

@@ -192,9 +192,11 @@ Status check_fwd(const AttnParams& p, int* bucket) {
 
 }  // namespace
 
-TileOrder launch_tile_order(const AttnParams& p, int block_m, int64_t kv_bytes, int grid) {
+TileOrder launch_tile_order(const AttnParams& p, int block_m, int element_bytes, int grid) {
   const bool heavy_first = p.window_left < 0 && p.window_right >= 0;
   const int heads_batches = p.num_heads * p.batch, num_m_blocks = ceil_div(p.seqlen_q, block_m);
+  // K + V bytes per query head (GQA's K/V shared by its query heads), for the causal order's head groups
+  const int64_t kv_bytes = 2ll * p.seqlen_k * p.head_dim * element_bytes / (p.num_heads / p.num_heads_k);
   if (!heavy_first) return make_tile_order(num_m_blocks, heads_batches, false, heads_batches);
   struct Entry {
     int num_m_blocks, heads_batches, grid;
@@ -255,9 +257,7 @@ Status fwd(const AttnParams& p, void* stream) {
   // One CTA per SM (384-512 threads, 120-225 KB), or one per tile when the persistent grid is ablated.
   const int64_t slots = !kPersistentGrid ? tiles : (p.num_sms > 0 ? p.num_sms : num_sms);
   launch.grid = static_cast<int>(tiles < slots ? tiles : slots);
-  // K + V bytes per query head (GQA's K/V shared by its query heads), for the causal order's head groups
-  const int64_t kv_bytes = 2ll * p.seqlen_k * p.head_dim * kElementBytes / (p.num_heads / p.num_heads_k);
-  launch.order = launch_tile_order(p, tile_rows, kv_bytes, launch.grid);
+  launch.order = launch_tile_order(p, tile_rows, kElementBytes, launch.grid);
 
   cudaStream_t cuda_stream = static_cast<cudaStream_t>(stream);
 #define FG_V3_LAUNCH(kind, dt, hd)                                                                \
