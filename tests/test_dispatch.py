@@ -83,6 +83,21 @@ def test_sm90_v3_backward_buckets_from_build_info():
         _cuda((9, 0), head_dim=256, features={"backward"}), built)["v3"][0]
 
 
+def test_sm90_v3_backward_bucket_span():
+    """The v3 backward refuses a head dim that leaves a 64-column chunk of its bucket empty (v3_api.cu): with
+    backward buckets 64 and 256 only, d192 and d128 are not v3's (v2 runs them, with the reason), d200 is."""
+    built = BuildInfo(_build(generations=("v2", "v3"), kinds=("fwd", "bwd")).instances -
+                      {("v3", "bwd", dt, d) for dt in ("fp16", "bf16") for d in (128, 192)}, ("80", "90a"), "13.0", 256)
+    assert built.bucket("v3", "bwd", "bf16", 192) is None and built.bucket("v3", "bwd", "bf16", 200) == 256
+    assert built.bucket("v3", "fwd", "bf16", 192) == 256  # the forward has no such rule
+    assert choose(_cuda((9, 0), head_dim=200, features={"backward"}), built).generation == "v3"
+    for head_dim in (128, 192):
+        assert choose(_cuda((9, 0), head_dim=head_dim, features={"backward"}), built).generation == "v2"
+        reason = explain(_cuda((9, 0), head_dim=head_dim, features={"backward"}), built)["v3"][0]
+        assert f"v3 bwd for bf16 head_dim {head_dim} is not compiled" in reason
+        assert "less than 64 below it" in reason
+
+
 def test_sm90_runs_v3_where_it_supports_the_request(v1_v3_implemented):
     built = _build(generations=("v2", "v3"))
     assert choose(_cuda((9, 0), features={"causal"}), built).generation == "v3"

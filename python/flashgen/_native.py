@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import FrozenSet, Tuple
+from typing import FrozenSet, Optional, Tuple
 
 try:
     from . import _C as C  # noqa: N812
@@ -38,8 +38,20 @@ class BuildInfo:
         """Compiled head-dim buckets, ascending; a problem runs in the smallest bucket >= its head dim."""
         return tuple(sorted(i[3] for i in self.instances if i[:3] == (generation, kind, dtype)))
 
+    def bucket(self, generation: str, kind: str, dtype: str, head_dim: int) -> Optional[int]:
+        """The compiled bucket that runs `head_dim` (the smallest >= it), or None. A kind in BUCKET_SPAN runs a head
+        dim only in a bucket less than that span above it."""
+        bucket = next((d for d in self.head_dims(generation, kind, dtype) if d >= head_dim), None)
+        span = BUCKET_SPAN.get((generation, kind))
+        return None if bucket is None or (span is not None and head_dim <= bucket - span) else bucket
+
     def has(self, generation: str, kind: str, dtype: str, head_dim: int) -> bool:
-        return any(d >= head_dim for d in self.head_dims(generation, kind, dtype))
+        return self.bucket(generation, kind, dtype, head_dim) is not None
+
+
+# (generation, kind): the span of one bucket. The v3 backward loads every 64-column chunk of its bucket, so it refuses
+# a head dim that leaves one of them empty (v3_api.cu, bwd checks): d192 in a build whose next backward bucket is 256.
+BUCKET_SPAN = {("v3", "bwd"): 64}
 
 
 @functools.lru_cache(maxsize=1)

@@ -20,7 +20,7 @@ import dataclasses
 import functools
 from typing import Dict, FrozenSet, List, Mapping, Optional, Sequence, Tuple
 
-from ._native import BuildInfo
+from ._native import BUCKET_SPAN, BuildInfo
 
 # Every optional feature a call can use. The plain dense forward is always part of a problem.
 FEATURES: Tuple[str, ...] = (
@@ -222,8 +222,11 @@ def _reasons(spec: GenerationSpec, problem: Problem, built: BuildInfo) -> Tuple[
         for kind in kinds:
             if not built.has(spec.name, kind, problem.dtype, head_dim):
                 have = built.head_dims(spec.name, kind, problem.dtype)
+                span = BUCKET_SPAN.get((spec.name, kind))
+                why = (f"; a bucket runs head dims less than {span} below it" if span is not None and
+                       any(d >= head_dim for d in have) else "")
                 reasons.append(f"{spec.name} {kind} for {problem.dtype} head_dim {problem.head_dim} is not compiled "
-                               f"into this build (build_info has head dims {list(have)})")
+                               f"into this build (build_info has head dims {list(have)}{why})")
         archs = built.archs_for(spec.name)
         if spec.device_type == "cuda" and problem.compute_capability is not None and archs and \
                 not _arch_runs(archs, problem.compute_capability):
