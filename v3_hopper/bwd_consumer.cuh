@@ -5,8 +5,9 @@
 //   S^T = K_w Q^T, dP^T = V_w dO^T                       (SS, both K-major in smem)
 //   P^T = exp2(S^T * scale_log2 - LSE_log2), dS^T = P^T o (dP^T - D)   (common/score.h's path, transposed coordinates)
 //   dV += P^T dO, dK += dS^T Q                           (RS: P^T, dS^T from registers; dO, Q read MN-major)
-//   dS^T -> smem; dQ_partial = dS K                      (SS, both MN-major), staged in smem and added into the
-//                                                        fp32 dq_accum by one bulk reduce-add (cp.reduce.async.bulk)
+//   dS^T -> smem; dQ_partial = dS K                      (SS, both MN-major), issued before dK's GEMM, staged in
+//                                                        smem for the dQ writer warp (bwd_producer.cuh), which adds
+//                                                        it into the fp32 dq_accum by one bulk reduce-add
 // Loop invariant (after step i): dv = sum P^T dO and dk = sum dS^T Q over the steps <= i (softmax_scale applied to dK
 // at the end, and to dQ by the postprocess).
 #pragma once
@@ -75,20 +76,34 @@ __device__ __forceinline__ void gemm_grad_ss(float (&grad)[T::kGradRegs], uint32
   }
 }
 
-// The elementwise step on one (64 keys x kScoreCols queries) tile: s holds S^T, dp holds dP^T; on return s holds P^T
-// and dp holds dS^T. Element i of this thread is (key c.row(acc_half(i)), query c.col(i)); lse_log2 and dsum are
-// the block's rows in smem (query m_begin + j at index j). kMods: softcap / ALiBi on; kMask: some element of the
-// tile is outside the mask.
-template <typename T, bool kSoftcap, bool kAlibi, bool kMask>
-__device__ __forceinline__ void scores_to_grads(float (&s)[T::kSRegs], float (&dp)[T::kSRegs], const AccCoord& c,
-                                                int m_begin, uint32_t lse_smem, uint32_t dsum_smem,
-                                                const MaskSpec& mask, const ScorePath& path) {
+// A thread's LSE (log2 units) or D values of the block: the pair for columns 8j + qcol0, + 1 of each of its n8
+// tiles j. Read into registers before the GEMM wait that precedes their use: read at the use, each step's first
+// FFMA waited on its ld.shared (short scoreboard, ~6% of the consumers' samples at d128 8k, bench/NOTES.md
+// session 26), queued behind the wgmmas' shared-memory reads.
+template <typename T>
+using BlockRows = float2[T::kScoreCols / 8];
+template <typename T>
+__device__ __forceinline__ void load_block_rows(BlockRows<T>& r, uint32_t smem, int qcol0) {
 #pragma unroll
   for (int j = 0; j < T::kScoreCols / 8; ++j) {
-    const int qcol = 8 * j + (c.col0 - m_begin);  // column inside the block of this n8 tile's first register
+    asm volatile("ld.shared.v2.f32 {%0, %1}, [%2];\n" : "=f"(r[j].x), "=f"(r[j].y) : "r"(smem + 4 * (8 * j + qcol0)));
+  }
+}
+
+// The elementwise step on one (64 keys x kScoreCols queries) tile: s holds S^T, dp holds dP^T; on return s holds P^T
+// and dp holds dS^T. Element i of this thread is (key c.row(acc_half(i)), query c.col(i)); the block's LSE (log2
+// units) and D rows are in smem (query m_begin + j at index j), qcol0 = c.col0 - m_begin. kMods: softcap / ALiBi on;
+// kMask: some element of the tile is outside the mask.
+template <typename T, bool kSoftcap, bool kAlibi, bool kMask>
+__device__ __forceinline__ void scores_to_grads(float (&s)[T::kSRegs], float (&dp)[T::kSRegs], const AccCoord& c,
+                                                uint32_t lse_smem, uint32_t dsum_smem, int qcol0,
+                                                const MaskSpec& mask, const ScorePath& path) {
+#pragma unroll
+  for (int j = 0; j < T::kScoreCols / 8; ++j) {  // LSE and D read tile by tile: registers are tight here (C7512)
+    const uint32_t col = 4 * (8 * j + qcol0);
     float2 lse2, d2;
-    asm volatile("ld.shared.v2.f32 {%0, %1}, [%2];\n" : "=f"(lse2.x), "=f"(lse2.y) : "r"(lse_smem + 4 * qcol));
-    asm volatile("ld.shared.v2.f32 {%0, %1}, [%2];\n" : "=f"(d2.x), "=f"(d2.y) : "r"(dsum_smem + 4 * qcol));
+    asm volatile("ld.shared.v2.f32 {%0, %1}, [%2];\n" : "=f"(lse2.x), "=f"(lse2.y) : "r"(lse_smem + col));
+    asm volatile("ld.shared.v2.f32 {%0, %1}, [%2];\n" : "=f"(d2.x), "=f"(d2.y) : "r"(dsum_smem + col));
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
       const int i = 4 * j + e, half = acc_half(i), cc = e & 1;
@@ -107,13 +122,11 @@ __device__ __forceinline__ void scores_to_grads(float (&s)[T::kSRegs], float (&d
 // The same step in two halves for launches without score modifiers, so P^T (and dV's GEMM) can start while dP^T is
 // still in flight: s (S^T) -> P^T, then dp (dP^T) -> dS^T from P^T.
 template <typename T, bool kMask>
-__device__ __forceinline__ void scores_to_probs(float (&s)[T::kSRegs], const AccCoord& c, int m_begin,
-                                                uint32_t lse_smem, const MaskSpec& mask, const ScorePath& path) {
+__device__ __forceinline__ void scores_to_probs(float (&s)[T::kSRegs], const AccCoord& c, const BlockRows<T>& lse,
+                                                const MaskSpec& mask, const ScorePath& path) {
 #pragma unroll
   for (int j = 0; j < T::kScoreCols / 8; ++j) {
-    const int qcol = 8 * j + (c.col0 - m_begin);
-    float2 lse2;
-    asm volatile("ld.shared.v2.f32 {%0, %1}, [%2];\n" : "=f"(lse2.x), "=f"(lse2.y) : "r"(lse_smem + 4 * qcol));
+    const float2 lse2 = lse[j];
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
       const int i = 4 * j + e;
@@ -127,12 +140,11 @@ __device__ __forceinline__ void scores_to_probs(float (&s)[T::kSRegs], const Acc
   }
 }
 template <typename T>
-__device__ __forceinline__ void probs_to_grads(const float (&pr)[T::kSRegs], float (&dp)[T::kSRegs], int qcol0,
-                                               uint32_t dsum_smem) {
+__device__ __forceinline__ void probs_to_grads(const float (&pr)[T::kSRegs], float (&dp)[T::kSRegs],
+                                               const BlockRows<T>& dsum) {
 #pragma unroll
   for (int j = 0; j < T::kScoreCols / 8; ++j) {
-    float2 d2;
-    asm volatile("ld.shared.v2.f32 {%0, %1}, [%2];\n" : "=f"(d2.x), "=f"(d2.y) : "r"(dsum_smem + 4 * (8 * j + qcol0)));
+    const float2 d2 = dsum[j];
 #pragma unroll
     for (int e = 0; e < 4; ++e) dp[4 * j + e] = pr[4 * j + e] * (dp[4 * j + e] - ((e & 1) ? d2.y : d2.x));
   }
@@ -210,17 +222,15 @@ __device__ void bwd_consumer(const AttnBwdParams& p, const BwdSmem<T>& sm, const
 
   const int steps = w.steps();
   if (steps > 0) mbar_wait(sm.kv_full(), 0);
-  const int blocks = w.range.end - w.range.begin;
-  const int64_t ws_rows = bwd_ws_rows(p.seqlen_q, T::kBlockM);
   const uint32_t k_w = sm.k() + wg * T::kWarpgroupRowBytes, v_w = sm.v() + wg * T::kWarpgroupRowBytes;
   const int dq_key_off = T::kDqSplitCols ? 0 : kWarpgroupRows * wg;
-  const int dq_col0 = T::kDqSplitCols ? kChunkCols * wg : 0;
   const uint32_t dq_k = sm.k() + (T::kDqSplitCols ? wg * T::kChunkBytesK : 0) + dq_key_off * kSwizzleBytes;
   ScorePath path;
   int path_head = -1;
-  for (int it = 0; it < steps; ++it) {
-    const int head = head_k * w.group + it / blocks;
-    const int m_begin = (w.range.begin + it % blocks) * T::kBlockM;
+  BwdStepCursor cur(w, head_k);
+  for (int it = 0; it < steps; ++it, cur.next(w)) {
+    const int head = cur.head;
+    const int m_begin = cur.m_block * T::kBlockM;
     if (head != path_head) {
       path = ScorePath::make(p, batch, head, w.seq.seqlen_q, w.seq.seqlen_k);
       path_head = head;
@@ -236,10 +246,16 @@ __device__ void bwd_consumer(const AttnBwdParams& p, const BwdSmem<T>& sm, const
     wgmma_commit();
     gemm_scores<T>(dp, v_w, T::kChunkBytesK, sm.dout(stage));
     wgmma_commit();
+    const int qcol0 = 2 * (lane % 4);  // this thread's first query column inside the block
+    BlockRows<T> lse;
+    // Read here at d128 only: d64 (the shortest step) measured 2-3% slower with it; kMods at the use (16 more
+    // registers across the waits spilled 44 B in the d128 modifier instance). bench/NOTES.md session 26.
+    constexpr bool kRowsEarly = !kMods && T::kHeadDim >= 128;
+    if constexpr (kRowsEarly) load_block_rows<T>(lse, sm.lse(stage), qcol0);
     wgmma_wait<1>();  // S^T has landed; dP^T may still run
     fence_regs(s);
 
-    const AccCoord c{key0 + 16 * warp + lane / 4, m_begin + 2 * (lane % 4)};
+    const AccCoord c{key0 + 16 * warp + lane / 4, m_begin + qcol0};
     const bool need_mask =
         !tile_fully_visible(w.mask, m_begin, m_begin + T::kBlockM, key0, key0 + kWarpgroupRows);
     const bool softcap = kMods && path.softcap > 0.f, alibi = kMods && path.slope != 0.f;
@@ -255,35 +271,35 @@ __device__ void bwd_consumer(const AttnBwdParams& p, const BwdSmem<T>& sm, const
       wgmma_wait<0>();
       fence_regs(dp);
       if (softcap && alibi) {
-        scores_to_grads<T, true, true, true>(s, dp, c, m_begin, sm.lse(stage), sm.dsum(stage), w.mask, path);
+        scores_to_grads<T, true, true, true>(s, dp, c, sm.lse(stage), sm.dsum(stage), qcol0, w.mask, path);
       } else if (softcap) {
-        scores_to_grads<T, true, false, true>(s, dp, c, m_begin, sm.lse(stage), sm.dsum(stage), w.mask, path);
+        scores_to_grads<T, true, false, true>(s, dp, c, sm.lse(stage), sm.dsum(stage), qcol0, w.mask, path);
       } else {
-        scores_to_grads<T, false, true, true>(s, dp, c, m_begin, sm.lse(stage), sm.dsum(stage), w.mask, path);
+        scores_to_grads<T, false, true, true>(s, dp, c, sm.lse(stage), sm.dsum(stage), qcol0, w.mask, path);
       }
       to_fragments<T>(s, pa);
       issue_grad(dv, pa, sm.dout(stage));
       to_fragments<T>(dp, dsa);
-      issue_grad(dk, dsa, sm.q(stage));
-    } else {  // P^T and dV's GEMM under dP^T's GEMM, then dS^T and dK's
+    } else {  // P^T and dV's GEMM under dP^T's GEMM, then dS^T
+      if constexpr (!kRowsEarly) load_block_rows<T>(lse, sm.lse(stage), qcol0);
       if (need_mask) {
-        scores_to_probs<T, true>(s, c, m_begin, sm.lse(stage), w.mask, path);
+        scores_to_probs<T, true>(s, c, lse, w.mask, path);
       } else {
-        scores_to_probs<T, false>(s, c, m_begin, sm.lse(stage), w.mask, path);
+        scores_to_probs<T, false>(s, c, lse, w.mask, path);
       }
       to_fragments<T>(s, pa);
       issue_grad(dv, pa, sm.dout(stage));
+      BlockRows<T> dsum;
+      load_block_rows<T>(dsum, sm.dsum(stage), qcol0);
       wgmma_wait<1>();  // dP^T has landed; dV's GEMM may still run
       fence_regs(dp);
-      probs_to_grads<T>(s, dp, c.col0 - m_begin, sm.dsum(stage));
+      probs_to_grads<T>(s, dp, dsum);
       to_fragments<T>(dp, dsa);
-      issue_grad(dk, dsa, sm.q(stage));
     }
 
     const uint32_t ds_buf = sm.ds(it & 1);
     store_ds<T>(ds_buf, dsa, kWarpgroupRows * wg, 0, tid);
     fence_proxy_async_smem();
-    if (tid == 0) bulk_wait_read();  // the previous step's dQ part has left this warpgroup's staging buffer
     if constexpr (T::kDqSplitCols) {
       named_sync(kBwdBarrierDsReady, T::kConsumers * kWarpgroupThreads);
     } else {
@@ -294,22 +310,18 @@ __device__ void bwd_consumer(const AttnBwdParams& p, const BwdSmem<T>& sm, const
     wgmma_fence();
     gemm_dq<T>(dq, ds_buf + dq_key_off * kSwizzleBytes, dq_k);
     wgmma_commit();
-    wgmma_wait<0>();
+    issue_grad(dk, dsa, sm.q(stage));  // dK's GEMM runs while dQ is staged (FA3's order)
+    wgmma_wait<1>();                    // dV and dQ have landed
     fence_regs(dv);
-    fence_regs(dk);
     fence_regs(dq);
-    mbar_arrive(sm.empty(stage));  // every thread: its own LSE / D reads of the stage (BwdTraits::kConsumerArrivals)
+    if (it > 0) named_sync(kBwdBarrierDqEmpty0 + wg, T::kDqBarrierThreads);  // the writer has read the last part
     stage_dq<T>(sm.dq(wg), dq, tid);
     fence_proxy_async_smem();
-    named_sync(kBwdBarrierWarpgroup0 + wg, kWarpgroupThreads);
-    if (tid == 0) {
-      float* dq_block = p.ws.get(WorkspaceId::kDqAccum) +
-                        ((static_cast<int64_t>(batch) * p.num_heads + head) * ws_rows + m_begin) * T::kHeadDim;
-      bulk_reduce_add_f32(dq_block + T::dq_offset(0, dq_col0), sm.dq(wg), T::kDqPartBytes);
-      bulk_commit();
-    }
+    named_arrive(kBwdBarrierDqFull0 + wg, T::kDqBarrierThreads);  // bwd_dq_writer adds it into dq_accum
+    wgmma_wait<0>();  // dK's GEMM has read the stage's Q
+    fence_regs(dk);
+    mbar_arrive(sm.empty(stage));  // every thread: its own LSE / D reads of the stage (BwdTraits::kConsumerArrivals)
   }
-  if (tid == 0) bulk_wait_all();
 
   const AccCoord c{key0 + 16 * warp + lane / 4, 2 * (lane % 4)};
   const int64_t k_off = k_side_row0(p, batch, p.dk_batch_stride, p.dk_row_stride) + head_k * p.dk_head_stride;
@@ -383,13 +395,13 @@ __device__ void bwd_consumer_split(const AttnBwdParams& p, const BwdSmem<T>& sm,
 
   const int steps = w.steps();
   if (steps > 0) mbar_wait(sm.kv_full(), 0);
-  const int blocks = w.range.end - w.range.begin;
   const int64_t ws_rows = bwd_ws_rows(p.seqlen_q, T::kBlockM);
   ScorePath path;
   int path_head = -1;
-  for (int it = 0; it < steps; ++it) {
-    const int head = head_k * w.group + it / blocks;
-    const int m_begin = (w.range.begin + it % blocks) * T::kBlockM;
+  BwdStepCursor cur(w, head_k);
+  for (int it = 0; it < steps; ++it, cur.next(w)) {
+    const int head = cur.head;
+    const int m_begin = cur.m_block * T::kBlockM;
     if (head != path_head) {
       path = ScorePath::make(p, batch, head, w.seq.seqlen_q, w.seq.seqlen_k);
       path_head = head;
@@ -405,10 +417,13 @@ __device__ void bwd_consumer_split(const AttnBwdParams& p, const BwdSmem<T>& sm,
     wgmma_commit();
     gemm_scores<T>(dp, sm.v(), T::kChunkBytesK, sm.dout(stage) + q_off * kSwizzleBytes);
     wgmma_commit();
+    const int qcol0 = q_off + 2 * (lane % 4);  // this thread's first query column inside the block
+    BlockRows<T> lse;
+    load_block_rows<T>(lse, sm.lse(stage), qcol0);
     wgmma_wait<1>();  // S^T has landed; dP^T may still run
     fence_regs(s);
 
-    const AccCoord c{key0 + 16 * warp + lane / 4, m_begin + q_off + 2 * (lane % 4)};
+    const AccCoord c{key0 + 16 * warp + lane / 4, m_begin + qcol0};
     const bool need_mask = !tile_fully_visible(w.mask, m_begin + q_off, m_begin + q_off + T::kScoreCols, key0,
                                                key0 + kWarpgroupRows);
     const bool softcap = kMods && path.softcap > 0.f, alibi = kMods && path.slope != 0.f;
@@ -416,21 +431,23 @@ __device__ void bwd_consumer_split(const AttnBwdParams& p, const BwdSmem<T>& sm,
       wgmma_wait<0>();
       fence_regs(dp);
       if (softcap && alibi) {
-        scores_to_grads<T, true, true, true>(s, dp, c, m_begin, sm.lse(stage), sm.dsum(stage), w.mask, path);
+        scores_to_grads<T, true, true, true>(s, dp, c, sm.lse(stage), sm.dsum(stage), qcol0, w.mask, path);
       } else if (softcap) {
-        scores_to_grads<T, true, false, true>(s, dp, c, m_begin, sm.lse(stage), sm.dsum(stage), w.mask, path);
+        scores_to_grads<T, true, false, true>(s, dp, c, sm.lse(stage), sm.dsum(stage), qcol0, w.mask, path);
       } else {
-        scores_to_grads<T, false, true, true>(s, dp, c, m_begin, sm.lse(stage), sm.dsum(stage), w.mask, path);
+        scores_to_grads<T, false, true, true>(s, dp, c, sm.lse(stage), sm.dsum(stage), qcol0, w.mask, path);
       }
     } else {
       if (need_mask) {
-        scores_to_probs<T, true>(s, c, m_begin, sm.lse(stage), w.mask, path);
+        scores_to_probs<T, true>(s, c, lse, w.mask, path);
       } else {
-        scores_to_probs<T, false>(s, c, m_begin, sm.lse(stage), w.mask, path);
+        scores_to_probs<T, false>(s, c, lse, w.mask, path);
       }
+      BlockRows<T> dsum;
+      load_block_rows<T>(dsum, sm.dsum(stage), qcol0);
       wgmma_wait<0>();
       fence_regs(dp);
-      probs_to_grads<T>(s, dp, c.col0 - m_begin, sm.dsum(stage));
+      probs_to_grads<T>(s, dp, dsum);
     }
     uint32_t pa[T::kPRegs], dsa[T::kPRegs];  // P^T, dS^T as 16-bit fragments
     to_fragments<T>(s, pa);

@@ -3,7 +3,8 @@
 // warpgroup (one thread: TMA of K, V once, then Q, dO, LSE, D per step into a kStages ring; bwd_producer.cuh) and
 // two consumer warpgroups of 64 keys each (the five GEMMs on wgmma, dK and dV in registers over every query block
 // and every query head of the KV head's group; bwd_consumer.cuh), or at d192 / d256 two on the same 64 keys, one
-// holding dV and one dK (bwd_consumer_split). setmaxnreg moves registers to the consumers.
+// holding dV and one dK (bwd_consumer_split). setmaxnreg moves registers to the consumers. At d64 / d128 warp 1 of
+// the producer warpgroup is the dQ writer (bwd_dq_writer): the consumers stage their dQ parts and go on.
 // Invariant between the roles: a stage alternates full (its four loads landed) and empty (the 256 consumer threads'
 // GEMMs and LSE / D reads of it completed); both sides count steps with the same BwdWork.
 #pragma once
@@ -50,6 +51,11 @@ __global__ void __launch_bounds__(T::kNumThreads, 1)
     setmaxnreg_dec<T::kProducerRegs>();
     if (threadIdx.x == 0 && w.steps() > 0) {
       bwd_producer<T>(p, BwdMaps{&map_q, &map_do, &map_k, &map_v}, sm, w, head_k, batch);
+    }
+    if constexpr (T::kDqWriter) {
+      if (threadIdx.x / 32 == T::kDqWriterWarp && w.steps() > 0) {
+        bwd_dq_writer<T>(p, sm, w, head_k, batch, threadIdx.x % 32);
+      }
     }
   } else {
     setmaxnreg_inc<T::kConsumerRegs>();

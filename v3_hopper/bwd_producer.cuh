@@ -30,10 +30,9 @@ __device__ void bwd_producer(const AttnBwdParams& p, const BwdMaps& maps, const 
   const int64_t ws_rows = bwd_ws_rows(p.seqlen_q, T::kBlockM);
   const float* lse_ws = p.ws.get(WorkspaceId::kRowStats);
   const float* dsum_ws = p.ws.get(WorkspaceId::kDSum);
-  const int blocks = w.range.end - w.range.begin;
-  for (int it = 0; it < w.steps(); ++it) {
-    const int head = head_k * w.group + it / blocks;
-    const int m_block = w.range.begin + it % blocks;
+  BwdStepCursor cur(w, head_k);
+  for (int it = 0; it < w.steps(); ++it, cur.next(w)) {
+    const int head = cur.head, m_block = cur.m_block;
     const int stage = it % T::kStages;
     const uint32_t phase = static_cast<uint32_t>(it / T::kStages) & 1u;
     mbar_wait(sm.empty(stage), phase ^ 1);
@@ -46,6 +45,41 @@ __device__ void bwd_producer(const AttnBwdParams& p, const BwdMaps& maps, const 
     bulk_load(sm.lse(stage), lse_ws + ws_row, T::kRowBytes, sm.full(stage));
     bulk_load(sm.dsum(stage), dsum_ws + ws_row, T::kRowBytes, sm.full(stage));
   }
+}
+
+// The dQ writer (BwdTraits::kDqWriter), one warp of warpgroup 0: per step, each consumer warpgroup's staged dQ part
+// (64 queries x kDqCols fp32, dq_offset's fragment order) is added into the block's dq_accum by one bulk reduce
+// from lane 0; the staging buffer is handed back once the reduce has read it. Invariant: it waits on DqFull w and
+// arrives on DqEmpty w once per step, except the last arrive (no consumer waits for it), in the consumers' order.
+template <typename T>
+__device__ void bwd_dq_writer(const AttnBwdParams& p, const BwdSmem<T>& sm, const BwdWork& w, int head_k, int batch,
+                              int lane) {
+  static_assert(T::kConsumers == 2, "one DqEmpty arrive per consumer warpgroup below");
+  const int64_t ws_rows = bwd_ws_rows(p.seqlen_q, T::kBlockM);
+  float* dq_ws = p.ws.get(WorkspaceId::kDqAccum);
+  const int steps = w.steps();
+  BwdStepCursor cur(w, head_k);
+  for (int it = 0; it < steps; ++it, cur.next(w)) {
+    float* dq_block = dq_ws + ((static_cast<int64_t>(batch) * p.num_heads + cur.head) * ws_rows +
+                               static_cast<int64_t>(cur.m_block) * T::kBlockM) * T::kHeadDim;
+#pragma unroll
+    for (int wg = 0; wg < T::kConsumers; ++wg) {
+      named_sync(kBwdBarrierDqFull0 + wg, T::kDqBarrierThreads);
+      if (lane == 0) {
+        const int col0 = T::kDqSplitCols ? kChunkCols * wg : 0;
+        bulk_reduce_add_f32(dq_block + T::dq_offset(0, col0), sm.dq(wg), T::kDqPartBytes);
+        bulk_commit();
+      }
+    }
+    if (it == steps - 1) break;
+    if (lane == 0) bulk_wait_read_pending<1>();  // warpgroup 0's part has been read
+    __syncwarp();
+    named_arrive(kBwdBarrierDqEmpty0, T::kDqBarrierThreads);
+    if (lane == 0) bulk_wait_read();
+    __syncwarp();
+    named_arrive(kBwdBarrierDqEmpty0 + 1, T::kDqBarrierThreads);
+  }
+  if (lane == 0) bulk_wait_all();
 }
 
 }  // namespace v3

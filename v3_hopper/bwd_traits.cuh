@@ -21,7 +21,11 @@ enum BwdNamedBarrier : int {
   kBwdBarrierSyncThreads = 0,
   kBwdBarrierDsReady = 1,  // both consumer warpgroups wrote their dS^T (split: and P^T) parts: the GEMMs may read them
   kBwdBarrierWarpgroup0 = 2,  // kBwdBarrierWarpgroup0 + w: warpgroup w wrote its dS^T rows (dQ split by keys)
-  kBwdBarrierCount = kBwdBarrierWarpgroup0 + kBwdConsumers,
+  // d64 / d128, the dQ writer warp (bwd_dq_writer): + w, warpgroup w staged its dQ part (it arrives, the writer
+  // waits) / the writer's bulk reduce has read it (the writer arrives, warpgroup w waits before staging the next)
+  kBwdBarrierDqFull0 = kBwdBarrierWarpgroup0 + kBwdConsumers,
+  kBwdBarrierDqEmpty0 = kBwdBarrierDqFull0 + kBwdConsumers,
+  kBwdBarrierCount = kBwdBarrierDqEmpty0 + kBwdConsumers,
 };
 
 // Rows of the backward's row workspaces (LSE in log2 units, D) and of dq_accum per (batch, head): seqlen_q rounded
@@ -48,6 +52,12 @@ struct BwdTraits {
   // releases the arriving thread's own accesses only (racecheck reported the next bulk_load against the other lanes'
   // reads when one lane per warp arrived after __syncwarp). CUTLASS's TMA pipelines count consumer threads too.
   static constexpr int kConsumerArrivals = kConsumers * kWarpgroupThreads;
+  // d64 / d128: warp 1 of the producer warpgroup takes each consumer warpgroup's staged dQ part to dq_accum
+  // (bwd_dq_writer), so the consumers arrive and go on instead of waiting for each other to stage and for the
+  // previous reduce to have read the buffer (FA3's dQ writer; bench/NOTES.md session 26).
+  static constexpr bool kDqWriter = !kSplit;
+  static constexpr int kDqWriterWarp = 1;
+  static constexpr int kDqBarrierThreads = kWarpgroupThreads + 32;  // a consumer warpgroup and the writer warp
 
   static constexpr int kChunks = kHeadDim / kChunkCols;
   static constexpr int kChunkBytesQ = kBlockM * kSwizzleBytes;   // one 64-column chunk of a Q or dO tile
@@ -174,6 +184,21 @@ struct BwdWork {
   __device__ __forceinline__ int steps() const { return range.end > range.begin ? (range.end - range.begin) * group : 0; }
 };
 
+// Walks BwdWork's steps in order (query blocks fastest, then the group's heads) by increments: the division of the
+// step index by the block count sat at the top of every consumer step (MUFU.RCP and its chain, ~2% of the
+// consumers' samples at d128 8k, bench/NOTES.md session 26).
+struct BwdStepCursor {
+  int head, m_block;  // this step's query head and query block
+  __device__ __forceinline__ BwdStepCursor(const BwdWork& w, int head_k)
+      : head(head_k * w.group), m_block(w.range.begin) {}
+  __device__ __forceinline__ void next(const BwdWork& w) {
+    if (++m_block == w.range.end) {
+      m_block = w.range.begin;
+      ++head;
+    }
+  }
+};
+
 template <typename T>
 __device__ __forceinline__ BwdWork bwd_work(const AttnParams& p, int n_block, int batch) {
   BwdWork w;
@@ -207,6 +232,11 @@ __device__ __forceinline__ void bulk_reduce_add_f32(float* dst, uint32_t src, ui
 __device__ __forceinline__ void bulk_commit() { asm volatile("cp.async.bulk.commit_group;\n" ::: "memory"); }
 // The source shared memory of every committed bulk group has been read (it may be rewritten).
 __device__ __forceinline__ void bulk_wait_read() { asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory"); }
+// All but the newest `kPending` committed bulk groups have read their source shared memory.
+template <int kPending>
+__device__ __forceinline__ void bulk_wait_read_pending() {
+  asm volatile("cp.async.bulk.wait_group.read %0;\n" ::"n"(kPending) : "memory");
+}
 // Every committed bulk group has completed.
 __device__ __forceinline__ void bulk_wait_all() { asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory"); }
 
