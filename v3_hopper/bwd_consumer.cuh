@@ -238,6 +238,13 @@ __device__ void bwd_consumer(const AttnBwdParams& p, const BwdSmem<T>& sm, const
     const int stage = it % T::kStages;
     mbar_wait(sm.full(stage), static_cast<uint32_t>(it / T::kStages) & 1u);
 
+    const int qcol0 = 2 * (lane % 4);  // this thread's first query column inside the block
+    BlockRows<T> lse;
+    // Read here, before the GEMMs' issue, at d128 only: d64 (the shortest step) measured 2-3% slower with the reads
+    // early; kMods at the use (16 more registers across the waits spilled 44 B in the d128 modifier instance).
+    // Issued after the GEMMs, the reads waited behind their shared-memory traffic (bench/NOTES.md session 26).
+    constexpr bool kRowsEarly = !kMods && T::kHeadDim >= 128;
+    if constexpr (kRowsEarly) load_block_rows<T>(lse, sm.lse(stage), qcol0);
     float s[T::kSRegs], dp[T::kSRegs];  // S^T then P^T; dP^T then dS^T: (64 keys, kBlockM queries) fp32
     fence_regs(s);
     fence_regs(dp);
@@ -246,12 +253,6 @@ __device__ void bwd_consumer(const AttnBwdParams& p, const BwdSmem<T>& sm, const
     wgmma_commit();
     gemm_scores<T>(dp, v_w, T::kChunkBytesK, sm.dout(stage));
     wgmma_commit();
-    const int qcol0 = 2 * (lane % 4);  // this thread's first query column inside the block
-    BlockRows<T> lse;
-    // Read here at d128 only: d64 (the shortest step) measured 2-3% slower with it; kMods at the use (16 more
-    // registers across the waits spilled 44 B in the d128 modifier instance). bench/NOTES.md session 26.
-    constexpr bool kRowsEarly = !kMods && T::kHeadDim >= 128;
-    if constexpr (kRowsEarly) load_block_rows<T>(lse, sm.lse(stage), qcol0);
     wgmma_wait<1>();  // S^T has landed; dP^T may still run
     fence_regs(s);
 
