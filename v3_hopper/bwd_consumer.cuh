@@ -240,10 +240,10 @@ __device__ void bwd_consumer(const AttnBwdParams& p, const BwdSmem<T>& sm, const
 
     const int qcol0 = 2 * (lane % 4);  // this thread's first query column inside the block
     BlockRows<T> lse;
-    // Read here, before the GEMMs' issue, at d128 only: d64 (the shortest step) measured 2-3% slower with the reads
-    // early; kMods at the use (16 more registers across the waits spilled 44 B in the d128 modifier instance).
-    // Issued after the GEMMs, the reads waited behind their shared-memory traffic (bench/NOTES.md session 26).
-    constexpr bool kRowsEarly = !kMods && T::kHeadDim >= 128;
+    // Read here, before the GEMMs' issue: issued after them, the reads waited behind the GEMMs' shared-memory
+    // traffic (bench/NOTES.md session 26); here they measured +1-5% at d128 and +2-5% at d64 (session 27). kMods
+    // reads at the use (16 more registers across the waits spilled 44 B in the d128 modifier instance).
+    constexpr bool kRowsEarly = !kMods;
     if constexpr (kRowsEarly) load_block_rows<T>(lse, sm.lse(stage), qcol0);
     float s[T::kSRegs], dp[T::kSRegs];  // S^T then P^T; dP^T then dS^T: (64 keys, kBlockM queries) fp32
     fence_regs(s);
