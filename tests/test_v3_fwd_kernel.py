@@ -111,6 +111,33 @@ def test_persistent_grouped_heads(head_dim):
     _check(f"grouped d{head_dim}", out, lse, q, k, v, causal=True)
 
 
+OWN_BLOCK_CASES = {  # (seqlen_q, seqlen_k, window, softcap)
+    "causal-1000": (1000, 1000, (-1, 0), 0.0),     # d64: the last 192-row tile's upper warpgroups have no rows
+    "causal-sq<sk": (300, 1000, (-1, 0), 0.0),
+    "causal-sq>sk": (1000, 300, (-1, 0), 0.0),     # rows, warpgroups and whole tiles that see no key
+    "window-40-40": (1000, 1000, (40, 40), 0.0),   # a warpgroup's blocks inside the CTA's: skipped before and after
+    "window-300-0": (777, 900, (300, 0), 0.0),
+    "causal-softcap": (640, 700, (-1, 0), 5.0),    # the modifier loop's copy
+}
+
+
+@pytest.mark.parametrize("head_dim", [64, 128, 192, 256])
+@pytest.mark.parametrize("case", list(OWN_BLOCK_CASES))
+def test_warpgroup_own_blocks(head_dim, case):
+    """The CTA's consumer warpgroups see different parts of its key blocks (rows past seqlen_q, the causal diagonal,
+    a window's edges), several tiles per CTA (4 x 6 heads x up to 8 query blocks). For a kernel whose warpgroups skip
+    the blocks their rows do not see (bench/results/v3-dev/2026-12-04-s27-fwd-own-blocks.patch) while still arriving
+    on every buffer and passing every ping-pong turn, a wrong arrival or turn count shows here as a hang or as a K / V
+    stage overwritten under a reader. Every row is checked."""
+    _need("bf16", head_dim)
+    torch.manual_seed(7)
+    sq, sk, window, softcap = OWN_BLOCK_CASES[case]
+    q = _randn(4, sq, 6, head_dim, dtype=torch.bfloat16)
+    k, v = (_randn(4, sk, 6, head_dim, dtype=torch.bfloat16) for _ in range(2))
+    out, lse = _run(q, k, v, window_size=window, softcap=softcap)
+    _check(f"own blocks d{head_dim} {case}", out, lse, q, k, v, window_size=window, softcap=softcap)
+
+
 @pytest.mark.parametrize("dtype_name", list(DTYPES))
 @pytest.mark.parametrize("head_dim", [64, 128, 256])
 @pytest.mark.parametrize("case", ["239x1", "113x203-window00"])
