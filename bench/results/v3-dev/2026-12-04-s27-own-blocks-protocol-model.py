@@ -1,7 +1,8 @@
 # Protocol model of the v3 forward with per-warpgroup key ranges (the s27 own-blocks patch): producer + W consumer
 # warpgroups, mbarrier phases, ping-pong turns as named barriers. Random interleavings; checks deadlock, barrier
-# over-arrival, turn double-pass, and a load into a stage that a warpgroup is still reading. Run: python3 <this file> (bench/NOTES.md session 27).
-import random, sys
+# over-arrival, turn double-pass, and a load into a stage that a warpgroup is still reading.
+# Run: python3 <this file> (bench/NOTES.md session 27).
+import random
 
 class Bar:
     def __init__(s, count): s.count, s.arr, s.done = count, 0, 0
