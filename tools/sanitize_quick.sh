@@ -13,11 +13,14 @@ echo "build rc=$? in $(( $(date +%s) - t0 )) s" | tee "$OUT/summary.txt"
 step() {  # step <name> <seconds> <tool> <files> <expr>
   local s=$(date +%s) expr=$5
   [ -n "${GENERATION:-}" ] && expr="($expr) and $GENERATION"
-  timeout "$2" compute-sanitizer --tool "$3" --error-exitcode 99 --print-limit 20 \
+  timeout "$2" compute-sanitizer --tool "$3" --error-exitcode 99 --print-limit 10000 \
     python3 -m pytest -v -p no:cacheprovider $4 -k "$expr" > "$OUT/$1.log" 2>&1
   local rc=$?
+  # Reports only in other libraries' kernels (cuBLAS under the tests' reference) are not flashgen's: rc 99 -> 0.
+  local attrib
+  attrib=$(python3 tools/sanitizer_reports.py "$OUT/$1.log") && [ $rc -eq 99 ] && rc=0
   echo "$1 ($3): rc=$rc in $(( $(date +%s) - s )) s; $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/$1.log" | tail -n 1);" \
-       "pytest: $(grep -E '[0-9]+ (passed|failed)' "$OUT/$1.log" | grep -v '^========= ' | tail -n 1)" | tee -a "$OUT/summary.txt"
+       "pytest: $(grep -E '[0-9]+ (passed|failed)' "$OUT/$1.log" | grep -v '^========= ' | tail -n 1); $attrib" | tee -a "$OUT/summary.txt"
 }
 # pytest -v: a step cut off by its timeout still shows which tests ran under the tool.
 step race_fwd 60 racecheck tests/test_gpu_fwd.py "(test_shapes and 113x203 and bf16) or test_varlen"
