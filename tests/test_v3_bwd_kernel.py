@@ -62,6 +62,25 @@ def test_mqa_window_softcap_alibi(head_dim):
                 alibi_slopes=slopes)
 
 
+@pytest.mark.parametrize("head_dim", [64, 128, 192, 256])
+@pytest.mark.parametrize("mods", ["softcap", "alibi", "both"])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_score_modifiers_each_bucket(head_dim, mods, causal):
+    """The modifier instance (bwd_kernel<T, true>) at every bucket, each modifier alone and both: softcap 5 on scores
+    of ~3 sigma saturates tanh (chain factors near 0 beside ones near 1), several query blocks per key block and a
+    partial last one, GQA 2:1."""
+    _need("bf16", head_dim)
+    torch.manual_seed(29)
+    q = randn(2, 300, 4, head_dim, dtype=torch.bfloat16) * 3
+    k, v = (randn(2, 261, 2, head_dim, dtype=torch.bfloat16) * 3 for _ in range(2))
+    kw = {"window_size": (-1, 0) if causal else (-1, -1)}
+    if mods in ("softcap", "both"):
+        kw["softcap"] = 5.0
+    if mods in ("alibi", "both"):
+        kw["alibi_slopes"] = torch.rand(2, 4, device="cuda", dtype=torch.float32) * 0.3
+    check_grads("v3", f"d{head_dim} {mods} causal={causal}", q, k, v, **kw)
+
+
 @pytest.mark.parametrize("head_dim", [192, 256])
 def test_varlen_split_layout(head_dim):
     """Varlen at the split buckets: sequences of 1, 63, 64, 65 and 300 rows (one shorter than a key block of 64,
