@@ -158,6 +158,32 @@ def test_one_visible_key_gives_v_exactly(dtype_name, head_dim, case):
     assert err <= 1e-5 * max(1.0, float(score.abs().max())), f"lse vs the one score: {err:.3e}"
 
 
+@pytest.mark.parametrize("head_dim", [64, 128, 192, 256])
+@pytest.mark.parametrize("jump", [12.0, 200.0], ids=["raise", "past-fp32-exp"])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_running_max_raised_late_in_the_loop(head_dim, jump, causal):
+    """The key loop visits a row block's key blocks last to first, so keys near the start, made here to score `jump`
+    (in units of the scaled logit) above the rest, raise each row's running max in the loop's later steps, after
+    other blocks set it: 12 is past the lazy-rescale threshold (8 log2 units), 200 past what an exponential against
+    the old max can hold in fp32 (2^128). Every row is checked against the oracle."""
+    _need("bf16", head_dim)
+    torch.manual_seed(8)
+    sq, sk = 300, 1000
+    scale = 1.0 / math.sqrt(head_dim)
+    u = torch.randn(head_dim, device="cuda")
+    u = u / u.norm()
+    # Queries share a component 4 u (q . u = 4 +- 1); keys 0..63 get (jump / (2 scale)) u, so their scaled scores
+    # rise by ~2 jump over the other keys' (at least jump / 2 where q . u >= 1).
+    q = (torch.randn(2, sq, 3, head_dim, device="cuda") + 4 * u).to(torch.bfloat16)
+    k = torch.randn(2, sk, 3, head_dim, device="cuda")
+    k[:, :64] += jump / (2 * scale) * u
+    k = k.to(torch.bfloat16)
+    v = _randn(2, sk, 3, head_dim, dtype=torch.bfloat16)
+    window = (-1, 0) if causal else (-1, -1)
+    out, lse = _run(q, k, v, window_size=window)
+    _check(f"late raise d{head_dim} jump {jump} causal={causal}", out, lse, q, k, v, causal=causal)
+
+
 @pytest.mark.parametrize("head_dim", [64, 128, 256])
 @pytest.mark.parametrize("seqlen_k", [1, 77, 300])
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
