@@ -81,6 +81,23 @@ def test_cublas_reports_are_named():
     assert "nvjet_sm90_tst_64x96_64x10_2x1_v_bz_NNT x1" in text and "nvjet_sm90_tst_64x64_64x13_1x4_h_bz_NNT x1" in text
 
 
+WARNING_OURS = """\
+========= Warning: Race reported between Write access at flashgen::v3::fwd_kernel<x>(flashgen::AttnParams)+0x10 in a.cuh:1
+=========     and Write access at flashgen::v3::fwd_kernel<x>(flashgen::AttnParams)+0x20 in a.cuh:2 [4 hazards]
+========= RACECHECK SUMMARY: 1 hazard displayed (0 errors, 1 warning)
+"""
+
+
+def test_warnings_are_listed_not_failed():
+    warnings = []
+    found = sr.reports(WARNING_OURS.splitlines(), warnings)
+    ok, text = sr.verdict(found, warnings)
+    assert ok and found == [] and len(warnings) == 1, text
+    assert "warnings (not failed on): 1, 1 in flashgen kernels" in text, text
+    found = sr.reports((WARNING_OURS + OURS_MEMCHECK).splitlines(), [])
+    assert not sr.verdict(found)[0]
+
+
 def test_main_exit_codes(tmp_path):
     clean, bad = tmp_path / "clean.log", tmp_path / "bad.log"
     clean.write_text(CUBLAS_RACE)
