@@ -90,37 +90,10 @@ __device__ __forceinline__ void load_block_rows(BlockRows<T>& r, uint32_t smem, 
   }
 }
 
-// The elementwise step on one (64 keys x kScoreCols queries) tile: s holds S^T, dp holds dP^T; on return s holds P^T
-// and dp holds dS^T. Element i of this thread is (key c.row(acc_half(i)), query c.col(i)); the block's LSE (log2
-// units) and D rows are in smem (query m_begin + j at index j), qcol0 = c.col0 - m_begin. kMods: softcap / ALiBi on;
-// kMask: some element of the tile is outside the mask.
-template <typename T, bool kSoftcap, bool kAlibi, bool kMask>
-__device__ __forceinline__ void scores_to_grads(float (&s)[T::kSRegs], float (&dp)[T::kSRegs], const AccCoord& c,
-                                                uint32_t lse_smem, uint32_t dsum_smem, int qcol0,
-                                                const MaskSpec& mask, const ScorePath& path) {
-#pragma unroll
-  for (int j = 0; j < T::kScoreCols / 8; ++j) {  // LSE and D read tile by tile: registers are tight here (C7512)
-    const uint32_t col = 4 * (8 * j + qcol0);
-    float2 lse2, d2;
-    asm volatile("ld.shared.v2.f32 {%0, %1}, [%2];\n" : "=f"(lse2.x), "=f"(lse2.y) : "r"(lse_smem + col));
-    asm volatile("ld.shared.v2.f32 {%0, %1}, [%2];\n" : "=f"(d2.x), "=f"(d2.y) : "r"(dsum_smem + col));
-#pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      const int i = 4 * j + e, half = acc_half(i), cc = e & 1;
-      const int key = c.row(half), query = c.col(i);
-      float x = s[i], chain = 1.f;
-      if (kSoftcap || kAlibi) x = path.logit_with<kSoftcap, kAlibi>(x, query, key, &chain);
-      if (kMask) x = ScorePath::masked(x, key, row_limits(mask, query));
-      const float pr = exp2f(at_most_zero(path.exponent(x, cc ? lse2.y : lse2.x)));  // clamp: see scores_to_probs
-      const float ds = pr * (dp[i] - (cc ? d2.y : d2.x));
-      s[i] = pr;
-      dp[i] = kSoftcap ? ds * chain : ds;
-    }
-  }
-}
-
-// The same step in two halves for launches without score modifiers, so P^T (and dV's GEMM) can start while dP^T is
-// still in flight: s (S^T) -> P^T, then dp (dP^T) -> dS^T from P^T.
+// The elementwise step on one (64 keys x kScoreCols queries) tile, in two halves so that P^T (and dV's GEMM) can
+// start while dP^T is still in flight: s (S^T) -> P^T here (scores_to_probs_mods with softcap / ALiBi), then dp
+// (dP^T) -> dS^T from P^T (probs_to_grads). Element i of this thread is (key c.row(acc_half(i)), query c.col(i)); the
+// block's LSE (log2 units) rows come in registers (BlockRows), query m_begin + qcol0 + 8 j (+1) in lse[j].
 template <typename T, bool kMask>
 __device__ __forceinline__ void scores_to_probs(float (&s)[T::kSRegs], const AccCoord& c, const BlockRows<T>& lse,
                                                 const MaskSpec& mask, const ScorePath& path) {
@@ -139,6 +112,35 @@ __device__ __forceinline__ void scores_to_probs(float (&s)[T::kSRegs], const Acc
     }
   }
 }
+// kMods' P^T pass (softcap and / or ALiBi) in the plain pass's split form: s (S^T) -> P^T packed into pa (dV's A
+// operand) and, kept in s, P^T times softcap's chain factor (1 - tanh^2), so that after dP^T lands probs_to_grads
+// gives dS^T = s * (dP^T - D) with no register held for the factor. The fused pass that this replaces (both GEMMs
+// waited for, then one pass) held dV's GEMM behind dP^T's, and ptxas serialized the d128 modifier instance's wgmmas
+// (C7512: the fused pass beside the plain one). Masked always (the modifier launches are rare enough).
+template <typename T, bool kSoftcap, bool kAlibi>
+__device__ __forceinline__ void scores_to_probs_mods(float (&s)[T::kSRegs], uint32_t (&pa)[T::kPRegs],
+                                                     const AccCoord& c, const BlockRows<T>& lse, const MaskSpec& mask,
+                                                     const ScorePath& path) {
+#pragma unroll
+  for (int j = 0; j < T::kScoreCols / 8; ++j) {
+    const float2 lse2 = lse[j];
+#pragma unroll
+    for (int e = 0; e < 4; e += 2) {
+      float pr[2], chain[2] = {1.f, 1.f};
+#pragma unroll
+      for (int k = 0; k < 2; ++k) {
+        const int i = 4 * j + e + k, key = c.row(acc_half(i)), query = c.col(i);
+        float x = path.logit_with<kSoftcap, kAlibi>(s[i], query, key, &chain[k]);
+        x = ScorePath::masked(x, key, row_limits(mask, query));
+        pr[k] = exp2f(at_most_zero(path.exponent(x, k ? lse2.y : lse2.x)));  // clamp: see scores_to_probs
+      }
+      pa[(4 * j + e) / 2] = pack2<typename T::Tag>(pr[0], pr[1]);
+      s[4 * j + e] = kSoftcap ? pr[0] * chain[0] : pr[0];
+      s[4 * j + e + 1] = kSoftcap ? pr[1] * chain[1] : pr[1];
+    }
+  }
+}
+
 template <typename T>
 __device__ __forceinline__ void probs_to_grads(const float (&pr)[T::kSRegs], float (&dp)[T::kSRegs],
                                                const BlockRows<T>& dsum) {
@@ -268,35 +270,27 @@ __device__ void bwd_consumer(const AttnBwdParams& p, const BwdSmem<T>& sm, const
       gemm_grad<T>(grad, a, b);
       wgmma_commit();
     };
-    if (kMods && (softcap || alibi)) {  // softcap's chain factor is only known with the score: one fused pass after dP^T
-      wgmma_wait<0>();
-      fence_regs(dp);
-      if (softcap && alibi) {
-        scores_to_grads<T, true, true, true>(s, dp, c, sm.lse(stage), sm.dsum(stage), qcol0, w.mask, path);
-      } else if (softcap) {
-        scores_to_grads<T, true, false, true>(s, dp, c, sm.lse(stage), sm.dsum(stage), qcol0, w.mask, path);
-      } else {
-        scores_to_grads<T, false, true, true>(s, dp, c, sm.lse(stage), sm.dsum(stage), qcol0, w.mask, path);
-      }
-      to_fragments<T>(s, pa);
-      issue_grad(dv, pa, sm.dout(stage));
-      to_fragments<T>(dp, dsa);
-    } else {  // P^T and dV's GEMM under dP^T's GEMM, then dS^T
-      if constexpr (!kRowsEarly) load_block_rows<T>(lse, sm.lse(stage), qcol0);
+    // P^T and dV's GEMM under dP^T's GEMM, then dS^T (softcap's chain factor folded into s by the modifier pass)
+    if constexpr (!kRowsEarly) load_block_rows<T>(lse, sm.lse(stage), qcol0);
+    if (kMods && softcap) {  // with ALiBi or without (slope 0 adds a bias of exactly 0): one copy fewer
+      scores_to_probs_mods<T, true, true>(s, pa, c, lse, w.mask, path);
+    } else if (kMods && alibi) {
+      scores_to_probs_mods<T, false, true>(s, pa, c, lse, w.mask, path);
+    } else {
       if (need_mask) {
         scores_to_probs<T, true>(s, c, lse, w.mask, path);
       } else {
         scores_to_probs<T, false>(s, c, lse, w.mask, path);
       }
       to_fragments<T>(s, pa);
-      issue_grad(dv, pa, sm.dout(stage));
-      BlockRows<T> dsum;
-      load_block_rows<T>(dsum, sm.dsum(stage), qcol0);
-      wgmma_wait<1>();  // dP^T has landed; dV's GEMM may still run
-      fence_regs(dp);
-      probs_to_grads<T>(s, dp, dsum);
-      to_fragments<T>(dp, dsa);
     }
+    issue_grad(dv, pa, sm.dout(stage));
+    BlockRows<T> dsum;
+    load_block_rows<T>(dsum, sm.dsum(stage), qcol0);
+    wgmma_wait<1>();  // dP^T has landed; dV's GEMM may still run
+    fence_regs(dp);
+    probs_to_grads<T>(s, dp, dsum);
+    to_fragments<T>(dp, dsa);
 
     const uint32_t ds_buf = sm.ds(it & 1);
     store_ds<T>(ds_buf, dsa, kWarpgroupRows * wg, 0, tid);
@@ -428,30 +422,24 @@ __device__ void bwd_consumer_split(const AttnBwdParams& p, const BwdSmem<T>& sm,
     const bool need_mask = !tile_fully_visible(w.mask, m_begin + q_off, m_begin + q_off + T::kScoreCols, key0,
                                                key0 + kWarpgroupRows);
     const bool softcap = kMods && path.softcap > 0.f, alibi = kMods && path.slope != 0.f;
-    if (kMods && (softcap || alibi)) {
-      wgmma_wait<0>();
-      fence_regs(dp);
-      if (softcap && alibi) {
-        scores_to_grads<T, true, true, true>(s, dp, c, sm.lse(stage), sm.dsum(stage), qcol0, w.mask, path);
-      } else if (softcap) {
-        scores_to_grads<T, true, false, true>(s, dp, c, sm.lse(stage), sm.dsum(stage), qcol0, w.mask, path);
-      } else {
-        scores_to_grads<T, false, true, true>(s, dp, c, sm.lse(stage), sm.dsum(stage), qcol0, w.mask, path);
-      }
+    uint32_t pa[T::kPRegs], dsa[T::kPRegs];  // P^T, dS^T as 16-bit fragments
+    if (kMods && softcap) {  // as bwd_consumer: P^T under dP^T's GEMM, softcap's chain factor folded into s
+      scores_to_probs_mods<T, true, true>(s, pa, c, lse, w.mask, path);
+    } else if (kMods && alibi) {
+      scores_to_probs_mods<T, false, true>(s, pa, c, lse, w.mask, path);
     } else {
       if (need_mask) {
         scores_to_probs<T, true>(s, c, lse, w.mask, path);
       } else {
         scores_to_probs<T, false>(s, c, lse, w.mask, path);
       }
-      BlockRows<T> dsum;
-      load_block_rows<T>(dsum, sm.dsum(stage), qcol0);
-      wgmma_wait<0>();
-      fence_regs(dp);
-      probs_to_grads<T>(s, dp, dsum);
+      to_fragments<T>(s, pa);
     }
-    uint32_t pa[T::kPRegs], dsa[T::kPRegs];  // P^T, dS^T as 16-bit fragments
-    to_fragments<T>(s, pa);
+    BlockRows<T> dsum;
+    load_block_rows<T>(dsum, sm.dsum(stage), qcol0);
+    wgmma_wait<0>();
+    fence_regs(dp);
+    probs_to_grads<T>(s, dp, dsum);
     to_fragments<T>(dp, dsa);
     const int buf = it & 1;
     store_ds<T>(sm.pt(buf), pa, 0, q_off / 8, tid);

@@ -89,6 +89,33 @@ struct PingPong {
   }
 };
 
+// Ring positions [kv_iter, kv_iter + n) of the CTA's key loop that this warpgroup does not compute: its rows see none
+// of their keys (the rows lie past seqlen_q, or the causal diagonal / window leaves those blocks wholly masked for
+// them while the CTA's other rows see some). It still takes part in every protocol the computing warpgroups rely on:
+// each buffer's empty barrier counts one arrival from every consumer warp, so it arrives once the buffer is full (an
+// arrival before then could complete the barrier's previous phase early: this warp has already arrived for that phase,
+// the others may not have), and each step's ping-pong turn is waited for and passed at once (every warpgroup makes
+// the same number of turns per tile, so the round robin stays in step). turns_per_step: 1 with the intra-warpgroup
+// overlap (the loop's turn per step), 2 without (the ablation's separate S and P V turns).
+template <typename T, typename Loads>
+__device__ __forceinline__ void skip_steps(const SmemMap<T>& sm, const Loads& loads, const PingPong<T>& turn,
+                                           int kv_iter, int n, int lane) {
+  constexpr int kTurnsPerStep = kIntraWarpgroupOverlap ? 1 : 2;
+  for (int i = 0; i < n; ++i) {
+#pragma unroll
+    for (int t = 0; t < kTurnsPerStep; ++t) {
+      turn.wait_turn();
+      turn.pass_turn();
+    }
+    const RingSlot<T> slot(kv_iter + i);
+    loads.wait(sm.k_full(slot.stage), slot.phase);
+    release(sm.k_empty(slot.stage), lane);
+    loads.wait(sm.v_full(slot.stage), slot.phase);
+    release(sm.v_empty(slot.stage), lane);
+    loads.pump();
+  }
+}
+
 // One query tile of one warpgroup: rows [wg_row0, wg_row0 + 64) against key blocks [range.begin, range.end),
 // visited last to first; the K/V tiles are the kv_iter-th .. (kv_iter + n_tiles - 1)-th of this CTA's ring.
 // Loads (producer.cuh): how it waits for a buffer to fill (ProducerLoads, or InlineLoads without warp specialization).
@@ -271,14 +298,41 @@ __device__ __forceinline__ void consumer_loop(const AttnParams& p, const SmemMap
     }
     if (n_tiles > 0) {
       loads.wait(sm.q_full(), q_iter & 1);
-      // Softcap / ALiBi: their key loop is its own copy, so the plain loop carries none of their code.
-      const ScoreMods mods = score_mods(p, tc.batch, tc.head, seq.seqlen_q, seq.seqlen_k);
-      if (mods.any()) {
-        consume_tile<T, true>(sm, loads, turn, desc_q, kv_iter, n_tiles, range, mask, mods, zero_v_tail, p.scale_log2,
-                              wg_row0, tid, wg, o, rows);
-      } else {
-        consume_tile<T, false>(sm, loads, turn, desc_q, kv_iter, n_tiles, range, mask, mods, zero_v_tail, p.scale_log2,
-                               wg_row0, tid, wg, o, rows);
+      // A warpgroup computes only its own key blocks, inside the CTA's (the limits are monotone in the row): none when
+      // its rows lie past seqlen_q (d64's 192-row tile at 1k: the last tile's upper two warpgroups) or see no key;
+      // fewer at the causal diagonal and the window's edges, where the CTA's other rows see blocks that its rows do
+      // not. The ring visits the CTA's blocks last to first, so the blocks past this warpgroup's come first (`lead`)
+      // and those before them last (`trail`); it skips both (skip_steps). Without a window (the unmasked instance)
+      // every row sees every block of the CTA, so only rows past seqlen_q can differ. kOwnBlocks: see
+      // kernel_traits.cuh. One call of consume_tile (two would be two inlined copies of each key loop).
+      bool compute = !T::kOwnBlocks || wg_row0 < seq.seqlen_q;
+      BlockRange own = range;
+      if constexpr (T::kMasked && T::kOwnBlocks) {
+        if (compute) own = n_block_range(mask, wg_row0, wg_row0 + kWarpgroupRows, T::kBlockN);
+        compute = own.end > own.begin;
+      }
+      if (compute) {
+        const int lead = range.end - own.end, n_own = own.end - own.begin;
+        if constexpr (T::kMasked && T::kOwnBlocks) skip_steps<T>(sm, loads, turn, kv_iter, lead, lane);
+        // Softcap / ALiBi: their key loop is its own copy, so the plain loop carries none of their code.
+        const ScoreMods mods = score_mods(p, tc.batch, tc.head, seq.seqlen_q, seq.seqlen_k);
+        if (mods.any()) {
+          consume_tile<T, true>(sm, loads, turn, desc_q, kv_iter + lead, n_own, own, mask, mods, zero_v_tail,
+                                p.scale_log2, wg_row0, tid, wg, o, rows);
+        } else {
+          consume_tile<T, false>(sm, loads, turn, desc_q, kv_iter + lead, n_own, own, mask, mods, zero_v_tail,
+                                 p.scale_log2, wg_row0, tid, wg, o, rows);
+        }
+        if constexpr (T::kMasked && T::kOwnBlocks) {
+          skip_steps<T>(sm, loads, turn, kv_iter + lead + n_own, own.begin - range.begin, lane);
+        }
+      } else {  // none of the CTA's key blocks is this warpgroup's
+        skip_steps<T>(sm, loads, turn, kv_iter, n_tiles, lane);
+        release(sm.q_empty(), lane);  // consume_tile releases Q with its last S GEMM
+        if constexpr (kIntraWarpgroupOverlap) {  // the turn of consume_tile's closing P V
+          turn.wait_turn();
+          turn.pass_turn();
+        }
       }
       kv_iter += n_tiles;
       ++q_iter;

@@ -53,6 +53,10 @@ struct FwdTraits {
   static constexpr int kBlockN = kConfig.block_n;
   static constexpr int kStages = kConfig.stages;
   static constexpr bool kPingPong = kConfig.pingpong && kPingPongEnabled;
+  // Each consumer warpgroup computes only the key blocks its own rows see (consumer.cuh, consumer_loop). Off in the
+  // no-warp-specialization ablation: its consumers also carry the loader, and the skipping code spilled there (d128
+  // 36 B, d64 +100 B; ptxas, session 27), while no point of the ablation's grid has a block to skip.
+  static constexpr bool kOwnBlocks = kWarpSpecialized;
   static constexpr int kNumThreads = num_threads(kConfig, kWarpSpecialized);
   static constexpr int kProducerRegs = register_budget(kConfig).producer;
   static constexpr int kConsumerRegs = register_budget(kConfig).consumer;
