@@ -312,7 +312,7 @@ __device__ __forceinline__ void consumer_loop(const AttnParams& p, const SmemMap
         compute = own.end > own.begin;
       }
       if (compute) {
-        const int lead = range.end - own.end, n_own = own.end - own.begin;
+        const int lead = range.end - own.end, n_own = own.end - own.begin, trail = own.begin - range.begin;
         if constexpr (T::kMasked && T::kOwnBlocks) skip_steps<T>(sm, loads, turn, kv_iter, lead, lane);
         // Softcap / ALiBi: their key loop is its own copy, so the plain loop carries none of their code.
         const ScoreMods mods = score_mods(p, tc.batch, tc.head, seq.seqlen_q, seq.seqlen_k);
@@ -324,7 +324,7 @@ __device__ __forceinline__ void consumer_loop(const AttnParams& p, const SmemMap
                                  p.scale_log2, wg_row0, tid, wg, o, rows);
         }
         if constexpr (T::kMasked && T::kOwnBlocks) {
-          skip_steps<T>(sm, loads, turn, kv_iter + lead + n_own, own.begin - range.begin, lane);
+          skip_steps<T>(sm, loads, turn, kv_iter + lead + n_own, trail, lane);
         }
       } else {  // none of the CTA's key blocks is this warpgroup's
         skip_steps<T>(sm, loads, turn, kv_iter, n_tiles, lane);
