@@ -173,6 +173,10 @@ def test_v3_tiles_match_tile_config_h():
         found[int(bound.group(1)) if bound else 256] = (unmasked, masked)
     assert found == io_model.V3_FWD_TILES
     assert io_model.tiles("v3", "fwd", 128, causal=False) == (128, 176)
+    assert int(re.search(r"kShortKeysMaskedTile = (\d+);", text).group(1)) == io_model.V3_SHORT_KEYS_MASKED_TILE
+    assert io_model.tiles("v3", "fwd", 128, causal=False, seqlen_k=2048) == (128, 128)
+    assert io_model.tiles("v3", "fwd", 128, causal=False, seqlen_k=2049) == (128, 176)
+    assert io_model.tiles("v3", "fwd", 64, causal=False, seqlen_k=512) == (192, 128)
     assert io_model.tiles("v3", "fwd", 128, causal=True) == (128, 128)
     assert io_model.tiles("v3", "fwd", 64, causal=False) == (192, 128)
 

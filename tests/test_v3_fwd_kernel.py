@@ -67,7 +67,9 @@ def _check(name, out, lse, q, k, v, **ref_kw):
 
 
 # ---- shapes: adversarial seqlens, every bucket, head dims between buckets ----
-SHAPES = [(1, 1), (239, 1), (113, 203), (1023, 1024), (128, 64), (300, 100), (17, 1025)]
+# Without a window, key ranges up to tile_config.h's kShortKeysMaskedTile (2048) run the masked instance where its
+# tile differs (d96 / d128); 77 x 4097 keeps the unmasked one covered (4097 = 23 x 176 + 49 keys).
+SHAPES = [(1, 1), (239, 1), (113, 203), (1023, 1024), (128, 64), (300, 100), (17, 1025), (77, 4097)]
 
 
 @pytest.mark.parametrize("dtype_name", list(DTYPES))
@@ -87,12 +89,15 @@ def test_shapes(dtype_name, head_dim, seqlens, causal):
 
 @pytest.mark.parametrize("head_dim", [64, 128, 256])
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
-def test_persistent_many_tiles(head_dim, causal):
+@pytest.mark.parametrize("seqlen_k", [2001, 2600])
+def test_persistent_many_tiles(head_dim, causal, seqlen_k):
     """More tiles than SMs (2 x 12 heads x 16 query blocks = 384 on 132 CTAs): each CTA runs several tiles, so the
-    ring's phases and the Q barrier carry across tiles of different lengths."""
+    ring's phases and the Q barrier carry across tiles of different lengths. 2600 keys: past kShortKeysMaskedTile,
+    so d128 without a window runs its unmasked instance (2001 runs the masked one)."""
     _need("bf16", head_dim)
     torch.manual_seed(1)
-    q, k, v = (_randn(2, 2001, 12, head_dim, dtype=torch.bfloat16) for _ in range(3))
+    q = _randn(2, 2001, 12, head_dim, dtype=torch.bfloat16)
+    k, v = (_randn(2, seqlen_k, 12, head_dim, dtype=torch.bfloat16) for _ in range(2))
     window = (-1, 0) if causal else (-1, -1)
     out, lse = _run(q, k, v, window_size=window)
     _check(f"persistent d{head_dim} causal={causal}", out, lse, q, k, v, causal=causal)

@@ -44,6 +44,17 @@ constexpr TileConfig tile_config(int head_dim, bool masked) {
   return {2, 80, 2, false};
 }
 
+// Launches without a window whose keys fit kShortKeysMaskedTile take the masked instance's tile where it differs
+// (d128: 128 keys instead of 176; v3_api.cu fwd). A tile's fixed cost (S_0 and its softmax with nothing of the
+// warpgroup's own under them, the closing P V, the epilogue) grows with its key block, and the last block of a short
+// sequence is partly past it (512 keys in 3 x 176 = 528 columns): d128 512 / 1k / 2k full +6.5 / +3 / +2.3%, 4k -0.8%
+// (bench/NOTES.md session 29). cuDNN's kernel at d128 512 full is a 128 x 128 tile as well.
+constexpr int kShortKeysMaskedTile = 2048;
+constexpr bool fwd_masked_instance(int head_dim_bucket, bool window, int seqlen_k) {
+  return window || (seqlen_k <= kShortKeysMaskedTile &&
+                    tile_config(head_dim_bucket, false).block_n != tile_config(head_dim_bucket, true).block_n);
+}
+
 // ---- ablation switches (FA3 paper Sec. 4.3): compile definitions, 1 (on) unless a measurement turns one off
 // (tools/ablate_v3.sh builds one module per switch and times each against the default in one device call) ----
 #ifndef FLASHGEN_V3_PINGPONG

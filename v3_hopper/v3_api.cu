@@ -231,7 +231,8 @@ Status fwd(const AttnParams& p, void* stream) {
   const int64_t k_rows = p.cu_seqlens_k ? p.total_k : p.seqlen_k;
   const int64_t k_batches = p.cu_seqlens_k ? 1 : (p.kv_batch_idx ? p.batch_k : p.batch);
   FwdLaunch launch;
-  launch.masked = p.window_left >= 0 || p.window_right >= 0;
+  // a window, or a short key range where the masked instance's tile is the faster one (tile_config.h)
+  launch.masked = fwd_masked_instance(bucket, p.window_left >= 0 || p.window_right >= 0, p.seqlen_k);
   const TileConfig tile = tile_config(bucket, launch.masked);
   const int tile_rows = block_m(tile);
   const int64_t tiles = static_cast<int64_t>(ceil_div(p.seqlen_q, tile_rows)) * p.num_heads * p.batch;

@@ -61,6 +61,7 @@ V2_BUCKETS = (64, 128, 256)
 V3_WARPGROUP_ROWS = 64      # kWarpgroupRows
 V3_FWD_TILES = {64: ((3, 128), (3, 128)), 128: ((2, 176), (2, 128)), 192: ((2, 112), (2, 112)),
                 256: ((2, 80), (2, 80))}
+V3_SHORT_KEYS_MASKED_TILE = 2048   # kShortKeysMaskedTile: no window and at most this many keys -> the masked tile
 V3_BWD_TILE = (64, 128)
 V3_BWD_SPLIT_TILE = (64, 64)        # the split layout of the buckets from kBwdSplitMinHeadDim up
 V3_BWD_SPLIT_MIN_HEAD_DIM = 160     # kBwdSplitMinHeadDim
@@ -105,10 +106,11 @@ def v1_block_sizes(head_dim: int, sram_bytes: Optional[int] = None) -> Tuple[int
 
 
 def tiles(generation: str, pass_: str, head_dim: int, causal: bool,
-          v1_sram: Optional[int] = None) -> Optional[Tuple[int, int]]:
+          v1_sram: Optional[int] = None, seqlen_k: Optional[int] = None) -> Optional[Tuple[int, int]]:
     """(block_m, block_n) = (query rows, keys) per tile of `generation`'s 'fwd' or 'bwd' pass; None when not modelled
     (unknown generation, head dim outside its buckets). v1_sram: v1's M in bytes
-    (default v1_sram_bytes())."""
+    (default v1_sram_bytes()). seqlen_k: v3's forward takes the masked instance's tile for short key ranges
+    (tile_config.h fwd_masked_instance); None models a long one."""
     if generation == "v1":
         return v1_block_sizes(head_dim, v1_sram) if _bucket(head_dim, V1_BUCKETS) else None
     if generation == "v2":
@@ -123,7 +125,8 @@ def tiles(generation: str, pass_: str, head_dim: int, causal: bool,
                 return None
             # the launch picks by bucket (v3_api.cu: bwd_tile_config(bucket)), so d136 takes d192's split tile
             return V3_BWD_SPLIT_TILE if d >= V3_BWD_SPLIT_MIN_HEAD_DIM else V3_BWD_TILE
-        consumers, block_n = V3_FWD_TILES[d][1 if causal else 0]
+        short = seqlen_k is not None and seqlen_k <= V3_SHORT_KEYS_MASKED_TILE
+        consumers, block_n = V3_FWD_TILES[d][1 if causal or short else 0]
         return consumers * V3_WARPGROUP_ROWS, block_n
     return None
 
@@ -210,7 +213,7 @@ def hbm_bytes(generation: str, cfg: Config, mode: str, v1_sram: Optional[int] = 
     e = ELEMENT_BYTES[cfg.dtype]
     total = 0
     if mode in ("fwd", "fwd+bwd"):
-        t = tiles(generation, "fwd", cfg.head_dim, cfg.causal, v1_sram)
+        t = tiles(generation, "fwd", cfg.head_dim, cfg.causal, v1_sram, seqlen_k=cfg.seqlen_k)
         if t is None:
             return None
         total += _v1_forward(cfg, e, *t) if generation == "v1" else _tiled_forward(cfg, e, *t)
