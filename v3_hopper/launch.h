@@ -15,7 +15,7 @@ namespace v3 {
 struct FwdLaunch {
   CUtensorMap q, k, v;  // 4-D (head_dim, rows, heads, batches) maps, boxes of tile_config.h's tile rows
   int grid;             // CTAs: min(tiles, SMs)
-  bool masked;          // the masked instance (tile_config.h fwd_masked_instance): a window, or short keys
+  bool masked;          // the masked instance: a window, or (16-bit, fwd_masked_instance) short keys
   int block_n = 0;      // FP8: the key tile the K / V maps were made for (fp8_tile_config)
   TileOrder order = {};  // the persistent grid's tile order (tile_config.h make_tile_order, choose_tile_group)
 };
