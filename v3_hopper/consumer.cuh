@@ -230,17 +230,51 @@ __device__ __forceinline__ void consume_tile(const SmemMap<T>& sm, const Loads& 
   }
 }
 
-// O = o / l and LSE for this thread's two rows, rows < seqlen_q only; O as packed pairs (a quad writes 16
-// contiguous bytes of a row per n8 column tile), columns < head_dim only. Every pair is packed before the first
-// store and the column test is a predicate, not a branch: with a branch per store, ptxas gave each pack the
-// register the previous store was still reading, so each F2FP waited on the store before it (long scoreboard), and
-// the epilogue was ~15% of the consumers' samples at 2k causal (bench/NOTES.md session 14).
+// One warpgroup's 64 rows of O through its shared-memory stage (tile_config.h o_through_smem): stmatrix.x4 puts the
+// packed pairs of n8 column tiles j and j + 1 (matrices (j, row half 0), (j, 1), (j + 1, 0), (j + 1, 1)) at their
+// 128-byte-swizzled places, lane l addressing row l % 8 of matrix l / 8; then one TMA store per 64-column chunk
+// (the map drops rows past seqlen_q and columns past head_dim). The stage is reused a tile later: its thread 0
+// waits until its previous stores have read it, before the warpgroup's first barrier.
 template <typename T>
-__device__ __forceinline__ void store_tile(const AttnParams& p, const SeqInfo& seq, const TileCoord& tc,
-                                           const AccCoord& coord, float (&o)[T::kORegs], RowState (&rows)[2],
-                                           int lane) {
+__device__ __forceinline__ void store_o_smem(uint32_t stage, const CUtensorMap* map_o,
+                                             const uint32_t (&packed)[2][T::kHeadDim / 8], int row, int head,
+                                             int batch, int chunks, int tid, int wg) {
+  const int lane = tid % 32, warp = tid / 32, matrix = lane / 8;
+  if (tid == 0) bulk_wait_read();
+  named_sync(kBarrierWarpgroup0 + wg, kWarpgroupThreads);
+  const uint32_t row_addr = stage + (16 * warp + lane % 8 + 8 * (matrix % 2)) * kSwizzleBytes;
+#pragma unroll
+  for (int j = 0; j < T::kHeadDim / 8; j += 2) {
+    const int piece = j % 8 + matrix / 2;  // j is even, so tiles j and j + 1 share a 64-column chunk
+    stmatrix_x4(row_addr + (j / 8) * T::kWarpgroupRowBytes + ((piece ^ (lane % 8)) * 16), packed[0][j],
+                packed[1][j], packed[0][j + 1], packed[1][j + 1]);
+  }
+  fence_proxy_async_smem();  // the generic-proxy writes, visible to the TMA (async proxy) after the barrier
+  named_sync(kBarrierWarpgroup0 + wg, kWarpgroupThreads);
+  if (tid == 0) {
+#pragma unroll
+    for (int c = 0; c < T::kChunks; ++c) {
+      if (c < chunks) tma_store_4d(map_o, stage + c * T::kWarpgroupRowBytes, c * kChunkCols, row, head, batch);
+    }
+    bulk_commit();
+  }
+}
+
+// O = o / l and LSE for this thread's two rows, rows < seqlen_q only. O through shared memory and TMA where the
+// instance has the stage and the warpgroup's 64 rows lie inside the tensor map's rows of this sequence (always
+// without varlen: the map's rows are the batch entry's; with varlen, rows past the sequence's end would be the next
+// sequence's). Otherwise as packed pairs from registers (a quad writes 16 contiguous bytes of a row per n8 column
+// tile), columns < head_dim only. Every pair is packed before the first store and the column test is a predicate,
+// not a branch: with a branch per store, ptxas gave each pack the register the previous store was still reading, so
+// each F2FP waited on the store before it (long scoreboard), and the epilogue was ~15% of the consumers' samples at
+// 2k causal (bench/NOTES.md session 14).
+template <typename T>
+__device__ __forceinline__ void store_tile(const AttnParams& p, const SmemMap<T>& sm, const CUtensorMap* map_o,
+                                           const SeqInfo& seq, const TileCoord& tc, const AccCoord& coord,
+                                           int wg_row0, float (&o)[T::kORegs], RowState (&rows)[2], int tid, int wg) {
   using Element = typename T::Element;
   constexpr int kPairs = T::kHeadDim / 8;  // n8 column tiles: one packed pair per row half each
+  const int lane = tid % 32;
   finalize_rows<T::kHeadDim>(o, rows);
   uint32_t packed[2][kPairs];
 #pragma unroll
@@ -251,6 +285,18 @@ __device__ __forceinline__ void store_tile(const AttnParams& p, const SeqInfo& s
     }
   }
   float* g_lse = p.lse + lse_offset(p, seq, tc.batch, tc.head);  // (seqlen_q,) of this (batch, head)
+  if constexpr (T::kOThroughSmem) {
+    if (p.cu_seqlens_q == nullptr || wg_row0 + kWarpgroupRows <= seq.seqlen_q) {
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        const int row = coord.row(half);
+        if (row < seq.seqlen_q && lane % 4 == 0) g_lse[row] = rows[half].lse(p.scale_log2);
+      }
+      store_o_smem<T>(sm.o(wg), map_o, packed, static_cast<int>(seq.q_row0) + wg_row0, tc.head,
+                      p.cu_seqlens_q ? 0 : tc.batch, ceil_div(p.head_dim, kChunkCols), tid, wg);
+      return;
+    }
+  }
   Element* g_o = static_cast<Element*>(p.o) + seq.o_offset + tc.head * p.o_head_stride + coord.col0;
   const bool all_cols = p.head_dim >= T::kHeadDim;
 #pragma unroll
@@ -268,7 +314,7 @@ __device__ __forceinline__ void store_tile(const AttnParams& p, const SeqInfo& s
 
 template <typename T, typename Loads>
 __device__ __forceinline__ void consumer_loop(const AttnParams& p, const SmemMap<T>& sm, const Loads& loads,
-                                              const TileScheduler& sched, int wg) {
+                                              const TileScheduler& sched, const CUtensorMap* map_o, int wg) {
   const int tid = threadIdx.x % kWarpgroupThreads, lane = tid % 32;
   const PingPong<T> turn{wg};
   const uint64_t desc_q = smem_desc(sm.q() + wg * T::kWarpgroupRowBytes, kKMajorLbo, kSwizzleAtomBytes);
@@ -338,7 +384,10 @@ __device__ __forceinline__ void consumer_loop(const AttnParams& p, const SmemMap
       ++q_iter;
     }
     const AccCoord coord{wg_row0 + 16 * (tid / 32) + lane / 4, 2 * (lane % 4)};
-    store_tile<T>(p, seq, tc, coord, o, rows, lane);
+    store_tile<T>(p, sm, map_o, seq, tc, coord, wg_row0, o, rows, tid, wg);
+  }
+  if constexpr (T::kOThroughSmem) {
+    if (tid == 0) bulk_wait_all();  // the last stores have read the stage before the CTA's shared memory goes
   }
 }
 

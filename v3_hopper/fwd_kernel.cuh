@@ -41,7 +41,7 @@ template <typename T>
 __global__ void __launch_bounds__(T::kNumThreads, 1)
     fwd_kernel(const __grid_constant__ AttnParams p, const __grid_constant__ CUtensorMap map_q,
                const __grid_constant__ CUtensorMap map_k, const __grid_constant__ CUtensorMap map_v,
-               TileOrder order) {
+               const __grid_constant__ CUtensorMap map_o, TileOrder order) {
   extern __shared__ __align__(kSwizzleAtomBytes) unsigned char smem_raw[];
   const uint32_t raw = smem_u32(smem_raw);
   const SmemMap<T> sm{(raw + kSwizzleAtomBytes - 1) & ~static_cast<uint32_t>(kSwizzleAtomBytes - 1)};
@@ -60,6 +60,7 @@ __global__ void __launch_bounds__(T::kNumThreads, 1)
     prefetch_tensor_map(&map_q);
     prefetch_tensor_map(&map_k);
     prefetch_tensor_map(&map_v);
+    if constexpr (T::kOThroughSmem) prefetch_tensor_map(&map_o);
   }
   if (chunks < T::kChunks) zero_unused_chunks<T>(sm, chunks);
   __syncthreads();
@@ -71,7 +72,7 @@ __global__ void __launch_bounds__(T::kNumThreads, 1)
   if constexpr (!kWarpSpecialized) {  // ablation (tile_config.h): the consumers' first thread issues the loads
     Loader<T> loader{p, FwdMaps{&map_q, &map_k, &map_v}, sm, sched, chunks};
     const InlineLoads<T> loads{loader, threadIdx.x == 0};
-    consumer_loop<T>(p, sm, loads, sched, warpgroup);
+    consumer_loop<T>(p, sm, loads, sched, &map_o, warpgroup);
     if (threadIdx.x == 0) {
       while (loader.template step<true>()) {  // nothing is left by then (every load was one this warpgroup used)
       }
@@ -81,7 +82,7 @@ __global__ void __launch_bounds__(T::kNumThreads, 1)
     if (threadIdx.x == 0) producer_loop<T>(p, FwdMaps{&map_q, &map_k, &map_v}, sm, sched, chunks);
   } else {
     setmaxnreg_inc<T::kConsumerRegs>();
-    consumer_loop<T>(p, sm, ProducerLoads{}, sched, warpgroup - 1);
+    consumer_loop<T>(p, sm, ProducerLoads{}, sched, &map_o, warpgroup - 1);
   }
 }
 

@@ -88,7 +88,12 @@ struct FwdTraits {
   static constexpr int kOffQ = 0;
   static constexpr int kOffK = kOffQ + kTileBytesQ;
   static constexpr int kOffV = kOffK + kStages * kTileBytesKV;
-  static constexpr int kOffBarriers = kOffV + kStages * kTileBytesKV;
+  // O's stage (tile_config.h o_through_smem): per consumer warpgroup kChunks chunks of 64 rows x 128 bytes, the
+  // layout the O tensor map's 128-byte swizzle reads.
+  static constexpr bool kOThroughSmem = o_through_smem(kConfig, kHeadDim);
+  static constexpr int kWarpgroupBytesO = kChunks * kWarpgroupRowBytes;
+  static constexpr int kOffO = kOffV + kStages * kTileBytesKV;
+  static constexpr int kOffBarriers = kOffO + (kOThroughSmem ? kConsumers * kWarpgroupBytesO : 0);
   static constexpr int kSmemBytes = smem_bytes(kConfig, kHeadDim);
 
   static_assert(kHeadDim % kChunkCols == 0, "the head-dim bucket must be whole 128-byte swizzle chunks");
@@ -110,6 +115,7 @@ struct SmemMap {
   __device__ __forceinline__ uint32_t q() const { return base + T::kOffQ; }
   __device__ __forceinline__ uint32_t k(int stage) const { return base + T::kOffK + stage * T::kTileBytesKV; }
   __device__ __forceinline__ uint32_t v(int stage) const { return base + T::kOffV + stage * T::kTileBytesV; }
+  __device__ __forceinline__ uint32_t o(int wg) const { return base + T::kOffO + wg * T::kWarpgroupBytesO; }
   __device__ __forceinline__ uint32_t bar(int i) const { return base + T::kOffBarriers + i * kBarrierBytes; }
   __device__ __forceinline__ uint32_t q_full() const { return bar(0); }
   __device__ __forceinline__ uint32_t q_empty() const { return bar(1); }

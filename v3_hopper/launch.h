@@ -14,6 +14,7 @@ namespace v3 {
 
 struct FwdLaunch {
   CUtensorMap q, k, v;  // 4-D (head_dim, rows, heads, batches) maps, boxes of tile_config.h's tile rows
+  CUtensorMap o;        // the 16-bit instances' output map, boxes of 64 rows (tile_config.h o_through_smem)
   int grid;             // CTAs: min(tiles, SMs)
   bool masked;          // the masked instance: a window, or (16-bit, fwd_masked_instance) short keys
   int block_n = 0;      // FP8: the key tile the K / V maps were made for (fp8_tile_config)

@@ -109,11 +109,32 @@ constexpr bool budget_fits(const TileConfig& c) {
 constexpr int barrier_count(int stages) { return 2 + 4 * stages; }
 constexpr int kBarrierBytes = 8;
 
-// Shared memory of one CTA: Q + stages x (K + V) tiles, the mbarriers, and slack to align the base to the swizzle
-// atom (the dynamic shared-memory base is only guaranteed 16-byte alignment).
-constexpr int smem_bytes(const TileConfig& c, int head_dim_bucket) {
+// Shared memory of the key loop: Q + stages x (K + V) tiles, the mbarriers, and slack to align the base to the
+// swizzle atom (the dynamic shared-memory base is only guaranteed 16-byte alignment).
+constexpr int smem_bytes_mainloop(const TileConfig& c, int head_dim_bucket) {
   return (block_m(c) + 2 * c.stages * c.block_n) * head_dim_bucket * kElementBytes +
          barrier_count(c.stages) * kBarrierBytes + kSwizzleAtomBytes;
+}
+// O leaves through shared memory and TMA stores (FA3's and cuDNN's epilogue: stmatrix into a 128-byte-swizzled
+// stage, one bulk store per 64-column chunk and warpgroup) where the tile leaves room for a (block_m, head_dim)
+// stage beside Q and the K/V ring: d64 (120 + 24 KB) and d128's masked instance (160 + 32 KB). The 176-key d128,
+// d192 and d256 tiles fill 213-224 KB; there, and for a varlen warpgroup whose rows cross its sequence's end, O goes
+// out from registers as 4-byte global stores (consumer.cuh store_tile). Against those stores (session 30, 3 rounds,
+// cuDNN in each row): d128 512-1k +5-7%, 2k +3-4.5%, 8k causal +1%; d64 512-1k +1.5-3.5%, 8k -0.5%.
+#ifndef FLASHGEN_V3_TMA_STORE_O
+#define FLASHGEN_V3_TMA_STORE_O 1
+#endif
+constexpr int o_stage_bytes(const TileConfig& c, int head_dim_bucket) {
+  return block_m(c) * head_dim_bucket * kElementBytes;
+}
+constexpr bool o_through_smem(const TileConfig& c, int head_dim_bucket) {
+  return FLASHGEN_V3_TMA_STORE_O != 0 &&
+         smem_bytes_mainloop(c, head_dim_bucket) + o_stage_bytes(c, head_dim_bucket) <= kMaxSmemPerBlock;
+}
+// Shared memory of one CTA.
+constexpr int smem_bytes(const TileConfig& c, int head_dim_bucket) {
+  return smem_bytes_mainloop(c, head_dim_bucket) +
+         (o_through_smem(c, head_dim_bucket) ? o_stage_bytes(c, head_dim_bucket) : 0);
 }
 
 constexpr bool config_ok(int head_dim_bucket, bool masked) {

@@ -255,6 +255,13 @@ Status fwd(const AttnParams& p, void* stream) {
                     p.v_head_stride, p.v_batch_stride, tile.block_n);
     if (!st.is_ok()) return st;
   }
+  if (o_through_smem(tile, bucket)) {  // each consumer warpgroup stores its 64 rows (consumer.cuh store_o_smem)
+    st = encode_map(&launch.o, "out", p.o, p.dtype, p.head_dim, q_rows, p.num_heads, q_batches, p.o_row_stride,
+                    p.o_head_stride, p.o_batch_stride, kWarpgroupRows);
+    if (!st.is_ok()) return st;
+  } else {
+    launch.o = launch.q;  // never read: the instance stores O from registers
+  }
   // One CTA per SM (384-512 threads, 120-225 KB), or one per tile when the persistent grid is ablated.
   const int64_t slots = !kPersistentGrid ? tiles : (p.num_sms > 0 ? p.num_sms : num_sms);
   launch.grid = static_cast<int>(tiles < slots ? tiles : slots);
