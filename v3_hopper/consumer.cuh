@@ -234,7 +234,7 @@ __device__ __forceinline__ void consume_tile(const SmemMap<T>& sm, const Loads& 
 // packed pairs of n8 column tiles j and j + 1 (matrices (j, row half 0), (j, 1), (j + 1, 0), (j + 1, 1)) at their
 // 128-byte-swizzled places, lane l addressing row l % 8 of matrix l / 8; then one TMA store per 64-column chunk
 // (the map drops rows past seqlen_q and columns past head_dim). The stage is reused a tile later: its thread 0
-// waits until its previous stores have read it, before the warpgroup's first barrier.
+// waits until its previous stores have read it, before the warpgroup's first barrier. The FP8 forward's too.
 template <typename T>
 __device__ __forceinline__ void store_o_smem(uint32_t stage, const CUtensorMap* map_o,
                                              const uint32_t (&packed)[2][T::kHeadDim / 8], int row, int head,
@@ -253,7 +253,7 @@ __device__ __forceinline__ void store_o_smem(uint32_t stage, const CUtensorMap* 
   named_sync(kBarrierWarpgroup0 + wg, kWarpgroupThreads);
   if (tid == 0) {
 #pragma unroll
-    for (int c = 0; c < T::kChunks; ++c) {
+    for (int c = 0; c < T::kHeadDim / kChunkCols; ++c) {
       if (c < chunks) tma_store_4d(map_o, stage + c * T::kWarpgroupRowBytes, c * kChunkCols, row, head, batch);
     }
     bulk_commit();

@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <string>
 
+#include "common/host_checks.h"
 #include "common/mask.h"
 #include "common/params.h"
 #include "common/status.h"
@@ -212,6 +213,14 @@ Status fwd_fp8(const AttnParams& p, void* stream) {
   const int slots = p.num_sms > 0 ? p.num_sms : num_sms;
   launch.grid = static_cast<int>(tiles < slots ? tiles : slots);
   launch.order = launch_tile_order(p, tile_rows, /*element_bytes=*/1, launch.grid);
+  // O through shared memory and TMA where the tile has room and `out` suits TMA; else the kernel stores pairs
+  launch.o_tma = fp8_o_through_smem(tile, bucket) &&
+                 check_rows_aligned("v3 (TMA)", "out", p.o, p.o_batch_stride, p.o_row_stride, p.o_head_stride).is_ok();
+  launch.o = launch.q;
+  if (launch.o_tma) {
+    st = encode_output_map(&launch.o, p, p.out_dtype);
+    if (!st.is_ok()) return st;
+  }
 
   cudaStream_t cuda_stream = static_cast<cudaStream_t>(stream);
 #define FG_FP8_LAUNCH(kind, dt, hd)                                                                   \

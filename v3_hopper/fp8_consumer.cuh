@@ -162,14 +162,35 @@ __device__ __forceinline__ void consume_tile_fp8(const SmemMap<T>& sm, const Pin
 }
 
 // O = o * v_descale / l in out_dtype and LSE (scale_log2 as the softmax used it), rows < seqlen_q, columns <
-// head_dim; 4-byte packed pairs as store_tile.
+// head_dim: through the shared-memory stage and TMA stores where store_tile takes them (and the host could make the
+// O map: `o_tma`), else 4-byte packed pairs as store_tile's register path.
 template <typename T, typename OutTag>
-__device__ __forceinline__ void store_tile_fp8(const AttnParams& p, const SeqInfo& seq, const TileCoord& tc,
-                                               const AccCoord& coord, float (&o)[T::kORegs], RowState (&rows)[2],
-                                               float scale_log2, float v_descale, int lane) {
+__device__ __forceinline__ void store_tile_fp8(const AttnParams& p, const SmemMap<T>& sm, const CUtensorMap* map_o,
+                                               bool o_tma, const SeqInfo& seq, const TileCoord& tc,
+                                               const AccCoord& coord, int wg_row0, float (&o)[T::kORegs],
+                                               RowState (&rows)[2], float scale_log2, float v_descale, int tid,
+                                               int wg) {
   using Out = typename OutTag::type;
+  const int lane = tid % 32;
   finalize_rows<T::kHeadDim>(o, rows);
   float* g_lse = p.lse + lse_offset(p, seq, tc.batch, tc.head);
+  if constexpr (T::kOThroughSmem) {
+    if (o_tma && (p.cu_seqlens_q == nullptr || wg_row0 + kWarpgroupRows <= seq.seqlen_q)) {
+      uint32_t packed[2][T::kHeadDim / 8];
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        const int row = coord.row(half);
+        if (row < seq.seqlen_q && lane % 4 == 0) g_lse[row] = rows[half].lse(scale_log2);
+#pragma unroll
+        for (int j = 0; j < T::kHeadDim / 8; ++j) {
+          packed[half][j] = pack2<OutTag>(o[4 * j + 2 * half] * v_descale, o[4 * j + 2 * half + 1] * v_descale);
+        }
+      }
+      store_o_smem<T>(sm.o(wg), map_o, packed, static_cast<int>(seq.q_row0) + wg_row0, tc.head,
+                      p.cu_seqlens_q ? 0 : tc.batch, ceil_div(p.head_dim, kChunkCols), tid, wg);
+      return;
+    }
+  }
   Out* g_o = static_cast<Out*>(p.o) + seq.o_offset + tc.head * p.o_head_stride + coord.col0;
 #pragma unroll
   for (int half = 0; half < 2; ++half) {
@@ -187,7 +208,8 @@ __device__ __forceinline__ void store_tile_fp8(const AttnParams& p, const SeqInf
 }
 
 template <typename T>
-__device__ void fp8_consumer_loop(const AttnParams& p, const SmemMap<T>& sm, const TileScheduler& sched, int wg) {
+__device__ void fp8_consumer_loop(const AttnParams& p, const SmemMap<T>& sm, const TileScheduler& sched,
+                                  const CUtensorMap* map_o, bool o_tma, int wg) {
   const int tid = threadIdx.x % kWarpgroupThreads, lane = tid % 32;
   const PingPong<T> turn{wg};
   const uint64_t desc_q = smem_desc(sm.q() + wg * T::kWarpgroupRowBytes, kKMajorLbo, kSwizzleAtomBytes);
@@ -237,10 +259,15 @@ __device__ void fp8_consumer_loop(const AttnParams& p, const SmemMap<T>& sm, con
     }
     const AccCoord coord{wg_row0 + 16 * (tid / 32) + lane / 4, 2 * (lane % 4)};
     if (out_bf16) {
-      store_tile_fp8<T, dtype::bf16>(p, seq, tc, coord, o, rows, scale_log2, descale.v, lane);
+      store_tile_fp8<T, dtype::bf16>(p, sm, map_o, o_tma, seq, tc, coord, wg_row0, o, rows, scale_log2, descale.v,
+                                     tid, wg);
     } else {
-      store_tile_fp8<T, dtype::fp16>(p, seq, tc, coord, o, rows, scale_log2, descale.v, lane);
+      store_tile_fp8<T, dtype::fp16>(p, sm, map_o, o_tma, seq, tc, coord, wg_row0, o, rows, scale_log2, descale.v,
+                                     tid, wg);
     }
+  }
+  if constexpr (T::kOThroughSmem) {
+    if (tid == 0) bulk_wait_all();  // the last stores have read the stage before the CTA's shared memory goes
   }
 }
 

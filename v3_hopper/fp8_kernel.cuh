@@ -42,7 +42,7 @@ template <typename T>
 __global__ void __launch_bounds__(T::kNumThreads, 1)
     fp8_fwd_kernel(const __grid_constant__ AttnParams p, const __grid_constant__ CUtensorMap map_q,
                    const __grid_constant__ CUtensorMap map_k, const __grid_constant__ CUtensorMap map_v,
-                   TileOrder order) {
+                   const __grid_constant__ CUtensorMap map_o, bool o_tma, TileOrder order) {
   extern __shared__ __align__(kSwizzleAtomBytes) unsigned char smem_raw[];
   const uint32_t raw = smem_u32(smem_raw);
   const SmemMap<T> sm{(raw + kSwizzleAtomBytes - 1) & ~static_cast<uint32_t>(kSwizzleAtomBytes - 1)};
@@ -62,6 +62,7 @@ __global__ void __launch_bounds__(T::kNumThreads, 1)
     prefetch_tensor_map(&map_q);
     prefetch_tensor_map(&map_k);
     prefetch_tensor_map(&map_v);
+    if (T::kOThroughSmem && o_tma) prefetch_tensor_map(&map_o);
   }
   if (chunks < T::kChunks) zero_unused_chunks_fp8<T>(sm, chunks);
   __syncthreads();
@@ -74,7 +75,7 @@ __global__ void __launch_bounds__(T::kNumThreads, 1)
     fp8_producer_loop<T>(p, FwdMaps{&map_q, &map_k, &map_v}, sm, sched, chunks, threadIdx.x);
   } else {
     setmaxnreg_inc<T::kConsumerRegs>();
-    fp8_consumer_loop<T>(p, sm, sched, warpgroup - 1);
+    fp8_consumer_loop<T>(p, sm, sched, &map_o, o_tma, warpgroup - 1);
   }
 }
 
@@ -89,7 +90,8 @@ Status launch_fp8_kernel(const AttnParams& p, const FwdLaunch& launch, cudaStrea
   if (err != cudaSuccess) {
     return Status::runtime(std::string("v3 fp8 forward: cudaFuncSetAttribute: ") + cudaGetErrorString(err));
   }
-  kernel<<<launch.grid, T::kNumThreads, T::kSmemBytes, stream>>>(p, launch.q, launch.k, launch.v, launch.order);
+  kernel<<<launch.grid, T::kNumThreads, T::kSmemBytes, stream>>>(p, launch.q, launch.k, launch.v, launch.o,
+                                                                  launch.o_tma, launch.order);
   err = cudaGetLastError();
   if (err != cudaSuccess) return Status::runtime(std::string("v3 fp8 forward launch: ") + cudaGetErrorString(err));
   return Status::ok();

@@ -65,7 +65,11 @@ struct Fp8FwdTraits {
   static constexpr int kOffK = kOffQ + kTileBytesQ;
   static constexpr int kOffV = kOffK + kStages * kTileBytesKV;
   static constexpr int kOffVRaw = kOffV + kStages * kTileBytesVt;
-  static constexpr int kOffBarriers = kOffVRaw + kRawStages * kTileBytesKV;
+  // O's 16-bit stage (fp8_config.h fp8_o_through_smem), laid out as the 16-bit forward's (FwdTraits::kOffO)
+  static constexpr bool kOThroughSmem = fp8_o_through_smem(kConfig, kHeadDim);
+  static constexpr int kWarpgroupBytesO = kHeadDim / kChunkCols * kWarpgroupRowBytes;
+  static constexpr int kOffO = kOffVRaw + kRawStages * kTileBytesKV;
+  static constexpr int kOffBarriers = kOffO + (kOThroughSmem ? kConsumers * kWarpgroupBytesO : 0);
   static constexpr int kSmemBytes = fp8_smem_bytes(kConfig, kHeadDim);
 
   // The transpose: a unit is 4 keys x 16 head-dim columns (4 x 16-byte loads, 16 x 4-byte stores); a warp's 32

@@ -91,7 +91,7 @@ struct FwdTraits {
   // O's stage (tile_config.h o_through_smem): per consumer warpgroup kChunks chunks of 64 rows x 128 bytes, the
   // layout the O tensor map's 128-byte swizzle reads.
   static constexpr bool kOThroughSmem = o_through_smem(kConfig, kHeadDim);
-  static constexpr int kWarpgroupBytesO = kChunks * kWarpgroupRowBytes;
+  static constexpr int kWarpgroupBytesO = kHeadDim / kChunkCols * kWarpgroupRowBytes;
   static constexpr int kOffO = kOffV + kStages * kTileBytesKV;
   static constexpr int kOffBarriers = kOffO + (kOThroughSmem ? kConsumers * kWarpgroupBytesO : 0);
   static constexpr int kSmemBytes = smem_bytes(kConfig, kHeadDim);

@@ -14,7 +14,8 @@ namespace v3 {
 
 struct FwdLaunch {
   CUtensorMap q, k, v;  // 4-D (head_dim, rows, heads, batches) maps, boxes of tile_config.h's tile rows
-  CUtensorMap o;        // the 16-bit instances' output map, boxes of 64 rows (tile_config.h o_through_smem)
+  CUtensorMap o;        // the output map (16-bit), boxes of 64 rows (tile_config.h o_through_smem)
+  bool o_tma = false;   // FP8: `o` was made (the output's pointer and strides suit TMA); the 16-bit forward requires it
   int grid;             // CTAs: min(tiles, SMs)
   bool masked;          // the masked instance: a window, or (16-bit, fwd_masked_instance) short keys
   int block_n = 0;      // FP8: the key tile the K / V maps were made for (fp8_tile_config)
@@ -25,6 +26,11 @@ struct FwdLaunch {
 // choose_tile_group's group, remembered for the last few shapes (it simulates the order on the host, up to ~1 ms for
 // the largest of the bench grid's shapes; a model repeats the same few). element_bytes: of q, k, v (2, or 1 for FP8).
 TileOrder launch_tile_order(const AttnParams& p, int block_m, int element_bytes, int grid);
+
+// The map of the forwards' TMA stores of O (16-bit `dtype`): O's rows as Q's (varlen stacked), boxes of one consumer
+// warpgroup's 64 rows and 64 columns (consumer.cuh store_o_smem). Needs `out` 16-byte aligned with strides of
+// multiples of 8 elements (host_checks.h check_rows_aligned).
+Status encode_output_map(CUtensorMap* map, const AttnParams& p, DType dtype);
 
 template <typename Tag, int kHeadDim>
 Status launch_fwd(const AttnParams& p, const FwdLaunch& launch, cudaStream_t stream);

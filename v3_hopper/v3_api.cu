@@ -192,6 +192,12 @@ Status check_fwd(const AttnParams& p, int* bucket) {
 
 }  // namespace
 
+Status encode_output_map(CUtensorMap* map, const AttnParams& p, DType dtype) {
+  const int64_t rows = p.cu_seqlens_q ? p.total_q : p.seqlen_q, batches = p.cu_seqlens_q ? 1 : p.batch;
+  return encode_map(map, "out", p.o, dtype, p.head_dim, rows, p.num_heads, batches, p.o_row_stride, p.o_head_stride,
+                    p.o_batch_stride, kWarpgroupRows);
+}
+
 TileOrder launch_tile_order(const AttnParams& p, int block_m, int element_bytes, int grid) {
   const bool heavy_first = p.window_left < 0 && p.window_right >= 0;
   const int heads_batches = p.num_heads * p.batch, num_m_blocks = ceil_div(p.seqlen_q, block_m);
@@ -256,9 +262,9 @@ Status fwd(const AttnParams& p, void* stream) {
     if (!st.is_ok()) return st;
   }
   if (o_through_smem(tile, bucket)) {  // each consumer warpgroup stores its 64 rows (consumer.cuh store_o_smem)
-    st = encode_map(&launch.o, "out", p.o, p.dtype, p.head_dim, q_rows, p.num_heads, q_batches, p.o_row_stride,
-                    p.o_head_stride, p.o_batch_stride, kWarpgroupRows);
+    st = encode_output_map(&launch.o, p, p.dtype);
     if (!st.is_ok()) return st;
+    launch.o_tma = true;
   } else {
     launch.o = launch.q;  // never read: the instance stores O from registers
   }
