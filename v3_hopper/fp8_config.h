@@ -37,26 +37,13 @@ constexpr Fp8TileConfig fp8_tile_config(int head_dim, bool wide = false) {
 }
 
 // The wide tile where a query row sees at least kFp8WideMinKeys keys on average (the measured crossing lies
-// between 2k and 4k: 4k full and 8k causal, ~4k keys a row, gain; 2k full and 4k causal lose). Keys a row sees:
-// seqlen_k without a window; causal (bottom-right) about seqlen_k - seqlen_q / 2; a window at most left + right + 1.
-// Host-side (fp8_api.cu); seqlen_q / seqlen_k are the padded maxima for varlen.
+// between 2k and 4k: 4k full and 8k causal, ~4k keys a row, gain; 2k full and 4k causal lose); keys a row sees:
+// tile_config.h mean_row_keys. Host-side (fp8_api.cu).
 constexpr int64_t kFp8WideMinKeys = 4096;
 constexpr bool fp8_wide_tile(int head_dim_bucket, int64_t seqlen_q, int64_t seqlen_k, int window_left,
                              int window_right) {
-  if (!fp8_has_wide(head_dim_bucket)) return false;
-  int64_t keys = seqlen_k;
-  if (window_right >= 0) {  // right-bounded: the rows' last keys run from seqlen_k - seqlen_q + window_right up
-    const int64_t last_mid = seqlen_k - seqlen_q / 2 + window_right;
-    keys = last_mid < keys ? last_mid : keys;
-  }
-  if (window_left >= 0 && window_right >= 0) {
-    const int64_t span = static_cast<int64_t>(window_left) + window_right + 1;
-    keys = span < keys ? span : keys;
-  } else if (window_left >= 0) {
-    const int64_t span = static_cast<int64_t>(window_left) + seqlen_q / 2 + 1;  // left-bounded only
-    keys = span < keys ? span : keys;
-  }
-  return keys >= kFp8WideMinKeys;
+  return fp8_has_wide(head_dim_bucket) &&
+         mean_row_keys(seqlen_q, seqlen_k, window_left, window_right) >= kFp8WideMinKeys;
 }
 
 constexpr int fp8_vt_chunks(const Fp8TileConfig& c) { return (c.block_n + kFp8KeysPerVtChunk - 1) / kFp8KeysPerVtChunk; }

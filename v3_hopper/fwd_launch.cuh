@@ -31,6 +31,9 @@ Status launch_fwd_kernel(const AttnParams& p, const FwdLaunch& launch, cudaStrea
 
 template <typename Tag, int kHeadDim>
 Status launch_fwd(const AttnParams& p, const FwdLaunch& launch, cudaStream_t stream) {
+  if constexpr (has_short_tile(kHeadDim)) {
+    if (launch.short_tile) return launch_fwd_kernel<FwdTraits<Tag, kHeadDim, true, true>>(p, launch, stream);
+  }
   if (launch.masked) return launch_fwd_kernel<FwdTraits<Tag, kHeadDim, true>>(p, launch, stream);
   return launch_fwd_kernel<FwdTraits<Tag, kHeadDim, false>>(p, launch, stream);
 }

@@ -41,13 +41,15 @@ enum NamedBarrier : int {
 static_assert(kBarrierCount <= 16, "sm_90 has 16 named barriers per CTA");
 
 // kMasked: the instance for launches with a window (causal or local); tile_config.h may give it another tile.
-template <typename Tag_, int kHeadDim_, bool kMasked_>
+// kShortTile: the masked code on tile_config.h's short_tile_config (buckets with has_short_tile only).
+template <typename Tag_, int kHeadDim_, bool kMasked_, bool kShortTile = false>
 struct FwdTraits {
   using Tag = Tag_;
   using Element = typename Tag::type;
   static constexpr int kHeadDim = kHeadDim_;
   static constexpr bool kMasked = kMasked_;
-  static constexpr TileConfig kConfig = tile_config(kHeadDim, kMasked);
+  static_assert(!kShortTile || (kMasked && has_short_tile(kHeadDim)), "the short tile runs the masked code");
+  static constexpr TileConfig kConfig = kShortTile ? short_tile_config(kHeadDim) : tile_config(kHeadDim, kMasked);
   static constexpr int kConsumers = kConfig.consumers;  // consumer warpgroups
   static constexpr int kBlockM = block_m(kConfig);
   static constexpr int kBlockN = kConfig.block_n;

@@ -55,6 +55,43 @@ constexpr bool fwd_masked_instance(int head_dim_bucket, bool window, int seqlen_
                     tile_config(head_dim_bucket, false).block_n != tile_config(head_dim_bucket, true).block_n);
 }
 
+// Keys a query row sees on average: seqlen_k without a window; causal (bottom-right) about seqlen_k - seqlen_q / 2; a
+// window at most left + right + 1 (left-bounded only: left + seqlen_q / 2 + 1). seqlen_q / seqlen_k: the padded maxima
+// for varlen. Host-side tile choices read it (short_tile below, fp8_config.h fp8_wide_tile).
+constexpr int64_t mean_row_keys(int64_t seqlen_q, int64_t seqlen_k, int window_left, int window_right) {
+  int64_t keys = seqlen_k;
+  if (window_right >= 0) {  // right-bounded: the rows' last keys run from seqlen_k - seqlen_q + window_right up
+    const int64_t last_mid = seqlen_k - seqlen_q / 2 + window_right;
+    keys = last_mid < keys ? last_mid : keys;
+  }
+  if (window_left >= 0 && window_right >= 0) {
+    const int64_t span = static_cast<int64_t>(window_left) + window_right + 1;
+    keys = span < keys ? span : keys;
+  } else if (window_left >= 0) {
+    const int64_t span = static_cast<int64_t>(window_left) + seqlen_q / 2 + 1;  // left-bounded only
+    keys = span < keys ? span : keys;
+  }
+  return keys;
+}
+
+// A third tile, with the masked instance's code, for launches whose rows see few keys (v3_api.cu fwd): d256's 80-key
+// tiles leave no room for O's shared-memory stage (o_through_smem), 48 keys do (Q 64 + K / V 96 + O 64 KB), so short
+// rows trade a longer key loop for the TMA store. A/B against the 80-key tiles (session 30, 3 rounds, cuDNN in each
+// row): 512 +16% full / +19% causal, 1k +2.5% / +8%, 2k full -2%, 2k causal +4%, 8k causal -3.5%; so rows that see
+// at most kShortTileMaxRowKeys keys on average take it (1k full, 2k causal).
+constexpr TileConfig short_tile_config(int head_dim) {
+  return head_dim > 192 ? TileConfig{2, 48, 2, false} : tile_config(head_dim, true);
+}
+constexpr bool has_short_tile(int head_dim_bucket) {
+  return short_tile_config(head_dim_bucket).block_n != tile_config(head_dim_bucket, true).block_n;
+}
+constexpr int64_t kShortTileMaxRowKeys = 1024;
+constexpr bool fwd_short_tile(int head_dim_bucket, int64_t seqlen_q, int64_t seqlen_k, int window_left,
+                              int window_right) {
+  return has_short_tile(head_dim_bucket) &&
+         mean_row_keys(seqlen_q, seqlen_k, window_left, window_right) <= kShortTileMaxRowKeys;
+}
+
 // ---- ablation switches (FA3 paper Sec. 4.3): compile definitions, 1 (on) unless a measurement turns one off
 // (tools/ablate_v3.sh builds one module per switch and times each against the default in one device call) ----
 #ifndef FLASHGEN_V3_PINGPONG
@@ -144,6 +181,9 @@ constexpr bool config_ok(int head_dim_bucket, bool masked) {
 static_assert(config_ok(64, false) && config_ok(64, true) && config_ok(128, false) && config_ok(128, true) &&
                   config_ok(192, false) && config_ok(192, true) && config_ok(256, false) && config_ok(256, true),
               "a v3 tile exceeds the shared memory of one CTA or its register budget");
+static_assert(smem_bytes(short_tile_config(256), 256) <= kMaxSmemPerBlock && budget_fits(short_tile_config(256)) &&
+                  o_through_smem(short_tile_config(256), 256) == (FLASHGEN_V3_TMA_STORE_O != 0),
+              "d256's short tile must fit with O's stage: the stage is why it exists");
 
 // ---- persistent tile order (kernel_traits.cuh TileScheduler walks it in rounds of gridDim.x CTAs) ----
 // A tile is (query block m, head_batch = batch * num_heads + head). Without a causal-like mask the query blocks run

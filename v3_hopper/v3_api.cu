@@ -237,9 +237,12 @@ Status fwd(const AttnParams& p, void* stream) {
   const int64_t k_rows = p.cu_seqlens_k ? p.total_k : p.seqlen_k;
   const int64_t k_batches = p.cu_seqlens_k ? 1 : (p.kv_batch_idx ? p.batch_k : p.batch);
   FwdLaunch launch;
-  // a window, or a short key range where the masked instance's tile is the faster one (tile_config.h)
-  launch.masked = fwd_masked_instance(bucket, p.window_left >= 0 || p.window_right >= 0, p.seqlen_k);
-  const TileConfig tile = tile_config(bucket, launch.masked);
+  // a window, or a short key range where the masked instance's tile is the faster one (tile_config.h); rows that see
+  // few keys take the short tile where the bucket has one
+  launch.short_tile = fwd_short_tile(bucket, p.seqlen_q, p.seqlen_k, p.window_left, p.window_right);
+  launch.masked =
+      launch.short_tile || fwd_masked_instance(bucket, p.window_left >= 0 || p.window_right >= 0, p.seqlen_k);
+  const TileConfig tile = launch.short_tile ? short_tile_config(bucket) : tile_config(bucket, launch.masked);
   const int tile_rows = block_m(tile);
   const int64_t tiles = static_cast<int64_t>(ceil_div(p.seqlen_q, tile_rows)) * p.num_heads * p.batch;
   if (q_rows + tile_rows > kTmaMaxCoord || k_rows + kMaxHeadDim > kTmaMaxCoord || tiles > kTmaMaxCoord) {

@@ -72,6 +72,64 @@ struct WgmmaOps<32> {
 #undef FG_V3_WGMMA_RS_32
 };
 template <>
+struct WgmmaOps<48> {
+  static constexpr int kRegs = 24;
+#define FG_V3_WGMMA_SS_48(TYPE) \
+  asm volatile( \
+      "{\n" \
+      ".reg .pred p;\n" \
+      "setp.ne.b32 p, %26, 0;\n" \
+      "wgmma.mma_async.sync.aligned.m64n48k16.f32." TYPE "." TYPE " {" \
+      "%0, %1, %2, %3, %4, %5, %6, %7," \
+      "%8, %9, %10, %11, %12, %13, %14, %15," \
+      "%16, %17, %18, %19, %20, %21, %22, %23" \
+      "}, " \
+      " %24, " \
+      " %25, " \
+      " p, 1, 1, 0, 0;\n" \
+      "}\n" \
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), \
+        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), \
+        "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]) \
+      : "l"(desc_a), "l"(desc_b), "r"(scale_d))
+  template <bool kBf16>
+  static __device__ __forceinline__ void ss(float (&d)[24], uint64_t desc_a, uint64_t desc_b, uint32_t scale_d) {
+    if constexpr (kBf16) {
+      FG_V3_WGMMA_SS_48("bf16");
+    } else {
+      FG_V3_WGMMA_SS_48("f16");
+    }
+  }
+#undef FG_V3_WGMMA_SS_48
+#define FG_V3_WGMMA_RS_48(TYPE) \
+  asm volatile( \
+      "{\n" \
+      ".reg .pred p;\n" \
+      "setp.ne.b32 p, %29, 0;\n" \
+      "wgmma.mma_async.sync.aligned.m64n48k16.f32." TYPE "." TYPE " {" \
+      "%0, %1, %2, %3, %4, %5, %6, %7," \
+      "%8, %9, %10, %11, %12, %13, %14, %15," \
+      "%16, %17, %18, %19, %20, %21, %22, %23" \
+      "}, " \
+      " {%24, %25, %26, %27}, " \
+      " %28, " \
+      " p, 1, 1, 1;\n" \
+      "}\n" \
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), \
+        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), \
+        "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]) \
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(1u))
+  template <bool kBf16>
+  static __device__ __forceinline__ void rs(float (&d)[24], const uint32_t* a, uint64_t desc_b) {
+    if constexpr (kBf16) {
+      FG_V3_WGMMA_RS_48("bf16");
+    } else {
+      FG_V3_WGMMA_RS_48("f16");
+    }
+  }
+#undef FG_V3_WGMMA_RS_48
+};
+template <>
 struct WgmmaOps<64> {
   static constexpr int kRegs = 32;
 #define FG_V3_WGMMA_SS_64(TYPE) \

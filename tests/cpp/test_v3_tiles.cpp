@@ -3,7 +3,8 @@
 // Checked without the header's arithmetic: every tile once; heaviest query block first where ungrouped; the K/V
 // bytes one round touches; and the makespan of a causal launch (work of query block m = m + 1 key tiles, plus a
 // per-tile overhead) against the mean, for the group size the host picks.
-// Also the FP8 forward's choice of key tile (fp8_config.h fp8_wide_tile) at the shapes it was measured on.
+// Also the FP8 forward's choice of key tile (fp8_config.h fp8_wide_tile) and the 16-bit forward's short tile
+// (tile_config.h fwd_short_tile) at the shapes they were measured on.
 // Prints each failure with its values, a final "N passed, N failed" line, and exits non-zero on any failure.
 #include <algorithm>
 #include <cmath>
@@ -178,6 +179,33 @@ void test_fp8_tile_choice() {
         fp8_tile_config(256, true).block_n);
 }
 
+// The 16-bit forward's short tile (tile_config.h fwd_short_tile) at the points measured in session 30
+// (bench/results/v3-dev/2026-12-04-s30-ab-fwd-d256-short-tile.txt): 48 keys won at d256 512 / 1k and 2k causal, lost
+// at 2k full and 8k causal; only d256 has one.
+void test_short_tile_choice() {
+  using flashgen::v3::fwd_short_tile;
+  using flashgen::v3::short_tile_config;
+  struct Case {
+    int head_dim;
+    int64_t seqlen_q, seqlen_k;
+    int window_left, window_right;
+    bool short_tile;
+  };
+  const Case cases[] = {
+      {256, 512, 512, -1, -1, true},   {256, 512, 512, -1, 0, true},    {256, 1024, 1024, -1, -1, true},
+      {256, 1024, 1024, -1, 0, true},  {256, 2048, 2048, -1, -1, false}, {256, 2048, 2048, -1, 0, true},
+      {256, 8192, 8192, -1, 0, false}, {256, 16384, 16384, 255, 0, true}, {256, 1, 8192, -1, 0, false},
+      {128, 512, 512, -1, 0, false},   {64, 512, 512, -1, -1, false},   {192, 512, 512, -1, 0, false},
+  };
+  for (const Case& c : cases) {
+    const bool got = fwd_short_tile(c.head_dim, c.seqlen_q, c.seqlen_k, c.window_left, c.window_right);
+    CHECK(got == c.short_tile, "d%d %lldx%lld window (%d, %d): short tile %d", c.head_dim,
+          static_cast<long long>(c.seqlen_q), static_cast<long long>(c.seqlen_k), c.window_left, c.window_right, got);
+  }
+  CHECK(short_tile_config(256).block_n == 48 && short_tile_config(128).block_n == 128, "block_n %d / %d",
+        short_tile_config(256).block_n, short_tile_config(128).block_n);
+}
+
 }  // namespace
 
 int main() {
@@ -186,5 +214,6 @@ int main() {
   test_group_rule();
   test_locality_and_balance();
   test_fp8_tile_choice();
+  test_short_tile_choice();
   return flashgen_test::finish();
 }

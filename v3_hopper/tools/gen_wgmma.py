@@ -12,7 +12,7 @@ import pathlib
 
 # N of every wgmma the kernels issue: S = Q K^T uses N = block_n (tile_config.h), O += P V uses N = the head-dim
 # bucket. m64nNk16 with fp32 accumulators, 16-bit inputs: N is a multiple of 8 up to 256 (PTX ISA).
-SHAPES = (32, 64, 80, 112, 128, 176, 192, 256)
+SHAPES = (32, 48, 64, 80, 112, 128, 176, 192, 256)
 # N of the backward's dQ = dS K (bwd_traits.cuh): A = dS^T and B = K as stored, both MN-major (ss_tt form).
 TT_SHAPES = (64,)
 # N of the d192 / d256 backward's dV += P^T dO and dK += dS^T Q (bwd_traits.cuh kSplit): A = P^T or dS^T from

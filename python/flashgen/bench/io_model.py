@@ -62,6 +62,8 @@ V3_WARPGROUP_ROWS = 64      # kWarpgroupRows
 V3_FWD_TILES = {64: ((3, 128), (3, 128)), 128: ((2, 176), (2, 128)), 192: ((2, 112), (2, 112)),
                 256: ((2, 80), (2, 80))}
 V3_SHORT_KEYS_MASKED_TILE = 2048   # kShortKeysMaskedTile: no window and at most this many keys -> the masked tile
+V3_FWD_SHORT_TILES = {256: (2, 48)}  # short_tile_config where it differs from the masked tile (has_short_tile)
+V3_SHORT_TILE_MAX_ROW_KEYS = 1024   # kShortTileMaxRowKeys: rows that see at most this many keys -> the short tile
 V3_BWD_TILE = (64, 128)
 V3_BWD_SPLIT_TILE = (64, 64)        # the split layout of the buckets from kBwdSplitMinHeadDim up
 V3_BWD_SPLIT_MIN_HEAD_DIM = 160     # kBwdSplitMinHeadDim
@@ -106,11 +108,13 @@ def v1_block_sizes(head_dim: int, sram_bytes: Optional[int] = None) -> Tuple[int
 
 
 def tiles(generation: str, pass_: str, head_dim: int, causal: bool,
-          v1_sram: Optional[int] = None, seqlen_k: Optional[int] = None) -> Optional[Tuple[int, int]]:
+          v1_sram: Optional[int] = None, seqlen_k: Optional[int] = None,
+          seqlen_q: Optional[int] = None) -> Optional[Tuple[int, int]]:
     """(block_m, block_n) = (query rows, keys) per tile of `generation`'s 'fwd' or 'bwd' pass; None when not modelled
     (unknown generation, head dim outside its buckets). v1_sram: v1's M in bytes
     (default v1_sram_bytes()). seqlen_k: v3's forward takes the masked instance's tile for short key ranges
-    (tile_config.h fwd_masked_instance); None models a long one."""
+    (tile_config.h fwd_masked_instance) and the short tile where rows see few keys (fwd_short_tile; causal rows see
+    about seqlen_k - seqlen_q / 2, seqlen_q defaults to seqlen_k); None models a long one."""
     if generation == "v1":
         return v1_block_sizes(head_dim, v1_sram) if _bucket(head_dim, V1_BUCKETS) else None
     if generation == "v2":
@@ -125,6 +129,11 @@ def tiles(generation: str, pass_: str, head_dim: int, causal: bool,
                 return None
             # the launch picks by bucket (v3_api.cu: bwd_tile_config(bucket)), so d136 takes d192's split tile
             return V3_BWD_SPLIT_TILE if d >= V3_BWD_SPLIT_MIN_HEAD_DIM else V3_BWD_TILE
+        if d in V3_FWD_SHORT_TILES and seqlen_k is not None:
+            row_keys = seqlen_k - (seqlen_k if seqlen_q is None else seqlen_q) // 2 if causal else seqlen_k
+            if row_keys <= V3_SHORT_TILE_MAX_ROW_KEYS:
+                consumers, block_n = V3_FWD_SHORT_TILES[d]
+                return consumers * V3_WARPGROUP_ROWS, block_n
         short = seqlen_k is not None and seqlen_k <= V3_SHORT_KEYS_MASKED_TILE
         consumers, block_n = V3_FWD_TILES[d][1 if causal or short else 0]
         return consumers * V3_WARPGROUP_ROWS, block_n
@@ -213,7 +222,7 @@ def hbm_bytes(generation: str, cfg: Config, mode: str, v1_sram: Optional[int] = 
     e = ELEMENT_BYTES[cfg.dtype]
     total = 0
     if mode in ("fwd", "fwd+bwd"):
-        t = tiles(generation, "fwd", cfg.head_dim, cfg.causal, v1_sram, seqlen_k=cfg.seqlen_k)
+        t = tiles(generation, "fwd", cfg.head_dim, cfg.causal, v1_sram, seqlen_k=cfg.seqlen_k, seqlen_q=cfg.seqlen_q)
         if t is None:
             return None
         total += _v1_forward(cfg, e, *t) if generation == "v1" else _tiled_forward(cfg, e, *t)
