@@ -74,16 +74,11 @@ constexpr int fp8_smem_bytes_mainloop(const Fp8TileConfig& c, int head_dim_bucke
 }
 // The 16-bit output's stage for TMA stores, as the 16-bit forward's (tile_config.h o_through_smem): d128 (112 + 32 and
 // 192 + 32 KB with the wide tile); d256's 224 KB leave no room.
-constexpr int fp8_o_stage_bytes(const Fp8TileConfig& c, int head_dim_bucket) {
-  return fp8_block_m(c) * head_dim_bucket * kElementBytes;
+constexpr int fp8_smem_bytes(const Fp8TileConfig& c, int head_dim_bucket) {
+  return with_o_stage(fp8_smem_bytes_mainloop(c, head_dim_bucket), o_stage_bytes(fp8_block_m(c), head_dim_bucket));
 }
 constexpr bool fp8_o_through_smem(const Fp8TileConfig& c, int head_dim_bucket) {
-  return FLASHGEN_V3_TMA_STORE_O != 0 &&
-         fp8_smem_bytes_mainloop(c, head_dim_bucket) + fp8_o_stage_bytes(c, head_dim_bucket) <= kMaxSmemPerBlock;
-}
-constexpr int fp8_smem_bytes(const Fp8TileConfig& c, int head_dim_bucket) {
-  return fp8_smem_bytes_mainloop(c, head_dim_bucket) +
-         (fp8_o_through_smem(c, head_dim_bucket) ? fp8_o_stage_bytes(c, head_dim_bucket) : 0);
+  return fp8_smem_bytes(c, head_dim_bucket) != fp8_smem_bytes_mainloop(c, head_dim_bucket);
 }
 
 constexpr int fp8_launch_regs(const Fp8TileConfig& c) {

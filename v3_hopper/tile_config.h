@@ -161,17 +161,18 @@ constexpr int smem_bytes_mainloop(const TileConfig& c, int head_dim_bucket) {
 #ifndef FLASHGEN_V3_TMA_STORE_O
 #define FLASHGEN_V3_TMA_STORE_O 1
 #endif
-constexpr int o_stage_bytes(const TileConfig& c, int head_dim_bucket) {
-  return block_m(c) * head_dim_bucket * kElementBytes;
+constexpr int o_stage_bytes(int rows, int head_dim_bucket) { return rows * head_dim_bucket * kElementBytes; }
+// A kernel whose key loop takes `mainloop_bytes` stages O when `stage_bytes` more fit (fp8_config.h uses it too).
+constexpr int with_o_stage(int mainloop_bytes, int stage_bytes) {
+  return FLASHGEN_V3_TMA_STORE_O != 0 && mainloop_bytes + stage_bytes <= kMaxSmemPerBlock ? mainloop_bytes + stage_bytes
+                                                                                       : mainloop_bytes;
+}
+// Shared memory of one CTA, and whether it holds O's stage.
+constexpr int smem_bytes(const TileConfig& c, int head_dim_bucket) {
+  return with_o_stage(smem_bytes_mainloop(c, head_dim_bucket), o_stage_bytes(block_m(c), head_dim_bucket));
 }
 constexpr bool o_through_smem(const TileConfig& c, int head_dim_bucket) {
-  return FLASHGEN_V3_TMA_STORE_O != 0 &&
-         smem_bytes_mainloop(c, head_dim_bucket) + o_stage_bytes(c, head_dim_bucket) <= kMaxSmemPerBlock;
-}
-// Shared memory of one CTA.
-constexpr int smem_bytes(const TileConfig& c, int head_dim_bucket) {
-  return smem_bytes_mainloop(c, head_dim_bucket) +
-         (o_through_smem(c, head_dim_bucket) ? o_stage_bytes(c, head_dim_bucket) : 0);
+  return smem_bytes(c, head_dim_bucket) != smem_bytes_mainloop(c, head_dim_bucket);
 }
 
 constexpr bool config_ok(int head_dim_bucket, bool masked) {

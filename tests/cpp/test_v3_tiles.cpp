@@ -153,24 +153,26 @@ void test_locality_and_balance() {
 
 // The measured points (bench/results/v3-dev/2026-12-03-s23-ab-fp8-*): 224 keys won at d128 4k / 8k full and 8k
 // causal, lost at 2k full and 4k causal; d256 has one tile; a short window never takes the wide tile.
+// A launch shape and the tile choice expected for it.
+struct ChoiceCase {
+  int head_dim;
+  int64_t seqlen_q, seqlen_k;
+  int window_left, window_right;
+  bool expected;
+};
+
 void test_fp8_tile_choice() {
   using flashgen::v3::fp8_tile_config;
   using flashgen::v3::fp8_wide_tile;
-  struct Case {
-    int head_dim;
-    int64_t seqlen_q, seqlen_k;
-    int window_left, window_right;
-    bool wide;
-  };
-  const Case cases[] = {
+  const ChoiceCase cases[] = {
       {128, 4096, 4096, -1, -1, true},    {128, 8192, 8192, -1, -1, true},    {128, 2048, 2048, -1, -1, false},
       {128, 8192, 8192, -1, 0, true},     {128, 4096, 4096, -1, 0, false},    {128, 16384, 16384, 127, 0, false},
       {128, 1, 8192, -1, 0, true},        {128, 16384, 16384, 8192, -1, true}, {128, 16384, 16384, 1000, 1000, false},
       {256, 16384, 16384, -1, -1, false}, {64, 8192, 8192, -1, -1, true},
   };
-  for (const Case& c : cases) {
+  for (const ChoiceCase& c : cases) {
     const bool wide = fp8_wide_tile(c.head_dim, c.seqlen_q, c.seqlen_k, c.window_left, c.window_right);
-    CHECK(wide == c.wide, "d%d %lldx%lld window (%d, %d): wide %d", c.head_dim, static_cast<long long>(c.seqlen_q),
+    CHECK(wide == c.expected, "d%d %lldx%lld window (%d, %d): wide %d", c.head_dim, static_cast<long long>(c.seqlen_q),
           static_cast<long long>(c.seqlen_k), c.window_left, c.window_right, wide);
   }
   CHECK(fp8_tile_config(128, true).block_n == 224 && fp8_tile_config(128, false).block_n == 128 &&
@@ -185,21 +187,15 @@ void test_fp8_tile_choice() {
 void test_short_tile_choice() {
   using flashgen::v3::fwd_short_tile;
   using flashgen::v3::short_tile_config;
-  struct Case {
-    int head_dim;
-    int64_t seqlen_q, seqlen_k;
-    int window_left, window_right;
-    bool short_tile;
-  };
-  const Case cases[] = {
+  const ChoiceCase cases[] = {
       {256, 512, 512, -1, -1, true},   {256, 512, 512, -1, 0, true},    {256, 1024, 1024, -1, -1, true},
       {256, 1024, 1024, -1, 0, true},  {256, 2048, 2048, -1, -1, false}, {256, 2048, 2048, -1, 0, true},
       {256, 8192, 8192, -1, 0, false}, {256, 16384, 16384, 255, 0, true}, {256, 1, 8192, -1, 0, false},
       {128, 512, 512, -1, 0, false},   {64, 512, 512, -1, -1, false},   {192, 512, 512, -1, 0, false},
   };
-  for (const Case& c : cases) {
+  for (const ChoiceCase& c : cases) {
     const bool got = fwd_short_tile(c.head_dim, c.seqlen_q, c.seqlen_k, c.window_left, c.window_right);
-    CHECK(got == c.short_tile, "d%d %lldx%lld window (%d, %d): short tile %d", c.head_dim,
+    CHECK(got == c.expected, "d%d %lldx%lld window (%d, %d): short tile %d", c.head_dim,
           static_cast<long long>(c.seqlen_q), static_cast<long long>(c.seqlen_k), c.window_left, c.window_right, got);
   }
   CHECK(short_tile_config(256).block_n == 48 && short_tile_config(128).block_n == 128, "block_n %d / %d",
