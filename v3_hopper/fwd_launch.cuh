@@ -25,7 +25,8 @@ Status launch_fwd_kernel(const AttnParams& p, const FwdLaunch& launch, cudaStrea
   Status st = cuda_status(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, T::kSmemBytes),
                           "cudaFuncSetAttribute(MaxDynamicSharedMemorySize)");
   if (!st.is_ok()) return st;
-  kernel<<<launch.grid, T::kNumThreads, T::kSmemBytes, stream>>>(p, launch.q, launch.k, launch.v, launch.o, launch.order);
+  kernel<<<launch.grid, T::kNumThreads, T::kSmemBytes, stream>>>(p, launch.q, launch.k, launch.v, launch.o,
+                                                                  launch.order);
   return cuda_status(cudaGetLastError(), "fwd_kernel launch");
 }
 

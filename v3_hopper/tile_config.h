@@ -57,7 +57,7 @@ constexpr bool fwd_masked_instance(int head_dim_bucket, bool window, int seqlen_
 
 // Keys a query row sees on average: seqlen_k without a window; causal (bottom-right) about seqlen_k - seqlen_q / 2; a
 // window at most left + right + 1 (left-bounded only: left + seqlen_q / 2 + 1). seqlen_q / seqlen_k: the padded maxima
-// for varlen. Host-side tile choices read it (short_tile below, fp8_config.h fp8_wide_tile).
+// for varlen. Host-side tile choices read it (fwd_short_tile below, fp8_config.h fp8_wide_tile).
 constexpr int64_t mean_row_keys(int64_t seqlen_q, int64_t seqlen_k, int window_left, int window_right) {
   int64_t keys = seqlen_k;
   if (window_right >= 0) {  // right-bounded: the rows' last keys run from seqlen_k - seqlen_q + window_right up
@@ -154,10 +154,11 @@ constexpr int smem_bytes_mainloop(const TileConfig& c, int head_dim_bucket) {
 }
 // O leaves through shared memory and TMA stores (FA3's and cuDNN's epilogue: stmatrix into a 128-byte-swizzled
 // stage, one bulk store per 64-column chunk and warpgroup) where the tile leaves room for a (block_m, head_dim)
-// stage beside Q and the K/V ring: d64 (120 + 24 KB) and d128's masked instance (160 + 32 KB). The 176-key d128,
-// d192 and d256 tiles fill 208-224 KB; there, and for a varlen warpgroup whose rows cross its sequence's end, O goes
-// out from registers as 4-byte global stores (consumer.cuh store_tile). Against those stores (session 30, 3 rounds,
-// cuDNN in each row): d128 512-1k +5-7%, 2k +3-4.5%, 8k causal +1%; d64 512-1k +1.5-3.5%, 8k -0.5%.
+// stage beside Q and the K/V ring: d64 (120 + 24 KB), d128's masked instance (160 + 32 KB) and d256's short tile
+// (160 + 64 KB). The 176-key d128, d192 and d256's 80-key tiles fill 208-224 KB; there, and for a varlen warpgroup
+// whose rows cross its sequence's end, O goes out from registers as 4-byte global stores (consumer.cuh store_tile).
+// Against those stores (session 30, 3 rounds, cuDNN in each row): d128 512-1k +5-7%, 2k +3-4.5%, 8k causal +1%; d64
+// 512-1k +1.5-3.5%, 8k -0.5%.
 #ifndef FLASHGEN_V3_TMA_STORE_O
 #define FLASHGEN_V3_TMA_STORE_O 1
 #endif
