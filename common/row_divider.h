@@ -1,6 +1,7 @@
 // Division by a divisor fixed for a launch, without a division instruction: a paged KV cache's page size
 // (common/kv_layout.h), divided into a row index several times per tile in v2's paged decode loop, where each
-// signed 32-bit division was ~25 SASS instructions (bench/NOTES.md, session 18).
+// signed 32-bit division was ~25 SASS instructions (bench/NOTES.md, session 18); and the v3 forward's tile
+// coordinates (v3_hopper/tile_config.h TileOrder), made with the order on the host.
 // For 1 <= d < 2^31 and 0 <= n < 2^31:  n / d == (umulhi(n, magic) + n) >> shift,
 //   shift = ceil(log2 d), magic = floor(2^32 (2^shift - d) / d) + 1   (Granlund and Montgomery 1994; Hacker's
 // Delight 10-9, the "add" form: umulhi(n, magic) <= n, so the sum stays below 2^32 while n < 2^31).
@@ -18,7 +19,7 @@ struct RowDivider {
   uint32_t magic = 0;
   uint32_t shift = 0;
 
-  static RowDivider make(int d) {  // host: once per launch
+  FH_HD static RowDivider make(int d) {  // host: once per launch
     RowDivider r;
     if (d < 1) return r;
     uint32_t l = 0;

@@ -154,7 +154,8 @@ struct TileScheduler {
   __device__ __forceinline__ TileCoord coord(int tile) const {
     int m_block, head_batch;
     order.coord(tile, &m_block, &head_batch);
-    return {m_block, head_batch % num_heads, head_batch / num_heads};
+    const int batch = order.by_heads.div(head_batch);
+    return {m_block, head_batch - batch * num_heads, batch};
   }
 };
 

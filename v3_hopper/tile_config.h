@@ -3,6 +3,7 @@
 #pragma once
 
 #include "common/config.h"
+#include "common/row_divider.h"
 
 namespace flashgen {
 namespace v3 {
@@ -205,27 +206,40 @@ struct TileOrder {
   int num_m_blocks, heads_batches;
   int group;         // head_batches per group; heads_batches when ungrouped
   bool heavy_first;  // causal-like: heaviest query block first
+  // The divisions of coord() by launch constants, made once with the order (common/row_divider.h): by num_m_blocks,
+  // by a group's tiles (group x num_m_blocks), by the group size and by the last group's (it may be short).
+  RowDivider by_m_blocks, by_group_tiles, by_group, by_last_group;
+  RowDivider by_heads;  // by num_heads, for TileScheduler (set by the launch: launch_tile_order)
   FH_HD int num_tiles() const { return num_m_blocks * heads_batches; }
   // (query block, head_batch) of `tile` < num_tiles().
   FH_HD void coord(int tile, int* m_block, int* head_batch) const {
     if (!heavy_first) {
-      *m_block = tile % num_m_blocks;
-      *head_batch = tile / num_m_blocks;
+      *head_batch = by_m_blocks.div(tile);
+      *m_block = tile - *head_batch * num_m_blocks;
       return;
     }
-    const int per_group = group * num_m_blocks;
-    const int g = tile / per_group, r = tile % per_group;
-    const int size = heads_batches - g * group < group ? heads_batches - g * group : group;  // the last may be short
-    const int k = r / size;
+    const int g = by_group_tiles.div(tile), r = tile - g * group * num_m_blocks;
+    const bool last = heads_batches - g * group < group;  // the last group may be short
+    const int size = last ? heads_batches - g * group : group;
+    const int k = (last ? by_last_group : by_group).div(r);
     *m_block = (g & 1) ? k : num_m_blocks - 1 - k;
-    *head_batch = g * group + r % size;
+    *head_batch = g * group + r - k * size;
   }
 };
 // group: heads per group from choose_tile_group (ignored without a causal-like mask; clamped to [1, heads_batches]).
 FH_HD TileOrder make_tile_order(int num_m_blocks, int heads_batches, bool heavy_first, int group) {
   if (!heavy_first || group > heads_batches) group = heads_batches;
   if (group < 1) group = 1;
-  return {num_m_blocks, heads_batches, group, heavy_first};
+  const int last = heads_batches % group;
+  return {num_m_blocks,
+          heads_batches,
+          group,
+          heavy_first,
+          RowDivider::make(num_m_blocks),
+          RowDivider::make(group * num_m_blocks),
+          RowDivider::make(group),
+          RowDivider::make(last > 0 ? last : group),
+          RowDivider{}};
 }
 
 // The CTA of round r that takes the round's c-th tile (TileScheduler::tile_of_round): odd rounds of a heavy-first

@@ -198,7 +198,9 @@ Status encode_output_map(CUtensorMap* map, const AttnParams& p, DType dtype) {
                     p.o_batch_stride, kWarpgroupRows);
 }
 
-TileOrder launch_tile_order(const AttnParams& p, int block_m, int element_bytes, int grid) {
+namespace {
+
+TileOrder launch_tile_order_groups(const AttnParams& p, int block_m, int element_bytes, int grid) {
   const bool heavy_first = p.window_left < 0 && p.window_right >= 0;
   const int heads_batches = p.num_heads * p.batch, num_m_blocks = ceil_div(p.seqlen_q, block_m);
   // K + V bytes per query head (GQA's K/V shared by its query heads), for the causal order's head groups
@@ -222,6 +224,14 @@ TileOrder launch_tile_order(const AttnParams& p, int block_m, int element_bytes,
   cache[next] = {num_m_blocks, heads_batches, grid, kv_bytes, group};
   next = (next + 1) % kEntries;
   return make_tile_order(num_m_blocks, heads_batches, true, group);
+}
+
+}  // namespace
+
+TileOrder launch_tile_order(const AttnParams& p, int block_m, int element_bytes, int grid) {
+  TileOrder o = launch_tile_order_groups(p, block_m, element_bytes, grid);
+  o.by_heads = RowDivider::make(p.num_heads);  // TileScheduler::coord's head_batch -> (head, batch)
+  return o;
 }
 
 Status fwd(const AttnParams& p, void* stream) {

@@ -59,7 +59,7 @@ void test_every_tile_once() {
     for (int hb : {1, 5, 24, 128, 257}) {
       for (int group : {1, 4, 24, hb}) {
         for (bool heavy : {false, true}) {
-          const TileOrder o{m, hb, std::min(group, hb), heavy};
+          const TileOrder o = make_tile_order(m, hb, heavy, group);
           const auto tiles = walk(o);
           std::set<std::pair<int, int>> seen(tiles.begin(), tiles.end());
           bool in_range = true;
@@ -74,17 +74,17 @@ void test_every_tile_once() {
 
 void test_orders() {
   // Ungrouped heavy-first: query blocks descending, heads fastest; not heavy-first: query blocks fastest.
-  const TileOrder heavy{16, 8, 8, true};
+  const TileOrder heavy = make_tile_order(16, 8, true, 8);
   const auto h = walk(heavy);
   CHECK(h[0] == std::make_pair(15, 0) && h[7] == std::make_pair(15, 7) && h[8] == std::make_pair(14, 0) &&
             h.back() == std::make_pair(0, 7),
         "heavy-first order");
-  const TileOrder plain{16, 8, 8, false};
+  const TileOrder plain = make_tile_order(16, 8, false, 8);
   const auto p = walk(plain);
   CHECK(p[0] == std::make_pair(0, 0) && p[15] == std::make_pair(15, 0) && p[16] == std::make_pair(0, 1),
         "query blocks fastest");
   // Groups: the second group runs lightest first, the last one may be short.
-  const TileOrder grouped{4, 10, 4, true};
+  const TileOrder grouped = make_tile_order(4, 10, true, 4);
   const auto g = walk(grouped);
   CHECK(g[0] == std::make_pair(3, 0) && g[15] == std::make_pair(0, 3) && g[16] == std::make_pair(0, 4) &&
             g[31] == std::make_pair(3, 7) && g[32] == std::make_pair(3, 8) && g[39] == std::make_pair(0, 9),
@@ -112,7 +112,7 @@ void test_group_rule() {
   // d256 8k causal launch, measured 5% slower in groups of 3): ungrouped.
   CHECK(choose_tile_group(64, 16, true, 8 << 20, kGrid) == 16, "8k causal d256");
   // The header's makespan is the test's (independently written) one.
-  const TileOrder o{64, 32, 5, true};
+  const TileOrder o = make_tile_order(64, 32, true, 5);
   CHECK(std::abs(tile_order_makespan(o, kGrid) - makespan(o, kGrid)) < 1e-9, "tile_order_makespan");
 }
 
