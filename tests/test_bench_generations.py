@@ -74,6 +74,24 @@ def test_v2_and_v3_forward_bytes_by_hand():
     v2 = 3 * (128 * 64 * 2 + 2 * 384 * 64 * 2 + 128 * 64 * 2 + 128 * 4)
     assert io_model.hbm_bytes("v3", cfg(384, 64), "fwd") == v3 == 296448
     assert io_model.hbm_bytes("v2", cfg(384, 64), "fwd") == v2 == 394752
+    # v3 d64 causal, N = 512: the blocks are laid from row 512 down in whole warpgroups (tile_config.h
+    # query_row_shift: 64 rows), so they hold rows 0..127 (1 key block of 128), 128..319 (3) and 320..511 (4)
+    def tile(rows, keys):
+        return rows * 64 * 2 + 2 * keys * 64 * 2 + rows * 64 * 2 + rows * 4
+    assert io_model.v3_row_shift(512, 192) == 64 and io_model.v3_row_shift(1024, 192) == 128
+    assert io_model.v3_row_shift(2048, 128) == 0 and io_model.v3_row_shift(1000, 192) == 128
+    assert io_model.hbm_bytes("v3", cfg(512, 64, causal=True), "fwd") == tile(128, 128) + tile(192, 384) + tile(
+        192, 512) == 395264
+
+
+def test_v3_row_shift_matches_tile_config_h():
+    src = (ROOT / "v3_hopper" / "tile_config.h").read_text()
+    body = re.search(r"int query_row_shift\(int seqlen_q, int block_m\) \{(.*?)\n\}", src, re.S).group(1)
+    assert "pad - pad % kWarpgroupRows" in body and "/ block_m * block_m - seqlen_q" in body
+    for block_m in (128, 192):
+        for seqlen_q in range(0, 700):
+            pad = -(-seqlen_q // block_m) * block_m - seqlen_q
+            assert io_model.v3_row_shift(seqlen_q, block_m) == pad - pad % 64
 
 
 def test_backward_bytes_by_hand_and_fwd_bwd_is_the_sum():

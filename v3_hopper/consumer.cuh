@@ -275,6 +275,9 @@ __device__ __forceinline__ void store_tile(const AttnParams& p, const SmemMap<T>
   using Element = typename T::Element;
   constexpr int kPairs = T::kHeadDim / 8;  // n8 column tiles: one packed pair per row half each
   const int lane = tid % 32;
+  if constexpr (T::kBottomRows) {
+    if (wg_row0 < 0) return;  // rows before the sequence (tile_m_begin): whole warpgroups
+  }
   finalize_rows<T::kHeadDim>(o, rows);
   uint32_t packed[2][kPairs];
 #pragma unroll
@@ -326,7 +329,7 @@ __device__ __forceinline__ void consumer_loop(const AttnParams& p, const SmemMap
     if (tile >= sched.num_tiles()) break;
     const TileCoord tc = sched.coord(tile);
     const SeqInfo seq = seq_info(p, tc.batch);
-    const int m_begin = tc.m_block * T::kBlockM;
+    const int m_begin = tile_m_begin<T>(tc.m_block, seq.seqlen_q);
     if (m_begin >= seq.seqlen_q) continue;  // varlen: this sequence is shorter than max_seqlen_q
     const MaskSpec mask = seq.mask(p);
     const BlockRange range = tile_n_range<T>(mask, m_begin);
@@ -345,13 +348,14 @@ __device__ __forceinline__ void consumer_loop(const AttnParams& p, const SmemMap
     if (n_tiles > 0) {
       loads.wait(sm.q_full(), q_iter & 1);
       // A warpgroup computes only its own key blocks, inside the CTA's (the limits are monotone in the row): none when
-      // its rows lie past seqlen_q (d64's 192-row tile at 1k: the last tile's upper two warpgroups) or see no key;
-      // fewer at the causal diagonal and the window's edges, where the CTA's other rows see blocks that its rows do
-      // not. The ring visits the CTA's blocks last to first, so the blocks past this warpgroup's come first (`lead`)
-      // and those before them last (`trail`); it skips both (skip_steps). Without a window (the unmasked instance)
-      // every row sees every block of the CTA, so only rows past seqlen_q can differ. kOwnBlocks: see
-      // kernel_traits.cuh. One call of consume_tile (two would be two inlined copies of each key loop).
-      bool compute = !T::kOwnBlocks || wg_row0 < seq.seqlen_q;
+      // its rows lie past seqlen_q or before row 0 (d64's 192-row tiles at 1k: two warpgroups of the last tile, or of
+      // the first with kBottomRows) or see no key; fewer at the causal diagonal and the window's edges, where the
+      // CTA's other rows see blocks that its rows do not. The ring visits the CTA's blocks last to first, so the
+      // blocks past this warpgroup's come first (`lead`) and those before them last (`trail`); it skips both
+      // (skip_steps). Without a window (the unmasked instance) every row sees every block of the CTA, so only rows
+      // past seqlen_q can differ. kOwnBlocks: see kernel_traits.cuh. One call of consume_tile (two would be two
+      // inlined copies of each key loop).
+      bool compute = !T::kOwnBlocks || (wg_row0 >= 0 && wg_row0 < seq.seqlen_q);
       BlockRange own = range;
       if constexpr (T::kMasked && T::kOwnBlocks) {
         if (compute) own = n_block_range(mask, wg_row0, wg_row0 + kWarpgroupRows, T::kBlockN);

@@ -59,6 +59,9 @@ struct FwdTraits {
   // no-warp-specialization ablation: its consumers also carry the loader, and the skipping code spilled there (d128
   // 36 B, d64 +100 B; ptxas, session 27), while no point of the ablation's grid has a block to skip.
   static constexpr bool kOwnBlocks = kWarpSpecialized;
+  // Query blocks laid from seqlen_q down (tile_config.h query_row_shift, tile_m_begin). Needs kOwnBlocks: a
+  // warpgroup whose rows all lie before row 0 skips the tile, as one past seqlen_q does.
+  static constexpr bool kBottomRows = kMasked && kOwnBlocks;
   static constexpr int kNumThreads = num_threads(kConfig, kWarpSpecialized);
   static constexpr int kProducerRegs = register_budget(kConfig).producer;
   static constexpr int kConsumerRegs = register_budget(kConfig).consumer;
@@ -176,10 +179,19 @@ __device__ __forceinline__ TmaRows tma_rows(const AttnParams& p, int b) {
   return r;
 }
 
-// The K/V tiles query rows [m_begin, m_begin + kBlockM) visit, or none when their rows are past the sequence.
+// First row of query block m_block: with kBottomRows, moved up by tile_config.h's query_row_shift. Rows before 0
+// are loaded (TMA zero-fills outside the Q map; varlen: the sequence before) but neither computed nor stored.
+template <typename T>
+__device__ __forceinline__ int tile_m_begin(int m_block, int seqlen_q) {
+  if constexpr (T::kBottomRows) return m_block * T::kBlockM - query_row_shift(seqlen_q, T::kBlockM);
+  return m_block * T::kBlockM;
+}
+
+// The K/V tiles query rows [m_begin, m_begin + kBlockM) visit (rows before 0 see none), or none when their rows are
+// past the sequence.
 template <typename T>
 __device__ __forceinline__ BlockRange tile_n_range(const MaskSpec& mask, int m_begin) {
-  return n_block_range(mask, m_begin, m_begin + T::kBlockM, T::kBlockN);
+  return n_block_range(mask, m_begin > 0 ? m_begin : 0, m_begin + T::kBlockM, T::kBlockN);
 }
 
 }  // namespace v3

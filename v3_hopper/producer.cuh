@@ -65,7 +65,7 @@ struct Loader {
       }
       const TileCoord tc = sched.coord(tile);
       const SeqInfo seq = seq_info(p, tc.batch);
-      const int m_begin = tc.m_block * T::kBlockM;
+      const int m_begin = tile_m_begin<T>(tc.m_block, seq.seqlen_q);
       if (m_begin >= seq.seqlen_q) continue;  // varlen: this sequence is shorter than max_seqlen_q
       const BlockRange range = tile_n_range<T>(seq.mask(p), m_begin);
       n_tiles = range.end - range.begin;

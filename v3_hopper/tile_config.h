@@ -93,6 +93,17 @@ constexpr bool fwd_short_tile(int head_dim_bucket, int64_t seqlen_q, int64_t seq
          mean_row_keys(seqlen_q, seqlen_k, window_left, window_right) <= kShortTileMaxRowKeys;
 }
 
+// Query blocks laid from seqlen_q down (the masked instances, kernel_traits.cuh tile_m_begin): block m starts at row
+// m x block_m - query_row_shift, so the partial block, whose missing rows leave warpgroups idle for the whole tile, is
+// the causal order's lightest (first) block instead of its heaviest (last). The shift is whole warpgroups, so a
+// warpgroup's rows lie all before row 0 or none do. d64's 192-row blocks at 1k causal: -128, 64, .., 832 (the first
+// block one warpgroup of rows and 1 key block) instead of 0, 192, .., 960 (the last one warpgroup and 8 key blocks):
+// 270 -> 322 TFLOP/s (bench/NOTES.md session 31).
+FH_HD constexpr int query_row_shift(int seqlen_q, int block_m) {
+  const int pad = (seqlen_q + block_m - 1) / block_m * block_m - seqlen_q;  // rows past seqlen_q in the last block
+  return pad - pad % kWarpgroupRows;
+}
+
 // ---- ablation switches (FA3 paper Sec. 4.3): compile definitions, 1 (on) unless a measurement turns one off
 // (tools/ablate_v3.sh builds one module per switch and times each against the default in one device call) ----
 #ifndef FLASHGEN_V3_PINGPONG

@@ -4,7 +4,7 @@
 // bytes one round touches; and the makespan of a causal launch (work of query block m = m + 1 key tiles, plus a
 // per-tile overhead) against the mean, for the group size the host picks.
 // Also the FP8 forward's choice of key tile (fp8_config.h fp8_wide_tile) and the 16-bit forward's short tile
-// (tile_config.h fwd_short_tile) at the shapes they were measured on.
+// (tile_config.h fwd_short_tile) at the shapes they were measured on, and the masked forward's query_row_shift.
 // Prints each failure with its values, a final "N passed, N failed" line, and exits non-zero on any failure.
 #include <algorithm>
 #include <cmath>
@@ -202,6 +202,27 @@ void test_short_tile_choice() {
         short_tile_config(256).block_n, short_tile_config(128).block_n);
 }
 
+// query_row_shift: whole warpgroups, less than a block, and the blocks from -shift cover [0, seqlen_q) with rows past
+// seqlen_q only in a last block's last warpgroup, as before the shift. The first block holds the idle warpgroups.
+void test_query_row_shift() {
+  using flashgen::v3::kWarpgroupRows;
+  using flashgen::v3::query_row_shift;
+  for (int block_m : {64, 128, 192}) {
+    for (int seqlen_q = 0; seqlen_q <= 1100; ++seqlen_q) {
+      const int shift = query_row_shift(seqlen_q, block_m);
+      const int blocks = (seqlen_q + block_m - 1) / block_m;
+      const int end = blocks * block_m - shift;  // one past the last block's last row
+      CHECK(shift >= 0 && shift < block_m && shift % kWarpgroupRows == 0 && end >= seqlen_q &&
+                end - seqlen_q < kWarpgroupRows,
+            "block_m %d seqlen_q %d: shift %d, blocks end at %d", block_m, seqlen_q, shift, end);
+    }
+  }
+  CHECK(query_row_shift(1024, 192) == 128 && query_row_shift(512, 192) == 64 && query_row_shift(2048, 128) == 0 &&
+            query_row_shift(1050, 128) == 64 && query_row_shift(1000, 192) == 128,
+        "d64 1k %d, 512 %d; d128 2k %d, 1050 %d; d64 1000 %d", query_row_shift(1024, 192),
+        query_row_shift(512, 192), query_row_shift(2048, 128), query_row_shift(1050, 128), query_row_shift(1000, 192));
+}
+
 }  // namespace
 
 int main() {
@@ -211,5 +232,6 @@ int main() {
   test_locality_and_balance();
   test_fp8_tile_choice();
   test_short_tile_choice();
+  test_query_row_shift();
   return flashgen_test::finish();
 }

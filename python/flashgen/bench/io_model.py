@@ -156,14 +156,16 @@ def rows_per_key_block(seqlen_q: int, seqlen_k: int, block_m: int, block_n: int,
 
 
 def keys_per_query_block(seqlen_q: int, seqlen_k: int, block_m: int, block_n: int,
-                         causal: bool) -> List[Tuple[int, int]]:
+                         causal: bool, row_shift: int = 0) -> List[Tuple[int, int]]:
     """Outer loop over query blocks: (rows, keys loaded) per query block, keys in whole key blocks clipped at
-    seqlen_k."""
+    seqlen_k. row_shift: the blocks start at row -row_shift (v3's masked forward lays them from seqlen_q down:
+    v3_row_shift); rows before 0 are not counted."""
     offset = seqlen_k - seqlen_q
     out = []
-    for m_begin in range(0, seqlen_q, block_m):
-        rows = min(block_m, seqlen_q - m_begin)
-        visible = min(seqlen_k, m_begin + rows + offset) if causal else seqlen_k
+    for m_begin in range(-row_shift, seqlen_q, block_m):
+        m_end = min(m_begin + block_m, seqlen_q)
+        rows = m_end - max(0, m_begin)
+        visible = min(seqlen_k, m_end + offset) if causal else seqlen_k
         keys = min(seqlen_k, -(-max(0, visible) // block_n) * block_n)
         out.append((rows, keys))
     return out
@@ -186,11 +188,18 @@ def _v1_forward(cfg: Config, e: int, br: int, bc: int) -> int:
     return total
 
 
-def _tiled_forward(cfg: Config, e: int, block_m: int, block_n: int) -> int:
+def v3_row_shift(seqlen_q: int, block_m: int) -> int:
+    """Rows v3's masked forward moves its query blocks up by (kernel_traits.cuh tile_m_begin): the blocks end at
+    seqlen_q, in whole warpgroups. Without a mask the shift changes no block's keys."""
+    pad = -(-seqlen_q // block_m) * block_m - seqlen_q
+    return pad // V3_WARPGROUP_ROWS * V3_WARPGROUP_ROWS
+
+
+def _tiled_forward(cfg: Config, e: int, block_m: int, block_n: int, row_shift: int = 0) -> int:
     """One (batch, head) of FA2 Alg. 1 (v2, and v3's same loop order)."""
     d = cfg.head_dim
     total = 0
-    for rows, keys in keys_per_query_block(cfg.seqlen_q, cfg.seqlen_k, block_m, block_n, cfg.causal):
+    for rows, keys in keys_per_query_block(cfg.seqlen_q, cfg.seqlen_k, block_m, block_n, cfg.causal, row_shift):
         total += rows * d * e + 2 * keys * d * e + rows * d * e + rows * FP32_BYTES  # Q, K and V, O, LSE
     return total
 
@@ -225,7 +234,11 @@ def hbm_bytes(generation: str, cfg: Config, mode: str, v1_sram: Optional[int] = 
         t = tiles(generation, "fwd", cfg.head_dim, cfg.causal, v1_sram, seqlen_k=cfg.seqlen_k, seqlen_q=cfg.seqlen_q)
         if t is None:
             return None
-        total += _v1_forward(cfg, e, *t) if generation == "v1" else _tiled_forward(cfg, e, *t)
+        if generation == "v1":
+            total += _v1_forward(cfg, e, *t)
+        else:
+            shift = v3_row_shift(cfg.seqlen_q, t[0]) if generation == "v3" else 0
+            total += _tiled_forward(cfg, e, *t, row_shift=shift)
     if mode in ("bwd", "fwd+bwd"):
         t = tiles(generation, "bwd", cfg.head_dim, cfg.causal, v1_sram)
         if t is None:
