@@ -88,10 +88,13 @@ def test_v3_row_shift_matches_tile_config_h():
     src = (ROOT / "v3_hopper" / "tile_config.h").read_text()
     body = re.search(r"int query_row_shift\(int seqlen_q, int block_m\) \{(.*?)\n\}", src, re.S).group(1)
     assert "pad - pad % kWarpgroupRows" in body and "/ block_m * block_m - seqlen_q" in body
+    # The shift's properties (tests/cpp/test_v3_tiles.cpp checks the header's): whole warpgroups, less than a block,
+    # and the blocks from -shift end fewer than 64 rows past seqlen_q.
     for block_m in (128, 192):
         for seqlen_q in range(0, 700):
-            pad = -(-seqlen_q // block_m) * block_m - seqlen_q
-            assert io_model.v3_row_shift(seqlen_q, block_m) == pad - pad % 64
+            shift = io_model.v3_row_shift(seqlen_q, block_m)
+            end = -(-seqlen_q // block_m) * block_m - shift
+            assert 0 <= shift < block_m and shift % 64 == 0 and 0 <= end - seqlen_q < 64, (block_m, seqlen_q)
 
 
 def test_backward_bytes_by_hand_and_fwd_bwd_is_the_sum():
