@@ -183,6 +183,8 @@ PYBIND11_MODULE(_C, m) {
       FG_RW(AttnParams, q_descale_batch_stride) FG_RW(AttnParams, q_descale_head_stride)
       FG_RW(AttnParams, k_descale_batch_stride) FG_RW(AttnParams, k_descale_head_stride)
       FG_RW(AttnParams, v_descale_batch_stride) FG_RW(AttnParams, v_descale_head_stride)
+      FG_RW(AttnParams, q_descale_block_stride) FG_RW(AttnParams, k_descale_block_stride)
+      FG_RW(AttnParams, v_descale_block_stride) FG_RW(AttnParams, descale_block_tokens)
       FG_RW(AttnParams, softmax_scale) FG_RW(AttnParams, scale_log2) FG_RW(AttnParams, softcap)
       FG_RW(AttnParams, window_left) FG_RW(AttnParams, window_right)
       FG_PTR(AttnParams, cu_seqlens_q, const int*) FG_PTR(AttnParams, cu_seqlens_k, const int*)

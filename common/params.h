@@ -37,12 +37,15 @@ struct AttnParams {
   DType out_dtype = DType::kBFloat16;  // o (and the gradients' dtype is dtype): differs from dtype for FP8 inputs
 
   // ---- FP8 descaling: fp32 factors per (batch, kv head) that turn stored q/k/v into real values; null = 1 ----
+  // descale_block_tokens > 0: per block of that many tokens instead (flashgen.fp8 "block"): q_descale per (batch,
+  // query head, query block), k / v_descale per (batch, kv head, key block), the block index times *_block_stride.
   const float* q_descale = nullptr;
   const float* k_descale = nullptr;
   const float* v_descale = nullptr;
-  int64_t q_descale_batch_stride = 0, q_descale_head_stride = 0;
-  int64_t k_descale_batch_stride = 0, k_descale_head_stride = 0;
-  int64_t v_descale_batch_stride = 0, v_descale_head_stride = 0;
+  int64_t q_descale_batch_stride = 0, q_descale_head_stride = 0, q_descale_block_stride = 0;
+  int64_t k_descale_batch_stride = 0, k_descale_head_stride = 0, k_descale_block_stride = 0;
+  int64_t v_descale_batch_stride = 0, v_descale_head_stride = 0, v_descale_block_stride = 0;
+  int descale_block_tokens = 0;
 
   // ---- tensor extents (TMA maps are bounded by them) ----
   int64_t total_q = 0;  // varlen: rows of the stacked q / out (q.shape[0]); 0 otherwise

@@ -106,16 +106,21 @@ def _api_fp8(qkv: fp8.QuantizedQKV, **kw):
                                     v_descale=qkv.v_descale, return_attn_probs=True, **kw)
 
 
-@pytest.mark.parametrize("granularity,hadamard", [("tensor", False), ("head", False), ("head", True)])
+@pytest.mark.parametrize("granularity,hadamard", [("tensor", False), ("head", False), ("head", True),
+                                                  ("block", False), ("block", True)])
 @pytest.mark.parametrize("causal", [False, True])
 def test_cpu_fp8_matches_the_oracle_on_dequantized_inputs(granularity, hadamard, causal):
-    q, k, v = _outlier_qkv(2, 70, 4, 2, 64)
+    q, k, v = _outlier_qkv(2, 270, 4, 2, 64)  # 270 tokens: three blocks of the "block" granularity, the last partial
     qkv = fp8.quantize_qkv(q, k, v, granularity, hadamard)
     out, lse, _ = _api_fp8(qkv, causal=causal)
     assert out.dtype == torch.bfloat16 and out.shape == q.shape and lse.dtype == torch.float32
-    dq = fp8.dequantize(qkv.q, qkv.q_descale.repeat_interleave(2, dim=1)).double()
-    ref, ref_lse = attention_ref(dq, fp8.dequantize(qkv.k, qkv.k_descale).double(),
-                                 fp8.dequantize(qkv.v, qkv.v_descale).double(), causal=causal)
+    if granularity == "block":  # q's descales per query head and block, k's and v's per kv head and block
+        assert qkv.q_descale.shape == (2, 4, 3) and qkv.k_descale.shape == (2, 2, 3)
+        dq = fp8.dequantize(qkv.q, qkv.q_descale, "block").double()
+    else:
+        dq = fp8.dequantize(qkv.q, qkv.q_descale.repeat_interleave(2, dim=1)).double()
+    ref, ref_lse = attention_ref(dq, fp8.dequantize(qkv.k, qkv.k_descale, granularity).double(),
+                                 fp8.dequantize(qkv.v, qkv.v_descale, granularity).double(), causal=causal)
     # The CPU path is fp32 on the dequantized inputs, rounded to bf16 at the end: half a bf16 step of |out| <= ~1.
     assert (out.double() - ref).abs().max().item() <= 2.0 ** -8 * ref.abs().max().item() + 1e-6
     assert (lse.double() - ref_lse).abs().max().item() <= 1e-4
@@ -142,7 +147,15 @@ def test_cpu_fp8_varlen_uses_each_sequences_descale():
 def test_fp8_refusals():
     q8 = torch.zeros(1, 8, 2, 32, dtype=torch.float8_e4m3fn)
     with pytest.raises(ValueError, match="q_descale: expected shape"):
-        flashgen.flash_attn_func(q8, q8, q8, q_descale=torch.ones(1, 2, 1))
+        flashgen.flash_attn_func(q8, q8, q8, q_descale=torch.ones(1, 3))
+    # Per-block descales (3-D): all of them 3-D, each its (batch, heads, blocks), fixed-length batches only.
+    with pytest.raises(ValueError, match="v_descale: per-block descales must all be 3-D"):
+        flashgen.flash_attn_func(q8, q8, q8, q_descale=torch.ones(1, 2, 1), v_descale=torch.ones(1, 2))
+    with pytest.raises(ValueError, match=r"q_descale: expected the per-block shape .* = \(1, 2, 1\), got \(1, 2, 2\)"):
+        flashgen.flash_attn_func(q8, q8, q8, q_descale=torch.ones(1, 2, 2))
+    cu = torch.tensor([0, 3, 8], dtype=torch.int32)
+    with pytest.raises(NotImplementedError, match="k_descale: per-block descales take fixed-length batches"):
+        flashgen.flash_attn_varlen_func(q8[0], q8[0], q8[0], cu, cu, 5, 5, k_descale=torch.ones(2, 2, 1))
     with pytest.raises(TypeError, match="k_descale: expected dtype float32"):
         flashgen.flash_attn_func(q8, q8, q8, k_descale=torch.ones(1, 2, dtype=torch.float64))
     with pytest.raises(ValueError, match="float8_e4m3fn inputs only"):

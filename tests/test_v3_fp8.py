@@ -1,7 +1,8 @@
 """v3 FP8 (e4m3) forward against the float64 oracle on the dequantized inputs, on the GPU.
 
-Inputs are e4m3 tensors with fp32 (batch, num_heads_k) descales; the oracle runs attention in float64 on
-x8.float() * descale, so what is measured is the kernel's own error.
+Inputs are e4m3 tensors with fp32 (batch, num_heads_k) descales, or per block of 128 tokens
+(test_fp8_block_descales); the oracle runs attention in float64 on x8.float() * descale, so what is measured is the
+kernel's own error.
 
 Layout tests (shapes, tails, masks, GQA, varlen, softcap, every bucket) use ternary q and k (-1, 0, 1): every score
 q.k is a small integer, exact in any accumulator, so the one rounding left is P's. An element passes STYLE.md's rule
@@ -66,7 +67,10 @@ def _descale(batch, heads_k, gen=None):
 
 
 def _deq(x8, d, heads_per_kv=1, cu=None):
-    """float64 x8 * descale per (batch, kv head); varlen rows take their sequence's."""
+    """float64 x8 * descale per (batch, kv head); varlen rows take their sequence's. A 3-D d is per block of
+    fp8.BLOCK_TOKENS tokens of each of x8's heads (q's per query head)."""
+    if d.dim() == 3:
+        return fp8.dequantize(x8, d, "block").double()
     d = d.double().repeat_interleave(heads_per_kv, dim=1)
     if cu is None:
         return x8.double() * d[:, None, :, None]
@@ -249,7 +253,8 @@ def test_fp8_paper_input_rmse():
     gen = torch.Generator(device="cuda").manual_seed(9)
     x = [torch.randn(2, 1000, 4, 128, device="cuda", generator=gen) for _ in range(3)]
     x = [torch.where(torch.rand(t.shape, device="cuda", generator=gen) < 1e-3, t * 10, t) for t in x]
-    for granularity, hadamard in (("tensor", False), ("head", False), ("head", True)):
+    for granularity, hadamard in (("tensor", False), ("head", False), ("head", True), ("block", False),
+                                  ("block", True)):
         t = fp8.quantize_qkv(*x, granularity, hadamard)
         out = flashgen.flash_attn_func(t.q, t.k, t.v, causal=True, q_descale=t.q_descale, k_descale=t.k_descale,
                                        v_descale=t.v_descale)
@@ -260,6 +265,61 @@ def test_fp8_paper_input_rmse():
         err, allowed = _rmse(out, ref), 2 * _rmse(naive, ref) + 1e-4
         assert err <= allowed, f"{granularity} hadamard={hadamard}: RMSE {err:.3e}, allowed {allowed:.3e}"
     assert "v3" in str(flashgen.explain(t.q, t.k, t.v))
+
+
+BLOCK_CASES = [(113, 203, (-1, -1), 0.0), (113, 203, (-1, 0), 0.0), (257, 129, (-1, 0), 0.0), (1, 1, (-1, -1), 0.0),
+               (300, 4500, (-1, -1), 0.0), (300, 4500, (1000, 200), 0.0), (200, 1030, (-1, 0), 5.0)]
+
+
+@pytest.mark.parametrize("head_dim", [64, 128, 256])
+@pytest.mark.parametrize("seqlen_q,seqlen_k,window,softcap", BLOCK_CASES)
+def test_fp8_block_descales(head_dim, seqlen_q, seqlen_k, window, softcap):
+    """Per-block descales (fp8.quantize's "block": q per (batch, query head, 128 rows), k and v per (batch, kv head,
+    128 keys)), each block its own factor in [0.25, 1.75): S scaled per key tile, O carried in the last tile's v
+    descale and rescaled between tiles (fp8_consumer.cuh), every key tile 128 keys (at d128 4500 keys would take the
+    224-key tile otherwise). Ternary q, k as the layout tests; GQA 4 / 2."""
+    _need(head_dim)
+    gen = torch.Generator(device="cuda").manual_seed(seqlen_q * 5 + seqlen_k + head_dim)
+    b, h, hk = 2, 4, 2
+    q = _fp8(b, seqlen_q, h, head_dim, gen=gen, ternary=True)
+    k = _fp8(b, seqlen_k, hk, head_dim, gen=gen, ternary=True)
+    v = _fp8(b, seqlen_k, hk, head_dim, gen=gen)
+    blocks = lambda n: -(-n // fp8.BLOCK_TOKENS)  # noqa: E731
+    qd = (torch.rand(b, h, blocks(seqlen_q), device="cuda", generator=gen) * 1.5 + 0.25).float()
+    kd, vd = ((torch.rand(b, hk, blocks(seqlen_k), device="cuda", generator=gen) * 1.5 + 0.25).float()
+              for _ in range(2))
+    out, lse = _run(q, k, v, qd, kd, vd, window_size=window, softcap=softcap)
+    dq, dk, dv = _deq(q, qd), _deq(k, kd), _deq(v, vd)
+    scale = 1.0 / math.sqrt(head_dim)
+    ref, ref_lse = attention_ref(dq, dk, dv, window_size=window, softcap=softcap, softmax_scale=scale)
+    _check(f"block descales d{head_dim} {seqlen_q}x{seqlen_k} window={window} softcap={softcap}", out, lse, ref,
+           ref_lse, *_naive_fp8(q, k, v, qd, kd, vd, scale, window_size=window, softcap=softcap))
+
+
+def test_fp8_block_descales_no_keys():
+    """seqlen_k = 0: k and v's descales have no block, and no tile reads one; out 0, LSE +inf."""
+    _need(128)
+    q = _fp8(1, 64, 2, 128)
+    k = torch.zeros(1, 0, 2, 128, device="cuda", dtype=E4M3)
+    qd, kd = torch.ones(1, 2, 1, device="cuda"), torch.ones(1, 2, 0, device="cuda")
+    out, lse = _run(q, k, k, qd, kd, kd)
+    assert (out == 0).all() and torch.isinf(lse).all() and (lse > 0).all()
+
+
+def test_fp8_block_descales_refusals():
+    _need(128)
+    q = torch.zeros(1, 200, 2, 128, device="cuda", dtype=E4M3)
+    d = torch.ones(1, 2, 2, device="cuda")
+    with pytest.raises(ValueError, match="must all be 3-D"):
+        flashgen.flash_attn_func(q, q, q, q_descale=d, k_descale=torch.ones(1, 2, device="cuda"))
+    with pytest.raises(ValueError, match=r"k_descale: expected the per-block shape.*\(1, 2, 2\), got \(1, 2, 3\)"):
+        flashgen.flash_attn_func(q, q, q, k_descale=torch.ones(1, 2, 3, device="cuda"))
+    cu = torch.tensor([0, 100, 200], dtype=torch.int32, device="cuda")
+    with pytest.raises(NotImplementedError, match="fixed-length"):
+        flashgen.flash_attn_varlen_func(q[0], q[0], q[0], cu, cu, 100, 100, q_descale=d)
+    with pytest.raises(NotImplementedError, match="fixed-length"):  # the kernel's own check, past the Python one
+        _ops.forward("v3", q[0], q[0], q[0], softmax_scale=0.1, cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=100,
+                     max_seqlen_k=100, q_descale=d)
 
 
 def test_fp8_refusals_on_the_gpu():

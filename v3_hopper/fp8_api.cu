@@ -157,6 +157,13 @@ Status check_fp8(const AttnParams& p, int* bucket) {
   if (p.seqused_k != nullptr || p.kv_batch_idx != nullptr) {
     return Status::not_implemented("seqused_k / kv_batch_idx: the v3 fp8 forward has no KV-cache path");
   }
+  if (p.descale_block_tokens != 0 && p.descale_block_tokens != kFp8DescaleBlockTokens) {
+    return Status::invalid("descale_block_tokens: per-block descales cover " + std::to_string(kFp8DescaleBlockTokens) +
+                           " tokens, got " + std::to_string(p.descale_block_tokens));
+  }
+  if (p.descale_block_tokens != 0 && (p.cu_seqlens_q != nullptr || p.cu_seqlens_k != nullptr)) {
+    return Status::not_implemented("per-block descales: fixed-length batches only (no cu_seqlens)");
+  }
   if (p.q == nullptr || p.o == nullptr || p.lse == nullptr) return Status::invalid("q/out/lse: null data pointer");
   const bool has_keys = p.cu_seqlens_k ? p.total_k != 0 : p.seqlen_k != 0;
   if (has_keys && (p.k == nullptr || p.v == nullptr)) return Status::invalid("k/v: null data pointer");
@@ -185,8 +192,9 @@ Status fwd_fp8(const AttnParams& p, void* stream) {
   if (!st.is_ok()) return st;
   const int64_t k_rows = p.cu_seqlens_k ? p.total_k : p.seqlen_k;
   const int64_t k_batches = p.cu_seqlens_k ? 1 : p.batch;
-  const Fp8TileConfig tile =
-      fp8_tile_config(bucket, fp8_wide_tile(bucket, p.seqlen_q, p.seqlen_k, p.window_left, p.window_right));
+  const bool wide = p.descale_block_tokens == 0 &&  // per-block descales: the 128-key tile (fp8_config.h)
+                    fp8_wide_tile(bucket, p.seqlen_q, p.seqlen_k, p.window_left, p.window_right);
+  const Fp8TileConfig tile = fp8_tile_config(bucket, wide);
   const int tile_rows = fp8_block_m(tile);
   const int64_t tiles = static_cast<int64_t>(ceil_div(p.seqlen_q, tile_rows)) * p.num_heads * p.batch;
   if (q_rows + tile_rows > kTmaMaxCoord || k_rows + tile.block_n > kTmaMaxCoord || tiles > kTmaMaxCoord) {

@@ -31,6 +31,10 @@ struct Fp8TileConfig {
 // d256 without ping-pong) had d256 at 0.77x v3 bf16. Shared memory at d256: Q 32 KB + 2 x (K, V^T, raw V) 32 KB =
 // 224 KB; d128 wide: Q 16 KB + 2 x (K 28, V^T 32, raw V 28) KB = 192 KB.
 constexpr int kFp8WideBlockN = 224;
+// Per-block descales (AttnParams::descale_block_tokens, flashgen.fp8 "block"): one per 128 tokens, the narrow tile's
+// block_m and block_n, so each query tile reads one q descale and each key tile one k and one v descale. Launches
+// with them take the narrow tile (a 224-key tile would straddle two blocks).
+constexpr int kFp8DescaleBlockTokens = 128;
 constexpr bool fp8_has_wide(int head_dim_bucket) { return head_dim_bucket <= 128; }
 constexpr Fp8TileConfig fp8_tile_config(int head_dim, bool wide = false) {
   return {2, wide && fp8_has_wide(head_dim) ? kFp8WideBlockN : kFp8KeysPerVtChunk, 2, 2, head_dim >= 128};
@@ -50,6 +54,11 @@ constexpr int fp8_vt_chunks(const Fp8TileConfig& c) { return (c.block_n + kFp8Ke
 
 constexpr int fp8_block_m(const Fp8TileConfig& c) { return c.consumers * kWarpgroupRows; }
 constexpr int fp8_num_threads(const Fp8TileConfig& c) { return (1 + c.consumers) * kWarpgroupThreads; }
+static_assert(fp8_tile_config(128).block_n == kFp8DescaleBlockTokens &&
+                  fp8_tile_config(256).block_n == kFp8DescaleBlockTokens &&
+                  fp8_block_m(fp8_tile_config(128)) == kFp8DescaleBlockTokens &&
+                  fp8_block_m(fp8_tile_config(256)) == kFp8DescaleBlockTokens,
+              "per-block descales: one block per narrow tile, rows and keys");
 
 // setmaxnreg budgets: the producer warpgroup transposes V (16 registers of data per thread plus addresses), so it
 // keeps more than the 16-bit kernel's 24 where the consumers can spare it; the consumers get what that leaves (from

@@ -3,6 +3,10 @@
 // (no shuffle: the V transpose permuted the keys to match, fp8_producer.cuh); O += P V^T reads V^T K-major.
 // Descales (per batch, kv head): q_descale * k_descale folds into the softmax's scale_log2 (or multiplies S before
 // softcap / ALiBi, which need real scores), v_descale into the final 1 / l. O leaves as bf16 or fp16 (out_dtype).
+// Per-block descales (fp8_config.h kFp8DescaleBlockTokens: one q descale per query tile, one k and one v descale per
+// key tile) run the modifier copy of the key loop: S is multiplied by q_d k_d of its tile, and O is kept in units of
+// the v descale of the last tile it summed, so before tile i's P V it is rescaled by v_d(i - 1) / v_d(i), folded into
+// the softmax's rescale (fp8_consumer_loop gives store_tile_fp8 the last tile's v descale).
 // Loop invariant (after tile i): as consumer.cuh, with every score in units of the stored e4m3 product.
 #pragma once
 
@@ -86,6 +90,33 @@ __device__ __forceinline__ Fp8Descale fp8_descale(const AttnParams& p, int batch
           at(p.v_descale, p.v_descale_batch_stride, p.v_descale_head_stride)};
 }
 
+// Per-block descales of one query tile (AttnParams::descale_block_tokens > 0): q's of the tile's query block, and
+// the (batch, kv head) rows of k's and v's, one entry per key block (= key tile). A null pointer is 1 throughout.
+struct Fp8BlockDescale {
+  bool on = false;
+  float q = 1.f;
+  const float* k = nullptr;
+  const float* v = nullptr;
+  int64_t k_stride = 0, v_stride = 0;
+  __device__ __forceinline__ float k_at(int block) const { return k ? k[block * k_stride] : 1.f; }
+  __device__ __forceinline__ float v_at(int block) const { return v ? v[block * v_stride] : 1.f; }
+};
+__device__ __forceinline__ Fp8BlockDescale fp8_block_descale(const AttnParams& p, int batch, int head, int head_k,
+                                                             int m_block) {
+  Fp8BlockDescale d;
+  if (p.descale_block_tokens <= 0) return d;
+  d.on = true;
+  if (p.q_descale) {
+    d.q = p.q_descale[batch * p.q_descale_batch_stride + head * p.q_descale_head_stride +
+                      m_block * p.q_descale_block_stride];
+  }
+  if (p.k_descale) d.k = p.k_descale + batch * p.k_descale_batch_stride + head_k * p.k_descale_head_stride;
+  if (p.v_descale) d.v = p.v_descale + batch * p.v_descale_batch_stride + head_k * p.v_descale_head_stride;
+  d.k_stride = p.k_descale_block_stride;
+  d.v_stride = p.v_descale_block_stride;
+  return d;
+}
+
 // One query tile of one warpgroup (consumer.cuh consume_tile with e4m3 operands). scale_log2: the softmax's, with
 // the q.k descale folded in unless s_scale != 1 (score modifiers: S is scaled to real scores first). As in
 // consumer.cuh, the key loop carries no code it does not need: kMods (softcap / ALiBi) is its own copy, and without
@@ -95,8 +126,8 @@ template <typename T, bool kMods, bool kWindowed>
 __device__ __forceinline__ void consume_tile_fp8(const SmemMap<T>& sm, const PingPong<T>& turn, uint64_t desc_q,
                                                  int kv_iter, int n_tiles, const BlockRange& range,
                                                  const MaskSpec& mask, const ScoreMods& mods, float s_scale,
-                                                 float scale_log2, int wg_row0, int tid, float (&o)[T::kORegs],
-                                                 RowState (&rows)[2]) {
+                                                 const Fp8BlockDescale& bd, float scale_log2, int wg_row0, int tid,
+                                                 float (&o)[T::kORegs], RowState (&rows)[2]) {
   const int lane = tid % 32;
   const AccCoord coord0{wg_row0 + 16 * (tid / 32) + lane / 4, 2 * (lane % 4)};
   float s[T::kSRegs];      // (64, kBlockN) fp32 scores, then probabilities, of this warpgroup
@@ -106,11 +137,17 @@ __device__ __forceinline__ void consume_tile_fp8(const SmemMap<T>& sm, const Pin
   auto v_desc = [&](int stage) { return smem_desc(sm.v(stage), kKMajorLbo, kSwizzleAtomBytes); };
   auto n_begin = [&](int i) { return (range.end - 1 - i) * T::kBlockN; };
   const ColRange full = full_cols(mask, wg_row0, wg_row0 + kWarpgroupRows);
+  // Per-block descales (kMods' copy only; the host gives them the 128-key tile): tile i is key block range.end - 1 - i.
+  constexpr bool kBlockDescale = kMods && T::kBlockN == kFp8DescaleBlockTokens;
   auto softmax_tile = [&](int i, bool may_mask) {
     const AccCoord c{coord0.row0, n_begin(i) + coord0.col0};
     if (kMods) {
+      float sc = s_scale;
+      if constexpr (kBlockDescale) {
+        if (bd.on) sc = bd.q * bd.k_at(range.end - 1 - i);
+      }
 #pragma unroll
-      for (int e = 0; e < T::kSRegs; ++e) s[e] *= s_scale;
+      for (int e = 0; e < T::kSRegs; ++e) s[e] *= sc;
       apply_score_mods<T::kBlockN>(s, c, mods);
     }
     if (may_mask && !full_cols_contain(full, n_begin(i), n_begin(i) + T::kBlockN)) apply_mask<T::kBlockN>(s, c, mask);
@@ -142,7 +179,15 @@ __device__ __forceinline__ void consume_tile_fp8(const SmemMap<T>& sm, const Pin
     fence_regs(s);
     release(sm.k_empty(k_slot.stage), lane);
     if (i == n_tiles - 1) release(sm.q_empty(), lane);
-    const bool raised = softmax_tile(i, kWindowed);
+    bool raised = softmax_tile(i, kWindowed);
+    if constexpr (kBlockDescale) {  // O from v_d(i - 1) units to v_d(i) units before P_i V_i is added
+      if (bd.on) {
+        const float r = bd.v_at(range.end - i) / bd.v_at(range.end - 1 - i);
+        alpha[0] *= r;
+        alpha[1] *= r;
+        raised |= r != 1.f;
+      }
+    }
     wgmma_wait<0>();
     fence_regs(o);
     release(sm.v_empty(v_slot.stage), lane);
@@ -229,9 +274,15 @@ __device__ void fp8_consumer_loop(const AttnParams& p, const SmemMap<T>& sm, con
     const int n_tiles = range.end - range.begin;
     const int wg_row0 = m_begin + wg * kWarpgroupRows;
     const Fp8Descale descale = fp8_descale(p, tc.batch, tc.head / heads_per_kv);
+    const Fp8BlockDescale block = fp8_block_descale(p, tc.batch, tc.head, tc.head / heads_per_kv, tc.m_block);
     const ScoreMods mods = score_mods(p, tc.batch, tc.head, seq.seqlen_q, seq.seqlen_k);
-    // Modifiers read real scores: S is scaled by the descale first; otherwise the descale joins scale_log2.
-    const float scale_log2 = mods.any() ? p.scale_log2 : p.scale_log2 * descale.qk;
+    // Modifiers read real scores, and per-block descales differ per tile: S is scaled by the descale first (the
+    // modifier copy of the key loop); otherwise the descale joins scale_log2.
+    const bool real_scores = mods.any() || block.on;
+    const float scale_log2 = real_scores ? p.scale_log2 : p.scale_log2 * descale.qk;
+    // O's units at the end (fp8_consumer.cuh's header): per block, the last tile visited is key block range.begin
+    // (none without keys: O is 0, and a descale tensor of no blocks has no entry to read).
+    const float v_descale = block.on ? (n_tiles > 0 ? block.v_at(range.begin) : 1.f) : descale.v;
 
     float o[T::kORegs];  // (64, kHeadDim) fp32 output accumulator of this warpgroup
 #pragma unroll
@@ -244,14 +295,14 @@ __device__ void fp8_consumer_loop(const AttnParams& p, const SmemMap<T>& sm, con
     }
     if (n_tiles > 0) {
       mbar_wait(sm.q_full(), q_iter & 1);
-      if (mods.any()) {
-        consume_tile_fp8<T, true, true>(sm, turn, desc_q, kv_iter, n_tiles, range, mask, mods, descale.qk,
+      if (real_scores) {
+        consume_tile_fp8<T, true, true>(sm, turn, desc_q, kv_iter, n_tiles, range, mask, mods, descale.qk, block,
                                         scale_log2, wg_row0, tid, o, rows);
       } else if (mask.window_left >= 0 || mask.window_right >= 0) {
-        consume_tile_fp8<T, false, true>(sm, turn, desc_q, kv_iter, n_tiles, range, mask, mods, descale.qk,
+        consume_tile_fp8<T, false, true>(sm, turn, desc_q, kv_iter, n_tiles, range, mask, mods, descale.qk, block,
                                          scale_log2, wg_row0, tid, o, rows);
       } else {
-        consume_tile_fp8<T, false, false>(sm, turn, desc_q, kv_iter, n_tiles, range, mask, mods, descale.qk,
+        consume_tile_fp8<T, false, false>(sm, turn, desc_q, kv_iter, n_tiles, range, mask, mods, descale.qk, block,
                                           scale_log2, wg_row0, tid, o, rows);
       }
       kv_iter += n_tiles;
@@ -259,10 +310,10 @@ __device__ void fp8_consumer_loop(const AttnParams& p, const SmemMap<T>& sm, con
     }
     const AccCoord coord{wg_row0 + 16 * (tid / 32) + lane / 4, 2 * (lane % 4)};
     if (out_bf16) {
-      store_tile_fp8<T, dtype::bf16>(p, sm, map_o, o_tma, seq, tc, coord, wg_row0, o, rows, scale_log2, descale.v,
+      store_tile_fp8<T, dtype::bf16>(p, sm, map_o, o_tma, seq, tc, coord, wg_row0, o, rows, scale_log2, v_descale,
                                      tid, wg);
     } else {
-      store_tile_fp8<T, dtype::fp16>(p, sm, map_o, o_tma, seq, tc, coord, wg_row0, o, rows, scale_log2, descale.v,
+      store_tile_fp8<T, dtype::fp16>(p, sm, map_o, o_tma, seq, tc, coord, wg_row0, o, rows, scale_log2, v_descale,
                                      tid, wg);
     }
   }

@@ -126,15 +126,22 @@ def _fill(p, q, k, v, o, lse, *, softmax_scale, window_size, softcap, alibi_slop
         p.block_mask_head_stride = block_mask.stride(0) if block_mask.shape[0] > 1 else 0
         p.block_mask_row_stride = block_mask.stride(1)
         p.sparse_block_m, p.sparse_block_n = int(block_size[0]), int(block_size[1])
-    if q_descale is not None:  # FP8: fp32 (batch, num_heads_k); null pointers read as 1
+    # FP8: fp32 (batch, num_heads_k), or per block (batch, heads, blocks) (validate.check_descales); null reads as 1
+    if q_descale is not None:
         p.q_descale = q_descale.data_ptr()
-        p.q_descale_batch_stride, p.q_descale_head_stride = q_descale.stride()
+        p.q_descale_batch_stride, p.q_descale_head_stride = q_descale.stride()[:2]
     if k_descale is not None:
         p.k_descale = k_descale.data_ptr()
-        p.k_descale_batch_stride, p.k_descale_head_stride = k_descale.stride()
+        p.k_descale_batch_stride, p.k_descale_head_stride = k_descale.stride()[:2]
     if v_descale is not None:
         p.v_descale = v_descale.data_ptr()
-        p.v_descale_batch_stride, p.v_descale_head_stride = v_descale.stride()
+        p.v_descale_batch_stride, p.v_descale_head_stride = v_descale.stride()[:2]
+    if any(d is not None and d.dim() == 3 for d in (q_descale, k_descale, v_descale)):
+        from .fp8 import BLOCK_TOKENS
+        p.descale_block_tokens = BLOCK_TOKENS
+        p.q_descale_block_stride = q_descale.stride(2) if q_descale is not None else 0
+        p.k_descale_block_stride = k_descale.stride(2) if k_descale is not None else 0
+        p.v_descale_block_stride = v_descale.stride(2) if v_descale is not None else 0
     if q.is_cuda:
         p.num_sms = _num_sms(q.device.index if q.device.index is not None else torch.cuda.current_device())
 
@@ -305,7 +312,8 @@ def _plan_forward(generation: str, p, device: torch.device):
     return _allocate_workspaces(p, spec, device) if spec else None
 
 
-def _grouped_decode(q, k, cu_seqlens_q, window_size, alibi_slopes, dropout_p, block_mask, return_probs) -> int:
+def _grouped_decode(q, k, cu_seqlens_q, window_size, alibi_slopes, dropout_p, block_mask, return_probs,
+                    q_descale=None) -> int:
     """The query heads per KV head to fold into the query rows for this call, or 0 when that does not apply.
 
     With one query token and GQA/MQA, the g query heads that share a KV head can run as g query rows of that KV
@@ -314,11 +322,14 @@ def _grouped_decode(q, k, cu_seqlens_q, window_size, alibi_slopes, dropout_p, bl
     query tile holds g rows instead of 1. It changes nothing else only when every row sees every key and nothing
     depends on the head or the row index: one query sees all keys under a bottom-right causal mask or a window with
     no left limit, but not under a left limit (the g rows would get g different windows); ALiBi's slope depends on
-    the head; dropout's keep-mask and the probabilities are indexed by (head, row).
+    the head; dropout's keep-mask and the probabilities are indexed by (head, row); so is a per-block q_descale
+    (FP8, one per query head and block).
     """
     if cu_seqlens_q is not None or q.shape[1] != 1 or window_size[0] >= 0:
         return 0
     if alibi_slopes is not None or dropout_p > 0 or block_mask is not None or return_probs:
+        return 0
+    if q_descale is not None and q_descale.dim() == 3:
         return 0
     groups = q.shape[2] // k.shape[2]
     return groups if groups > 1 else 0
@@ -356,7 +367,8 @@ def forward(generation: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, 
     if return_probs:  # varlen: zeros past each sequence, which no kernel writes
         shape = probs_shape(q, k, cu_seqlens_q, max_seqlen_q, max_seqlen_k, block_table)
         probs = (torch.zeros if cu_seqlens_q is not None else torch.empty)(shape, dtype=torch.float32, device=q.device)
-    groups = _grouped_decode(q, k, cu_seqlens_q, window_size, alibi_slopes, dropout_p, block_mask, return_probs)
+    groups = _grouped_decode(q, k, cu_seqlens_q, window_size, alibi_slopes, dropout_p, block_mask, return_probs,
+                             q_descale)
     q_run, o_run, lse_run = q, o, lse
     if groups:  # lse (batch, h_k * g, 1) contiguous == (batch, h_k, g): row i of KV head j is query head j * g + i
         q_run, o_run = _fold_groups(q, groups), _fold_groups(o, groups)

@@ -7,9 +7,9 @@ x ~= x8.float() * d, with d broadcast over what it covers:
 - granularity "tensor": one scale; d has shape (batch, num_heads_k), every entry the same.
 - granularity "head": one scale per (batch, kv head); for q with GQA the query heads that share a kv head share the
   scale (the kernel reads q_descale per (batch, kv head), FA3's convention). d: (batch, num_heads_k).
-- granularity "block": one scale per (batch, head, 128 tokens); d: (batch, heads, ceil(seqlen / 128)). The v3 FP8
-  kernel does not read per-block descales yet (the API refuses them, naming the shape it takes): `dequantize`
-  gives the values they stand for.
+- granularity "block": one scale per (batch, head, 128 tokens); d: (batch, heads, ceil(seqlen / 128)), q's per
+  query head. The v3 FP8 kernel reads them per tile (its 128-row query tiles and 128-key key tiles are the blocks;
+  fixed-length batches only); `dequantize` gives the values they stand for.
 
 Incoherent processing: `hadamard=True` multiplies every row by D H (D a random +-1 diagonal, H the orthonormal
 Walsh-Hadamard matrix), which spreads an outlier over all columns before the amax is taken. Applied to both q and k

@@ -143,7 +143,7 @@ def _attention(q, k, v, *, dropout_p, softmax_scale, causal, window_size, softca
     window_size = validate.clamp_window(window_size, max_seqlen_q, max_seqlen_k)
     validate.check_alibi(alibi_slopes, q, batch)
     validate.check_descales((("q_descale", q_descale), ("k_descale", k_descale), ("v_descale", v_descale)), q, batch,
-                            k.shape[-2])
+                            k.shape[-2], q.shape[-3], k.shape[-3], varlen)
     fp8 = q.dtype == validate.FP8_DTYPE
     if fp8 and torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)):
         raise NotImplementedError("backward: FP8 (float8_e4m3fn) inputs have a forward only; quantize after the "
@@ -200,13 +200,17 @@ def _attention(q, k, v, *, dropout_p, softmax_scale, causal, window_size, softca
 
 def _dequantize_fp8(q, k, v, q_descale, k_descale, v_descale, cu_seqlens_q, cu_seqlens_k):
     """FP8 q, k, v times their (batch, num_heads_k) descales, in fp32 (the CPU backend's FP8 path; a query head
-    uses its kv head's q_descale). Varlen rows take their sequence's descale."""
+    uses its kv head's q_descale). Varlen rows take their sequence's descale. Per-block descales (3-D, fixed-length
+    batches only: validate.check_descales) scale each block of fp8.BLOCK_TOKENS tokens of each head."""
     heads_per_kv = q.shape[-2] // k.shape[-2]
 
     def scaled(t, descale, cu_seqlens, per_head):
         t = t.float()
         if descale is None:
             return t
+        if descale.dim() == 3:
+            from .fp8 import dequantize
+            return dequantize(t, descale, "block")
         d = descale.float().repeat_interleave(per_head, dim=1)  # (batch, heads of t)
         if cu_seqlens is None:
             return t * d[:, None, :, None]
@@ -231,7 +235,8 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, wi
     S_dmask (batch, num_heads, seqlen_q, seqlen_k) fp32 probabilities, dropped entries negated) with
     return_attn_probs. version: 'auto' | 'v1' | 'v2' | 'v3' | 'cpu' (default: $FLASHGEN_VERSION or 'auto').
     FP8: q, k, v in torch.float8_e4m3fn with optional fp32 (batch, num_heads_k) q_descale / k_descale / v_descale
-    (flashgen.fp8.quantize makes them) give a bf16 out, forward only (v3 on sm_90; the CPU backend upcasts).
+    (flashgen.fp8.quantize makes them; or per block of 128 tokens, 3-D: q's (batch, num_heads, blocks), k's and
+    v's (batch, num_heads_k, blocks)) give a bf16 out, forward only (v3 on sm_90; the CPU backend upcasts).
     """
     out, lse, probs = _attention(q, k, v, dropout_p=dropout_p, softmax_scale=softmax_scale, causal=causal,
                                  window_size=window_size, softcap=softcap, alibi_slopes=alibi_slopes,

@@ -434,18 +434,38 @@ def last_dim_contiguous(t: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
 
 
 def check_descales(descales: Sequence[Tuple[str, Optional[torch.Tensor]]], q: torch.Tensor, batch: int,
-                   num_heads_k: int) -> None:
-    """FP8 descales: fp32 (batch, num_heads_k) on q's device (FA3's layout; flashgen.fp8.quantize returns it), or
-    None (= 1). Given with inputs that are not FP8 they would be silently ignored, so that is refused too."""
-    for name, t in descales:
-        if t is None:
-            continue
+                   num_heads_k: int, seqlen_q: int = 0, seqlen_k: int = 0, varlen: bool = False) -> bool:
+    """FP8 descales: fp32 on q's device, or None (= 1). Either all (batch, num_heads_k) (FA3's layout, one per kv
+    head; flashgen.fp8.quantize's "tensor" / "head"), or all per block of fp8.BLOCK_TOKENS tokens (its "block"):
+    q_descale (batch, num_heads, ceil(seqlen_q / 128)), k / v_descale (batch, num_heads_k, ceil(seqlen_k / 128)),
+    fixed-length batches only. Returns whether they are per block. Given with inputs that are not FP8 they would be
+    silently ignored, so that is refused too."""
+    from .fp8 import BLOCK_TOKENS
+    num_heads = q.shape[-2]
+    blocks_q, blocks_k = -(-seqlen_q // BLOCK_TOKENS), -(-seqlen_k // BLOCK_TOKENS)
+    given = [(name, t) for name, t in descales if t is not None]
+    per_block = any(t.dim() == 3 for _, t in given if isinstance(t, torch.Tensor))
+    for name, t in given:
         _tensor(name, t)
         if q.dtype != FP8_DTYPE:
             raise ValueError(f"{name}: descales apply to float8_e4m3fn inputs only, q is {q.dtype}")
         if t.dtype != torch.float32:
             raise TypeError(f"{name}: expected dtype float32, got {t.dtype}")
         _same_device(name, t, q)
-        if tuple(t.shape) != (batch, num_heads_k):
-            raise ValueError(f"{name}: expected shape (batch, num_heads_k) = {(batch, num_heads_k)}, got "
-                             f"{tuple(t.shape)} (per-block descales are not read by the kernel yet)")
+        if not per_block:
+            if tuple(t.shape) != (batch, num_heads_k):
+                raise ValueError(f"{name}: expected shape (batch, num_heads_k) = {(batch, num_heads_k)}, or per "
+                                 f"block of {BLOCK_TOKENS} tokens (3-D), got {tuple(t.shape)}")
+            continue
+        if varlen:
+            raise NotImplementedError(f"{name}: per-block descales take fixed-length batches (no cu_seqlens)")
+        if t.dim() != 3:
+            raise ValueError(f"{name}: per-block descales must all be 3-D (another descale is), got shape "
+                             f"{tuple(t.shape)}")
+        want = ((batch, num_heads, blocks_q) if name == "q_descale" else (batch, num_heads_k, blocks_k))
+        if tuple(t.shape) != want:
+            dims = ("(batch, num_heads, ceil(seqlen_q / " if name == "q_descale" else
+                    "(batch, num_heads_k, ceil(seqlen_k / ")
+            raise ValueError(f"{name}: expected the per-block shape {dims}{BLOCK_TOKENS})) = {want}, got "
+                             f"{tuple(t.shape)}")
+    return per_block
