@@ -62,6 +62,15 @@ def _fp8(*shape, scale=1.0, gen=None, ternary=False):
     return torch.where(outlier, x * 10, x).clamp(-fp8.E4M3_MAX, fp8.E4M3_MAX).to(E4M3)
 
 
+def _layout_inputs(seed, seqlen_q, seqlen_k, head_dim, b=2, h=4, hk=2):
+    """The layout tests' inputs: ternary q (b, seqlen_q, h, d) and k, outlier v (b, seqlen_k, hk, d), and the generator
+    that drew them (the descales come next from it)."""
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    q = _fp8(b, seqlen_q, h, head_dim, gen=gen, ternary=True)
+    k = _fp8(b, seqlen_k, hk, head_dim, gen=gen, ternary=True)
+    return q, k, _fp8(b, seqlen_k, hk, head_dim, gen=gen), gen
+
+
 def _descale(batch, heads_k, gen=None):
     return (torch.rand(batch, heads_k, device="cuda", generator=gen) * 1.5 + 0.25).float()
 
@@ -139,11 +148,8 @@ SHAPES = [(1, 1), (113, 203), (239, 1), (128, 128), (1023, 1024), (256, 4100)]
 @pytest.mark.parametrize("causal", [False, True])
 def test_fp8_dense(head_dim, seqlen_q, seqlen_k, causal):
     _need(head_dim)
-    gen = torch.Generator(device="cuda").manual_seed(seqlen_q * 7 + seqlen_k + head_dim)
     b, h, hk = 2, 4, 2
-    q = _fp8(b, seqlen_q, h, head_dim, gen=gen, ternary=True)
-    k = _fp8(b, seqlen_k, hk, head_dim, gen=gen, ternary=True)
-    v = _fp8(b, seqlen_k, hk, head_dim, gen=gen)
+    q, k, v, gen = _layout_inputs(seqlen_q * 7 + seqlen_k + head_dim, seqlen_q, seqlen_k, head_dim)
     qd, kd, vd = (_descale(b, hk, gen) for _ in range(3))
     window = (-1, 0) if causal else (-1, -1)
     out, lse = _run(q, k, v, qd, kd, vd, window_size=window)
@@ -279,11 +285,8 @@ def test_fp8_block_descales(head_dim, seqlen_q, seqlen_k, window, softcap):
     descale and rescaled between tiles (fp8_consumer.cuh), every key tile 128 keys (at d128 4500 keys would take the
     224-key tile otherwise). Ternary q, k as the layout tests; GQA 4 / 2."""
     _need(head_dim)
-    gen = torch.Generator(device="cuda").manual_seed(seqlen_q * 5 + seqlen_k + head_dim)
     b, h, hk = 2, 4, 2
-    q = _fp8(b, seqlen_q, h, head_dim, gen=gen, ternary=True)
-    k = _fp8(b, seqlen_k, hk, head_dim, gen=gen, ternary=True)
-    v = _fp8(b, seqlen_k, hk, head_dim, gen=gen)
+    q, k, v, gen = _layout_inputs(seqlen_q * 5 + seqlen_k + head_dim, seqlen_q, seqlen_k, head_dim)
     blocks = lambda n: -(-n // fp8.BLOCK_TOKENS)  # noqa: E731
     qd = (torch.rand(b, h, blocks(seqlen_q), device="cuda", generator=gen) * 1.5 + 0.25).float()
     kd, vd = ((torch.rand(b, hk, blocks(seqlen_k), device="cuda", generator=gen) * 1.5 + 0.25).float()
