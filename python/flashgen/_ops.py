@@ -16,6 +16,7 @@ from typing import Optional, Tuple
 import torch
 
 from . import _native
+from .fp8 import BLOCK_TOKENS
 
 _DTYPES = {dtype: getattr(_native.C.DType, name) for dtype, name in (
     (torch.float32, "float32"), (torch.float16, "float16"), (torch.bfloat16, "bfloat16"),
@@ -137,7 +138,6 @@ def _fill(p, q, k, v, o, lse, *, softmax_scale, window_size, softcap, alibi_slop
         p.v_descale = v_descale.data_ptr()
         p.v_descale_batch_stride, p.v_descale_head_stride = v_descale.stride()[:2]
     if any(d is not None and d.dim() == 3 for d in (q_descale, k_descale, v_descale)):
-        from .fp8 import BLOCK_TOKENS
         p.descale_block_tokens = BLOCK_TOKENS
         p.q_descale_block_stride = q_descale.stride(2) if q_descale is not None else 0
         p.k_descale_block_stride = k_descale.stride(2) if k_descale is not None else 0

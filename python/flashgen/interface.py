@@ -22,6 +22,7 @@ import torch
 import torch.nn.functional as F
 
 from . import _args, _library, _native, _ops, dispatch, nvtx, validate
+from .fp8 import dequantize as _fp8_dequantize
 
 __all__ = [
     "flash_attn_func", "flash_attn_qkvpacked_func", "flash_attn_kvpacked_func", "flash_attn_varlen_func",
@@ -209,8 +210,7 @@ def _dequantize_fp8(q, k, v, q_descale, k_descale, v_descale, cu_seqlens_q, cu_s
         if descale is None:
             return t
         if descale.dim() == 3:
-            from .fp8 import dequantize
-            return dequantize(t, descale, "block")
+            return _fp8_dequantize(t, descale, "block")
         d = descale.float().repeat_interleave(per_head, dim=1)  # (batch, heads of t)
         if cu_seqlens is None:
             return t * d[:, None, :, None]

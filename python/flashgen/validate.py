@@ -22,6 +22,8 @@ from typing import List, Optional, Sequence, Tuple
 
 import torch
 
+from .fp8 import BLOCK_TOKENS
+
 DTYPE_NAMES = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16", torch.float8_e4m3fn: "e4m3"}
 FP8_DTYPE = torch.float8_e4m3fn  # inputs of the FP8 forward (v3 on sm_90; the CPU backend upcasts)
 MAX_HEAD_DIM = 256  # common/config.h kMaxHeadDim; build_info().max_head_dim reports the same
@@ -440,7 +442,6 @@ def check_descales(descales: Sequence[Tuple[str, Optional[torch.Tensor]]], q: to
     q_descale (batch, num_heads, ceil(seqlen_q / 128)), k / v_descale (batch, num_heads_k, ceil(seqlen_k / 128)),
     fixed-length batches only. Returns whether they are per block. Given with inputs that are not FP8 they would be
     silently ignored, so that is refused too."""
-    from .fp8 import BLOCK_TOKENS
     num_heads = q.shape[-2]
     blocks_q, blocks_k = -(-seqlen_q // BLOCK_TOKENS), -(-seqlen_k // BLOCK_TOKENS)
     given = [(name, t) for name, t in descales if t is not None]
