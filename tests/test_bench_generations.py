@@ -177,11 +177,20 @@ def test_v3_tiles_match_tile_config_h():
     assert int(re.search(r"kWarpgroupRows = (\d+);", text).group(1)) == io_model.V3_WARPGROUP_ROWS
     assert int(re.search(r"kBwdMaxHeadDim = (\d+);", text).group(1)) == io_model.V3_BWD_MAX_HEAD_DIM
     assert int(re.search(r"kBwdSplitMinHeadDim = (\d+);", text).group(1)) == io_model.V3_BWD_SPLIT_MIN_HEAD_DIM
-    bwd = _body(text, "constexpr BwdTileConfig bwd_tile_config(int head_dim) {")
-    split, plain = [(int(m), int(n)) for m, n in re.findall(r"BwdTileConfig\{(\d+), (\d+),", bwd)]
-    assert "head_dim >= kBwdSplitMinHeadDim ?" in bwd
-    assert (split, plain) == (io_model.V3_BWD_SPLIT_TILE, io_model.V3_BWD_TILE)
+    assert int(re.search(r"kBwdRowsMaxHeadDim = (\d+);", text).group(1)) == io_model.V3_BWD_ROWS_MAX_HEAD_DIM
+    assert int(re.search(r"kBwdRowsMinMaskedKeys = (\d+);", text).group(1)) == io_model.V3_BWD_ROWS_MIN_MASKED_KEYS
+    bwd = _body(text, "constexpr BwdTileConfig bwd_tile_config(int head_dim, bool dq_rows = false) {")
+    split, rows, plain = [(int(m), int(n)) for m, n in re.findall(r"BwdTileConfig\{(\d+), (\d+),", bwd)]
+    assert re.search(r"head_dim >= kBwdSplitMinHeadDim\s+\?", bwd)
+    assert re.search(r"head_dim <= kBwdRowsMaxHeadDim && dq_rows \?", bwd)
+    assert (split, rows, plain) == (io_model.V3_BWD_SPLIT_TILE, io_model.V3_BWD_ROWS_TILE, io_model.V3_BWD_TILE)
+    choice = _body(text, "constexpr bool bwd_dq_rows_tile(")
+    assert "!masked || max_seqlen_k >= kBwdRowsMinMaskedKeys" in choice
     assert io_model.tiles("v3", "bwd", 128, causal=False) == (64, 128)
+    assert io_model.tiles("v3", "bwd", 64, causal=False, seqlen_k=512) == (128, 128)
+    assert io_model.tiles("v3", "bwd", 40, causal=False) == (128, 128)  # bucket 64
+    assert io_model.tiles("v3", "bwd", 64, causal=True, seqlen_k=1024) == (64, 128)
+    assert io_model.tiles("v3", "bwd", 64, causal=True, seqlen_k=2048) == (128, 128)
     assert io_model.tiles("v3", "bwd", 192, causal=True) == (64, 64)
     assert io_model.tiles("v3", "bwd", 136, causal=False) == (64, 64)   # bucket 192
     found = {}

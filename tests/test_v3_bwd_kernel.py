@@ -95,6 +95,35 @@ def test_varlen_split_layout(head_dim):
                 max_seqlen_q=max(lens), max_seqlen_k=max(lens))
 
 
+@pytest.mark.parametrize("dtype", ["bf16", "fp16"])
+@pytest.mark.parametrize("mask", ["full", "causal", "window"])
+def test_d64_dq_rows_tile(dtype, mask):
+    """d64's 128-query tile (tile_config.h bwd_dq_rows_tile: no mask, or a mask with >= 2048 keys): 2100 x 2300
+    (a partial last query block of 52 rows, a partial key block), GQA 4 -> 2; its dQ split by query rows and D taken
+    by shuffles, against the oracle."""
+    _need(dtype, 64)
+    torch.manual_seed(26)
+    q = randn(1, 2100, 4, 64, dtype=DTYPES[dtype])
+    k, v = (randn(1, 2300, 2, 64, dtype=DTYPES[dtype]) for _ in range(2))
+    window = {"full": (-1, -1), "causal": (-1, 0), "window": (300, 40)}[mask]
+    check_grads("v3", f"d64 rows tile {dtype} {mask}", q, k, v, window_size=window)
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_d64_dq_rows_tile_varlen(causal):
+    """Varlen on d64's 128-query tile: an empty sequence, 1, 127, 128, 129 and 2049 rows (the longest makes causal
+    launches take the tile too), causal and not, GQA 6 -> 2."""
+    _need("bf16", 64)
+    torch.manual_seed(27)
+    lens = [1, 127, 0, 128, 129, 2049]
+    cu = cu_seqlens(lens)
+    q = randn(sum(lens), 6, 64, dtype=torch.bfloat16)
+    k, v = (randn(sum(lens), 2, 64, dtype=torch.bfloat16) for _ in range(2))
+    check_grads("v3", f"varlen d64 rows tile causal={causal}", q, k, v,
+                window_size=(-1, 0) if causal else (-1, -1), cu_seqlens_q=cu, cu_seqlens_k=cu,
+                max_seqlen_q=max(lens), max_seqlen_k=max(lens))
+
+
 @pytest.mark.parametrize("sq,sk", [(0, 50), (50, 0)])
 def test_empty_side(sq, sk):
     """No queries: dK = dV = 0. No keys: dQ = 0."""

@@ -12,6 +12,8 @@
 // at the end, and to dQ by the postprocess).
 #pragma once
 
+#include <type_traits>
+
 #include "common/mask.h"
 #include "common/params.h"
 #include "common/score.h"
@@ -77,29 +79,54 @@ __device__ __forceinline__ void gemm_grad_ss(float (&grad)[T::kGradRegs], uint32
 }
 
 // A thread's LSE (log2 units) or D values of the block: the pair for columns 8j + qcol0, + 1 of each of its n8
-// tiles j. Read into registers before the GEMM wait that precedes their use: read at the use, each step's first
-// FFMA waited on its ld.shared (short scoreboard, ~6% of the consumers' samples at d128 8k, bench/NOTES.md
+// tiles j (pair(j)). Read into registers before the GEMM wait that precedes their use: read at the use, each step's
+// first FFMA waited on its ld.shared (short scoreboard, ~6% of the consumers' samples at d128 8k, bench/NOTES.md
 // session 26), queued behind the wgmmas' shared-memory reads.
 template <typename T>
-using BlockRows = float2[T::kScoreCols / 8];
-template <typename T>
-__device__ __forceinline__ void load_block_rows(BlockRows<T>& r, uint32_t smem, int qcol0) {
+struct BlockRows {
+  float2 r[T::kScoreCols / 8];
+  __device__ __forceinline__ void load(uint32_t smem, int qcol0, int /*lane*/) {
 #pragma unroll
-  for (int j = 0; j < T::kScoreCols / 8; ++j) {
-    asm volatile("ld.shared.v2.f32 {%0, %1}, [%2];\n" : "=f"(r[j].x), "=f"(r[j].y) : "r"(smem + 4 * (8 * j + qcol0)));
+    for (int j = 0; j < T::kScoreCols / 8; ++j) {
+      asm volatile("ld.shared.v2.f32 {%0, %1}, [%2];\n" : "=f"(r[j].x), "=f"(r[j].y) : "r"(smem + 4 * (8 * j + qcol0)));
+    }
   }
-}
+  __device__ __forceinline__ float2 pair(int j) const { return r[j]; }
+};
+// kDqRows (128 queries): the LSE pass holds S^T, dP^T (64 registers each, dP^T's GEMM in flight), dK and dV (64) and
+// builds P^T's fragments (32), which leaves no room for BlockRows' 32 (ptxas serialized the wgmmas, C7512). So the
+// block's LSE rows are spread over the warp, lane L holding rows L + 32 k (k < 4), and pair(j) takes the thread's two
+// by shuffles at the use (FA3's ShuffleStats): column 8j + qcol0 + e is lane 8 (j % 4) + qcol0 + e's register j / 4,
+// the same register in every lane. D's pass has room for BlockRows (probs16_to_grads).
+template <typename T>
+struct SpreadRows {
+  float r[T::kBlockM / 32];
+  int qcol0;
+  __device__ __forceinline__ void load(uint32_t smem, int qcol0_, int lane) {
+    qcol0 = qcol0_;
+#pragma unroll
+    for (int k = 0; k < T::kBlockM / 32; ++k) {
+      asm volatile("ld.shared.f32 %0, [%1];\n" : "=f"(r[k]) : "r"(smem + 4 * (lane + 32 * k)));
+    }
+  }
+  __device__ __forceinline__ float2 pair(int j) const {
+    return make_float2(__shfl_sync(0xffffffffu, r[j / 4], 8 * (j % 4) + qcol0),
+                       __shfl_sync(0xffffffffu, r[j / 4], 8 * (j % 4) + qcol0 + 1));
+  }
+};
+template <typename T>
+using StepRows = typename std::conditional<T::kDqRows, SpreadRows<T>, BlockRows<T>>::type;
 
 // The elementwise step on one (64 keys x kScoreCols queries) tile, in two halves so that P^T (and dV's GEMM) can
 // start while dP^T is still in flight: s (S^T) -> P^T here (scores_to_probs_mods with softcap / ALiBi), then dp
 // (dP^T) -> dS^T from P^T (probs_to_grads). Element i of this thread is (key c.row(acc_half(i)), query c.col(i)); the
-// block's LSE (log2 units) rows come in registers (BlockRows), query m_begin + qcol0 + 8 j (+1) in lse[j].
+// block's LSE (log2 units) rows come as StepRows, query m_begin + qcol0 + 8 j (+1) in lse.pair(j).
 template <typename T, bool kMask>
-__device__ __forceinline__ void scores_to_probs(float (&s)[T::kSRegs], const AccCoord& c, const BlockRows<T>& lse,
+__device__ __forceinline__ void scores_to_probs(float (&s)[T::kSRegs], const AccCoord& c, const StepRows<T>& lse,
                                                 const MaskSpec& mask, const ScorePath& path) {
 #pragma unroll
   for (int j = 0; j < T::kScoreCols / 8; ++j) {
-    const float2 lse2 = lse[j];
+    const float2 lse2 = lse.pair(j);
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
       const int i = 4 * j + e;
@@ -119,11 +146,11 @@ __device__ __forceinline__ void scores_to_probs(float (&s)[T::kSRegs], const Acc
 // (C7512: the fused pass beside the plain one). Masked always (the modifier launches are rare enough).
 template <typename T, bool kSoftcap, bool kAlibi>
 __device__ __forceinline__ void scores_to_probs_mods(float (&s)[T::kSRegs], uint32_t (&pa)[T::kPRegs],
-                                                     const AccCoord& c, const BlockRows<T>& lse, const MaskSpec& mask,
+                                                     const AccCoord& c, const StepRows<T>& lse, const MaskSpec& mask,
                                                      const ScorePath& path) {
 #pragma unroll
   for (int j = 0; j < T::kScoreCols / 8; ++j) {
-    const float2 lse2 = lse[j];
+    const float2 lse2 = lse.pair(j);
 #pragma unroll
     for (int e = 0; e < 4; e += 2) {
       float pr[2], chain[2] = {1.f, 1.f};
@@ -146,9 +173,34 @@ __device__ __forceinline__ void probs_to_grads(const float (&pr)[T::kSRegs], flo
                                                const BlockRows<T>& dsum) {
 #pragma unroll
   for (int j = 0; j < T::kScoreCols / 8; ++j) {
-    const float2 d2 = dsum[j];
+    const float2 d2 = dsum.pair(j);
 #pragma unroll
     for (int e = 0; e < 4; ++e) dp[4 * j + e] = pr[4 * j + e] * (dp[4 * j + e] - ((e & 1) ? d2.y : d2.x));
+  }
+}
+
+// kDqRows: dS^T = P^T o (dP^T - D) with P^T read back from its 16-bit fragments (pa, as dV's GEMM sees it), so that
+// S^T's fp32 registers are free from the end of the P^T pass. Beside dK, dV, dP^T and pa, holding them as well made
+// ptxas serialize the wgmmas (C7512). Rounding P^T first adds at most 2^-9 (bf16) relative to each dS^T element,
+// which is itself rounded to 16 bits for its two GEMMs; the GPU tier's FA-rule gradient checks cover it.
+template <typename T>
+__device__ __forceinline__ void probs16_to_grads(const uint32_t (&pa)[T::kPRegs], float (&dp)[T::kSRegs],
+                                                 const BlockRows<T>& dsum) {
+#pragma unroll
+  for (int j = 0; j < T::kScoreCols / 8; ++j) {
+    const float2 d2 = dsum.pair(j);
+#pragma unroll
+    for (int e = 0; e < 4; e += 2) {
+      const uint32_t w2 = pa[(4 * j + e) / 2];  // lo: column 8j + qcol0, hi: + 1 (pack2)
+      float2 pr;
+      if constexpr (T::Tag::kBf16) {
+        pr = make_float2(__uint_as_float(w2 << 16), __uint_as_float(w2 & 0xffff0000u));
+      } else {
+        pr = __half22float2(*reinterpret_cast<const __half2*>(&w2));
+      }
+      dp[4 * j + e] = pr.x * (dp[4 * j + e] - d2.x);
+      dp[4 * j + e + 1] = pr.y * (dp[4 * j + e + 1] - d2.y);
+    }
   }
 }
 
@@ -159,11 +211,12 @@ __device__ __forceinline__ void to_fragments(const float (&x)[T::kSRegs], uint32
 }
 
 // P^T or dS^T fragments (64 keys x kScoreCols queries) -> rows [row0, row0 + 64), 16-byte pieces [piece0,
-// piece0 + kScoreCols / 8) of a (keys x 64 queries) buffer: 128-byte rows, 128-byte swizzle (the 16-byte piece j of
-// row r sits at piece j ^ (r % 8)). Register pair 2j, 2j+1 of n8 tile j is row 16 warp + g + 8 half, columns 8j +
-// 2t, +1 (g = lane / 4, t = lane % 4): each register is one 8 x 8 matrix in stmatrix's fragment layout, so one
-// stmatrix.x4 stores tiles j and j + 1 (matrices (j, 0), (j, 1), (j + 1, 0), (j + 1, 1)), lane l addressing row
-// l % 8 of matrix l / 8: kScoreCols / 16 instructions per thread instead of kScoreCols / 4 st.shared.u32.
+// piece0 + kScoreCols / 8) of a buffer of (keys x 64 queries) chunks (kDsChunkBytes apart; piece p in chunk p / 8):
+// 128-byte rows, 128-byte swizzle (the 16-byte piece j of row r sits at piece j ^ (r % 8)). Register pair 2j, 2j+1
+// of n8 tile j is row 16 warp + g + 8 half, columns 8j + 2t, +1 (g = lane / 4, t = lane % 4): each register is one
+// 8 x 8 matrix in stmatrix's fragment layout, so one stmatrix.x4 stores tiles j and j + 1 (matrices (j, 0), (j, 1),
+// (j + 1, 0), (j + 1, 1)), lane l addressing row l % 8 of matrix l / 8: kScoreCols / 16 instructions per thread
+// instead of kScoreCols / 4 st.shared.u32.
 template <typename T>
 __device__ __forceinline__ void store_ds(uint32_t ds_buf, const uint32_t (&a)[T::kPRegs], int row0, int piece0,
                                          int tid) {
@@ -172,8 +225,11 @@ __device__ __forceinline__ void store_ds(uint32_t ds_buf, const uint32_t (&a)[T:
   const uint32_t row_addr = ds_buf + row * kSwizzleBytes;
 #pragma unroll
   for (int j = 0; j < T::kScoreCols / 8; j += 2) {
-    const int piece = piece0 + j + matrix / 2;
-    stmatrix_x4(row_addr + ((piece ^ (lane % 8)) * 16), a[2 * j], a[2 * j + 1], a[2 * j + 2], a[2 * j + 3]);
+    const int piece = piece0 + j + matrix / 2;  // j even: both pieces of an x4 lie in one chunk
+    constexpr bool kChunked = T::kBlockM > kChunkCols;
+    const uint32_t addr = kChunked ? row_addr + (piece / 8) * T::kDsChunkBytes + (((piece % 8) ^ (lane % 8)) * 16)
+                                   : row_addr + ((piece ^ (lane % 8)) * 16);
+    stmatrix_x4(addr, a[2 * j], a[2 * j + 1], a[2 * j + 2], a[2 * j + 3]);
   }
 }
 
@@ -225,8 +281,12 @@ __device__ void bwd_consumer(const AttnBwdParams& p, const BwdSmem<T>& sm, const
   const int steps = w.steps();
   if (steps > 0) mbar_wait(sm.kv_full(), 0);
   const uint32_t k_w = sm.k() + wg * T::kWarpgroupRowBytes, v_w = sm.v() + wg * T::kWarpgroupRowBytes;
-  const int dq_key_off = T::kDqSplitCols ? 0 : kWarpgroupRows * wg;
+  // dQ's operands: d128 (by columns) all keys x columns 64 wg.., d64 dq_rows all keys and columns against dS^T chunk
+  // wg (query rows 64 wg..), else this warpgroup's keys only.
+  constexpr bool kDqAllKeys = T::kDqSplitCols || T::kDqRows;
+  const int dq_key_off = kDqAllKeys ? 0 : kWarpgroupRows * wg;
   const uint32_t dq_k = sm.k() + (T::kDqSplitCols ? wg * T::kChunkBytesK : 0) + dq_key_off * kSwizzleBytes;
+  const uint32_t dq_ds_off = T::kDqRows ? wg * T::kDsChunkBytes : dq_key_off * kSwizzleBytes;
   ScorePath path;
   int path_head = -1;
   BwdStepCursor cur(w, head_k);
@@ -241,12 +301,12 @@ __device__ void bwd_consumer(const AttnBwdParams& p, const BwdSmem<T>& sm, const
     mbar_wait(sm.full(stage), static_cast<uint32_t>(it / T::kStages) & 1u);
 
     const int qcol0 = 2 * (lane % 4);  // this thread's first query column inside the block
-    BlockRows<T> lse;
+    StepRows<T> lse;
     // Read here, before the GEMMs' issue: issued after them, the reads waited behind the GEMMs' shared-memory
     // traffic (bench/NOTES.md session 26); here they measured +1-5% at d128 and +2-5% at d64 (session 27). kMods
     // reads at the use (16 more registers across the waits spilled 44 B in the d128 modifier instance).
     constexpr bool kRowsEarly = !kMods;
-    if constexpr (kRowsEarly) load_block_rows<T>(lse, sm.lse(stage), qcol0);
+    if constexpr (kRowsEarly) lse.load(sm.lse(stage), qcol0, lane);
     float s[T::kSRegs], dp[T::kSRegs];  // S^T then P^T; dP^T then dS^T: (64 keys, kBlockM queries) fp32
     fence_regs(s);
     fence_regs(dp);
@@ -271,7 +331,7 @@ __device__ void bwd_consumer(const AttnBwdParams& p, const BwdSmem<T>& sm, const
       wgmma_commit();
     };
     // P^T and dV's GEMM under dP^T's GEMM, then dS^T (softcap's chain factor folded into s by the modifier pass)
-    if constexpr (!kRowsEarly) load_block_rows<T>(lse, sm.lse(stage), qcol0);
+    if constexpr (!kRowsEarly) lse.load(sm.lse(stage), qcol0, lane);
     if (kMods && softcap) {  // with ALiBi or without (slope 0 adds a bias of exactly 0): one copy fewer
       scores_to_probs_mods<T, true, true>(s, pa, c, lse, w.mask, path);
     } else if (kMods && alibi) {
@@ -285,17 +345,22 @@ __device__ void bwd_consumer(const AttnBwdParams& p, const BwdSmem<T>& sm, const
       to_fragments<T>(s, pa);
     }
     issue_grad(dv, pa, sm.dout(stage));
-    BlockRows<T> dsum;
-    load_block_rows<T>(dsum, sm.dsum(stage), qcol0);
+    BlockRows<T> dsum;  // (kDqRows: room for them once P^T's fp32 values are dead, below)
+    dsum.load(sm.dsum(stage), qcol0, lane);
     wgmma_wait<1>();  // dP^T has landed; dV's GEMM may still run
     fence_regs(dp);
-    probs_to_grads<T>(s, dp, dsum);
+    if constexpr (T::kDqRows) {
+      static_assert(!kMods, "the dq_rows tile has no modifier instance (tile_config.h bwd_dq_rows_tile)");
+      probs16_to_grads<T>(pa, dp, dsum);
+    } else {
+      probs_to_grads<T>(s, dp, dsum);
+    }
     to_fragments<T>(dp, dsa);
 
     const uint32_t ds_buf = sm.ds(it & 1);
     store_ds<T>(ds_buf, dsa, kWarpgroupRows * wg, 0, tid);
     fence_proxy_async_smem();
-    if constexpr (T::kDqSplitCols) {
+    if constexpr (kDqAllKeys) {
       named_sync(kBwdBarrierDsReady, T::kConsumers * kWarpgroupThreads);
     } else {
       named_sync(kBwdBarrierWarpgroup0 + wg, kWarpgroupThreads);
@@ -303,7 +368,7 @@ __device__ void bwd_consumer(const AttnBwdParams& p, const BwdSmem<T>& sm, const
     float dq[T::kDqRegs];  // (64 queries, kDqCols) fp32
     fence_regs(dq);
     wgmma_fence();
-    gemm_dq<T>(dq, ds_buf + dq_key_off * kSwizzleBytes, dq_k);
+    gemm_dq<T>(dq, ds_buf + dq_ds_off, dq_k);
     wgmma_commit();
     issue_grad(dk, dsa, sm.q(stage));  // dK's GEMM runs while dQ is staged (FA3's order)
     wgmma_wait<1>();                    // dV and dQ have landed
@@ -414,7 +479,7 @@ __device__ void bwd_consumer_split(const AttnBwdParams& p, const BwdSmem<T>& sm,
     wgmma_commit();
     const int qcol0 = q_off + 2 * (lane % 4);  // this thread's first query column inside the block
     BlockRows<T> lse;
-    load_block_rows<T>(lse, sm.lse(stage), qcol0);
+    lse.load(sm.lse(stage), qcol0, lane);
     wgmma_wait<1>();  // S^T has landed; dP^T may still run
     fence_regs(s);
 
@@ -436,7 +501,7 @@ __device__ void bwd_consumer_split(const AttnBwdParams& p, const BwdSmem<T>& sm,
       to_fragments<T>(s, pa);
     }
     BlockRows<T> dsum;
-    load_block_rows<T>(dsum, sm.dsum(stage), qcol0);
+    dsum.load(sm.dsum(stage), qcol0, lane);
     wgmma_wait<0>();
     fence_regs(dp);
     probs_to_grads<T>(s, dp, dsum);

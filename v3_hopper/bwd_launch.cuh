@@ -19,18 +19,26 @@ inline Status bwd_cuda_status(cudaError_t err, const char* what) {
   return Status::runtime(std::string("v3 backward: ") + what + ": " + cudaGetErrorString(err));
 }
 
-template <typename Tag, int kHeadDim>
-Status launch_bwd(const AttnBwdParams& p, const BwdLaunch& launch, cudaStream_t stream) {
-  using T = BwdTraits<Tag, kHeadDim>;
-  const dim3 rows_grid(static_cast<unsigned>(ceil_div(p.seqlen_q, kPrepostRows)), p.num_heads, p.batch);
+template <typename T, bool kWithMods>
+Status launch_bwd_tile(const AttnBwdParams& p, const BwdLaunch& launch, cudaStream_t stream) {
+  // The preprocess writes every row of the padded workspaces (bwd_ws_rows: seqlen_q rounded up to whole kBlockM
+  // blocks, which the main kernel reads); the postprocess takes one query block per CTA.
+  const unsigned pre_blocks = static_cast<unsigned>(ceil_div(bwd_ws_rows(p.seqlen_q, T::kBlockM), kPrepostRows));
+  const dim3 pre_grid(pre_blocks, p.num_heads, p.batch);
+  const dim3 post_grid(static_cast<unsigned>(ceil_div(p.seqlen_q, T::kBlockM)), p.num_heads, p.batch);
   if (p.seqlen_q > 0) {
-    bwd_preprocess_kernel<T><<<rows_grid, kPrepostThreads, 0, stream>>>(p);
+    bwd_preprocess_kernel<T><<<pre_grid, kPrepostThreads, 0, stream>>>(p);
     Status st = bwd_cuda_status(cudaGetLastError(), "bwd_preprocess_kernel launch");
     if (!st.is_ok()) return st;
   }
   if (p.seqlen_k > 0) {
     const bool mods = p.softcap > 0.f || p.alibi_slopes != nullptr;  // bwd_kernel's kMods
-    auto kernel = mods ? bwd_kernel<T, true> : bwd_kernel<T, false>;
+    auto kernel = bwd_kernel<T, false>;
+    if constexpr (kWithMods) {
+      if (mods) kernel = bwd_kernel<T, true>;
+    } else if (mods) {
+      return Status::runtime("v3 backward: the dq_rows tile has no modifier instance (bwd_dq_rows_tile)");
+    }
     Status st = bwd_cuda_status(
         cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, T::kSmemBytes),
         "cudaFuncSetAttribute(MaxDynamicSharedMemorySize)");
@@ -41,10 +49,18 @@ Status launch_bwd(const AttnBwdParams& p, const BwdLaunch& launch, cudaStream_t 
     if (!st.is_ok()) return st;
   }
   if (p.seqlen_q > 0) {
-    bwd_postprocess_kernel<T><<<rows_grid, kPrepostThreads, 0, stream>>>(p);
+    bwd_postprocess_kernel<T><<<post_grid, kPrepostThreads, 0, stream>>>(p);
     return bwd_cuda_status(cudaGetLastError(), "bwd_postprocess_kernel launch");
   }
   return Status::ok();
+}
+
+template <typename Tag, int kHeadDim>
+Status launch_bwd(const AttnBwdParams& p, const BwdLaunch& launch, cudaStream_t stream) {
+  if constexpr (kHeadDim <= kBwdRowsMaxHeadDim) {
+    if (launch.dq_rows) return launch_bwd_tile<BwdTraits<Tag, kHeadDim, true>, false>(p, launch, stream);
+  }
+  return launch_bwd_tile<BwdTraits<Tag, kHeadDim>, true>(p, launch, stream);
 }
 
 }  // namespace v3

@@ -4,8 +4,9 @@
 //                their probabilities are 0 and the main kernel's bulk copies never read past a workspace;
 //   postprocess: dQ = softmax_scale * dq_accum (fp32, BwdTraits::dq_offset's order per query block) -> the input
 //                dtype.
-// Partition of both: grid (row blocks of kPrepostRows, num_heads, batch); the preprocess gives each row 8 lanes
-// (shuffle-reduced), the postprocess one query block per CTA, a warp per pair of dq_accum patches.
+// Partition of both: grid (row blocks, num_heads, batch); the preprocess kPrepostRows rows per CTA, 8 lanes per row
+// (shuffle-reduced), up to the padded workspace's last row; the postprocess one query block (kBlockM rows) per CTA,
+// a warp per pair of dq_accum patches.
 #pragma once
 
 #include <cstdint>
@@ -81,7 +82,6 @@ __global__ void __launch_bounds__(kPrepostThreads) bwd_postprocess_kernel(const 
   using Element = typename T::Element;
   constexpr int kWarps = kPrepostThreads / 32;
   static_assert(T::dq_pairs_match(), "dq_pair_first / dq_patch_row0 / col0 must invert dq_offset");
-  static_assert(kPrepostRows == T::kBlockM, "one query block per CTA");
   __shared__ uint32_t s_stage[kWarps][kPostPairs][kDqStageWords];
   const int head = blockIdx.y, batch = blockIdx.z;
   const SeqInfo seq = seq_info(p, batch);

@@ -66,8 +66,7 @@ __device__ void bwd_dq_writer(const AttnBwdParams& p, const BwdSmem<T>& sm, cons
     for (int wg = 0; wg < T::kConsumers; ++wg) {
       named_sync(kBwdBarrierDqFull0 + wg, T::kDqBarrierThreads);
       if (lane == 0) {
-        const int col0 = T::kDqSplitCols ? kChunkCols * wg : 0;
-        bulk_reduce_add_f32(dq_block + T::dq_offset(0, col0), sm.dq(wg), T::kDqPartBytes);
+        bulk_reduce_add_f32(dq_block + T::dq_part_offset(wg), sm.dq(wg), T::kDqPartBytes);
         bulk_commit();
       }
     }

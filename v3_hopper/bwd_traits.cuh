@@ -32,18 +32,21 @@ enum BwdNamedBarrier : int {
 // up to whole query blocks, so every block's rows are one aligned, in-bounds bulk copy.
 FH_HD int64_t bwd_ws_rows(int seqlen_q, int block_m) { return (static_cast<int64_t>(seqlen_q) + block_m - 1) / block_m * block_m; }
 
-template <typename Tag_, int kHeadDim_>
+// kDqRowsTile: the d64 bucket's dq_rows tile (tile_config.h bwd_dq_rows_tile picks it per launch).
+template <typename Tag_, int kHeadDim_, bool kDqRowsTile = false>
 struct BwdTraits {
   using Tag = Tag_;
   using Element = typename Tag::type;
   static constexpr int kHeadDim = kHeadDim_;
-  static constexpr BwdTileConfig kConfig = bwd_tile_config(kHeadDim);
+  static constexpr BwdTileConfig kConfig = bwd_tile_config(kHeadDim, kDqRowsTile);
   static constexpr int kBlockM = kConfig.block_m;  // query rows per step
   static constexpr int kBlockN = kConfig.block_n;  // keys per CTA
   static constexpr int kStages = kConfig.stages;
   // d192 / d256 (tile_config.h): both warpgroups on the CTA's 64 keys, each against half of a block's queries; one
   // owns dV, the other dK. Otherwise each warpgroup owns 64 keys with their dK and dV.
   static constexpr bool kSplit = kConfig.split;
+  // d64 (tile_config.h dq_rows): 128 queries per step, dQ split between the warpgroups by query rows.
+  static constexpr bool kDqRows = kConfig.dq_rows;
   static constexpr int kConsumers = kBwdConsumers;
   static constexpr int kNumThreads = bwd_num_threads();
   static constexpr int kProducerRegs = bwd_register_budget().producer;
@@ -66,6 +69,8 @@ struct BwdTraits {
   static constexpr int kTileBytesK = kChunks * kChunkBytesK;
   static constexpr int kWarpgroupRowBytes = kWarpgroupRows * kSwizzleBytes;  // a consumer's 64 keys of a K chunk
   static constexpr int kDsBytes = kBlockN * kBlockM * kElementBytes;         // dS^T (keys, queries), one chunk wide
+  // A dS^T buffer holds kBlockM / 64 chunks of (kBlockN keys x 64 queries), one 128-byte swizzled row per key.
+  static constexpr int kDsChunkBytes = kBlockN * kSwizzleBytes;
   static constexpr int kDsBuffers = bwd_ds_buffers(kConfig);                 // dS^T x 2 (and P^T x 2 with kSplit)
   static constexpr int kRowBytes = kBlockM * 4;                              // LSE or D of one query block
 
@@ -79,13 +84,16 @@ struct BwdTraits {
   static constexpr int kScoreCols = kSplit ? kBlockM / kConsumers : kBlockM;
   // dQ = dS K (64 queries x head dim) is split between the warpgroups: at d128 by columns (each takes 64 columns over
   // all kBlockN keys, so dS^T of both warpgroups is read: a barrier between them), at d64 by keys (each its own 64
-  // keys over all columns, both adding into dq_accum).
-  static constexpr bool kDqSplitCols = !kSplit && kHeadDim == 2 * kBwdDqCols;
+  // keys over all columns, both adding into dq_accum); kDqRows: by query rows (each its 64 rows over all kBlockN keys,
+  // chunk w of the dS^T buffer).
+  static constexpr bool kDqSplitCols = !kSplit && !kDqRows && kHeadDim == 2 * kBwdDqCols;
   static constexpr int kDqCols = kBwdDqCols;
-  static constexpr int kDqPartFloats = kBlockM * kDqCols;  // one warpgroup's dQ part, fragment order (dq_part_offset)
+  static constexpr int kDqPartRows = kDqRows ? kWarpgroupRows : kBlockM;
+  static constexpr int kDqPartFloats = kDqPartRows * kDqCols;  // one warpgroup's dQ part, fragment order (dq_offset)
   static constexpr int kDqPartBytes = kDqPartFloats * 4;
-  static constexpr int kDqKeys = kDqSplitCols || kSplit ? kBlockN : kWarpgroupRows;
-  static constexpr int kDqParts = kHeadDim / kDqCols;  // kSplit: warpgroup w takes parts w, w + 2, ...
+  static constexpr int kDqKeys = kDqSplitCols || kSplit || kDqRows ? kBlockN : kWarpgroupRows;
+  // Parts of a query block: by columns (kSplit: warpgroup w takes parts w, w + 2, ...), rows: by query rows.
+  static constexpr int kDqParts = kDqRows ? kBlockM / kDqPartRows : kHeadDim / kDqCols;
   static constexpr int kStepsDq = kDqKeys / kKStep;
 
   static constexpr int kSRegs = kScoreCols / 2;  // S^T, dP^T (64 keys x kScoreCols queries) fp32 per thread
@@ -113,29 +121,39 @@ struct BwdTraits {
 
   // dq_accum holds, per (batch, head) and query block, kHeadDim / kDqCols parts of kDqPartFloats, each in the order
   // a consumer warpgroup's wgmma accumulators leave registers: group k of 4 registers of all 128 threads, thread
-  // after thread (so staging it in shared memory is conflict-free 16-byte stores). Offset of (row, col) inside the
-  // query block's parts:
+  // after thread (so staging it in shared memory is conflict-free 16-byte stores). Parts are 64-column slices, or
+  // with kDqRows 64-row slices. Offset of (row, col) inside the query block's parts:
   __host__ __device__ static constexpr int dq_offset(int row, int col) {
-    const int part = col / kDqCols, c = col % kDqCols;
-    const int tid = 32 * (row / 16) + 4 * (row % 8) + (c % 8) / 2;  // wgmma D layout: warp, g = row % 8, t
-    const int reg = 4 * (c / 8) + 2 * ((row % 16) / 8) + c % 2;
+    const int part = kDqRows ? row / kDqPartRows : col / kDqCols, r = row % kWarpgroupRows, c = col % kDqCols;
+    const int tid = 32 * (r / 16) + 4 * (r % 8) + (c % 8) / 2;  // wgmma D layout: warp, g = r % 8, t
+    const int reg = 4 * (c / 8) + 2 * ((r % 16) / 8) + c % 2;
     return part * kDqPartFloats + (reg / 4) * (4 * kWarpgroupThreads) + 4 * tid + reg % 4;
+  }
+  // First float of warpgroup wg's part (d64 by keys: both warpgroups add the one part).
+  __host__ __device__ static constexpr int dq_part_offset(int wg) {
+    return kDqRows || kDqSplitCols ? wg * kDqPartFloats : 0;
   }
   // The postprocess reads a query block's parts as pairs of 512-byte patches side by side (common/dq_out.cuh):
   // patch q is warp q % 4's 16 rows of register group q / 4 % (kDqCols / 8) of part q / (4 kDqCols / 8); pair p
-  // is the groups 2g, 2g + 1 of one warp and part.
+  // is the groups 2g, 2g + 1 of one warp and part (a part is 64 columns, or with kDqRows 64 rows).
   static constexpr int kDqPairStep = 4;
   __host__ __device__ static constexpr int dq_pair_first(int pair) {
     return (pair / (2 * kDqCols / 8)) * (4 * kDqCols / 8) + (pair / 4 % (kDqCols / 16)) * 8 + pair % 4;
   }
-  __host__ __device__ static constexpr int dq_patch_row0(int q) { return 16 * (q % 4); }
+  __host__ __device__ static constexpr int dq_patch_row0(int q) {
+    return (kDqRows ? (q / (4 * (kDqCols / 8))) * kDqPartRows : 0) + 16 * (q % 4);
+  }
   __host__ __device__ static constexpr int dq_patch_col0(int q) {
-    return (q / (4 * (kDqCols / 8))) * kDqCols + 8 * (q / 4 % (kDqCols / 8));
+    return (kDqRows ? 0 : (q / (4 * (kDqCols / 8))) * kDqCols) + 8 * (q / 4 % (kDqCols / 8));
   }
   static constexpr bool dq_pairs_match() {  // common/dq_out.cuh
     return dq_pairs_invert<BwdTraits>([](int r, int c) { return dq_offset(r, c); });
   }
-  static_assert(kBlockM == kChunkCols, "dS^T rows are one 128-byte swizzle row (64 queries)");
+  static_assert(kDqRows ? kBlockM == kConsumers * kChunkCols : kBlockM == kChunkCols,
+                "dS^T rows are 128-byte swizzle rows of 64 queries (kDqRows: one chunk per warpgroup's dQ rows)");
+  static_assert(!kDqRows || (kHeadDim == kDqCols && !kSplit && kDqPartRows == kChunkCols),
+                "kDqRows: dQ parts of 64 rows x all columns, one per consumer warpgroup");
+  static_assert(bwd_dq_staging_bytes(kConfig) == (kSplit ? 0 : kConsumers * kDqPartBytes), "dQ staging parts");
   static_assert(kSplit ? kBlockN == kWarpgroupRows && kScoreCols % 16 == 0 : kBlockN == kConsumers * kWarpgroupRows,
                 "each consumer warpgroup owns 64 keys (split: both the same 64, half the queries each)");
   static_assert(kSmemBytes <= kMaxSmemPerBlock, "tile_config.h: smem");

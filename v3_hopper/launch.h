@@ -39,6 +39,7 @@ Status launch_fwd(const AttnParams& p, const FwdLaunch& launch, cudaStream_t str
 struct BwdLaunch {
   CUtensorMap q, dout;  // boxes of the backward's block_m rows (tile_config.h bwd_tile_config)
   CUtensorMap k, v;     // boxes of block_n rows
+  bool dq_rows = false;  // the d64 dq_rows tile (tile_config.h bwd_dq_rows_tile), whose block_m the boxes have
 };
 
 template <typename Tag, int kHeadDim>

@@ -313,28 +313,55 @@ inline int choose_tile_group(int num_m_blocks, int heads_batches, bool heavy_fir
 
 // ---- backward (bwd_traits.cuh): a CTA owns block_n keys of one KV head and walks the query blocks of block_m rows
 // that see them, streaming Q, dO, LSE and D through a stages-deep ring; two consumer warpgroups.
-//   d64, d128: 128 keys, 64 per consumer warpgroup (the wgmma M of S^T = K Q^T), each with its dK and dV rows in
+//   d128: 128 keys, 64 per consumer warpgroup (the wgmma M of S^T = K Q^T), each with its dK and dV rows in
 //              registers (2 x head_dim / 2 fp32 per thread).
 //   d192, d256 (split): dK + dV of 64 keys alone would take 192-256 registers per thread, so the CTA owns 64 keys
 //              and the warpgroups split the work: each computes S^T and dP^T of the 64 keys against its half of the
 //              block's queries (64 x 32, N = 32), P^T and dS^T meet in shared memory, then warpgroup 0 accumulates
 //              dV += P^T dO and warpgroup 1 dK += dS^T Q (head_dim / 2 registers each), and dQ = dS K is split by
 //              64-column parts, added into dq_accum from registers (no staging buffer: it would not fit at d256).
+//   d64 (dq_rows): 128 queries per step, FA3's d64 tile (hopper/flash_bwd_launch_template.h: 128 x 128, S^T swapped
+//              as here, dQ split by query rows, AtomLayoutMdQ 2): each consumer warpgroup computes S^T and dP^T of its
+//              64 keys against all 128 queries (N = 128), dV and dK from registers as above, and dQ = dS K is split
+//              by query rows (warpgroup w: rows 64w.. over all 128 keys, both warpgroups' dS^T), so each dQ element
+//              is added into dq_accum once per step instead of once per warpgroup. Twice the GEMM work per step of
+//              the 64-query tile for the same barriers and dQ hand-offs. To stay within 240 registers
+//              (bwd_consumer.cuh) the block's LSE rows are spread over the warp and taken by shuffles (FA3's
+//              ShuffleStats), and dS^T is computed from P^T's 16-bit fragments. bwd_dq_rows_tile says which launches
+//              take it.
 struct BwdTileConfig {
   int block_m, block_n, stages;
   bool split;
+  bool dq_rows = false;  // d64: 128 queries per step, dQ split by query rows (above)
 };
 constexpr int kBwdConsumers = 2;
 constexpr int kBwdMaxHeadDim = 256;
 constexpr int kBwdSplitMinHeadDim = 160;  // buckets above 128 take the split layout
-// Stages: d64's step (5 GEMMs of 64 x 128 x 64) takes ~1.2 us at 600 TFLOP/s over 132 SMs, shorter than a Q / dO
-// load's round trip, so 2 stages (one step of lookahead) left it waiting; 4 stages give three steps (162 KB of smem).
+// Stages: the 64-query d64 step (5 GEMMs of 64 x 128 x 64) takes ~1.2 us at 600 TFLOP/s over 132 SMs, shorter than a
+// Q / dO load's round trip, so 2 stages left it waiting; it runs 4 (three steps of lookahead). The dq_rows step is
+// twice as long, and 2 stages of 128 rows (~2.4 us of lookahead) are what fits beside the two 32 KB dS^T buffers:
+// Q, dO 64 KB, K, V 32 KB, dS^T 64 KB, dQ staging 32 KB, 194 KB with the rows and barriers (a third stage: 227+).
 // d128's step is twice as long and 3 stages would not fit beside its tiles (224 KB of 227). d256 (split): 2 stages
 // of 64 x 256 Q and dO, K and V, and four 8 KB P^T / dS^T buffers take 226 KB.
-constexpr BwdTileConfig bwd_tile_config(int head_dim) {
-  return head_dim >= kBwdSplitMinHeadDim ? BwdTileConfig{64, 64, 2, true}
-                                         : BwdTileConfig{64, 128, head_dim <= 64 ? 4 : 2, false};
+constexpr int kBwdRowsMaxHeadDim = 64;  // buckets up to 64 have the dq_rows tile beside the 64-query one
+// dq_rows: the launch's choice (bwd_dq_rows_tile); only buckets up to kBwdRowsMaxHeadDim have that tile.
+constexpr BwdTileConfig bwd_tile_config(int head_dim, bool dq_rows = false) {
+  return head_dim >= kBwdSplitMinHeadDim             ? BwdTileConfig{64, 64, 2, true}
+         : head_dim <= kBwdRowsMaxHeadDim && dq_rows ? BwdTileConfig{128, 128, 2, false, true}
+                                                     : BwdTileConfig{64, 128, head_dim <= 64 ? 4 : 2, false};
 }
+// Which d64 tile a launch takes (session 32, A/B against the 64-query tile, 2-3 rounds, bench/NOTES.md): dq_rows gained
+// 6-12% without a mask at 512-8k and 0-5% causal from 2k up, and lost 3-5% causal at 512 / 1k (its 128-query blocks
+// waste more of the diagonal). With softcap or ALiBi its step needs S^T's fp32 values beside everything else (the
+// plain step computes dS^T from P^T's 16-bit fragments) and ptxas serialized its wgmmas (C7512): 17-21% slower, so
+// those launches keep the 64-query tile. masked: causal or a window; max_seqlen_k: seqlen_k (varlen: the longest).
+constexpr int kBwdRowsMinMaskedKeys = 2048;
+constexpr bool bwd_dq_rows_tile(int head_dim_bucket, bool mods, bool masked, int max_seqlen_k) {
+  return head_dim_bucket <= kBwdRowsMaxHeadDim && !mods && (!masked || max_seqlen_k >= kBwdRowsMinMaskedKeys);
+}
+// The largest block_m of any bucket: the row workspaces and dq_accum are sized for it (v3_api.cu bwd_rows), so every
+// bucket's blocks are whole inside them.
+constexpr int kBwdMaxBlockM = 128;
 constexpr int bwd_num_threads() { return (1 + kBwdConsumers) * kWarpgroupThreads; }
 constexpr RegisterBudget bwd_register_budget() { return {24, 240}; }
 // mbarriers: K/V full, then per stage full and empty (Q, dO, LSE, D of one query block).
@@ -344,7 +371,10 @@ constexpr int bwd_barrier_count(int stages) { return 1 + 2 * stages; }
 constexpr int kBwdDqCols = 64;
 // (block_n x block_m) 16-bit buffers: two dS^T (double-buffered over steps); split adds two P^T.
 constexpr int bwd_ds_buffers(const BwdTileConfig& c) { return c.split ? 4 : 2; }
-constexpr int bwd_dq_staging_bytes(const BwdTileConfig& c) { return c.split ? 0 : kBwdConsumers * c.block_m * kBwdDqCols * 4; }
+// dq_rows: a consumer warpgroup's dQ part is (block_m / 2 x kBwdDqCols) fp32, else (block_m x kBwdDqCols).
+constexpr int bwd_dq_staging_bytes(const BwdTileConfig& c) {
+  return c.split ? 0 : c.dq_rows ? c.block_m * kBwdDqCols * 4 : kBwdConsumers * c.block_m * kBwdDqCols * 4;
+}
 // Q and dO per stage, K, V, the dS^T (and P^T) buffers, the dQ staging parts, LSE and D rows per stage, barriers,
 // align slack.
 constexpr int bwd_smem_bytes(const BwdTileConfig& c, int head_dim_bucket) {
@@ -353,8 +383,13 @@ constexpr int bwd_smem_bytes(const BwdTileConfig& c, int head_dim_bucket) {
          2 * c.stages * c.block_m * 4 +
          bwd_barrier_count(c.stages) * kBarrierBytes + kSwizzleAtomBytes;
 }
+static_assert(bwd_tile_config(64, true).block_m == kBwdMaxBlockM && kBwdMaxBlockM % bwd_tile_config(64).block_m == 0 &&
+                  kBwdMaxBlockM % bwd_tile_config(128).block_m == 0 &&
+                  kBwdMaxBlockM % bwd_tile_config(256).block_m == 0,
+              "kBwdMaxBlockM: the largest block_m, a multiple of every tile's");
 static_assert(bwd_smem_bytes(bwd_tile_config(128), 128) <= kMaxSmemPerBlock &&
                   bwd_smem_bytes(bwd_tile_config(64), 64) <= kMaxSmemPerBlock &&
+                  bwd_smem_bytes(bwd_tile_config(64, true), 64) <= kMaxSmemPerBlock &&
                   bwd_smem_bytes(bwd_tile_config(256), 256) <= kMaxSmemPerBlock,
               "v3 backward tile exceeds smem");
 

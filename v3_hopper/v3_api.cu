@@ -62,9 +62,10 @@ int bwd_bucket(DType dtype, int head_dim) {
   return bucket;
 }
 
-// Rows per (batch, head) of the backward's row workspaces and dq_accum (bwd_traits.cuh bwd_ws_rows).
+// Rows per (batch, head) of the backward's row workspaces and dq_accum: bwd_traits.cuh bwd_ws_rows for the largest
+// block_m of any bucket (each instance lays its blocks from row 0 and reads rows below its own bwd_ws_rows only).
 int64_t bwd_rows(const AttnParams& p) {
-  const int block_m = bwd_tile_config(kBwdMaxHeadDim).block_m;
+  const int block_m = kBwdMaxBlockM;
   return (static_cast<int64_t>(p.seqlen_q) + block_m - 1) / block_m * block_m;
 }
 
@@ -384,13 +385,17 @@ Status bwd(const AttnBwdParams& p, void* stream) {
   if (!st.is_ok()) return st;
   const int64_t q_rows = p.cu_seqlens_q ? p.total_q : p.seqlen_q;
   const int64_t k_rows = p.cu_seqlens_k ? p.total_k : p.seqlen_k;
-  const BwdTileConfig tile = bwd_tile_config(bucket);
+  const bool mods = p.softcap > 0.f || p.alibi_slopes != nullptr;
+  const bool masked = p.window_left >= 0 || p.window_right >= 0;  // causal is window_right 0
+  const bool dq_rows = bwd_dq_rows_tile(bucket, mods, masked, p.seqlen_k);
+  const BwdTileConfig tile = bwd_tile_config(bucket, dq_rows);
   if (q_rows + tile.block_m > kTmaMaxCoord || k_rows + tile.block_n > kTmaMaxCoord) {
     return Status::not_implemented("sizes: v3 addresses rows with 32-bit coordinates");
   }
   const int64_t q_batches = p.cu_seqlens_q ? 1 : p.batch;
   const int64_t k_batches = p.cu_seqlens_k ? 1 : p.batch;
   BwdLaunch launch;
+  launch.dq_rows = dq_rows;
   if (q_rows == 0 || k_rows == 0) {
     // Only the pre/postprocess (dQ = 0) or only dK = dV = 0 run; the maps are never read but must be valid.
     const bool have_q = q_rows != 0;

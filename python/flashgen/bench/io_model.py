@@ -29,7 +29,7 @@ files and fails when they drift):
       (48 KB, no opt-in: d64 48 x 48, d128 and d256 16 x 16).
   v2: v2_partitioning/tile_config.h, tile_config() (forward) and bwd_tile_config() (backward), (block_m, block_n).
   v3: v3_hopper/tile_config.h, tile_config(head_dim, masked) (forward: block_m = 64 x consumer warpgroups) and
-      bwd_tile_config() (backward, head dims up to kBwdMaxHeadDim = 128).
+      bwd_tile_config() (backward, head dims up to kBwdMaxHeadDim = 256).
 Head dims run in the smallest bucket (64, 128, 256; v3 also 192) at or above them; bytes use the real head dim.
 """
 
@@ -65,6 +65,9 @@ V3_SHORT_KEYS_MASKED_TILE = 2048   # kShortKeysMaskedTile: no window and at most
 V3_FWD_SHORT_TILES = {256: (2, 48)}  # short_tile_config where it differs from the masked tile (has_short_tile)
 V3_SHORT_TILE_MAX_ROW_KEYS = 1024   # kShortTileMaxRowKeys: rows that see at most this many keys -> the short tile
 V3_BWD_TILE = (64, 128)
+V3_BWD_ROWS_TILE = (128, 128)       # the dq_rows tile of the buckets up to kBwdRowsMaxHeadDim (bwd_dq_rows_tile)
+V3_BWD_ROWS_MAX_HEAD_DIM = 64       # kBwdRowsMaxHeadDim
+V3_BWD_ROWS_MIN_MASKED_KEYS = 2048  # kBwdRowsMinMaskedKeys: causal launches with fewer keys keep the 64-query tile
 V3_BWD_SPLIT_TILE = (64, 64)        # the split layout of the buckets from kBwdSplitMinHeadDim up
 V3_BWD_SPLIT_MIN_HEAD_DIM = 160     # kBwdSplitMinHeadDim
 V3_BWD_MAX_HEAD_DIM = 256           # kBwdMaxHeadDim
@@ -128,7 +131,12 @@ def tiles(generation: str, pass_: str, head_dim: int, causal: bool,
             if d > V3_BWD_MAX_HEAD_DIM:
                 return None
             # the launch picks by bucket (v3_api.cu: bwd_tile_config(bucket)), so d136 takes d192's split tile
-            return V3_BWD_SPLIT_TILE if d >= V3_BWD_SPLIT_MIN_HEAD_DIM else V3_BWD_TILE
+            if d >= V3_BWD_SPLIT_MIN_HEAD_DIM:
+                return V3_BWD_SPLIT_TILE
+            # bwd_dq_rows_tile (softcap / ALiBi, not modelled here, keep the 64-query tile)
+            rows = d <= V3_BWD_ROWS_MAX_HEAD_DIM and (
+                not causal or seqlen_k is None or seqlen_k >= V3_BWD_ROWS_MIN_MASKED_KEYS)
+            return V3_BWD_ROWS_TILE if rows else V3_BWD_TILE
         if d in V3_FWD_SHORT_TILES and seqlen_k is not None:
             row_keys = seqlen_k - (seqlen_k if seqlen_q is None else seqlen_q) // 2 if causal else seqlen_k
             if row_keys <= V3_SHORT_TILE_MAX_ROW_KEYS:
@@ -240,7 +248,7 @@ def hbm_bytes(generation: str, cfg: Config, mode: str, v1_sram: Optional[int] = 
             shift = v3_row_shift(cfg.seqlen_q, t[0]) if generation == "v3" else 0
             total += _tiled_forward(cfg, e, *t, row_shift=shift)
     if mode in ("bwd", "fwd+bwd"):
-        t = tiles(generation, "bwd", cfg.head_dim, cfg.causal, v1_sram)
+        t = tiles(generation, "bwd", cfg.head_dim, cfg.causal, v1_sram, seqlen_k=cfg.seqlen_k)
         if t is None:
             return None
         total += _backward(cfg, e, *t)
