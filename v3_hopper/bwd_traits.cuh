@@ -119,7 +119,7 @@ struct BwdTraits {
   static_assert(kSplit ? kHeadDim % kDqCols == 0 : (kHeadDim == kDqCols || kHeadDim == kConsumers * kDqCols),
                 "dQ: split by keys (d64), columns (d128) or 64-column parts (split)");
 
-  // dq_accum holds, per (batch, head) and query block, kHeadDim / kDqCols parts of kDqPartFloats, each in the order
+  // dq_accum holds, per (batch, head) and query block, kDqParts parts of kDqPartFloats, each in the order
   // a consumer warpgroup's wgmma accumulators leave registers: group k of 4 registers of all 128 threads, thread
   // after thread (so staging it in shared memory is conflict-free 16-byte stores). Parts are 64-column slices, or
   // with kDqRows 64-row slices. Offset of (row, col) inside the query block's parts:
