@@ -32,7 +32,7 @@ Status launch_bwd_tile(const AttnBwdParams& p, const BwdLaunch& launch, cudaStre
     if (!st.is_ok()) return st;
   }
   if (p.seqlen_k > 0) {
-    const bool mods = p.softcap > 0.f || p.alibi_slopes != nullptr;  // bwd_kernel's kMods
+    const bool mods = bwd_has_mods(p);
     auto kernel = bwd_kernel<T, false>;
     if constexpr (kWithMods) {
       if (mods) kernel = bwd_kernel<T, true>;

@@ -42,6 +42,10 @@ struct BwdLaunch {
   bool dq_rows = false;  // the d64 dq_rows tile (tile_config.h bwd_dq_rows_tile), whose block_m the boxes have
 };
 
+// The backward launch has a score modifier (softcap or ALiBi): bwd_kernel's kMods instance, and never the d64
+// dq_rows tile (tile_config.h bwd_dq_rows_tile).
+inline bool bwd_has_mods(const AttnBwdParams& p) { return p.softcap > 0.f || p.alibi_slopes != nullptr; }
+
 template <typename Tag, int kHeadDim>
 Status launch_bwd(const AttnBwdParams& p, const BwdLaunch& launch, cudaStream_t stream);
 

@@ -385,7 +385,7 @@ Status bwd(const AttnBwdParams& p, void* stream) {
   if (!st.is_ok()) return st;
   const int64_t q_rows = p.cu_seqlens_q ? p.total_q : p.seqlen_q;
   const int64_t k_rows = p.cu_seqlens_k ? p.total_k : p.seqlen_k;
-  const bool mods = p.softcap > 0.f || p.alibi_slopes != nullptr;
+  const bool mods = bwd_has_mods(p);
   const bool masked = p.window_left >= 0 || p.window_right >= 0;  // causal is window_right 0
   const bool dq_rows = bwd_dq_rows_tile(bucket, mods, masked, p.seqlen_k);
   const BwdTileConfig tile = bwd_tile_config(bucket, dq_rows);
