@@ -130,6 +130,8 @@ __device__ __forceinline__ void consume_tile(const SmemMap<T>& sm, const Loads& 
   float s[T::kSRegs];      // (64, kBlockN) fp32 scores, then probabilities, of this warpgroup
   uint32_t pa[T::kPRegs];  // (64, kBlockN) 16-bit P: the A operand of P V
   float alpha[2];
+  const float lazy_gap = lazy_rescale_gap(scale_log2);
+  constexpr bool kRescaleEveryStep = T::kHeadDim <= T::kBlockN;  // see the key loop below
   auto k_desc = [&](int stage) { return smem_desc(sm.k(stage), kKMajorLbo, kSwizzleAtomBytes); };
   auto v_desc = [&](int stage) { return smem_desc(sm.v(stage), T::kChunkBytesKV, kSwizzleAtomBytes); };
   // The columns every row of this warpgroup sees, once per tile: each key tile is then tested with two compares
@@ -145,7 +147,7 @@ __device__ __forceinline__ void consume_tile(const SmemMap<T>& sm, const Loads& 
     const AccCoord c{coord0.row0, n_begin(i) + coord0.col0};
     if (kMods) apply_score_mods<T::kBlockN>(s, c, mods);
     if (may_mask && !full_cols_contain(full, n_begin(i), n_begin(i) + T::kBlockN)) apply_mask<T::kBlockN>(s, c, mask);
-    return softmax_step<T::kBlockN>(s, rows, scale_log2, alpha);
+    return softmax_step<T::kBlockN>(s, rows, scale_log2, lazy_gap, alpha);
   };
   // Only the first tile visited (the last key block) can reach past seqlen_k; decided once per tile (the key loop
   // re-read p.seqused_k and compared it on every step, between the two GEMMs' issue).
@@ -215,7 +217,17 @@ __device__ __forceinline__ void consume_tile(const SmemMap<T>& sm, const Loads& 
     fence_regs(o);
     release(sm.v_empty(v_slot.stage), lane);
     loads.pump();  // without warp specialization: the loads that this step's releases made room for
-    if (__any_sync(0xffffffffu, raised)) rescale_o<T::kHeadDim>(o, alpha);
+    // Where O has no more columns than the tile has keys (d64, d128), O is rescaled every step, as FA4's sm90
+    // kernel does (alpha is exactly 1 for a row not raised, so O is unchanged there): a vote and a branch here kept
+    // ptxas from moving the conversion of P, after them, up among the exponentials, whose MUFU pace leaves the FMA
+    // pipe idle, and the head_dim / 2 multiplies fit beside the block_n / 2 exponentials. d192 / d256 (112 / 80
+    // keys, no ping-pong) lost 5-10% that way: there the multiplies outnumber the exponentials, and a row is rarely
+    // raised (bench/NOTES.md session 33).
+    if constexpr (kRescaleEveryStep) {
+      rescale_o<T::kHeadDim>(o, alpha);
+    } else if (__any_sync(0xffffffffu, raised)) {
+      rescale_o<T::kHeadDim>(o, alpha);
+    }
     convert_p<typename T::Tag, T::kBlockN>(s, pa);
   }
   {  // Epilogue of the loop: O += P_last V_last.

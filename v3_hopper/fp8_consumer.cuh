@@ -133,6 +133,7 @@ __device__ __forceinline__ void consume_tile_fp8(const SmemMap<T>& sm, const Pin
   float s[T::kSRegs];      // (64, kBlockN) fp32 scores, then probabilities, of this warpgroup
   uint32_t pa[T::kPRegs];  // (64, kBlockN) e4m3 P: the A operand of P V
   float alpha[2];
+  const float lazy_gap = lazy_rescale_gap(scale_log2);
   auto k_desc = [&](int stage) { return smem_desc(sm.k(stage), kKMajorLbo, kSwizzleAtomBytes); };
   auto v_desc = [&](int stage) { return smem_desc(sm.v(stage), kKMajorLbo, kSwizzleAtomBytes); };
   auto n_begin = [&](int i) { return (range.end - 1 - i) * T::kBlockN; };
@@ -151,7 +152,7 @@ __device__ __forceinline__ void consume_tile_fp8(const SmemMap<T>& sm, const Pin
       apply_score_mods<T::kBlockN>(s, c, mods);
     }
     if (may_mask && !full_cols_contain(full, n_begin(i), n_begin(i) + T::kBlockN)) apply_mask<T::kBlockN>(s, c, mask);
-    return softmax_step<T::kBlockN>(s, rows, scale_log2, alpha);
+    return softmax_step<T::kBlockN>(s, rows, scale_log2, lazy_gap, alpha);
   };
 
   {  // Prologue: S_0 and its softmax; O is still 0.

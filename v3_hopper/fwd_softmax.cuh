@@ -69,40 +69,73 @@ __device__ __forceinline__ void thread_row_max(const float (&s)[kN / 2], float (
   }
 }
 
+// kLazyRescaleLog2 in the score domain: a row is raised when its tile max exceeds m + gap, gap = kLazyRescaleLog2 /
+// scale_log2, so the decision is one compare against a value known before the tile's max (the product form (mx - m) *
+// scale_log2 > kLazyRescaleLog2 chained a subtract, a multiply and a compare after the quad reduction). Made once per
+// tile; FLT_MAX for a scale so small that the quotient overflows (m + gap stays -inf for an empty row).
+__device__ __forceinline__ float lazy_rescale_gap(float scale_log2) {
+  return fminf(kLazyRescaleLog2 / scale_log2, 3.4028235e38f);
+}
+
+// x * scale_log2, or 0 for x == -inf: RowState::max_scaled for a candidate max.
+__device__ __forceinline__ float scaled_max(float x, float scale_log2) { return x == -INFINITY ? 0.f : x * scale_log2; }
+
 // One online-softmax step on S (FA2 Sec. 3.1): raise the running max of rows that need it (alpha[half] is the
 // factor for that row of O, 1 otherwise), turn s into exp2(s * scale_log2 - m * scale_log2) and add them to the
 // thread's partial l (the quad's partials are summed once, in finalize). Returns whether any row of this thread
-// was raised (O must then be rescaled, after the P V GEMM that reads it has completed).
+// was raised. lazy_gap: lazy_rescale_gap(scale_log2).
+// The path from the row max to the first exponential is what the step waits on (the consumers' softmax is longer
+// than the other warpgroup's GEMMs: bench/NOTES.md session 33), so everything the probabilities' offset does not
+// need is kept off it: the fast path takes the offset as one select between the old row's and the tile max's
+// products, and whether a row needs the exact exponent (common/softmax.h exact_exponent) is voted on from each
+// thread's own values before the quad reduction: the new max is either the old one or one lane's max(old, own), so
+// if no lane of the warp sees a candidate in the exact regime, no row is in it. The vote is conservative (a row
+// that is not raised may still be voted exact); the exact path then decides as the fast one does, with
+// RowState::rescale, and subtracts m in place for the rows that need it.
 template <int kN>
-__device__ __forceinline__ bool softmax_step(float (&s)[kN / 2], RowState (&rows)[2], float scale_log2,
+__device__ __forceinline__ bool softmax_step(float (&s)[kN / 2], RowState (&rows)[2], float scale_log2, float lazy_gap,
                                              float (&alpha)[2]) {
   float mx[2];
   thread_row_max<kN>(s, mx);
-#pragma unroll
-  for (int half = 0; half < 2; ++half) mx[half] = quad_max(mx[half]);
-  bool any_raise = false;
+  bool exact_lane = false;
 #pragma unroll
   for (int half = 0; half < 2; ++half) {
     const float m = rows[half].m;
-    // & and | (not && and ||): both sides are cheap and side-effect free, and short-circuit evaluation compiled to
-    // two branches per row on the softmax's critical path.
-    const bool raise = (mx[half] > m) & ((m == -INFINITY) | ((mx[half] - m) * scale_log2 > kLazyRescaleLog2));
-    // Without a raise, rescaling to the row's own max is the identity (alpha exactly 1, l unchanged): one straight
-    // path for both cases, no branch per row.
-    alpha[half] = rows[half].rescale(raise ? mx[half] : m, scale_log2);
-    any_raise |= raise;
+    exact_lane |= exact_exponent(scaled_max(m, scale_log2)) | exact_exponent(scaled_max(fmaxf(m, mx[half]), scale_log2));
   }
-  // P = exp2 of common/softmax.h's prob_exponent, one FMA per element: fma(s, c, -m * c), or for a row whose max is
-  // so large that this is no longer ~0 at the max (exact_exponent: logits beyond ~177) fma(s - m, c, -0), the exact
-  // form, by subtracting m in place first (a uniform branch per warp, never taken on ordinary inputs).
-  float m_off[2];
-  bool exact[2];
+  const bool exact_any = __any_sync(0xffffffffu, exact_lane);
 #pragma unroll
-  for (int half = 0; half < 2; ++half) {
-    m_off[half] = rows[half].max_scaled(scale_log2);
-    exact[half] = exact_exponent(m_off[half]);
-  }
-  if (__any_sync(0xffffffffu, exact[0] || exact[1])) {
+  for (int half = 0; half < 2; ++half) mx[half] = quad_max(mx[half]);
+  bool any_raise = false;
+  float m_off[2];
+  if (!exact_any) {
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const float m = rows[half].m;
+      const bool raise = mx[half] > m + lazy_gap;  // m == -inf: any tile max above -inf raises
+      const float off_new = __fmul_rn(mx[half], scale_log2);  // _rn: not contracted into alpha's subtraction
+      m_off[half] = raise ? off_new : scaled_max(m, scale_log2);
+      // common/softmax.h rescale_exponent's fast form, m * c - m_new * c (both rounded: the products the
+      // probabilities were and will be taken against; -inf from an empty row, so alpha = 0 there)
+      alpha[half] = raise ? exp2f(__fmul_rn(m, scale_log2) - off_new) : 1.f;
+      rows[half].l *= alpha[half];
+      rows[half].m = raise ? mx[half] : m;
+      any_raise |= raise;
+    }
+  } else {
+    // P = exp2 of common/softmax.h's prob_exponent: fma(s, c, -m * c), or for a row whose max is so large that this
+    // is no longer ~0 at the max (exact_exponent: logits beyond ~177) fma(s - m, c, -0), the exact form, by
+    // subtracting m in place first. Never taken on ordinary inputs.
+    bool exact[2];
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const float m = rows[half].m;
+      const bool raise = (mx[half] > m) & ((m == -INFINITY) | (mx[half] > m + lazy_gap));
+      alpha[half] = rows[half].rescale(raise ? mx[half] : m, scale_log2);
+      any_raise |= raise;
+      m_off[half] = rows[half].max_scaled(scale_log2);
+      exact[half] = exact_exponent(m_off[half]);
+    }
 #pragma unroll
     for (int i = 0; i < kN / 2; ++i) {
       if (exact[acc_half(i)]) s[i] -= rows[acc_half(i)].m;

@@ -1,4 +1,5 @@
-"""Steady-state SM clock and board power of the v3 forward and SDPA cuDNN: each runs back to back for ~2 s while
+"""Steady-state SM clock and board power of the v3 forward, SDPA cuDNN and, where importable, FlashAttention-4
+(flash_attn.cute, carried as ../shared/tools/fa4_wheels.sh says): each runs back to back for ~2 s while
 nvidia-smi samples every 50 ms; prints TFLOP/s, mean SM clock and power per phase (the first 0.3 s of each dropped).
 Under sustained load the H200 holds ~600 W, so a kernel that moves more DRAM bytes runs at a lower clock than its
 single-launch (ncu) timing suggests (bench/NOTES.md session 25).
@@ -45,6 +46,10 @@ def main() -> None:
     cfgs = [tuple(int(x) for x in c.split(",")) for c in
             os.environ.get("CFGS", "128,8192,0;128,8192,1;128,2048,0").split(";")]
     reps = int(os.environ.get("REPS", "2"))
+    try:
+        from flash_attn.cute import flash_attn_func as fa4_func
+    except ImportError:
+        fa4_func = None
     log = open("/tmp/smi.csv", "w")
     smi = subprocess.Popen(["nvidia-smi", "--query-gpu=timestamp,clocks.sm,power.draw",
                             "--format=csv,noheader,nounits", "-lms", "50"], stdout=log)
@@ -63,7 +68,13 @@ def main() -> None:
             with sdpa_kernel([SDPBackend.CUDNN_ATTENTION]):
                 F.scaled_dot_product_attention(qt, kt, vt, is_causal=bool(causal))
 
-        for name, fn in (("v3", v3), ("cudnn", cudnn)) * reps:
+        impls = [("v3", v3), ("cudnn", cudnn)]
+        if fa4_func is not None:
+            def fa4():
+                fa4_func(q, k, v, softmax_scale=1 / math.sqrt(d), causal=bool(causal))
+
+            impls.append(("fa4", fa4))
+        for name, fn in impls * reps:
             t0, t1, tflops = run_phase(fn, flop)
             phases.append((f"d{d} s{s} {'causal' if causal else 'full'}", name, t0 + SKIP_S, t1, tflops))
             time.sleep(0.5)
