@@ -101,7 +101,8 @@ __device__ __forceinline__ bool softmax_step(float (&s)[kN / 2], RowState (&rows
 #pragma unroll
   for (int half = 0; half < 2; ++half) {
     const float m = rows[half].m;
-    exact_lane |= exact_exponent(scaled_max(m, scale_log2)) | exact_exponent(scaled_max(fmaxf(m, mx[half]), scale_log2));
+    exact_lane |=
+        exact_exponent(scaled_max(m, scale_log2)) | exact_exponent(scaled_max(fmaxf(m, mx[half]), scale_log2));
   }
   const bool exact_any = __any_sync(0xffffffffu, exact_lane);
 #pragma unroll
