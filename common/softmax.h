@@ -63,12 +63,15 @@ FH_HD float rescale_exponent(float m_old, float m_new, float scale_log2) {
   return exact_exponent(m_new * scale_log2) ? (m_old - m_new) * scale_log2 : m_old * scale_log2 - m_new * scale_log2;
 }
 
+// m * scale_log2 for a running or candidate max m, with the empty-row guard: an all -inf row keeps exponent 0 so
+// exp2(-inf - 0) == 0, never NaN (RowState::max_scaled; v3's softmax step also takes it of a tile max).
+FH_HD float scaled_max(float m, float scale_log2) { return m == -INFINITY ? 0.f : m * scale_log2; }
+
 struct RowState {
   float m = -INFINITY;  // running max of scores seen so far (score domain)
   float l = 0.f;        // running sum of exp2((s - m) * scale_log2)
 
-  // m * scale_log2, with the empty-row guard: an all -inf row keeps exponent 0 so exp2(-inf - 0) == 0, never NaN.
-  FH_HD float max_scaled(float scale_log2) const { return m == -INFINITY ? 0.f : m * scale_log2; }
+  FH_HD float max_scaled(float scale_log2) const { return scaled_max(m, scale_log2); }  // see scaled_max
 
   // Raise m to cover a new block whose max score is block_max; scale l and return the factor alpha that the
   // caller applies to its partial output O (O <- alpha * O).

@@ -77,9 +77,6 @@ __device__ __forceinline__ float lazy_rescale_gap(float scale_log2) {
   return fminf(kLazyRescaleLog2 / scale_log2, 3.4028235e38f);
 }
 
-// x * scale_log2, or 0 for x == -inf: RowState::max_scaled for a candidate max.
-__device__ __forceinline__ float scaled_max(float x, float scale_log2) { return x == -INFINITY ? 0.f : x * scale_log2; }
-
 // One online-softmax step on S (FA2 Sec. 3.1): raise the running max of rows that need it (alpha[half] is the
 // factor for that row of O, 1 otherwise), turn s into exp2(s * scale_log2 - m * scale_log2) and add them to the
 // thread's partial l (the quad's partials are summed once, in finalize). Returns whether any row of this thread
