@@ -117,25 +117,29 @@ struct SpreadRows {
 template <typename T>
 using StepRows = typename std::conditional<T::kDqRows, SpreadRows<T>, BlockRows<T>>::type;
 
-// The elementwise step on one (64 keys x kScoreCols queries) tile, in two halves so that P^T (and dV's GEMM) can
-// start while dP^T is still in flight: s (S^T) -> P^T here (scores_to_probs_mods with softcap / ALiBi), then dp
-// (dP^T) -> dS^T from P^T (probs_to_grads). Element i of this thread is (key c.row(acc_half(i)), query c.col(i)); the
-// block's LSE (log2 units) rows come as StepRows, query m_begin + qcol0 + 8 j (+1) in lse.pair(j).
-template <typename T, bool kMask>
-__device__ __forceinline__ void scores_to_probs(float (&s)[T::kSRegs], const AccCoord& c, const StepRows<T>& lse,
-                                                const MaskSpec& mask, const ScorePath& path) {
+// The elementwise step on one (64 keys x kScoreCols queries) tile, in two halves: s (S^T) -> P^T here
+// (scores_to_probs_mods with softcap / ALiBi), then dp (dP^T) -> dS^T from P^T (probs_to_grads). Element i of this
+// thread is (key c.row(acc_half(i)), query c.col(i)); the block's LSE (log2 units) rows come as StepRows, query
+// m_begin + qcol0 + 8 j (+1) in lse.pair(j). A tile that the mask touches is masked first, in a pass of its own
+// (mask_scores: -inf outside the mask), so that every tile runs one copy of the exponentials: with a copy per branch,
+// the join after them kept ptxas from scheduling their MUFUs beside dS^T's arithmetic (bwd_consumer's plain order).
+template <typename T>
+__device__ __forceinline__ void mask_scores(float (&s)[T::kSRegs], const AccCoord& c, const MaskSpec& mask) {
+#pragma unroll
+  for (int i = 0; i < T::kSRegs; ++i) s[i] = ScorePath::masked(s[i], c.row(acc_half(i)), row_limits(mask, c.col(i)));
+}
+template <typename T>
+__device__ __forceinline__ void scores_to_probs(float (&s)[T::kSRegs], const StepRows<T>& lse, const ScorePath& path) {
 #pragma unroll
   for (int j = 0; j < T::kScoreCols / 8; ++j) {
     const float2 lse2 = lse.pair(j);
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
       const int i = 4 * j + e;
-      float x = s[i];
-      if (kMask) x = ScorePath::masked(x, c.row(acc_half(i)), row_limits(mask, c.col(i)));
       // at_most_zero (common/softmax.h prob_exponent_from_lse): an LSE of the huge-logit regime rounds P past 1,
       // to inf from logits ~1e8 up. One FMNMX.NAN per element; v2 clamps only where a warp's LSE needs it, but here
       // a thread's elements span 2 * kBlockM / 8 LSEs of the stage and testing them costs as much as the clamp.
-      s[i] = exp2f(at_most_zero(path.exponent(x, (e & 1) ? lse2.y : lse2.x)));
+      s[i] = exp2f(at_most_zero(path.exponent(s[i], (e & 1) ? lse2.y : lse2.x)));
     }
   }
 }
@@ -330,35 +334,51 @@ __device__ void bwd_consumer(const AttnBwdParams& p, const BwdSmem<T>& sm, const
       gemm_grad<T>(grad, a, b);
       wgmma_commit();
     };
-    // P^T and dV's GEMM under dP^T's GEMM, then dS^T (softcap's chain factor folded into s by the modifier pass)
     if constexpr (!kRowsEarly) lse.load(sm.lse(stage), qcol0, lane);
-    if (kMods && softcap) {  // with ALiBi or without (slope 0 adds a bias of exactly 0): one copy fewer
-      scores_to_probs_mods<T, true, true>(s, pa, c, lse, w.mask, path);
-    } else if (kMods && alibi) {
-      scores_to_probs_mods<T, false, true>(s, pa, c, lse, w.mask, path);
-    } else {
-      if (need_mask) {
-        scores_to_probs<T, true>(s, c, lse, w.mask, path);
+    if constexpr (!kMods) {
+      // FA4's sm90 order: P^T, then (dP^T landed) dS^T, then dV's GEMM. With no branch between the exponentials and
+      // dS^T's arithmetic (mask_scores), ptxas issues the wait for dP^T among the MUFUs and the FADD / FMUL / F2FP /
+      // stmatrix of dS^T in their shadow. Issuing dV's GEMM before dP^T's wait, as the modifier pass below does, kept
+      // them apart: d64 +4-6%, d256 +1-3%, d128 even (bench/NOTES.md session 34).
+      if (need_mask) mask_scores<T>(s, c, w.mask);
+      scores_to_probs<T>(s, lse, path);
+      if constexpr (T::kDqRows) to_fragments<T>(s, pa);  // S^T's fp32 registers are free from here (probs16_to_grads)
+      BlockRows<T> dsum;
+      dsum.load(sm.dsum(stage), qcol0, lane);
+      wgmma_wait<0>();  // dP^T has landed
+      fence_regs(dp);
+      if constexpr (T::kDqRows) {
+        probs16_to_grads<T>(pa, dp, dsum);
       } else {
-        scores_to_probs<T, false>(s, c, lse, w.mask, path);
+        probs_to_grads<T>(s, dp, dsum);
+        to_fragments<T>(s, pa);
       }
-      to_fragments<T>(s, pa);
-    }
-    issue_grad(dv, pa, sm.dout(stage));
-    BlockRows<T> dsum;  // (kDqRows: room for them once P^T's fp32 values are dead, below)
-    dsum.load(sm.dsum(stage), qcol0, lane);
-    wgmma_wait<1>();  // dP^T has landed; dV's GEMM may still run
-    fence_regs(dp);
-    if constexpr (T::kDqRows) {
-      static_assert(!kMods, "the dq_rows tile has no modifier instance (tile_config.h bwd_dq_rows_tile)");
-      probs16_to_grads<T>(pa, dp, dsum);
+      to_fragments<T>(dp, dsa);
+      store_ds<T>(sm.ds(it & 1), dsa, kWarpgroupRows * wg, 0, tid);
+      issue_grad(dv, pa, sm.dout(stage));
     } else {
+      // P^T and dV's GEMM under dP^T's GEMM, then dS^T (softcap's chain factor folded into s by the modifier pass)
+      static_assert(!T::kDqRows, "the dq_rows tile has no modifier instance (tile_config.h bwd_dq_rows_tile)");
+      if (softcap) {  // with ALiBi or without (slope 0 adds a bias of exactly 0): one copy fewer
+        scores_to_probs_mods<T, true, true>(s, pa, c, lse, w.mask, path);
+      } else if (alibi) {
+        scores_to_probs_mods<T, false, true>(s, pa, c, lse, w.mask, path);
+      } else {
+        if (need_mask) mask_scores<T>(s, c, w.mask);
+        scores_to_probs<T>(s, lse, path);
+        to_fragments<T>(s, pa);
+      }
+      issue_grad(dv, pa, sm.dout(stage));
+      BlockRows<T> dsum;
+      dsum.load(sm.dsum(stage), qcol0, lane);
+      wgmma_wait<1>();  // dP^T has landed; dV's GEMM may still run
+      fence_regs(dp);
       probs_to_grads<T>(s, dp, dsum);
+      to_fragments<T>(dp, dsa);
+      store_ds<T>(sm.ds(it & 1), dsa, kWarpgroupRows * wg, 0, tid);
     }
-    to_fragments<T>(dp, dsa);
 
     const uint32_t ds_buf = sm.ds(it & 1);
-    store_ds<T>(ds_buf, dsa, kWarpgroupRows * wg, 0, tid);
     fence_proxy_async_smem();
     if constexpr (kDqAllKeys) {
       named_sync(kBwdBarrierDsReady, T::kConsumers * kWarpgroupThreads);
@@ -493,11 +513,8 @@ __device__ void bwd_consumer_split(const AttnBwdParams& p, const BwdSmem<T>& sm,
     } else if (kMods && alibi) {
       scores_to_probs_mods<T, false, true>(s, pa, c, lse, w.mask, path);
     } else {
-      if (need_mask) {
-        scores_to_probs<T, true>(s, c, lse, w.mask, path);
-      } else {
-        scores_to_probs<T, false>(s, c, lse, w.mask, path);
-      }
+      if (need_mask) mask_scores<T>(s, c, w.mask);
+      scores_to_probs<T>(s, lse, path);
       to_fragments<T>(s, pa);
     }
     BlockRows<T> dsum;
