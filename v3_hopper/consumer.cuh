@@ -131,7 +131,6 @@ __device__ __forceinline__ void consume_tile(const SmemMap<T>& sm, const Loads& 
   uint32_t pa[T::kPRegs];  // (64, kBlockN) 16-bit P: the A operand of P V
   float alpha[2];
   const float lazy_gap = lazy_rescale_gap(scale_log2);
-  constexpr bool kRescaleEveryStep = T::kHeadDim <= T::kBlockN;  // see the key loop below
   auto k_desc = [&](int stage) { return smem_desc(sm.k(stage), kKMajorLbo, kSwizzleAtomBytes); };
   auto v_desc = [&](int stage) { return smem_desc(sm.v(stage), T::kChunkBytesKV, kSwizzleAtomBytes); };
   // The columns every row of this warpgroup sees, once per tile: each key tile is then tested with two compares
@@ -217,18 +216,12 @@ __device__ __forceinline__ void consume_tile(const SmemMap<T>& sm, const Loads& 
     fence_regs(o);
     release(sm.v_empty(v_slot.stage), lane);
     loads.pump();  // without warp specialization: the loads that this step's releases made room for
-    // Where O has no more columns than the tile has keys (d64, d128), O is rescaled every step, as FA4's sm90
-    // kernel does (alpha is exactly 1 for a row not raised, so O is unchanged there): a vote and a branch here kept
-    // ptxas from moving the conversion of P, after them, up among the exponentials, whose MUFU pace leaves the FMA
-    // pipe idle, and the head_dim / 2 multiplies fit beside the block_n / 2 exponentials. d192 / d256 (112 / 80
-    // keys, no ping-pong) lost 5-10% that way: there the multiplies outnumber the exponentials, and a row is rarely
-    // raised (bench/NOTES.md session 33).
-    if constexpr (kRescaleEveryStep) {
-      rescale_o<T::kHeadDim>(o, alpha);
-    } else if (__any_sync(0xffffffffu, raised)) {
-      rescale_o<T::kHeadDim>(o, alpha);
-    }
+    // P's conversion first, then O's rescale behind a vote: with the vote and branch before it, ptxas could not move
+    // the conversion up among the exponentials, whose MUFU pace leaves the FMA pipe idle; after it, the branch holds
+    // nothing back (bench/NOTES.md session 33: every-step rescaling got that interleave at d64 / d128 for 64
+    // multiplies a step, which cost 5-10% at d192 / d256 and, in sustained load, clock).
     convert_p<typename T::Tag, T::kBlockN>(s, pa);
+    if (__any_sync(0xffffffffu, raised)) rescale_o<T::kHeadDim>(o, alpha);
   }
   {  // Epilogue of the loop: O += P_last V_last.
     const RingSlot<T> v_slot(kv_iter + n_tiles - 1);
