@@ -96,6 +96,16 @@ FH_HD ColRange full_cols(const MaskSpec& mask, int m_begin, int m_end) {
 FH_HD bool full_cols_contain(ColRange full, int n_begin, int n_end) {
   return n_begin < n_end && n_begin >= full.begin && n_end <= full.end;
 }
+// The backward's counterpart (its loop walks the query blocks of one key block): the query rows [begin, end) that see
+// every key of [n_begin, n_end), a ColRange over rows. A row sees key n_begin up to row_end(n_begin) (the left
+// limit) and key n_end - 1 from row_begin(n_end - 1) on (the right one), both within seqlen_q; empty when the keys
+// reach past seqlen_k or are empty. Computed once per key block, each query tile is then two compares:
+// full_rows_contain(full_rows(mask, n0, n1), m0, m1) == tile_fully_visible(mask, m0, m1, n0, n1).
+FH_HD ColRange full_rows(const MaskSpec& mask, int n_begin, int n_end) {
+  if (n_end > mask.seqlen_k || n_begin >= n_end) return {0, 0};
+  return {mask.row_begin(n_end - 1), mask.row_end(n_begin)};
+}
+FH_HD bool full_rows_contain(ColRange full, int m_begin, int m_end) { return full_cols_contain(full, m_begin, m_end); }
 
 // True when every (row, col) of the tile rows [m_begin, m_end) x cols [n_begin, n_end) is visible, so the
 // kernel may skip per-element masking (the fast path). Tiles reaching past seqlen_q/seqlen_k are never full.

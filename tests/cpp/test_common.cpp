@@ -118,6 +118,9 @@ void test_masks() {
                 CHECK(flashgen::tile_fully_visible(m, m0, m0 + bm, n0, n0 + bn) == all,
                       "tile_fully_visible sq=%d sk=%d w=(%d,%d) tile (%d,%d) %dx%d: spec %d", sq, sk, w[0], w[1], m0, n0, bm,
                       bn, all);
+                CHECK(flashgen::full_rows_contain(flashgen::full_rows(m, n0, n0 + bn), m0, m0 + bm) == all,
+                      "full_rows sq=%d sk=%d w=(%d,%d) tile (%d,%d) %dx%d: spec %d", sq, sk, w[0], w[1], m0, n0, bm, bn,
+                      all);
               }
             }
             // m_block_range of each key tile: exactly the query tiles holding a visible pair.
