@@ -1,5 +1,6 @@
-// Compile-time shape of one v2 forward instance, derived from tile_config(head_dim) (or decode_tile_config for
-// the decode instance, kDecode), the element type and the K/V layout (kPaged: the same tile over a paged cache).
+// Compile-time shape of one v2 forward instance, derived from tile_config(head_dim) (or decode_tile_config /
+// paged_decode_tile_config for the decode instance, kDecode), the element type and the K/V layout (kPaged: K/V rows
+// from a paged cache).
 // Every size the kernel uses comes from here, asserted against the mma/ldmatrix/cp.async granularities.
 #pragma once
 
@@ -22,7 +23,9 @@ struct FwdTraits {
   // Block-sparse layout (p.block_mask; common/block_sparse.h): the key loop visits only the tiles that are not off,
   // an instance of its own for the same reason (dense prefill queries only: no decode split, no paged cache).
   static constexpr bool kSparse = kSparse_;
-  static constexpr TileConfig kCfg = kDecode ? decode_tile_config(kHeadDim_) : tile_config(kHeadDim_);
+  static constexpr TileConfig kCfg = !kDecode ? tile_config(kHeadDim_)
+                                     : kPaged_ ? paged_decode_tile_config(kHeadDim_)
+                                               : decode_tile_config(kHeadDim_);
   static constexpr int kHeadDim = kHeadDim_;
   static constexpr int kBlockM = kCfg.block_m;
   static constexpr int kBlockN = kCfg.block_n;

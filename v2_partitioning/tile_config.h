@@ -27,13 +27,13 @@ struct TileConfig {
 };
 
 // Tuning builds (v2_partitioning/tools/tune.sh) replace the tile of bucket FLASHGEN_V2_<KIND>_TUNE_D with compile
-// definitions FLASHGEN_V2_<KIND>_TUNE_<field> (KIND FWD, DEC or BWD; one definition per field, as nvcc reads commas
-// in -D as separators); release builds set none. The bucket a head dim runs in is the smallest of 64, 128, 256 that
-// holds it; a tuning build's tile replaces the tile of bucket tuned_d only.
+// definitions FLASHGEN_V2_<KIND>_TUNE_<field> (KIND FWD, DEC, PDEC or BWD; one definition per field, as nvcc reads
+// commas in -D as separators); release builds set none. The bucket a head dim runs in is the smallest of 64, 128,
+// 256 that holds it; a tuning build's tile replaces the tile of bucket tuned_d only.
 constexpr bool in_tuned_bucket(int head_dim, int tuned_d) {
   return head_dim <= tuned_d && (tuned_d == 64 || 2 * head_dim > tuned_d);
 }
-// The tile a tuning build gives, from its FLASHGEN_V2_<KIND>_TUNE_<field> definitions (KIND FWD or DEC).
+// The tile a tuning build gives, from its FLASHGEN_V2_<KIND>_TUNE_<field> definitions (KIND FWD, DEC or PDEC).
 #define FLASHGEN_V2_TUNED_TILE(KIND)                                                                              \
   TileConfig {                                                                                                    \
     FLASHGEN_V2_##KIND##_TUNE_block_m, FLASHGEN_V2_##KIND##_TUNE_block_n, FLASHGEN_V2_##KIND##_TUNE_num_warps,   \
@@ -70,6 +70,17 @@ constexpr TileConfig decode_tile_config(int head_dim) {
   return {64, 64, 4, 1, 2, 2};
 }
 
+// The paged decode instance (FwdTraits kDecode and kPaged; plan_fwd for a launch with a block table): the decode
+// tile, unless a tuning build sets FLASHGEN_V2_PDEC_TUNE_* (tools/tune.sh pdec), so that pages can be timed on a tile
+// of their own against the dense decode in one process (tools/time_paged.py). Issue 17's last number: pages of 16
+// run 0.944-0.960x dense on the decode tile; its untried point is 64 keys x 2 stages (bench/NOTES.md session 22).
+constexpr TileConfig paged_decode_tile_config(int head_dim) {
+#if defined(FLASHGEN_V2_PDEC_TUNE_D)
+  if (in_tuned_bucket(head_dim, FLASHGEN_V2_PDEC_TUNE_D)) return FLASHGEN_V2_TUNED_TILE(PDEC);
+#endif
+  return decode_tile_config(head_dim);
+}
+
 // Shared memory of one CTA: Q tile + `stages` K tiles + `stages` V tiles.
 constexpr int smem_bytes(const TileConfig& c, int head_dim_bucket) {
   return (c.block_m + 2 * c.stages * c.block_n) * head_dim_bucket * kElementBytes;
@@ -83,6 +94,10 @@ static_assert(smem_bytes(decode_tile_config(64), 64) <= kMaxSmemPerBlock &&
                   smem_bytes(decode_tile_config(128), 128) <= kMaxSmemPerBlock &&
                   smem_bytes(decode_tile_config(256), 256) <= kMaxSmemPerBlock,
               "a v2 decode tile exceeds the shared memory of one CTA");
+static_assert(smem_bytes(paged_decode_tile_config(64), 64) <= kMaxSmemPerBlock &&
+                  smem_bytes(paged_decode_tile_config(128), 128) <= kMaxSmemPerBlock &&
+                  smem_bytes(paged_decode_tile_config(256), 256) <= kMaxSmemPerBlock,
+              "a v2 paged decode tile exceeds the shared memory of one CTA");
 
 // ---- backward (FA2 Sec. 3.2 / Alg. 2) ----
 // A CTA owns block_n keys: their dK and dV stay in fp32 registers while it loops over the query blocks of

@@ -118,7 +118,7 @@ FwdPlan plan_fwd(const AttnParams& p) {
   FwdPlan plan;
   const int bucket = fwd_bucket(p.dtype, p.head_dim);
   if (bucket == 0) return plan;
-  const TileConfig c = decode_tile_config(bucket);
+  const TileConfig c = p.block_table != nullptr ? paged_decode_tile_config(bucket) : decode_tile_config(bucket);
   if (p.batch < 1 || p.seqlen_q < 1 || p.seqlen_q > c.block_m || p.seqlen_k < 1 || p.cu_seqlens_q != nullptr ||
       p.p_dropout > 0.f || p.p_out != nullptr || p.block_mask != nullptr || p.num_sms < 1) {
     return plan;

@@ -8,6 +8,9 @@
 #   bash v2_partitioning/tools/tune.sh fwd 256:128,64,8,2,1,2 256:64,64,4,1,2,2
 #   dec: the decode instance's tile (decode_tile_config), fields as fwd, timed by time_decode.py (decode instance
 #   and SDPA flash, eager and CUDA graph) at batch 16 (8k, 32k keys) and batch 1 (32k, 128k keys)
+#   pdec: the paged decode instance's tile alone (paged_decode_tile_config), fields as fwd, bucket 128, timed by
+#   time_paged.py (paged against the dense decode of the same build, pages of TUNE_PAGES, default 16,256)
+#   bash v2_partitioning/tools/tune.sh pdec 128:64,64,4,2,2,1 128:64,128,4,1,2,2
 # Output: ${OUT:-.}/tune_<kind>.jsonl, one line per (candidate, seqlen, causal) with "tile" added; TUNE_SEQLENS
 # (default "2048 8192") picks the seqlens. Builds print ptxas -v into /tmp/flashgen_tune_*.build.log.
 # TUNE_TESTS="tests/test_gpu_fwd.py" runs those GPU tests before any timing on the candidates matching the glob
@@ -24,7 +27,8 @@ case $kind in
   bwd) fields=(block_m block_n num_warps sdp_warps_m kv_warps_d dq_warps_d dq_split split_mods late_dq_red)
        timer=v2_partitioning/tools/time_v2_bwd.py ;;
   dec) fields=(block_m block_n num_warps stages ctas_per_sm syncs); timer=v2_partitioning/tools/time_decode.py ;;
-  *) echo "kind must be fwd, bwd or dec, got '$kind'"; exit 2 ;;
+  pdec) fields=(block_m block_n num_warps stages ctas_per_sm syncs); timer=v2_partitioning/tools/time_paged.py ;;
+  *) echo "kind must be fwd, bwd, dec or pdec, got '$kind'"; exit 2 ;;
 esac
 KIND=${kind^^}
 out=${OUT:-.}/tune_${kind}.jsonl
@@ -64,8 +68,14 @@ for cand in "$@"; do
   if [ ! -d "$dir/flashgen" ]; then
     echo "$cand: build failed"; grep -E "error" "$dir.build.log" | head -5; continue
   fi
-  kernel=${kind/dec/fwd}_kernel
+  kernel=fwd_kernel
+  [ "$kind" = bwd ] && kernel=bwd_kernel
   echo "$cand: $(grep -A2 "Compiling entry function '.*${kernel}" "$dir.build.log" | grep spill | tr -s ' ' | paste -sd';')"
+  if [ "$kind" = pdec ]; then
+    PYTHONPATH="$dir" timeout "${TUNE_TIMEOUT:-180}" python3 "$timer" --label "${cand#*:}" \
+      --pages "${TUNE_PAGES:-16,256}" | grep '^{' | sed "s/^{/{\"tile\": \"${cand#*:}\", /" | tee -a "$out"
+    continue
+  fi
   if [ "$kind" = dec ]; then
     runs=("--batch 16 --seqlens 8192 32768 --impls v2-decode1 sdpa-flash"
           "--batch 1 --seqlens 32768 131072 --impls v2-decode1 sdpa-flash")
