@@ -9,7 +9,8 @@ on the same tile) can then be compared phase by phase (bench/NOTES.md session 34
 The loop is the set of instructions executed exactly N times (default: the count with the most samples, which for
 a consumer loop is warps x steps); a phase runs from one marker to the next, so a wait's samples land in the phase
 its marker opens. Markers: the first HGMMA of a GEMM (the one that zeroes or starts its accumulator: `!UPT`, `UP0`,
-or any form as the first HGMMA after a `WARPGROUP.ARRIVE`), `WARPGROUP.DEPBAR` (a wgmma wait) and `BAR.*` (named barriers).
+or any form as the first HGMMA after a `WARPGROUP.ARRIVE`), `WARPGROUP.DEPBAR` (a wgmma wait) and `BAR.*` (named
+barriers).
 """
 
 from __future__ import annotations
