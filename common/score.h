@@ -35,6 +35,14 @@ struct RowLimits {
 };
 
 FH_HD RowLimits row_limits(const MaskSpec& mask, int row) { return {mask.col_begin(row), mask.col_end(row)}; }
+// The transposed form, for a backward that holds S^T (keys as rows): the query rows [begin, end) that see key `col`,
+// empty for a key past seqlen_k. ScorePath::masked(x, row, col_limits(mask, col)) is masked(x, col, row_limits(mask,
+// row)) for every row < seqlen_q and col >= 0, and masks every row >= seqlen_q. A thread holding a few keys of many
+// queries computes it once per key instead of once per element.
+FH_HD RowLimits col_limits(const MaskSpec& mask, int col) {
+  if (col >= mask.seqlen_k) return {0, 0};
+  return {mask.row_begin(col), mask.row_end(col)};
+}
 
 struct ScorePath {
   float softmax_scale = 0.f;

@@ -123,10 +123,21 @@ using StepRows = typename std::conditional<T::kDqRows, SpreadRows<T>, BlockRows<
 // m_begin + qcol0 + 8 j (+1) in lse.pair(j). A tile that the mask touches is masked first, in a pass of its own
 // (mask_scores: -inf outside the mask), so that every tile runs one copy of the exponentials: with a copy per branch,
 // the join after them kept ptxas from scheduling their MUFUs beside dS^T's arithmetic (bwd_consumer's plain order).
-template <typename T>
+// kPerKey: the visible queries taken per key (col_limits, common/score.h), since a thread holds 2 keys of
+// kScoreCols / 4 queries and the per-query limits, clamped in 64 bits, were ~30% of a masked step's instructions.
+// The modifier instance keeps the per-element form: at d128 the per-key limits' registers made it spill 28 B.
+template <typename T, bool kPerKey>
 __device__ __forceinline__ void mask_scores(float (&s)[T::kSRegs], const AccCoord& c, const MaskSpec& mask) {
+  if constexpr (kPerKey) {
+    const RowLimits keys[2] = {col_limits(mask, c.row(0)), col_limits(mask, c.row(1))};
 #pragma unroll
-  for (int i = 0; i < T::kSRegs; ++i) s[i] = ScorePath::masked(s[i], c.row(acc_half(i)), row_limits(mask, c.col(i)));
+    for (int i = 0; i < T::kSRegs; ++i) s[i] = ScorePath::masked(s[i], c.col(i), keys[acc_half(i)]);
+  } else {
+#pragma unroll
+    for (int i = 0; i < T::kSRegs; ++i) {
+      s[i] = ScorePath::masked(s[i], c.row(acc_half(i)), row_limits(mask, c.col(i)));
+    }
+  }
 }
 template <typename T>
 __device__ __forceinline__ void scores_to_probs(float (&s)[T::kSRegs], const StepRows<T>& lse, const ScorePath& path) {
@@ -342,7 +353,7 @@ __device__ void bwd_consumer(const AttnBwdParams& p, const BwdSmem<T>& sm, const
       // dS^T's arithmetic (mask_scores), ptxas issues the wait for dP^T among the MUFUs and the FADD / FMUL / F2FP /
       // stmatrix of dS^T in their shadow. Issuing dV's GEMM before dP^T's wait, as the modifier pass below does, kept
       // them apart: d64 +4-6%, d256 +1-3%, d128 even (bench/NOTES.md session 34).
-      if (need_mask) mask_scores<T>(s, c, w.mask);
+      if (need_mask) mask_scores<T, !kMods>(s, c, w.mask);
       scores_to_probs<T>(s, lse, path);
       if constexpr (T::kDqRows) to_fragments<T>(s, pa);  // S^T's fp32 registers are free from here (probs16_to_grads)
       BlockRows<T> dsum;
@@ -366,7 +377,7 @@ __device__ void bwd_consumer(const AttnBwdParams& p, const BwdSmem<T>& sm, const
       } else if (alibi) {
         scores_to_probs_mods<T, false, true>(s, pa, c, lse, w.mask, path);
       } else {
-        if (need_mask) mask_scores<T>(s, c, w.mask);
+        if (need_mask) mask_scores<T, !kMods>(s, c, w.mask);
         scores_to_probs<T>(s, lse, path);
         to_fragments<T>(s, pa);
       }
@@ -515,7 +526,7 @@ __device__ void bwd_consumer_split(const AttnBwdParams& p, const BwdSmem<T>& sm,
     } else if (kMods && alibi) {
       scores_to_probs_mods<T, false, true>(s, pa, c, lse, w.mask, path);
     } else {
-      if (need_mask) mask_scores<T>(s, c, w.mask);
+      if (need_mask) mask_scores<T, !kMods>(s, c, w.mask);
       scores_to_probs<T>(s, lse, path);
       to_fragments<T>(s, pa);
     }

@@ -104,6 +104,33 @@ void test_logit_and_mask() {
   }
 }
 
+// col_limits (the backward's transposed mask) against the spec and against row_limits, including rows and columns
+// past the sequences' ends (a partial block's padding).
+void test_transposed_mask() {
+  constexpr int kSizes[] = {1, 2, 7, 17, 64, 113};
+  constexpr int kWindows[][2] = {{-1, -1}, {-1, 0}, {0, 0}, {3, 5}, {17, -1}, {-1, 9}, {0, -1}, {100, 1}, {1, 100}};
+  for (int sq : kSizes) {
+    for (int sk : kSizes) {
+      for (const auto& w : kWindows) {
+        const flashgen::MaskSpec mask{sq, sk, w[0], w[1]};
+        for (int j = 0; j < sk + 3; ++j) {
+          const flashgen::RowLimits keys = flashgen::col_limits(mask, j);
+          for (int i = 0; i < sq + 3; ++i) {
+            const bool seen = ScorePath::masked(1.f, i, keys) == 1.f;
+            CHECK(seen == (i < sq && spec_visible(sq, sk, w[0], w[1], i, j)),
+                  "col_limits %dx%d window (%d, %d) at (%d, %d): seen %d", sq, sk, w[0], w[1], i, j, seen);
+            if (i < sq) {
+              const bool by_row = ScorePath::masked(1.f, j, flashgen::row_limits(mask, i)) == 1.f;
+              CHECK(seen == by_row, "col_limits vs row_limits %dx%d window (%d, %d) at (%d, %d)", sq, sk, w[0], w[1], i,
+                    j);
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
 // Step 3: the forward (online max over blocks of 16 keys, RowState) and the backward (exponent against the LSE)
 // give the same probabilities, and both match a double-precision softmax of the spec's logits.
 void test_forward_backward_agree() {
@@ -197,6 +224,7 @@ void test_keep() {
 
 int main() {
   test_logit_and_mask();
+  test_transposed_mask();
   test_forward_backward_agree();
   test_keep();
   return flashgen_test::finish();
