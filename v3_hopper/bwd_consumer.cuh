@@ -260,24 +260,46 @@ __device__ __forceinline__ void stage_dq(uint32_t part, const float (&dq)[T::kDq
   }
 }
 
-// dK (scaled by softmax_scale) and dV of this warpgroup's 64 keys, rows < seqlen_k and columns < head_dim only, as
-// packed pairs from registers.
+// dK (scaled) or dV of one warpgroup's 64 keys through the shared memory of the CTA's K or V tile, which no step
+// reads any more: stmatrix.x4 of packed pairs into the 64-row slice at `slice` (128-byte swizzled rows, 64-column
+// chunks `chunk_bytes` apart: the tile's own layout), the warpgroup's barrier, then each thread stores whole 16-byte
+// pieces, a warp 4 rows x 128 bytes per instruction (rows < rows_left, columns < head_dim: head_dim is a multiple of 8
+// and dk / dv are 16-byte aligned, v3_api.cu check_bwd). It replaces 4-byte stores from registers: a warp's store
+// covered 8 rows x 16 bytes, two sectors per 32 bytes written, and at short sequences the consumers' code after the
+// loop (the stores, a register reuse waiting on them, EXIT draining them) took ~12% of the samples of the d64 1k
+// causal launch (FA4 stages dK / dV in shared memory too; bench/NOTES.md session 34). The caller has made sure no
+// GEMM reads the slice any more.
 template <typename T>
-__device__ __forceinline__ void store_grad(void* base, int64_t offset, int64_t row_stride, int head_dim,
-                                           const float (&g)[T::kGradRegs], const AccCoord& c, int seqlen_k,
-                                           float scale) {
-  using Element = typename T::Element;
-  Element* dst0 = static_cast<Element*>(base) + offset + c.col0;
+__device__ __forceinline__ void store_grad_smem(uint32_t slice, int chunk_bytes, typename T::Element* dst,
+                                                int64_t row_stride, int head_dim, const float (&g)[T::kGradRegs],
+                                                int rows_left, float scale, int tid, int wg) {
+  using Tag = typename T::Tag;
+  const int lane = tid % 32, warp = tid / 32, matrix = lane / 8;
+  const uint32_t row_addr = slice + (16 * warp + lane % 8 + 8 * (matrix % 2)) * kSwizzleBytes;
 #pragma unroll
-  for (int half = 0; half < 2; ++half) {
-    const int row = c.row(half);
-    if (row >= seqlen_k) continue;
-    Element* dst = dst0 + static_cast<int64_t>(row) * row_stride;
+  for (int j = 0; j < T::kHeadDim / 8; j += 2) {  // n8 column tiles j, j + 1 share a 64-column chunk (j even)
+    const int piece = j % 8 + matrix / 2;
+    stmatrix_x4(row_addr + (j / 8) * chunk_bytes + ((piece ^ (lane % 8)) * 16),
+                pack2<Tag>(g[4 * j] * scale, g[4 * j + 1] * scale),
+                pack2<Tag>(g[4 * j + 2] * scale, g[4 * j + 3] * scale),
+                pack2<Tag>(g[4 * j + 4] * scale, g[4 * j + 5] * scale),
+                pack2<Tag>(g[4 * j + 6] * scale, g[4 * j + 7] * scale));
+  }
+  named_sync(kBwdBarrierWarpgroup0 + wg, kWarpgroupThreads);
+  constexpr int kPiecesPerChunk = kWarpgroupRows * kSwizzleBytes / 16;  // 512: 64 rows x 8 pieces
 #pragma unroll
-    for (int j = 0; j < T::kHeadDim / 8; ++j) {
-      if (8 * j + c.col0 >= head_dim) break;
-      *reinterpret_cast<uint32_t*>(dst + 8 * j) =
-          pack2<typename T::Tag>(g[4 * j + 2 * half] * scale, g[4 * j + 2 * half + 1] * scale);
+  for (int k = 0; k < T::kChunks * kPiecesPerChunk / kWarpgroupThreads; ++k) {
+    const int idx = tid + kWarpgroupThreads * k;
+    const int chunk = idx / kPiecesPerChunk, row = idx % kPiecesPerChunk / 8, piece = idx % 8;
+    uint32_t v0, v1, v2, v3;
+    asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(v0), "=r"(v1), "=r"(v2), "=r"(v3)
+                 : "r"(slice + chunk * chunk_bytes + row * kSwizzleBytes + ((piece ^ (row % 8)) * 16)));
+    const int col = chunk * kChunkCols + piece * 8;
+    if (row < rows_left && col < head_dim) {
+      asm volatile("st.global.v4.b32 [%0], {%1, %2, %3, %4};\n" ::"l"(dst + row * row_stride + col), "r"(v0),
+                   "r"(v1), "r"(v2), "r"(v3)
+                   : "memory");
     }
   }
 }
@@ -416,11 +438,19 @@ __device__ void bwd_consumer(const AttnBwdParams& p, const BwdSmem<T>& sm, const
     mbar_arrive(sm.empty(stage));  // every thread: its own LSE / D reads of the stage (BwdTraits::kConsumerArrivals)
   }
 
-  const AccCoord c{key0 + 16 * warp + lane / 4, 2 * (lane % 4)};
-  const int64_t k_off = k_side_row0(p, batch, p.dk_batch_stride, p.dk_row_stride) + head_k * p.dk_head_stride;
-  const int64_t v_off = k_side_row0(p, batch, p.dv_batch_stride, p.dv_row_stride) + head_k * p.dv_head_stride;
-  store_grad<T>(p.dk, k_off, p.dk_row_stride, p.head_dim, dk, c, w.seq.seqlen_k, p.softmax_scale);
-  store_grad<T>(p.dv, v_off, p.dv_row_stride, p.head_dim, dv, c, w.seq.seqlen_k, 1.f);
+  // K and V are free once both warpgroups' last GEMMs have landed (d128's and d64 dq_rows' dQ reads the other
+  // warpgroup's K rows; both run the CTA's steps); each warpgroup's dK / dV go through its own 64 rows of them.
+  named_sync(kBwdBarrierDsReady, T::kConsumers * kWarpgroupThreads);
+  using Element = typename T::Element;
+  Element* dk_rows = static_cast<Element*>(p.dk) + k_side_row0(p, batch, p.dk_batch_stride, p.dk_row_stride) +
+                     head_k * p.dk_head_stride + static_cast<int64_t>(key0) * p.dk_row_stride;
+  Element* dv_rows = static_cast<Element*>(p.dv) + k_side_row0(p, batch, p.dv_batch_stride, p.dv_row_stride) +
+                     head_k * p.dv_head_stride + static_cast<int64_t>(key0) * p.dv_row_stride;
+  const int rows_left = w.seq.seqlen_k - key0;
+  store_grad_smem<T>(sm.k() + wg * T::kWarpgroupRowBytes, T::kChunkBytesK, dk_rows, p.dk_row_stride, p.head_dim, dk,
+                     rows_left, p.softmax_scale, tid, wg);
+  store_grad_smem<T>(sm.v() + wg * T::kWarpgroupRowBytes, T::kChunkBytesK, dv_rows, p.dv_row_stride, p.head_dim, dv,
+                     rows_left, 1.f, tid, wg);
 }
 
 // kSplit: one 64-column part of dQ (wgmma D layout) added into dq_accum from registers, at the part's fragment
@@ -551,14 +581,17 @@ __device__ void bwd_consumer_split(const AttnBwdParams& p, const BwdSmem<T>& sm,
     }
   }
 
-  const AccCoord c{key0 + 16 * warp + lane / 4, 2 * (lane % 4)};
-  if (wg == 0) {
-    const int64_t v_off = k_side_row0(p, batch, p.dv_batch_stride, p.dv_row_stride) + head_k * p.dv_head_stride;
-    store_grad<T>(p.dv, v_off, p.dv_row_stride, p.head_dim, grad, c, w.seq.seqlen_k, 1.f);
-  } else {
-    const int64_t k_off = k_side_row0(p, batch, p.dk_batch_stride, p.dk_row_stride) + head_k * p.dk_head_stride;
-    store_grad<T>(p.dk, k_off, p.dk_row_stride, p.head_dim, grad, c, w.seq.seqlen_k, p.softmax_scale);
-  }
+  // As bwd_consumer's: both warpgroups read all of K and V (S^T, dP^T, dQ's parts), so both must be past their last
+  // GEMMs; warpgroup 0's dV goes through V's tile, warpgroup 1's dK through K's.
+  named_sync(kBwdBarrierDsReady, T::kConsumers * kWarpgroupThreads);
+  using Element = typename T::Element;
+  const bool is_dv = wg == 0;
+  const int64_t row_stride = is_dv ? p.dv_row_stride : p.dk_row_stride;
+  Element* rows = static_cast<Element*>(is_dv ? p.dv : p.dk) +
+                  k_side_row0(p, batch, is_dv ? p.dv_batch_stride : p.dk_batch_stride, row_stride) +
+                  head_k * (is_dv ? p.dv_head_stride : p.dk_head_stride) + static_cast<int64_t>(key0) * row_stride;
+  store_grad_smem<T>(is_dv ? sm.v() : sm.k(), T::kChunkBytesK, rows, row_stride, p.head_dim, grad,
+                     w.seq.seqlen_k - key0, is_dv ? 1.f : p.softmax_scale, tid, wg);
 }
 
 }  // namespace v3
