@@ -236,6 +236,22 @@ def test_eager_calls_skip_the_custom_op(monkeypatch):
                           floor=testing.grad_floor(qg.grad, grads[torch.float64], 9))
 
 
+def test_eager_training_call_binds_no_signature(monkeypatch):
+    """A training call's forward and backward never build an inspect.Signature: torch.autograd.Function.apply binds
+    the forward's signature on every call when the Function has a setup_context, which with the op's 30 arguments
+    was ~40% of a small call's autograd cost (_library.EagerFwd, bench/NOTES.md session 35)."""
+    import inspect
+    q = _rand(1, 9, 2, 16).requires_grad_()
+    flashgen.flash_attn_func(q, q, q, causal=True).sum().backward()  # first call: imports, memoized dispatch
+    calls = []
+    real = inspect.signature
+    monkeypatch.setattr(inspect, "signature", lambda *a, **kw: calls.append(a) or real(*a, **kw))
+    q.grad = None
+    flashgen.flash_attn_func(q, q, q, causal=True, softcap=5.0).sum().backward()
+    assert q.grad is not None and bool(torch.isfinite(q.grad).all())
+    assert calls == [], f"inspect.signature called {len(calls)} times per training call"
+
+
 # ---- KV cache ----
 
 def test_kvcache_appends_in_place_and_attends():

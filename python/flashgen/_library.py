@@ -206,20 +206,32 @@ fwd.register_autograd(_backward, setup_context=_setup_context)
 
 
 class EagerFwd(torch.autograd.Function):
-    """Eager training path: flashgen::fwd's implementation, context and backward (the functions above), without the
-    custom-op dispatch. torch's autograd wrapper for custom ops rebuilds the schema's defaults on every call
-    (torch._library.utils.fill_defaults: 150 of the 250 us per call on the 2-core CI machine, tiny input).
-    torch.compile keeps tracing flashgen::fwd (interface.py picks): it refuses Function.apply when one tensor is
-    passed as q, k and v."""
+    """Eager training path: the forward and backward of flashgen::fwd without the custom-op dispatch. torch's
+    autograd wrapper for custom ops rebuilds the schema's defaults on every call (torch._library.utils.fill_defaults:
+    150 of the 250 us per call on the 2-core CI machine, tiny input). torch.compile keeps tracing flashgen::fwd
+    (interface.py picks): it refuses Function.apply when one tensor is passed as q, k and v.
+
+    The old-style form (forward(ctx, ...), no setup_context) taking the arguments as one FwdArgs: with a
+    setup_context torch binds the forward's signature with inspect on every call, and every argument passes
+    through Function.apply's checks; 4 arguments instead of 30 took ~40% of the autograd cost of a small call
+    (tools/host_overhead.py, bench/NOTES.md session 35). The FwdArgs' tensors are saved beside q, k, v, out, lse
+    (version-checked as the op's are); only the fields that hold one."""
 
     @staticmethod
-    def forward(*inputs):
-        return fwd_impl(*inputs)
+    def forward(ctx, q, k, v, a: FwdArgs):
+        out, lse, probs = run_fwd(q, k, v, a)
+        fields = tuple(n for n in _FWD_TENSOR_FIELDS if getattr(a, n) is not None)
+        ctx.save_for_backward(q, k, v, out, lse, *(getattr(a, n) for n in fields))
+        ctx.args = a._replace(**dict.fromkeys(fields)) if fields else a
+        ctx.fields = fields
+        ctx.mark_non_differentiable(lse, probs)
+        return out, lse, probs
 
     @staticmethod
-    def setup_context(ctx, inputs, output):
-        _setup_context(ctx, inputs, output)
-
-    @staticmethod
-    def backward(ctx, dout, dlse, dprobs):
-        return _backward(ctx, dout, dlse, dprobs, launch=bwd_impl)
+    def backward(ctx, dout, _dlse, _dprobs):
+        q, k, v, out, lse, *saved = ctx.saved_tensors
+        a = ctx.args._replace(**dict(zip(ctx.fields, saved))) if ctx.fields else ctx.args
+        with nvtx.annotate(q.is_cuda, a.generation, "bwd", _DTYPE_NAMES[q.dtype], q.shape[-1],
+                           (a.window_left, a.window_right), a.cu_seqlens_q is not None):
+            dq, dk, dv = run_bwd(dout, q, k, v, out, lse, a)  # run_bwd reads BwdArgs' fields, which FwdArgs has
+        return dq, dk, dv, None

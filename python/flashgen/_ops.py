@@ -54,13 +54,16 @@ def _strides(t: torch.Tensor, varlen: bool) -> Tuple[int, int, int]:
     return (0, stride[0], stride[1]) if varlen else stride[:3]
 
 
+FUNC_TRANSFORMS_REFUSED = ("flashgen: torch.func transforms (grad, vmap, jacrev, ...) are not supported; use "
+                           "torch.autograd (loss.backward(), torch.autograd.grad)")
+
+
 def _set_qkvo(p, q, k, v, o, varlen_q: bool, varlen_k: bool) -> None:
     try:
         p.q, p.k, p.v, p.o = q.data_ptr(), k.data_ptr(), v.data_ptr(), o.data_ptr()
     except RuntimeError as err:  # e.g. torch.func's wrapper tensors have no storage to point at
         if any(torch._C._functorch.is_functorch_wrapped_tensor(t) for t in (q, k, v)):
-            raise NotImplementedError("flashgen: torch.func transforms (grad, vmap, jacrev, ...) are not supported; "
-                                      "use torch.autograd (loss.backward(), torch.autograd.grad)") from err
+            raise NotImplementedError(FUNC_TRANSFORMS_REFUSED) from err
         raise
     p.q_batch_stride, p.q_row_stride, p.q_head_stride = _strides(q, varlen_q)
     p.k_batch_stride, p.k_row_stride, p.k_head_stride = _strides(k, varlen_k)

@@ -179,10 +179,6 @@ def _attention(q, k, v, *, dropout_p, softmax_scale, causal, window_size, softca
         rng_state = torch.randint(0, _RNG_HIGH, (2,), dtype=torch.int64, device="cpu")
     # torch.compile traces the custom op flashgen::fwd. Eager calls skip its dispatch: the implementation directly
     # when no gradient is needed, else the same forward and backward through a torch.autograd.Function.
-    if torch.compiler.is_compiling():
-        launch = _library.fwd
-    else:
-        launch = _library.EagerFwd.apply if "backward" in features else _library.fwd_impl
     with nvtx.annotate(q.is_cuda, choice.generation, "fwd", validate.DTYPE_NAMES[q.dtype], head_dim,
                        (window_left, window_right), varlen):
         args = _library.FwdArgs(
@@ -192,7 +188,14 @@ def _attention(q, k, v, *, dropout_p, softmax_scale, causal, window_size, softca
             max_seqlen_q=int(max_seqlen_q), max_seqlen_k=int(max_seqlen_k), block_mask=block_mask,
             block_m=int(block_size[0]), block_n=int(block_size[1]), return_probs=bool(return_probs),
             deterministic=bool(deterministic), q_descale=q_descale, k_descale=k_descale, v_descale=v_descale)
-        out, lse, probs = launch(q, k, v, *args)
+        if torch.compiler.is_compiling():
+            out, lse, probs = _library.fwd(q, k, v, *args)
+        elif "backward" in features:
+            if torch._C._are_functorch_transforms_active():  # EagerFwd has no setup_context (_library.py)
+                raise NotImplementedError(_ops.FUNC_TRANSFORMS_REFUSED)
+            out, lse, probs = _library.EagerFwd.apply(q, k, v, args)
+        else:
+            out, lse, probs = _library.run_fwd(q, k, v, args)
     if out.shape[-1] != head_dim:
         out = out[..., :head_dim]
     out, lse = _args.cover_rows(out, lse, total_q)
