@@ -182,24 +182,35 @@ def _bwd_fake(dout, q, k, v, out, lse, *args):
 # Registered on the op itself (rather than wrapping it in a torch.autograd.Function) so torch.compile sees one op
 # whatever the caller passes, including the same tensor as q, k and v (self-attention).
 
-def _setup_context(ctx, inputs, output):
-    q, k, v = inputs[:len(FWD_TENSORS)]
-    a = FwdArgs(*inputs[len(FWD_TENSORS):])
-    out, lse, probs = output
-    # Tensors go through save_for_backward (version-checked); the rest of the arguments stay plain values.
-    ctx.save_for_backward(q, k, v, out, lse, *(getattr(a, n) for n in _FWD_TENSOR_FIELDS))
-    ctx.args = a._replace(**{n: None for n in _FWD_TENSOR_FIELDS})
+def _save_context(ctx, q, k, v, out, lse, probs, a: FwdArgs) -> None:
+    """Tensors go through save_for_backward (version-checked): q, k, v, out, lse and the FwdArgs fields that hold one;
+    the rest of the arguments stay plain values in ctx.args."""
+    fields = tuple(n for n in _FWD_TENSOR_FIELDS if getattr(a, n) is not None)
+    ctx.save_for_backward(q, k, v, out, lse, *(getattr(a, n) for n in fields))
+    ctx.args = a._replace(**dict.fromkeys(fields)) if fields else a
+    ctx.fields = fields
     ctx.mark_non_differentiable(lse, probs)
 
 
-def _backward(ctx, dout, _dlse, _dprobs, launch=None):
-    """launch: flashgen::bwd (default; traceable by torch.compile) or bwd_impl (the eager Function)."""
+def _grads(ctx, dout, launch):
+    """(dq, dk, dv) from what _save_context kept: launch(dout, q, k, v, out, lse, a) with the forward's FwdArgs."""
     q, k, v, out, lse, *saved = ctx.saved_tensors
-    a = ctx.args._replace(**dict(zip(_FWD_TENSOR_FIELDS, saved)))
+    a = ctx.args._replace(**dict(zip(ctx.fields, saved))) if ctx.fields else ctx.args
     with nvtx.annotate(q.is_cuda, a.generation, "bwd", _DTYPE_NAMES[q.dtype], q.shape[-1],
                        (a.window_left, a.window_right), a.cu_seqlens_q is not None):
-        dq, dk, dv = (launch or bwd)(dout, q, k, v, out, lse, *BwdArgs.of(a))
-    return (dq, dk, dv) + (None,) * len(FwdArgs._fields)
+        return launch(dout, q, k, v, out, lse, a)
+
+
+def _setup_context(ctx, inputs, output):
+    _save_context(ctx, *inputs[:len(FWD_TENSORS)], *output, FwdArgs(*inputs[len(FWD_TENSORS):]))
+
+
+def _bwd_op(dout, q, k, v, out, lse, a: FwdArgs):
+    return bwd(dout, q, k, v, out, lse, *BwdArgs.of(a))  # flashgen::bwd, traceable by torch.compile
+
+
+def _backward(ctx, dout, _dlse, _dprobs):
+    return (*_grads(ctx, dout, _bwd_op), *(None,) * len(FwdArgs._fields))
 
 
 fwd.register_autograd(_backward, setup_context=_setup_context)
@@ -214,24 +225,14 @@ class EagerFwd(torch.autograd.Function):
     The old-style form (forward(ctx, ...), no setup_context) taking the arguments as one FwdArgs: with a
     setup_context torch binds the forward's signature with inspect on every call, and every argument passes
     through Function.apply's checks; 4 arguments instead of 30 took ~40% of the autograd cost of a small call
-    (tools/host_overhead.py, bench/NOTES.md session 35). The FwdArgs' tensors are saved beside q, k, v, out, lse
-    (version-checked as the op's are); only the fields that hold one."""
+    (tools/host_overhead.py, bench/NOTES.md session 35). Context and gradients as the op's (_save_context, _grads)."""
 
     @staticmethod
     def forward(ctx, q, k, v, a: FwdArgs):
         out, lse, probs = run_fwd(q, k, v, a)
-        fields = tuple(n for n in _FWD_TENSOR_FIELDS if getattr(a, n) is not None)
-        ctx.save_for_backward(q, k, v, out, lse, *(getattr(a, n) for n in fields))
-        ctx.args = a._replace(**dict.fromkeys(fields)) if fields else a
-        ctx.fields = fields
-        ctx.mark_non_differentiable(lse, probs)
+        _save_context(ctx, q, k, v, out, lse, probs, a)
         return out, lse, probs
 
     @staticmethod
     def backward(ctx, dout, _dlse, _dprobs):
-        q, k, v, out, lse, *saved = ctx.saved_tensors
-        a = ctx.args._replace(**dict(zip(ctx.fields, saved))) if ctx.fields else ctx.args
-        with nvtx.annotate(q.is_cuda, a.generation, "bwd", _DTYPE_NAMES[q.dtype], q.shape[-1],
-                           (a.window_left, a.window_right), a.cu_seqlens_q is not None):
-            dq, dk, dv = run_bwd(dout, q, k, v, out, lse, a)  # run_bwd reads BwdArgs' fields, which FwdArgs has
-        return dq, dk, dv, None
+        return (*_grads(ctx, dout, run_bwd), None)  # run_bwd reads BwdArgs' fields, which FwdArgs has
