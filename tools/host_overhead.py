@@ -3,6 +3,8 @@ Python and launch path costs per call, flashgen's generations against torch SDPA
     python3 tools/host_overhead.py [--profile v3] [--steps 300]
 Prints microseconds per call (the best of ROUNDS rounds of `steps` calls, one synchronize at each round's end),
 and with --profile the cProfile table of that generation's fwd+bwd, sorted by own time.
+--stub-launches replaces the native fwd / bwd launches with no-ops: what remains is flashgen's Python path alone (and
+torch's autograd), measurable on a machine without a GPU (`--stub-launches --generations cpu`).
 """
 import argparse
 import cProfile
@@ -84,7 +86,15 @@ def main():
     ap.add_argument("--steps", type=int, default=300)
     ap.add_argument("--profile", default=None, help="a flashgen generation to profile (fwd+bwd)")
     ap.add_argument("--pieces", default=None, help="a flashgen generation whose fwd+bwd is timed piece by piece")
+    ap.add_argument("--generations", default="v2,v3",
+                    help="flashgen generations to time (cpu on a machine without a GPU)")
+    ap.add_argument("--no-sdpa", action="store_true", help="time flashgen only")
+    ap.add_argument("--stub-launches", action="store_true",
+                    help="native fwd / bwd launches do nothing: flashgen's Python path alone")
     a = ap.parse_args()
+    if a.stub_launches:
+        from flashgen import _native
+        _native.C.fwd = _native.C.bwd = lambda *args: None
     shape = (1, 128, 1, 128)
     q, k, v = (torch.randn(shape, device=DEV, dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
     do = torch.randn(shape, device=DEV, dtype=torch.bfloat16)
@@ -111,8 +121,9 @@ def main():
                 F.scaled_dot_product_attention(qt, kt, vt, is_causal=True).backward(dot)
         return fwd, step
 
-    impls = {"flashgen-v2": fg("v2"), "flashgen-v3": fg("v3"), "sdpa-flash": sdpa(SDPBackend.FLASH_ATTENTION),
-             "sdpa-cudnn": sdpa(SDPBackend.CUDNN_ATTENTION)}
+    impls = {f"flashgen-{g}": fg(g) for g in a.generations.split(",")}
+    if not a.no_sdpa:
+        impls.update({"sdpa-flash": sdpa(SDPBackend.FLASH_ATTENTION), "sdpa-cudnn": sdpa(SDPBackend.CUDNN_ATTENTION)})
     print(f"{'impl':14s} {'fwd us':>8s} {'fwd+bwd us':>11s}   (host time per call, shape {shape} causal bf16)")
     for name, (fwd, step) in impls.items():
         try:

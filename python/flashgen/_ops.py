@@ -48,12 +48,6 @@ def _stream_of(t: torch.Tensor) -> int:
     return torch.cuda.current_stream(t.device).cuda_stream
 
 
-def _strides(t: torch.Tensor, varlen: bool) -> Tuple[int, int, int]:
-    """(batch, row, head) element strides; varlen tensors have no batch dim."""
-    stride = t.stride()
-    return (0, stride[0], stride[1]) if varlen else stride[:3]
-
-
 FUNC_TRANSFORMS_REFUSED = ("flashgen: torch.func transforms (grad, vmap, jacrev, ...) are not supported; use "
                            "torch.autograd (loss.backward(), torch.autograd.grad)")
 
@@ -65,10 +59,21 @@ def _set_qkvo(p, q, k, v, o, varlen_q: bool, varlen_k: bool) -> None:
         if any(torch._C._functorch.is_functorch_wrapped_tensor(t) for t in (q, k, v)):
             raise NotImplementedError(FUNC_TRANSFORMS_REFUSED) from err
         raise
-    p.q_batch_stride, p.q_row_stride, p.q_head_stride = _strides(q, varlen_q)
-    p.k_batch_stride, p.k_row_stride, p.k_head_stride = _strides(k, varlen_k)
-    p.v_batch_stride, p.v_row_stride, p.v_head_stride = _strides(v, varlen_k)
-    p.o_batch_stride, p.o_row_stride, p.o_head_stride = _strides(o, varlen_q)
+    # (batch, row, head) element strides; varlen tensors have no batch dim. Written out, not through a helper: this
+    # runs on every call (tools/host_overhead.py --stub-launches).
+    qs, ks, vs, os_ = q.stride(), k.stride(), v.stride(), o.stride()
+    if varlen_q:
+        p.q_batch_stride, p.q_row_stride, p.q_head_stride = 0, qs[0], qs[1]
+        p.o_batch_stride, p.o_row_stride, p.o_head_stride = 0, os_[0], os_[1]
+    else:
+        p.q_batch_stride, p.q_row_stride, p.q_head_stride = qs[0], qs[1], qs[2]
+        p.o_batch_stride, p.o_row_stride, p.o_head_stride = os_[0], os_[1], os_[2]
+    if varlen_k:
+        p.k_batch_stride, p.k_row_stride, p.k_head_stride = 0, ks[0], ks[1]
+        p.v_batch_stride, p.v_row_stride, p.v_head_stride = 0, vs[0], vs[1]
+    else:
+        p.k_batch_stride, p.k_row_stride, p.k_head_stride = ks[0], ks[1], ks[2]
+        p.v_batch_stride, p.v_row_stride, p.v_head_stride = vs[0], vs[1], vs[2]
 
 
 def _fill(p, q, k, v, o, lse, *, softmax_scale, window_size, softcap, alibi_slopes, dropout_p, seed, offset,
@@ -79,10 +84,11 @@ def _fill(p, q, k, v, o, lse, *, softmax_scale, window_size, softcap, alibi_slop
     varlen_k = cu_seqlens_k is not None
     _set_qkvo(p, q, k, v, o, varlen_q, varlen_k)
     p.lse = lse.data_ptr()
+    lse_stride = lse.stride()
     if varlen_q:
-        p.lse_batch_stride, p.lse_head_stride = 0, lse.stride(0)
+        p.lse_batch_stride, p.lse_head_stride = 0, lse_stride[0]
     else:
-        p.lse_batch_stride, p.lse_head_stride = lse.stride(0), lse.stride(1)
+        p.lse_batch_stride, p.lse_head_stride = lse_stride[0], lse_stride[1]
     q_shape, k_shape = q.shape, k.shape
     p.batch = batch
     p.seqlen_q = max_seqlen_q if varlen_q else q_shape[1]
@@ -131,6 +137,13 @@ def _fill(p, q, k, v, o, lse, *, softmax_scale, window_size, softcap, alibi_slop
         p.block_mask_row_stride = block_mask.stride(1)
         p.sparse_block_m, p.sparse_block_n = int(block_size[0]), int(block_size[1])
     # FP8: fp32 (batch, num_heads_k), or per block (batch, heads, blocks) (validate.check_descales); null reads as 1
+    if q_descale is not None or k_descale is not None or v_descale is not None:
+        _fill_descales(p, q_descale, k_descale, v_descale)
+    if q.is_cuda:
+        p.num_sms = _num_sms(q.device.index if q.device.index is not None else torch.cuda.current_device())
+
+
+def _fill_descales(p, q_descale, k_descale, v_descale) -> None:
     if q_descale is not None:
         p.q_descale = q_descale.data_ptr()
         p.q_descale_batch_stride, p.q_descale_head_stride = q_descale.stride()[:2]
@@ -145,8 +158,6 @@ def _fill(p, q, k, v, o, lse, *, softmax_scale, window_size, softcap, alibi_slop
         p.q_descale_block_stride = q_descale.stride(2) if q_descale is not None else 0
         p.k_descale_block_stride = k_descale.stride(2) if k_descale is not None else 0
         p.v_descale_block_stride = v_descale.stride(2) if v_descale is not None else 0
-    if q.is_cuda:
-        p.num_sms = _num_sms(q.device.index if q.device.index is not None else torch.cuda.current_device())
 
 
 # ---- block-sparse schedule (p.sparse_order; common/block_sparse.h sparse_cta) ----
@@ -414,10 +425,19 @@ def backward(generation: str, dout: torch.Tensor, q: torch.Tensor, k: torch.Tens
           cu_seqlens_k=cu_seqlens_k, max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k, seqused_k=None,
           kv_batch_idx=None, block_mask=block_mask, block_size=block_size, probs=None, batch=batch)
     p.dout, p.dq, p.dk, p.dv = dout.data_ptr(), dq.data_ptr(), dk.data_ptr(), dv.data_ptr()
-    p.do_batch_stride, p.do_row_stride, p.do_head_stride = _strides(dout, varlen_q)
-    p.dq_batch_stride, p.dq_row_stride, p.dq_head_stride = _strides(dq, varlen_q)
-    p.dk_batch_stride, p.dk_row_stride, p.dk_head_stride = _strides(dk, varlen_k)
-    p.dv_batch_stride, p.dv_row_stride, p.dv_head_stride = _strides(dv, varlen_k)
+    dos, dqs, dks, dvs = dout.stride(), dq.stride(), dk.stride(), dv.stride()  # as in _set_qkvo
+    if varlen_q:
+        p.do_batch_stride, p.do_row_stride, p.do_head_stride = 0, dos[0], dos[1]
+        p.dq_batch_stride, p.dq_row_stride, p.dq_head_stride = 0, dqs[0], dqs[1]
+    else:
+        p.do_batch_stride, p.do_row_stride, p.do_head_stride = dos[0], dos[1], dos[2]
+        p.dq_batch_stride, p.dq_row_stride, p.dq_head_stride = dqs[0], dqs[1], dqs[2]
+    if varlen_k:
+        p.dk_batch_stride, p.dk_row_stride, p.dk_head_stride = 0, dks[0], dks[1]
+        p.dv_batch_stride, p.dv_row_stride, p.dv_head_stride = 0, dvs[0], dvs[1]
+    else:
+        p.dk_batch_stride, p.dk_row_stride, p.dk_head_stride = dks[0], dks[1], dks[2]
+        p.dv_batch_stride, p.dv_row_stride, p.dv_head_stride = dvs[0], dvs[1], dvs[2]
     # The workspaces the generation asks for (common/workspace.h; v2: D = rowsum(dO * O) and the zeroed dQ
     # accumulator, in its own layouts).
     p.deterministic = bool(deterministic)

@@ -115,6 +115,14 @@ def _pad(t: Optional[torch.Tensor], multiple: int) -> Optional[torch.Tensor]:
     return F.pad(t, (0, multiple - t.shape[-1] % multiple))
 
 
+def _pad_qkv(q, k, v, multiple: int):
+    """q, k, v with a contiguous last dim, zero-padded to a multiple of `multiple` (_pad); the common case, nothing to
+    do, tested first."""
+    if q.shape[-1] % multiple == 0 and q.stride(-1) == 1 and k.stride(-1) == 1 and v.stride(-1) == 1:
+        return q, k, v  # k and v have q's head_dim (validate.check_qkv)
+    return tuple(_pad(validate.last_dim_contiguous(t), multiple) for t in (q, k, v))
+
+
 def _attention(q, k, v, *, dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes, deterministic,
                return_probs, version, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None, max_seqlen_k=None,
                block_mask=None, block_size=(128, 128), q_descale=None, k_descale=None, v_descale=None):
@@ -143,8 +151,9 @@ def _attention(q, k, v, *, dropout_p, softmax_scale, causal, window_size, softca
         max_seqlen_q, max_seqlen_k = q.shape[1], k.shape[1]
     window_size = validate.clamp_window(window_size, max_seqlen_q, max_seqlen_k)
     validate.check_alibi(alibi_slopes, q, batch)
-    validate.check_descales((("q_descale", q_descale), ("k_descale", k_descale), ("v_descale", v_descale)), q, batch,
-                            k.shape[-2], q.shape[-3], k.shape[-3], varlen)
+    if q_descale is not None or k_descale is not None or v_descale is not None:
+        validate.check_descales((("q_descale", q_descale), ("k_descale", k_descale), ("v_descale", v_descale)), q,
+                                batch, k.shape[-2], q.shape[-3], k.shape[-3], varlen)
     fp8 = q.dtype == validate.FP8_DTYPE
     if fp8 and torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)):
         raise NotImplementedError("backward: FP8 (float8_e4m3fn) inputs have a forward only; quantize after the "
@@ -171,8 +180,9 @@ def _attention(q, k, v, *, dropout_p, softmax_scale, causal, window_size, softca
         return (*_args.cover_rows(out.to(_ops.out_dtype(q.dtype)), lse, total_q), probs)
     head_dim = q.shape[-1]
     softmax_scale, (window_left, window_right) = _scale_and_window(head_dim, softmax_scale, window_size, causal)
-    q, k, v = (_pad(validate.last_dim_contiguous(t), choice.head_dim_multiple) for t in (q, k, v))
-    if not torch.compiler.is_compiling():
+    compiling = torch.compiler.is_compiling()
+    q, k, v = _pad_qkv(q, k, v, choice.head_dim_multiple)
+    if not compiling:
         validate.check_alignment((("q", q), ("k", k), ("v", v)), choice.alignment_bytes)
     rng_state = None
     if dropout_p > 0:
@@ -188,7 +198,7 @@ def _attention(q, k, v, *, dropout_p, softmax_scale, causal, window_size, softca
             max_seqlen_q=int(max_seqlen_q), max_seqlen_k=int(max_seqlen_k), block_mask=block_mask,
             block_m=int(block_size[0]), block_n=int(block_size[1]), return_probs=bool(return_probs),
             deterministic=bool(deterministic), q_descale=q_descale, k_descale=k_descale, v_descale=v_descale)
-        if torch.compiler.is_compiling():
+        if compiling:
             out, lse, probs = _library.fwd(q, k, v, *args)
         elif "backward" in features:
             if torch._C._are_functorch_transforms_active():  # EagerFwd has no setup_context (_library.py)
