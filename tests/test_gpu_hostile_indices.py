@@ -110,3 +110,34 @@ def test_paged_values(generation, case):
     _ops.forward(generation, q, kc, vc, softmax_scale=0.125, seqused_k=used, block_table=table, cache_leftpad=pad,
                  out=out)
     _check_guards(case, big)
+
+
+@pytest.mark.parametrize("case", ["seqlens_past", "seqlens_negative", "batch_idx_past", "pages_past", "rotary_past"])
+def test_kv_cache_append_values(generation, case):
+    """flash_attn_with_kvcache's append (and rotary) with unchecked CUDA index values: torch's indexing of the caches
+    and of rotary_cos at such rows ends in a device-side assert, after which the process's CUDA context is lost; the
+    rows are clamped into the caches instead (interface.py). The call finishes without a CUDA error, and writes
+    nothing outside the caches: views between guard entries that keep their sentinel."""
+    need(generation, "bf16", 64, "kvcache", "decode", "causal", "gqa", *(("paged_kv",) if case == "pages_past" else ()))
+    import flashgen
+    dt = torch.bfloat16
+    paged = case == "pages_past"
+    entries, rows = (6, 16) if paged else (2, 50)
+    bigs = [torch.full((entries + 2, rows, 2, 64), SENTINEL, dtype=dt, device="cuda") for _ in range(2)]
+    kc, vc = (b[1:-1] for b in bigs)
+    kc.normal_()
+    vc.normal_()
+    q, k, v = randn(2, 1, 4, 64, dtype=dt), randn(2, 3, 2, 64, dtype=dt), randn(2, 3, 2, 64, dtype=dt)
+    kw = {"cache_seqlens": {"seqlens_past": _i32(500, 10), "seqlens_negative": _i32(-9, 10),
+                            "rotary_past": _i32(900, -4)}.get(case, _i32(10, 20))}
+    if case == "batch_idx_past":
+        kw["cache_batch_idx"] = _i32(5, -2)
+    if paged:
+        kw["block_table"] = _i32(0, 70, 2, -3).view(2, 2)
+    if case == "rotary_past":
+        kw["rotary_cos"], kw["rotary_sin"] = (randn(rows, 16, dtype=dt) for _ in range(2))
+    flashgen.flash_attn_with_kvcache(q, kc, vc, k, v, causal=True, version=generation, **kw)
+    torch.cuda.synchronize()  # a device-side assert or an illegal address surfaces here
+    for name, big in zip(("k_cache", "v_cache"), bigs):
+        assert bool((big[0] == SENTINEL).all()) and bool((big[-1] == SENTINEL).all()), \
+            f"{case}: the append wrote outside {name}"

@@ -253,6 +253,69 @@ def append_that_does_not_fit_leaves_both_caches():
         assert torch.equal(kc, k_before) and torch.equal(vc, v_before), "a refused append wrote into the caches"
 
 
+@case((ValueError, ["cache_seqlens", "rotary_cos"]))
+def cache_seqlens_missing_with_rotary():  # was: AttributeError ('NoneType' object has no attribute 'long')
+    q, kc, vc = _cache()
+    _fg().flash_attn_with_kvcache(q, kc, vc, rotary_cos=torch.randn(8, 4), rotary_sin=torch.randn(8, 4), causal=True)
+
+
+@case((ValueError, ["rotary_cos", "9", "8 rows"]))
+def cache_seqlens_rotary_past_seqlen_ro():
+    """A full cache (cache_seqlens = capacity, nothing appended) and two causal queries: q's rotary positions 8 and 9
+    lie past rotary_cos's 8 rows (was: torch's IndexError naming no argument; flash_attn reads past the table)."""
+    q, kc, vc = _cache()
+    _fg().flash_attn_with_kvcache(torch.randn(2, 2, 2, 16), kc, vc, rotary_cos=torch.randn(8, 4),
+                                  rotary_sin=torch.randn(8, 4), cache_seqlens=_cu(8, 3), causal=True)
+
+
+@case()
+def cache_append_unchecked_indices_stay_inside():
+    """CUDA index tensors are not read on the host (validate.indices_readable; simulated here), so the append's rows
+    come from unchecked values: cache_seqlens past the capacity or negative, cache_batch_idx and block-table pages
+    out of range, rotary positions past rotary_cos. torch's indexing would raise here and, on a GPU, end the
+    process's CUDA context with a device-side assert; the rows are clamped into the caches instead (values
+    unspecified, no index past a tensor). Every write lands inside the caches, which are views between guard
+    entries that must keep their sentinel. The kernels clamp what they read (tests/test_gpu_hostile_indices.py);
+    the CPU backend refuses its own out-of-range lengths with a ValueError naming them, which is accepted here."""
+    from flashgen import validate
+    flashgen = _fg()
+    sentinel = 12345.0
+
+    def guarded(entries, rows):
+        big = torch.full((entries + 2, rows, 2, 16), sentinel)
+        return big, big[1:-1].normal_()
+
+    def run(**kw):
+        try:
+            flashgen.flash_attn_with_kvcache(**kw)
+        except ValueError as err:  # the CPU backend's own guard (cpu/cpu_checks.h), after the append
+            assert str(err).startswith("cpu:"), f"unexpected refusal {err}"
+        for name in ("k_cache", "v_cache"):
+            big = bigs[name]
+            assert bool((big[0] == sentinel).all()) and bool((big[-1] == sentinel).all()), \
+                f"{kw_name}: the append wrote outside {name}"
+
+    real = validate.indices_readable
+    validate.indices_readable = lambda t: False
+    try:
+        cos, sin = torch.randn(8, 4), torch.randn(8, 4)
+        for kw_name, extra in (("cache_seqlens past", {"cache_seqlens": _cu(100, 3)}),
+                               ("cache_seqlens negative", {"cache_seqlens": _cu(-5, 3)}),
+                               ("cache_batch_idx", {"cache_seqlens": _cu(1, 3), "cache_batch_idx": _cu(5, -1)}),
+                               ("rotary", {"cache_seqlens": _cu(100, -7), "rotary_cos": cos, "rotary_sin": sin})):
+            (bk, kc), (bv, vc) = guarded(2, 8), guarded(2, 8)
+            bigs = {"k_cache": bk, "v_cache": bv}
+            run(q=torch.randn(2, 2, 2, 16), k_cache=kc, v_cache=vc, k=torch.randn(2, 2, 2, 16),
+                v=torch.randn(2, 2, 2, 16), causal=True, **extra)
+        kw_name = "block_table"
+        (bk, kc), (bv, vc) = guarded(3, 4), guarded(3, 4)  # 3 pages of 4 rows
+        bigs = {"k_cache": bk, "v_cache": bv}
+        run(q=torch.randn(2, 1, 2, 16), k_cache=kc, v_cache=vc, k=torch.randn(2, 1, 2, 16), v=torch.randn(2, 1, 2, 16),
+            cache_seqlens=_cu(2, 6), block_table=torch.tensor([[99, 0], [1, -3]], dtype=torch.int32))
+    finally:
+        validate.indices_readable = real
+
+
 @case()
 def cache_batch_idx_and_lengths_in_range():
     """In-range indices still give the oracle's result (the row each batch entry picks, its own length)."""

@@ -404,11 +404,23 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     validate.check_alibi(alibi_slopes, q, q.shape[0])
     if k is not None and cache_seqlens is None:
         raise ValueError("cache_seqlens: expected an int or int32 (batch,) tensor when appending k/v")
+    if rotary_cos is not None and cache_seqlens is None:
+        raise ValueError("cache_seqlens: expected an int or int32 (batch,) tensor with rotary_cos / rotary_sin (the "
+                         "rotary positions count from it), got None")
     # Before the append writes anything:
     validate.check_kvcache_values(k_cache, k, cache_seqlens, cache_batch_idx, cache_leftpad, block_table)
     window_size = validate.clamp_window(window_size, q.shape[1], capacity)
     batch, seqlen_q = q.shape[0], q.shape[1]
     seqlen_new = 0 if k is None else k.shape[1]
+    # Index values the host has checked (an int, or tensors it could read: validate.indices_readable); the rows
+    # computed from the others are clamped into the caches below, so that hostile values in CUDA tensors give
+    # unspecified rows but never an index past a tensor (a device-side assert in torch's indexing would end the
+    # process's CUDA context).
+    seqlens_checked = cache_seqlens is None or isinstance(cache_seqlens, int) or \
+        validate.indices_readable(cache_seqlens)
+    local = causal or tuple(window_size) != (-1, -1)
+    if rotary_cos is not None and seqlens_checked:
+        validate.check_rotary_positions(rotary_cos, cache_seqlens, seqlen_q if local else min(seqlen_q, 1))
     if isinstance(cache_seqlens, int):
         cache_seqlens = torch.full((batch,), cache_seqlens, dtype=torch.int32, device=q.device)
     features = _features(q, k_cache, causal=causal, window_size=window_size, softcap=softcap,
@@ -417,23 +429,35 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     choice = _choose(q, features, version)
     head_dim = q.shape[-1]
     softmax_scale, (window_left, window_right) = _scale_and_window(head_dim, softmax_scale, window_size, causal)
+    # Cache rows of the appended keys, cache_seqlens[i] + j (unchecked values: their start clamped to [0, capacity -
+    # seqlen_new], so every row lies inside the cache and inside rotary_cos, which holds at least the capacity).
+    positions = None
+    if k is not None:
+        start = cache_seqlens.long()
+        if not seqlens_checked:
+            start = start.clamp(0, capacity - seqlen_new)
+        positions = start.view(batch, 1) + torch.arange(seqlen_new, device=q.device)
     if rotary_cos is not None:
         start = cache_seqlens.long().view(batch, 1)
-        local = causal or tuple(window_size) != (-1, -1)
         q_pos = start + torch.arange(seqlen_q, device=q.device) if local else start.expand(batch, seqlen_q)
+        if not seqlens_checked:
+            q_pos = q_pos.clamp(0, rotary_cos.shape[0] - 1)
         q = _rotate(q, rotary_cos, rotary_sin, q_pos, rotary_interleaved)
         if k is not None:
-            k_pos = start + torch.arange(seqlen_new, device=q.device)
-            k = _rotate(k, rotary_cos, rotary_sin, k_pos, rotary_interleaved)
+            k = _rotate(k, rotary_cos, rotary_sin, positions, rotary_interleaved)
     seqused_k = cache_seqlens
     if k is not None:
-        positions = cache_seqlens.long().view(batch, 1) + torch.arange(seqlen_new, device=q.device)
         if block_table is not None:  # row r of sequence i: page block_table[i, r // page], row r % page of it
             page_block_size = k_cache.shape[1]
-            index = (block_table.long().gather(1, positions // page_block_size), positions % page_block_size)
+            pages = block_table.long().gather(1, positions // page_block_size)  # positions < capacity: in the table
+            if not validate.indices_readable(block_table):
+                pages = pages.clamp(0, k_cache.shape[0] - 1)
+            index = (pages, positions % page_block_size)
         else:
             rows = torch.arange(batch, device=q.device, dtype=torch.int64) if cache_batch_idx is None \
                 else cache_batch_idx.long()
+            if cache_batch_idx is not None and not validate.indices_readable(cache_batch_idx):
+                rows = rows.clamp(0, k_cache.shape[0] - 1)
             index = (rows.view(batch, 1).expand(batch, seqlen_new), positions)
         k_cache.index_put_(index, k)
         v_cache.index_put_(index, v)

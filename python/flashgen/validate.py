@@ -422,6 +422,21 @@ def check_rotary(rotary_cos, rotary_sin, q: torch.Tensor, k_cache: torch.Tensor,
                          f"got {rotary_cos.shape[0]}")
 
 
+def check_rotary_positions(rotary_cos: torch.Tensor, cache_seqlens, rows: int) -> None:
+    """q's rotary positions, cache_seqlens[i] + j for j < rows (rows = seqlen_q when causal or local, else 1: every
+    query at cache_seqlens[i]), must be rows of rotary_cos: with no key appended cache_seqlens may be the capacity,
+    and q's positions run past it. cache_seqlens an int or a tensor the host may read (indices_readable)."""
+    if isinstance(cache_seqlens, torch.Tensor):
+        if cache_seqlens.numel() == 0:
+            return
+        last = int(cache_seqlens.max()) + rows - 1
+    else:
+        last = cache_seqlens + rows - 1
+    if rows > 0 and last >= rotary_cos.shape[0]:
+        raise ValueError(f"rotary_cos: q's last rotary position is cache_seqlens + seqlen_q - 1 = {last} (with "
+                         f"causal or a window; else cache_seqlens), past its {rotary_cos.shape[0]} rows (seqlen_ro)")
+
+
 def check_alignment(tensors: Sequence[Tuple[str, torch.Tensor]], alignment_bytes: int) -> None:
     """Data pointers and every non-last stride aligned to `alignment_bytes` (the generation's vector width)."""
     if alignment_bytes <= 1:
