@@ -14,6 +14,7 @@
 
 #include "build_info_gen.h"
 #include "common/generation.h"
+#include "common/kv_append.h"
 #include "common/params.h"
 #include "common/status.h"
 #include "common/workspace.h"
@@ -24,6 +25,7 @@ namespace py = pybind11;
 using flashgen::AttnBwdParams;
 using flashgen::AttnParams;
 using flashgen::GenerationOps;
+using flashgen::KvAppendParams;
 using flashgen::Status;
 using flashgen::StatusCode;
 using flashgen::WorkspaceId;
@@ -227,6 +229,33 @@ PYBIND11_MODULE(_C, m) {
       FG_RW(AttnBwdParams, dv_batch_stride) FG_RW(AttnBwdParams, dv_row_stride) FG_RW(AttnBwdParams, dv_head_stride)
       FG_RW(AttnBwdParams, deterministic);
 
+  py::class_<KvAppendParams>(m, "KvAppendParams")
+      .def(py::init<>())
+      FG_PTR(KvAppendParams, k_cache, void*) FG_PTR(KvAppendParams, v_cache, void*)
+      FG_PTR(KvAppendParams, k_new, const void*) FG_PTR(KvAppendParams, v_new, const void*)
+      FG_RW(KvAppendParams, kc_batch_stride) FG_RW(KvAppendParams, kc_row_stride) FG_RW(KvAppendParams, kc_head_stride)
+      FG_RW(KvAppendParams, vc_batch_stride) FG_RW(KvAppendParams, vc_row_stride) FG_RW(KvAppendParams, vc_head_stride)
+      FG_RW(KvAppendParams, kn_batch_stride) FG_RW(KvAppendParams, kn_row_stride) FG_RW(KvAppendParams, kn_head_stride)
+      FG_RW(KvAppendParams, vn_batch_stride) FG_RW(KvAppendParams, vn_row_stride) FG_RW(KvAppendParams, vn_head_stride)
+      FG_PTR(KvAppendParams, cache_seqlens, const int*) FG_PTR(KvAppendParams, cache_batch_idx, const int*)
+      FG_PTR(KvAppendParams, block_table, const int*) FG_RW(KvAppendParams, block_table_batch_stride)
+      FG_RW(KvAppendParams, page_block_size) FG_RW(KvAppendParams, entries) FG_RW(KvAppendParams, capacity)
+      FG_RW(KvAppendParams, batch) FG_RW(KvAppendParams, seqlen_new) FG_RW(KvAppendParams, num_heads_k)
+      FG_RW(KvAppendParams, head_dim) FG_RW(KvAppendParams, elem_bytes);
+
+  m.def(
+      "append_kv_cpu",
+      [](const KvAppendParams& a) {
+        Status s;
+        {
+          py::gil_scoped_release release;
+          s = flashgen::cpu::append_kv(a);
+        }
+        raise_if_failed(s);
+      },
+      py::arg("params"),
+      "flash_attn_with_kvcache's append on host memory: the new keys and values into the caches' rows "
+      "(common/kv_append.h).");
   m.def(
       "fwd",
       [](const std::string& generation, const AttnParams& p, std::uintptr_t stream) {

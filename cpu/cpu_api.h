@@ -3,6 +3,7 @@
 #pragma once
 
 #include "common/generation.h"
+#include "common/kv_append.h"
 #include "common/params.h"
 #include "common/status.h"
 
@@ -13,6 +14,10 @@ Status fwd(const AttnParams& params);
 
 // Backward: dq, dk, dv from dout, o, lse (recomputing P); its scratch is its own (no workspace).
 Status bwd(const AttnBwdParams& params);
+
+// flash_attn_with_kvcache's append: the new keys and values copied into the caches (common/kv_append.h's rule,
+// rows it skips left alone). Host memory only.
+Status append_kv(const KvAppendParams& a);
 
 // The ops table the binding looks up (common/generation.h): fwd and bwd, no split plan, no workspaces.
 const GenerationOps& ops();

@@ -1,6 +1,6 @@
 """Builds and runs the host tests in tests/cpp: test_common.cpp (common/ against independent oracles), the score path,
-the key addresses and v3's tile order; and, where nvcc exists, compiles the common/ headers as device code to prove
-they stay __host__ __device__ clean."""
+the key addresses, the appended rows and v3's tile order; and, where nvcc exists, compiles the common/ headers as
+device code to prove they stay __host__ __device__ clean."""
 
 from __future__ import annotations
 
@@ -14,12 +14,14 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 SOURCES = {"common": ROOT / "tests" / "cpp" / "test_common.cpp",  # masks, softmax, Philox, split-KV
            "score": ROOT / "tests" / "cpp" / "test_score.cpp",   # the score path (common/score.h)
            "kv_layout": ROOT / "tests" / "cpp" / "test_kv_layout.cpp",  # key addresses (common/kv_layout.h)
+           "kv_append": ROOT / "tests" / "cpp" / "test_kv_append.cpp",  # appended rows (common/kv_append.h)
            "v3_tiles": ROOT / "tests" / "cpp" / "test_v3_tiles.cpp"}  # v3's persistent tile order (tile_config.h)
 COMPILE_TIMEOUT_S = 300
 RUN_TIMEOUT_S = 120
 
 DEVICE_SOURCE = r"""
 #include "common/element.cuh"
+#include "common/kv_append.h"
 #include "common/kv_layout.h"
 #include "common/mask.h"
 #include "common/philox.h"
@@ -49,7 +51,8 @@ __global__ void instantiate_common(AttnParams p, float* out) {
       split_numerator(m, 2.f, p.scale_log2) + merged_lse(partial_log_weight(1.f), merge_weight(2.f, 1.f));
   out[threadIdx.x] = m.lse(p.scale_log2) + st.inv_sum() + merged + r.end + c.begin + full +
                      keep + x + static_cast<float>(lse_offset(p, s, 0, 0)) + dropout_keep_scale(p.p_dropout) +
-                     static_cast<float>(kv_row_offset(p, blockIdx.x, threadIdx.x, p.k_batch_stride, p.k_row_stride));
+                     static_cast<float>(kv_row_offset(p, blockIdx.x, threadIdx.x, p.k_batch_stride, p.k_row_stride)) +
+                     static_cast<float>(kv_append_dst(KvAppendParams{}, blockIdx.x, threadIdx.x).row);
 }
 """
 

@@ -160,6 +160,37 @@ def _fill_descales(p, q_descale, k_descale, v_descale) -> None:
         p.v_descale_block_stride = v_descale.stride(2) if v_descale is not None else 0
 
 
+def append_kv(k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+              cache_seqlens: torch.Tensor, cache_batch_idx: Optional[torch.Tensor],
+              block_table: Optional[torch.Tensor]) -> bool:
+    """flash_attn_with_kvcache's append by the native copy (common/kv_append.h: rows whose destination is not in the
+    cache are skipped), for host tensors whose last dims are contiguous. Returns False, having done nothing, where it
+    does not apply (CUDA tensors: torch indexing does their append; a strided last dim). Inputs validated."""
+    if k_cache.is_cuda or any(t.stride(-1) != 1 for t in (k_cache, v_cache, k, v)):
+        return False
+    a = _native.C.KvAppendParams()
+    a.k_cache, a.v_cache, a.k_new, a.v_new = k_cache.data_ptr(), v_cache.data_ptr(), k.data_ptr(), v.data_ptr()
+    a.kc_batch_stride, a.kc_row_stride, a.kc_head_stride = k_cache.stride()[:3]
+    a.vc_batch_stride, a.vc_row_stride, a.vc_head_stride = v_cache.stride()[:3]
+    a.kn_batch_stride, a.kn_row_stride, a.kn_head_stride = k.stride()[:3]
+    a.vn_batch_stride, a.vn_row_stride, a.vn_head_stride = v.stride()[:3]
+    seqlens = cache_seqlens.contiguous()
+    a.cache_seqlens = seqlens.data_ptr()
+    batch_idx = cache_batch_idx.contiguous() if cache_batch_idx is not None else None
+    if batch_idx is not None:
+        a.cache_batch_idx = batch_idx.data_ptr()
+    if block_table is not None:
+        a.block_table = block_table.data_ptr()
+        a.block_table_batch_stride = block_table.stride(0)
+        a.page_block_size = k_cache.shape[1]
+    a.entries = k_cache.shape[0]
+    a.capacity = kv_capacity(k_cache, block_table)
+    a.batch, a.seqlen_new, a.num_heads_k, a.head_dim = k.shape[0], k.shape[1], k.shape[2], k.shape[3]
+    a.elem_bytes = k_cache.element_size()
+    _native.C.append_kv_cpu(a)
+    return True
+
+
 # ---- block-sparse schedule (p.sparse_order; common/block_sparse.h sparse_cta) ----
 # A block-sparse launch's CTAs differ in work by the on blocks of their sparse row (forward) or column (backward):
 # with global rows or columns (a local + global layout) one unit holds every block while the rest hold a few, and a

@@ -370,6 +370,37 @@ def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, positions: to
     return torch.cat((rotated.to(x.dtype), x[..., rotary_dim:]), dim=-1)
 
 
+def _append_rows(cache_seqlens: torch.Tensor, seqlen_new: int, capacity: int, checked: bool) -> torch.Tensor:
+    """(batch, seqlen_new) int64 cache rows of the appended keys, cache_seqlens[i] + j. Unchecked values
+    (validate.indices_readable) get their start clamped to [0, capacity - seqlen_new], so that every row lies inside
+    the cache and inside rotary_cos (which holds at least the capacity): unspecified rows, never an index past a
+    tensor (on a GPU, torch's indexing past one is a device-side assert that ends the process's CUDA context)."""
+    start = cache_seqlens.long()
+    if not checked:
+        start = start.clamp(0, capacity - seqlen_new)
+    return start.view(-1, 1) + torch.arange(seqlen_new, device=start.device)
+
+
+def _append_by_indexing(k_cache, v_cache, k, v, rows: torch.Tensor, cache_batch_idx, block_table) -> None:
+    """The append by torch indexing at cache rows `rows` (_append_rows), for CUDA tensors and traces: entries and pages
+    from unchecked index tensors clamped into the cache, as _append_rows does the rows."""
+    batch, seqlen_new = rows.shape
+    if block_table is not None:  # row r of sequence i: page block_table[i, r // page], row r % page of it
+        page_block_size = k_cache.shape[1]
+        pages = block_table.long().gather(1, rows // page_block_size)  # rows < capacity: inside the table
+        if not validate.indices_readable(block_table):
+            pages = pages.clamp(0, k_cache.shape[0] - 1)
+        index = (pages, rows % page_block_size)
+    else:
+        entries = torch.arange(batch, device=rows.device, dtype=torch.int64) if cache_batch_idx is None \
+            else cache_batch_idx.long()
+        if cache_batch_idx is not None and not validate.indices_readable(cache_batch_idx):
+            entries = entries.clamp(0, k_cache.shape[0] - 1)
+        index = (entries.view(batch, 1).expand(batch, seqlen_new), rows)
+    k_cache.index_put_(index, k)
+    v_cache.index_put_(index, v)
+
+
 def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None, rotary_sin=None, cache_seqlens=None,
                             cache_batch_idx=None, cache_leftpad=None, block_table=None, softmax_scale=None,
                             causal=False, window_size=(-1, -1), softcap=0.0, rotary_interleaved=True,
@@ -412,10 +443,9 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     window_size = validate.clamp_window(window_size, q.shape[1], capacity)
     batch, seqlen_q = q.shape[0], q.shape[1]
     seqlen_new = 0 if k is None else k.shape[1]
-    # Index values the host has checked (an int, or tensors it could read: validate.indices_readable); the rows
-    # computed from the others are clamped into the caches below, so that hostile values in CUDA tensors give
-    # unspecified rows but never an index past a tensor (a device-side assert in torch's indexing would end the
-    # process's CUDA context).
+    # Index values the host has checked (an int, or tensors it could read: validate.indices_readable). Rows from the
+    # others are clamped into the caches (_append_rows, _append_by_indexing) or skipped (the native copy), so that
+    # hostile values in CUDA tensors give unspecified rows but never an index past a tensor.
     seqlens_checked = cache_seqlens is None or isinstance(cache_seqlens, int) or \
         validate.indices_readable(cache_seqlens)
     local = causal or tuple(window_size) != (-1, -1)
@@ -429,14 +459,6 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     choice = _choose(q, features, version)
     head_dim = q.shape[-1]
     softmax_scale, (window_left, window_right) = _scale_and_window(head_dim, softmax_scale, window_size, causal)
-    # Cache rows of the appended keys, cache_seqlens[i] + j (unchecked values: their start clamped to [0, capacity -
-    # seqlen_new], so every row lies inside the cache and inside rotary_cos, which holds at least the capacity).
-    positions = None
-    if k is not None:
-        start = cache_seqlens.long()
-        if not seqlens_checked:
-            start = start.clamp(0, capacity - seqlen_new)
-        positions = start.view(batch, 1) + torch.arange(seqlen_new, device=q.device)
     if rotary_cos is not None:
         start = cache_seqlens.long().view(batch, 1)
         q_pos = start + torch.arange(seqlen_q, device=q.device) if local else start.expand(batch, seqlen_q)
@@ -444,23 +466,15 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
             q_pos = q_pos.clamp(0, rotary_cos.shape[0] - 1)
         q = _rotate(q, rotary_cos, rotary_sin, q_pos, rotary_interleaved)
         if k is not None:
-            k = _rotate(k, rotary_cos, rotary_sin, positions, rotary_interleaved)
+            k = _rotate(k, rotary_cos, rotary_sin, _append_rows(cache_seqlens, seqlen_new, capacity, seqlens_checked),
+                        rotary_interleaved)
     seqused_k = cache_seqlens
     if k is not None:
-        if block_table is not None:  # row r of sequence i: page block_table[i, r // page], row r % page of it
-            page_block_size = k_cache.shape[1]
-            pages = block_table.long().gather(1, positions // page_block_size)  # positions < capacity: in the table
-            if not validate.indices_readable(block_table):
-                pages = pages.clamp(0, k_cache.shape[0] - 1)
-            index = (pages, positions % page_block_size)
-        else:
-            rows = torch.arange(batch, device=q.device, dtype=torch.int64) if cache_batch_idx is None \
-                else cache_batch_idx.long()
-            if cache_batch_idx is not None and not validate.indices_readable(cache_batch_idx):
-                rows = rows.clamp(0, k_cache.shape[0] - 1)
-            index = (rows.view(batch, 1).expand(batch, seqlen_new), positions)
-        k_cache.index_put_(index, k)
-        v_cache.index_put_(index, v)
+        # Host tensors: the native copy (common/kv_append.h); CUDA tensors and torch.compile traces: torch indexing.
+        if torch.compiler.is_compiling() or \
+                not _ops.append_kv(k_cache, v_cache, k, v, cache_seqlens, cache_batch_idx, block_table):
+            _append_by_indexing(k_cache, v_cache, k, v, _append_rows(cache_seqlens, seqlen_new, capacity,
+                                                                     seqlens_checked), cache_batch_idx, block_table)
         seqused_k = (cache_seqlens + seqlen_new).to(torch.int32)
     if _args.no_work(q, k_cache):  # batch 0, no query rows, no heads or a cache of capacity 0: out 0, lse +inf
         out, lse, _ = _args.empty_result(q, k_cache, v_cache, _ops.lse_shape(q, None), None)
