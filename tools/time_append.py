@@ -84,8 +84,9 @@ def main() -> None:
             raise SystemExit(f"{layout}: the native append and torch indexing wrote different caches")
         row = dict(layout=layout, batch=b, cache=a.cache, device=dev, **results)
         rows.append(row)
+        nan = float("nan")
         print(f"{layout:>10} {results['native']:>10.1f} {results['indexing']:>12.1f} "
-              f"{results.get('native_graph', float('nan')):>13.1f} {results.get('indexing_graph', float('nan')):>15.1f}")
+              f"{results.get('native_graph', nan):>13.1f} {results.get('indexing_graph', nan):>15.1f}")
     if a.out:
         with open(a.out, "w") as f:
             for row in rows:
