@@ -9,7 +9,8 @@ aligned bottom-right, window_size (left, right) inclusive with -1 unbounded, GQA
 num_heads, lse fp32 (batch, num_heads, seqlen_q) (varlen: (num_heads, total_q)).
 
 Nothing on the call path synchronizes with the device: varlen takes max_seqlen from the caller, the KV-cache append
-scatters with index tensors, and dropout's seed/offset come from torch's CPU generator.
+reads its index tensors where they live (a native copy, or torch indexing on the GPU), and dropout's seed/offset
+come from torch's CPU generator.
 """
 
 from __future__ import annotations
