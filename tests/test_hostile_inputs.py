@@ -547,6 +547,24 @@ def int_like_arguments_are_accepted():
     assert torch.equal(got, ref), "kvcache with numpy scalars differs"
 
 
+@case()
+def int_like_arrays_of_several_values_are_refused_by_name():
+    """A numpy array of two values where a scalar is meant: numpy's own TypeError named no argument."""
+    import numpy as np
+    for name in ("dropout_p", "softmax_scale", "softcap", "causal", "deterministic", "return_attn_probs"):
+        try:
+            _scalar_case(**{name: np.array([1, 2])})
+            _raise(name)
+        except TypeError as err:
+            assert name in str(err), f"{name}: message {err} does not name it"
+
+
+@case((ValueError, ["num_splits", "1099511627776"]))
+def num_splits_past_int32():  # was: pybind's "incompatible function arguments", naming nothing
+    q, kc, vc = _cache()
+    _fg().flash_attn_with_kvcache(q, kc, vc, cache_seqlens=3, num_splits=2 ** 40)
+
+
 @case((TypeError, ["window_size[0]", "1.5"]))
 def window_float():
     _scalar_case(window_size=(1.5, 0))

@@ -85,7 +85,10 @@ def as_float(name: str, value) -> float:
         return float(value)
     if isinstance(value, (str, bytes)) or not hasattr(kind, "__float__"):
         raise TypeError(f"{name}: expected {what}, got {_describe(value)}")
-    return float(value)
+    try:
+        return float(value)
+    except (TypeError, ValueError):  # e.g. a numpy array of several elements: its message names no argument
+        raise TypeError(f"{name}: expected {what}, got {_describe(value)}") from None
 
 
 def as_bool(name: str, value) -> bool:
@@ -101,7 +104,10 @@ def as_bool(name: str, value) -> bool:
     elif _is_bool_like(value):
         return bool(value)
     elif not isinstance(value, (str, bytes)) and hasattr(type(value), "__index__"):
-        value = operator.index(value)
+        try:
+            value = operator.index(value)
+        except TypeError:  # e.g. a numpy array of several elements
+            raise TypeError(f"{name}: expected {what}, got {_describe(value)}") from None
     else:
         raise TypeError(f"{name}: expected {what}, got {_describe(value)}")
     if value not in (0, 1):

@@ -359,8 +359,8 @@ def check_block_table(block_table, q: torch.Tensor, k_cache: torch.Tensor, cache
 
 def check_num_splits(num_splits) -> None:
     """flash_attn's num_splits: 0 = the generation's heuristic, 1 = no split, n = at most n splits."""
-    if not isinstance(num_splits, int) or isinstance(num_splits, bool) or num_splits < 0:
-        raise ValueError(f"num_splits: expected an int >= 0 (0 = auto, 1 = no split, n = at most n), "
+    if not isinstance(num_splits, int) or isinstance(num_splits, bool) or not 0 <= num_splits <= INT32_MAX:
+        raise ValueError(f"num_splits: expected an int in [0, {INT32_MAX}] (0 = auto, 1 = no split, n = at most n), "
                          f"got {num_splits!r}")
 
 
