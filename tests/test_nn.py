@@ -197,6 +197,17 @@ def test_kv_cache_guards():
     assert cache.seqlens.tolist() == [0] and cache.filled == 0
 
 
+def test_kv_cache_overflow_without_a_host_count():
+    """A KVCache built without `filled` (seqlens unknown on the host) that a forward would run past: with rotary, the
+    tables were indexed past their end first (an IndexError naming nothing; a device-side assert on a GPU); now the
+    append refuses it by name, before either cache or seqlens changes."""
+    m = MultiheadAttention(64, 4, 2, rotary_dim=8).eval()
+    cache = KVCache(torch.zeros(2, 8, 2, 16), torch.zeros(2, 8, 2, 16), torch.tensor([7, 3], dtype=torch.int32))
+    with torch.no_grad(), pytest.raises(ValueError, match="cache_seqlens.*7 \\+ 3 exceeds the cache capacity 8"):
+        m(torch.randn(2, 3, 64), cache=cache)
+    assert bool((cache.k_cache == 0).all()) and bool((cache.v_cache == 0).all()) and cache.seqlens.tolist() == [7, 3]
+
+
 def test_dropout_only_in_training():
     m = _module(num_heads_k=2, dropout=0.3)
     x = torch.randn(2, 9, EMBED)

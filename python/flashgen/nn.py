@@ -194,6 +194,11 @@ class MultiheadAttention(nn.Module):
         if cache.filled is not None and cache.filled + seqlen > cache.max_seqlen:
             raise ValueError(f"cache: {cache.filled} + {seqlen} tokens exceed its max_seqlen {cache.max_seqlen}")
         positions = cache.seqlens.long().view(batch, 1) + torch.arange(seqlen, device=q.device)
+        if cache.filled is None and self.rotary_dim:
+            # seqlens unchecked on the host: rows past the cache are refused by name (CPU) or clamped (GPU) by the
+            # append below, but the rotary tables (max_seqlen rows) must not be indexed past their end first (an
+            # IndexError naming nothing, or a device-side assert on a GPU).
+            positions = positions.clamp(0, cache.max_seqlen - 1)
         q, k = self._rotate(q, k, positions, cache.max_seqlen)
         out = interface.flash_attn_with_kvcache(q, cache.k_cache, cache.v_cache, k.to(cache.k_cache.dtype),
                                                 v.to(cache.v_cache.dtype), cache_seqlens=cache.seqlens, **kw)
