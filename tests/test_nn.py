@@ -208,6 +208,16 @@ def test_kv_cache_overflow_without_a_host_count():
     assert bool((cache.k_cache == 0).all()) and bool((cache.v_cache == 0).all()) and cache.seqlens.tolist() == [7, 3]
 
 
+def test_varlen_bad_offsets_refused_by_name():
+    """Offsets that are not a partition of the tokens reach flash_attn_varlen_func's checks (named errors) instead
+    of indexing the rotary tables with them first (was an IndexError naming nothing for [0, -5, 10])."""
+    m = MultiheadAttention(64, 4, 2, rotary_dim=8).eval()
+    x = torch.randn(10, 64)
+    for cu, error in (([0, -5, 10], ValueError), ([0, 9, 3], ValueError), ([0, 4, 12], IndexError)):
+        with pytest.raises(error, match="cu_seqlens_q"):
+            m(x, cu_seqlens=torch.tensor(cu, dtype=torch.int32), max_seqlen=10)
+
+
 def test_dropout_only_in_training():
     m = _module(num_heads_k=2, dropout=0.3)
     x = torch.randn(2, 9, EMBED)

@@ -173,7 +173,10 @@ class MultiheadAttention(nn.Module):
             total = x.shape[0]
             token = torch.arange(total, device=x.device)
             sequence = torch.searchsorted(cu_seqlens[1:].long(), token, right=True)  # which sequence each token is
-            q, k = self._rotate(q, k, token - cu_seqlens.long()[sequence], total)
+            # positions in [0, total) for any offsets: cu_seqlens is checked by name in the call below, after these
+            # table lookups
+            positions = (token - cu_seqlens.long()[sequence.clamp(max=cu_seqlens.shape[0] - 1)]).clamp(0, total - 1)
+            q, k = self._rotate(q, k, positions, total)
             bound = total if max_seqlen is None else max_seqlen
             out = interface.flash_attn_varlen_func(q, k, v, cu_seqlens, cu_seqlens, bound, bound,
                                                    dropout_p=dropout_p, **kw)
