@@ -78,6 +78,17 @@ def test_zigzag_helpers():
         D.zigzag_shard(torch.zeros(1, 10), 3, 0)
     with pytest.raises(ValueError, match="layout"):
         D.shard_sequence(x, 2, 0, "striped")
+    # named errors (were: IndexError "tuple index out of range", torch.cat's empty-list error, a rank message for
+    # a world size of 0)
+    with pytest.raises(ValueError, match="dim: expected a dim of x"):
+        D.zigzag_shard(x, 2, 0, dim=5)
+    with pytest.raises(ValueError, match="world_size: expected an int >= 1"):
+        D.zigzag_shard(x, 0, 0)
+    with pytest.raises(ValueError, match="shards: expected one shard per rank"):
+        D.zigzag_unshard([])
+    with pytest.raises(TypeError, match="x: expected a torch.Tensor"):
+        D.zigzag_shard([1, 2], 2, 0)
+    assert torch.equal(D.zigzag_shard(x, 4, 1, dim=-1), D.zigzag_shard(x, 4, 1))
 
 
 # ---- the block plans against the global mask ----
@@ -391,6 +402,8 @@ def test_refusals():
             func(q, k[:, :4], v[:, :4], causal=True)
         with pytest.raises(ValueError, match="not initialized"):
             func(q, k, v, group=object())
+        with pytest.raises(TypeError, match="q: expected a torch.Tensor"):  # was an AttributeError
+            func([1], k, v)
     with pytest.raises(NotImplementedError, match="window_size.*allgather_flash_attn_func"):
         D.ring_flash_attn_func(q, k, v, window_size=(2, 0))
     with pytest.raises(NotImplementedError, match="alibi"):

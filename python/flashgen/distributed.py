@@ -60,7 +60,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from . import _library, _native, dispatch, nvtx, validate
+from . import _args, _library, _native, dispatch, nvtx, validate
 from .interface import VERSION_ENV
 
 __all__ = ["LAYOUTS", "Block", "LoopbackComm", "RingComm", "allgather_blocks", "allgather_flash_attn_func",
@@ -84,15 +84,27 @@ def shard_chunks(layout: str, world_size: int, rank: int) -> Tuple[int, ...]:
     """The global chunk indices `rank` holds, in their local (ascending) order: zigzag (rank, 2W - 1 - rank) of 2W
     chunks, contiguous (rank,) of W."""
     _check_layout(layout)
-    if not 0 <= rank < world_size:
-        raise ValueError(f"rank: expected 0 <= rank < world_size {world_size}, got {rank}")
+    if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
+        raise ValueError(f"world_size: expected an int >= 1, got {world_size!r}")
+    if isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank < world_size:
+        raise ValueError(f"rank: expected 0 <= rank < world_size {world_size}, got {rank!r}")
     return (rank, 2 * world_size - 1 - rank) if layout == "zigzag" else (rank,)
+
+
+def _seq_dim(name: str, x, dim: int) -> int:
+    """dim of tensor x (`name`), negative dims counted from the end."""
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"{name}: expected a torch.Tensor, got {type(x).__name__}")
+    if isinstance(dim, bool) or not isinstance(dim, int) or not -x.dim() <= dim < x.dim():
+        raise ValueError(f"dim: expected a dim of {name} (shape {tuple(x.shape)}), got {dim!r}")
+    return dim % x.dim()
 
 
 def shard_sequence(x: torch.Tensor, world_size: int, rank: int, layout: str = "zigzag", dim: int = 1) -> torch.Tensor:
     """Rank `rank`'s shard of the full sequence x (along `dim`) under `layout`; x.shape[dim] must divide into
     world_size (contiguous) or 2 * world_size (zigzag) equal chunks."""
     chunks = shard_chunks(layout, world_size, rank)
+    dim = _seq_dim("x", x, dim)
     count = world_size * _CHUNKS_PER_SHARD[layout]
     if x.shape[dim] % count != 0:
         raise ValueError(f"x: the sequence length {x.shape[dim]} (dim {dim}) must be a multiple of {count} "
@@ -105,6 +117,11 @@ def unshard_sequence(shards: Sequence[torch.Tensor], layout: str = "zigzag", dim
     """The full sequence from every rank's shard (shards[r] = rank r's), inverse of `shard_sequence`."""
     _check_layout(layout)
     world_size = len(shards)
+    if world_size == 0:
+        raise ValueError("shards: expected one shard per rank, got none")
+    dim = _seq_dim("shards[0]", shards[0], dim)
+    for rank, shard in enumerate(shards):
+        _seq_dim(f"shards[{rank}]", shard, dim)
     per = _CHUNKS_PER_SHARD[layout]
     pieces: List[Optional[torch.Tensor]] = [None] * (world_size * per)
     for rank, shard in enumerate(shards):
@@ -590,6 +607,9 @@ def ring_flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=Fals
     seqlen_q), None) with return_attn_probs. comm: a RingComm-like object instead of the group (bench/ring.py's
     simulated ring)."""
     name = "ring_flash_attn_func"
+    validate.check_qkv(q, k, v)
+    dropout_p, softmax_scale, causal, window_size, softcap, deterministic, return_attn_probs = _args.scalars(
+        dropout_p, softmax_scale, causal, window_size, softcap, deterministic, return_attn_probs)
     if tuple(window_size) != (-1, -1):
         raise NotImplementedError(f"{name}: window_size is not supported in the ring (an off-diagonal block needs its "
                                   "window shifted by the block's position, which flashgen's params cannot express); "
@@ -613,6 +633,9 @@ def allgather_flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal
     ring_flash_attn_func, plus window_size, and ALiBi where every call is aligned with the global diagonal (causal;
     refused otherwise). The backward gathers K/V again and reduce-scatters dK/dV."""
     name = "allgather_flash_attn_func"
+    validate.check_qkv(q, k, v)
+    dropout_p, softmax_scale, causal, window_size, softcap, deterministic, return_attn_probs = _args.scalars(
+        dropout_p, softmax_scale, causal, window_size, softcap, deterministic, return_attn_probs)
     head_dim = q.shape[-1]
     cfg, comm, q, k, v = _prepare(name, q, k, v, dropout_p=dropout_p, softmax_scale=softmax_scale, causal=causal,
                                   window_size=window_size, softcap=softcap, alibi_slopes=alibi_slopes,
