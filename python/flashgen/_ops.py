@@ -48,6 +48,12 @@ def _stream_of(t: torch.Tensor) -> int:
     return torch.cuda.current_stream(t.device).cuda_stream
 
 
+def _strides(t: torch.Tensor, varlen: bool) -> Tuple[int, int, int]:
+    """(batch, row, head) element strides; varlen tensors have no batch dim."""
+    stride = t.stride()
+    return (0, stride[0], stride[1]) if varlen else (stride[0], stride[1], stride[2])
+
+
 FUNC_TRANSFORMS_REFUSED = ("flashgen: torch.func transforms (grad, vmap, jacrev, ...) are not supported; use "
                            "torch.autograd (loss.backward(), torch.autograd.grad)")
 
@@ -59,21 +65,10 @@ def _set_qkvo(p, q, k, v, o, varlen_q: bool, varlen_k: bool) -> None:
         if any(torch._C._functorch.is_functorch_wrapped_tensor(t) for t in (q, k, v)):
             raise NotImplementedError(FUNC_TRANSFORMS_REFUSED) from err
         raise
-    # (batch, row, head) element strides; varlen tensors have no batch dim. Written out, not through a helper: this
-    # runs on every call (tools/host_overhead.py --stub-launches).
-    qs, ks, vs, os_ = q.stride(), k.stride(), v.stride(), o.stride()
-    if varlen_q:
-        p.q_batch_stride, p.q_row_stride, p.q_head_stride = 0, qs[0], qs[1]
-        p.o_batch_stride, p.o_row_stride, p.o_head_stride = 0, os_[0], os_[1]
-    else:
-        p.q_batch_stride, p.q_row_stride, p.q_head_stride = qs[0], qs[1], qs[2]
-        p.o_batch_stride, p.o_row_stride, p.o_head_stride = os_[0], os_[1], os_[2]
-    if varlen_k:
-        p.k_batch_stride, p.k_row_stride, p.k_head_stride = 0, ks[0], ks[1]
-        p.v_batch_stride, p.v_row_stride, p.v_head_stride = 0, vs[0], vs[1]
-    else:
-        p.k_batch_stride, p.k_row_stride, p.k_head_stride = ks[0], ks[1], ks[2]
-        p.v_batch_stride, p.v_row_stride, p.v_head_stride = vs[0], vs[1], vs[2]
+    p.q_batch_stride, p.q_row_stride, p.q_head_stride = _strides(q, varlen_q)
+    p.k_batch_stride, p.k_row_stride, p.k_head_stride = _strides(k, varlen_k)
+    p.v_batch_stride, p.v_row_stride, p.v_head_stride = _strides(v, varlen_k)
+    p.o_batch_stride, p.o_row_stride, p.o_head_stride = _strides(o, varlen_q)
 
 
 def _fill(p, q, k, v, o, lse, *, softmax_scale, window_size, softcap, alibi_slopes, dropout_p, seed, offset,
@@ -456,19 +451,10 @@ def backward(generation: str, dout: torch.Tensor, q: torch.Tensor, k: torch.Tens
           cu_seqlens_k=cu_seqlens_k, max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k, seqused_k=None,
           kv_batch_idx=None, block_mask=block_mask, block_size=block_size, probs=None, batch=batch)
     p.dout, p.dq, p.dk, p.dv = dout.data_ptr(), dq.data_ptr(), dk.data_ptr(), dv.data_ptr()
-    dos, dqs, dks, dvs = dout.stride(), dq.stride(), dk.stride(), dv.stride()  # as in _set_qkvo
-    if varlen_q:
-        p.do_batch_stride, p.do_row_stride, p.do_head_stride = 0, dos[0], dos[1]
-        p.dq_batch_stride, p.dq_row_stride, p.dq_head_stride = 0, dqs[0], dqs[1]
-    else:
-        p.do_batch_stride, p.do_row_stride, p.do_head_stride = dos[0], dos[1], dos[2]
-        p.dq_batch_stride, p.dq_row_stride, p.dq_head_stride = dqs[0], dqs[1], dqs[2]
-    if varlen_k:
-        p.dk_batch_stride, p.dk_row_stride, p.dk_head_stride = 0, dks[0], dks[1]
-        p.dv_batch_stride, p.dv_row_stride, p.dv_head_stride = 0, dvs[0], dvs[1]
-    else:
-        p.dk_batch_stride, p.dk_row_stride, p.dk_head_stride = dks[0], dks[1], dks[2]
-        p.dv_batch_stride, p.dv_row_stride, p.dv_head_stride = dvs[0], dvs[1], dvs[2]
+    p.do_batch_stride, p.do_row_stride, p.do_head_stride = _strides(dout, varlen_q)
+    p.dq_batch_stride, p.dq_row_stride, p.dq_head_stride = _strides(dq, varlen_q)
+    p.dk_batch_stride, p.dk_row_stride, p.dk_head_stride = _strides(dk, varlen_k)
+    p.dv_batch_stride, p.dv_row_stride, p.dv_head_stride = _strides(dv, varlen_k)
     # The workspaces the generation asks for (common/workspace.h; v2: D = rowsum(dO * O) and the zeroed dQ
     # accumulator, in its own layouts).
     p.deterministic = bool(deterministic)
