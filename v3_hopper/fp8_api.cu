@@ -1,8 +1,6 @@
 // v3 FP8 host entry: checks for e4m3 inputs, the TMA tensor maps (1-byte elements, boxes of 128 columns, 128-byte
 // swizzle), the persistent grid, and dispatch to the compiled FP8 head-dim bucket (the e4m3 rows of the generated
 // FLASHGEN_V3_INSTANCES). What the FP8 kernel does not implement returns not_implemented naming the feature.
-#include <cuda.h>
-#include <cudaTypedefs.h>
 #include <cuda_runtime_api.h>
 
 #include <cstdint>
@@ -15,6 +13,7 @@
 #include "v3_hopper/dtype.cuh"
 #include "v3_hopper/fp8_config.h"
 #include "v3_hopper/fp8_launch.h"
+#include "v3_hopper/tma_host.h"
 #include "v3_instances.h"
 
 namespace flashgen {
@@ -22,12 +21,6 @@ namespace v3 {
 namespace {
 
 constexpr int kRowAlignElems = 16;  // TMA: 16-byte aligned base and strides = multiples of 16 e4m3
-constexpr uintptr_t kTmaAlignBytes = 16;
-constexpr int kTmaRank = 4;  // (head_dim, rows, heads, batches)
-constexpr int64_t kTmaMaxStrideBytes = int64_t(1) << 40;
-constexpr int64_t kTmaMaxCoord = (int64_t(1) << 31) - 1;
-constexpr int kSm90Major = 9, kSm90Minor = 0;
-constexpr unsigned kDriverApiVersion = 12000;
 
 #define FG_FP8_IS_fwd 1
 #define FG_FP8_IS_bwd 0
@@ -56,65 +49,15 @@ Status launch_if_fp8(const AttnParams& p, const FwdLaunch& launch, cudaStream_t 
   }
 }
 
-PFN_cuTensorMapEncodeTiled_v12000 encode_fn() {
-  static const PFN_cuTensorMapEncodeTiled_v12000 fn = [] {
-    void* ptr = nullptr;
-    cudaDriverEntryPointQueryResult found = cudaDriverEntryPointSymbolNotFound;
-    const cudaError_t err =
-        cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &ptr, kDriverApiVersion, cudaEnableDefault, &found);
-    return err == cudaSuccess && found == cudaDriverEntryPointSuccess
-               ? reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(ptr)
-               : nullptr;
-  }();
-  return fn;
-}
-
-// One 4-D map (head_dim, rows, heads, batches) of e4m3 (as uint8), boxes of 128 columns x box_rows.
+// One 4-D map of e4m3 (as uint8) (tma_host.h encode_map_4d): boxes of 128 columns x box_rows.
 Status encode_map(CUtensorMap* map, const char* name, const void* ptr, int head_dim, int64_t rows, int64_t heads,
                   int64_t batches, int64_t row_stride, int64_t head_stride, int64_t batch_stride, int box_rows) {
-  const auto fn = encode_fn();
-  if (fn == nullptr) return Status::runtime("v3 fp8 forward: cuTensorMapEncodeTiled is not available");
-  const cuuint64_t dims[kTmaRank] = {static_cast<cuuint64_t>(head_dim), static_cast<cuuint64_t>(rows > 1 ? rows : 1),
-                                     static_cast<cuuint64_t>(heads),
-                                     static_cast<cuuint64_t>(batches > 1 ? batches : 1)};
-  const int64_t strides_elems[kTmaRank - 1] = {row_stride, head_stride, batch_stride};
-  cuuint64_t strides[kTmaRank - 1];
-  for (int i = 0; i < kTmaRank - 1; ++i) {
-    const int64_t bytes = strides_elems[i] * kFp8ElementBytes;
-    const bool stepped = dims[i + 1] > 1;
-    if (stepped && (bytes <= 0 || bytes >= kTmaMaxStrideBytes)) {
-      return Status::invalid(std::string(name) + ": v3 (TMA) needs positive strides below 2^40 bytes, got " +
-                             std::to_string(strides_elems[i]) + " elements");
-    }
-    strides[i] = static_cast<cuuint64_t>(stepped ? bytes : static_cast<int64_t>(kTmaAlignBytes));
-  }
-  const cuuint32_t box[kTmaRank] = {static_cast<cuuint32_t>(kFp8ChunkCols), static_cast<cuuint32_t>(box_rows), 1, 1};
-  const cuuint32_t element_strides[kTmaRank] = {1, 1, 1, 1};
-  const CUresult r = fn(map, CU_TENSOR_MAP_DATA_TYPE_UINT8, kTmaRank, const_cast<void*>(ptr), dims, strides, box,
-                        element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
-                        CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-  if (r != CUDA_SUCCESS) {
-    return Status::invalid(std::string(name) + ": cuTensorMapEncodeTiled failed (CUresult " + std::to_string(r) +
-                           ") for e4m3 extents (" + std::to_string(head_dim) + ", " + std::to_string(rows) + ", " +
-                           std::to_string(heads) + ", " + std::to_string(batches) + ")");
-  }
-  return Status::ok();
+  const TmaElement e{CU_TENSOR_MAP_DATA_TYPE_UINT8, kFp8ElementBytes, kFp8ChunkCols, "v3 fp8 forward"};
+  return encode_map_4d(map, e, name, ptr, head_dim, rows, heads, batches, row_stride, head_stride, batch_stride,
+                       box_rows);
 }
 
-Status check_device(int* num_sms) {
-  int device = 0, major = 0, minor = 0;
-  if (cudaGetDevice(&device) != cudaSuccess ||
-      cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess ||
-      cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device) != cudaSuccess ||
-      cudaDeviceGetAttribute(num_sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess) {
-    return Status::runtime("v3 fp8 forward: could not query the current CUDA device");
-  }
-  if (major != kSm90Major || minor != kSm90Minor) {
-    return Status::not_implemented("device: v3 is compiled for sm_90a only, the device is sm_" +
-                                   std::to_string(major) + std::to_string(minor));
-  }
-  return Status::ok();
-}
+Status check_device(int* num_sms) { return check_sm90(num_sms, "v3 fp8"); }
 
 Status check_rows(const char* name, const void* ptr, int64_t batch_stride, int64_t row_stride, int64_t head_stride) {
   if (reinterpret_cast<uintptr_t>(ptr) % kTmaAlignBytes != 0) {

@@ -1,0 +1,98 @@
+// Host side of v3's TMA and device checks, shared by the 16-bit (v3_api.cu) and FP8 (fp8_api.cu) entry points:
+// cuTensorMapEncodeTiled reached through the runtime's driver entry point (so nothing links libcuda), one 4-D map
+// over a (head_dim, rows, heads, batches) tensor, and the sm_90 check. Host-only (the .cu files' host code).
+#pragma once
+
+#include <cuda.h>
+#include <cudaTypedefs.h>
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+#include <string>
+
+#include "common/status.h"
+
+namespace flashgen {
+namespace v3 {
+
+constexpr uintptr_t kTmaAlignBytes = 16;
+constexpr int kTmaRank = 4;  // (head_dim, rows, heads, batches)
+constexpr int64_t kTmaMaxStrideBytes = int64_t(1) << 40;
+constexpr int64_t kTmaMaxCoord = (int64_t(1) << 31) - 1;  // box coordinates are int32
+constexpr int kSm90Major = 9, kSm90Minor = 0;
+constexpr unsigned kDriverApiVersion = 12000;  // cuTensorMapEncodeTiled's ABI (PFN_cuTensorMapEncodeTiled_v12000)
+
+inline PFN_cuTensorMapEncodeTiled_v12000 encode_fn() {
+  static const PFN_cuTensorMapEncodeTiled_v12000 fn = [] {
+    void* ptr = nullptr;
+    cudaDriverEntryPointQueryResult found = cudaDriverEntryPointSymbolNotFound;
+    const cudaError_t err =
+        cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &ptr, kDriverApiVersion, cudaEnableDefault, &found);
+    return err == cudaSuccess && found == cudaDriverEntryPointSuccess
+               ? reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(ptr)
+               : nullptr;
+  }();
+  return fn;
+}
+
+// What one map holds: its element type and size, and the box's columns (one 128-byte swizzled row).
+struct TmaElement {
+  CUtensorMapDataType type;
+  int bytes;
+  int box_cols;
+  const char* what;  // for messages: "v3 forward", "v3 fp8 forward"
+};
+
+// One 4-D map (head_dim, rows, heads, batches) over `ptr` with element strides, boxes of box_cols columns x
+// box_rows, 128-byte swizzle, zeros out of bounds. A dimension of extent 1 is never stepped: its stride is replaced
+// by a valid placeholder (torch gives such dimensions arbitrary strides).
+inline Status encode_map_4d(CUtensorMap* map, const TmaElement& e, const char* name, const void* ptr, int head_dim,
+                            int64_t rows, int64_t heads, int64_t batches, int64_t row_stride, int64_t head_stride,
+                            int64_t batch_stride, int box_rows) {
+  const auto fn = encode_fn();
+  if (fn == nullptr) return Status::runtime(std::string(e.what) + ": cuTensorMapEncodeTiled is not available");
+  const cuuint64_t dims[kTmaRank] = {static_cast<cuuint64_t>(head_dim), static_cast<cuuint64_t>(rows > 1 ? rows : 1),
+                                     static_cast<cuuint64_t>(heads),
+                                     static_cast<cuuint64_t>(batches > 1 ? batches : 1)};
+  const int64_t strides_elems[kTmaRank - 1] = {row_stride, head_stride, batch_stride};
+  cuuint64_t strides[kTmaRank - 1];
+  for (int i = 0; i < kTmaRank - 1; ++i) {
+    const int64_t bytes = strides_elems[i] * e.bytes;
+    const bool stepped = dims[i + 1] > 1;
+    if (stepped && (bytes <= 0 || bytes >= kTmaMaxStrideBytes)) {
+      return Status::invalid(std::string(name) + ": v3 (TMA) needs positive strides below 2^40 bytes, got " +
+                             std::to_string(strides_elems[i]) + " elements");
+    }
+    strides[i] = static_cast<cuuint64_t>(stepped ? bytes : static_cast<int64_t>(kTmaAlignBytes));
+  }
+  const cuuint32_t box[kTmaRank] = {static_cast<cuuint32_t>(e.box_cols), static_cast<cuuint32_t>(box_rows), 1, 1};
+  const cuuint32_t element_strides[kTmaRank] = {1, 1, 1, 1};
+  const CUresult r = fn(map, e.type, kTmaRank, const_cast<void*>(ptr), dims, strides, box, element_strides,
+                        CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                        CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  if (r != CUDA_SUCCESS) {
+    return Status::invalid(std::string(name) + ": cuTensorMapEncodeTiled failed (CUresult " + std::to_string(r) +
+                           ") for extents (" + std::to_string(head_dim) + ", " + std::to_string(rows) + ", " +
+                           std::to_string(heads) + ", " + std::to_string(batches) + ")");
+  }
+  return Status::ok();
+}
+
+// The current device is sm_90 (v3 is compiled for sm_90a only); its SM count into num_sms.
+inline Status check_sm90(int* num_sms, const char* what) {
+  int device = 0, major = 0, minor = 0;
+  if (cudaGetDevice(&device) != cudaSuccess ||
+      cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess ||
+      cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device) != cudaSuccess ||
+      cudaDeviceGetAttribute(num_sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess) {
+    return Status::runtime(std::string(what) + ": could not query the current CUDA device");
+  }
+  if (major != kSm90Major || minor != kSm90Minor) {
+    return Status::not_implemented("device: v3 is compiled for sm_90a only, the device is sm_" +
+                                   std::to_string(major) + std::to_string(minor));
+  }
+  return Status::ok();
+}
+
+}  // namespace v3
+}  // namespace flashgen
