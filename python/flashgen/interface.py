@@ -460,6 +460,7 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     choice = _choose(q, features, version)
     head_dim = q.shape[-1]
     softmax_scale, (window_left, window_right) = _scale_and_window(head_dim, softmax_scale, window_size, causal)
+    rows = None  # the appended keys' cache rows (_append_rows), made once where rotary or indexing needs them
     if rotary_cos is not None:
         start = cache_seqlens.long().view(batch, 1)
         q_pos = start + torch.arange(seqlen_q, device=q.device) if local else start.expand(batch, seqlen_q)
@@ -467,15 +468,16 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
             q_pos = q_pos.clamp(0, rotary_cos.shape[0] - 1)
         q = _rotate(q, rotary_cos, rotary_sin, q_pos, rotary_interleaved)
         if k is not None:
-            k = _rotate(k, rotary_cos, rotary_sin, _append_rows(cache_seqlens, seqlen_new, capacity, seqlens_checked),
-                        rotary_interleaved)
+            rows = _append_rows(cache_seqlens, seqlen_new, capacity, seqlens_checked)
+            k = _rotate(k, rotary_cos, rotary_sin, rows, rotary_interleaved)
     seqused_k = cache_seqlens
     if k is not None:
         # Host tensors: the native copy (common/kv_append.h); CUDA tensors and torch.compile traces: torch indexing.
         if torch.compiler.is_compiling() or \
                 not _ops.append_kv(k_cache, v_cache, k, v, cache_seqlens, cache_batch_idx, block_table):
-            _append_by_indexing(k_cache, v_cache, k, v, _append_rows(cache_seqlens, seqlen_new, capacity,
-                                                                     seqlens_checked), cache_batch_idx, block_table)
+            if rows is None:
+                rows = _append_rows(cache_seqlens, seqlen_new, capacity, seqlens_checked)
+            _append_by_indexing(k_cache, v_cache, k, v, rows, cache_batch_idx, block_table)
         seqused_k = (cache_seqlens + seqlen_new).to(torch.int32)
     if _args.no_work(q, k_cache):  # batch 0, no query rows, no heads or a cache of capacity 0: out 0, lse +inf
         out, lse, _ = _args.empty_result(q, k_cache, v_cache, _ops.lse_shape(q, None), None)

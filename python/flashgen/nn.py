@@ -143,8 +143,7 @@ class MultiheadAttention(nn.Module):
         return self._rotary
 
     def _rotate(self, q, k, positions: torch.Tensor, max_position: int):
-        if not self.rotary_dim:
-            return q, k
+        """q and k rotated at `positions` (callers make positions only when rotary_dim > 0)."""
         cos, sin = self._tables(max_position, q.device)
         return (apply_rotary(q, cos, sin, positions, self.rotary_interleaved),
                 apply_rotary(k, cos, sin, positions, self.rotary_interleaved))
@@ -171,18 +170,20 @@ class MultiheadAttention(nn.Module):
             out = self._with_cache(q, k, v, cache, kw)
         elif varlen:
             total = x.shape[0]
-            token = torch.arange(total, device=x.device)
-            sequence = torch.searchsorted(cu_seqlens[1:].long(), token, right=True)  # which sequence each token is
-            # positions in [0, total) for any offsets: cu_seqlens is checked by name in the call below, after these
-            # table lookups
-            positions = (token - cu_seqlens.long()[sequence.clamp(max=cu_seqlens.shape[0] - 1)]).clamp(0, total - 1)
-            q, k = self._rotate(q, k, positions, total)
+            if self.rotary_dim:
+                token = torch.arange(total, device=x.device)
+                sequence = torch.searchsorted(cu_seqlens[1:].long(), token, right=True)  # each token's sequence
+                # positions in [0, total) for any offsets: cu_seqlens is checked by name in the call below, after
+                # these table lookups
+                positions = (token - cu_seqlens.long()[sequence]).clamp(0, total - 1)
+                q, k = self._rotate(q, k, positions, total)
             bound = total if max_seqlen is None else max_seqlen
             out = interface.flash_attn_varlen_func(q, k, v, cu_seqlens, cu_seqlens, bound, bound,
                                                    dropout_p=dropout_p, **kw)
         else:
             seqlen = x.shape[1]
-            q, k = self._rotate(q, k, torch.arange(seqlen, device=x.device).expand(x.shape[0], seqlen), seqlen)
+            if self.rotary_dim:
+                q, k = self._rotate(q, k, torch.arange(seqlen, device=x.device).expand(x.shape[0], seqlen), seqlen)
             out = interface.flash_attn_func(q, k, v, dropout_p=dropout_p, **kw)
         return self.out_proj(out.reshape(*lead, self.num_heads * self.head_dim))
 
@@ -196,13 +197,14 @@ class MultiheadAttention(nn.Module):
                              f"{self.head_dim}), got {tuple(cache.k_cache.shape)}")
         if cache.filled is not None and cache.filled + seqlen > cache.max_seqlen:
             raise ValueError(f"cache: {cache.filled} + {seqlen} tokens exceed its max_seqlen {cache.max_seqlen}")
-        positions = cache.seqlens.long().view(batch, 1) + torch.arange(seqlen, device=q.device)
-        if cache.filled is None and self.rotary_dim:
-            # seqlens unchecked on the host: rows past the cache are refused by name (CPU) or clamped (GPU) by the
-            # append below, but the rotary tables (max_seqlen rows) must not be indexed past their end first (an
-            # IndexError naming nothing, or a device-side assert on a GPU).
-            positions = positions.clamp(0, cache.max_seqlen - 1)
-        q, k = self._rotate(q, k, positions, cache.max_seqlen)
+        if self.rotary_dim:
+            positions = cache.seqlens.long().view(batch, 1) + torch.arange(seqlen, device=q.device)
+            if cache.filled is None:
+                # seqlens unchecked on the host: rows past the cache are refused by name (CPU) or clamped (GPU) by
+                # the append below, but the rotary tables (max_seqlen rows) must not be indexed past their end first
+                # (an IndexError naming nothing, or a device-side assert on a GPU).
+                positions = positions.clamp(0, cache.max_seqlen - 1)
+            q, k = self._rotate(q, k, positions, cache.max_seqlen)
         out = interface.flash_attn_with_kvcache(q, cache.k_cache, cache.v_cache, k.to(cache.k_cache.dtype),
                                                 v.to(cache.v_cache.dtype), cache_seqlens=cache.seqlens, **kw)
         cache.seqlens += seqlen
