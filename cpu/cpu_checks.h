@@ -72,8 +72,11 @@ inline Status check_params(const AttnParams& p) {
   if (p.block_mask && (p.sparse_block_m < 1 || p.sparse_block_n < 1)) {
     return Status::invalid("cpu: block_size must be positive with block_mask");
   }
-  if ((p.cu_seqlens_q == nullptr) != (p.cu_seqlens_k == nullptr)) {
-    return Status::invalid("cpu: cu_seqlens_q and cu_seqlens_k must be given together");
+  // Stacked queries read stacked keys, or a paged cache (flash_attn_varlen_func with a block_table: each sequence's
+  // keys counted by seqused_k); stacked keys always come with stacked queries.
+  if (p.cu_seqlens_k ? p.cu_seqlens_q == nullptr : (p.cu_seqlens_q != nullptr && p.block_table == nullptr)) {
+    return Status::invalid("cpu: cu_seqlens_q and cu_seqlens_k must be given together (or cu_seqlens_q with a "
+                           "block_table)");
   }
   Status s = check_offsets("cu_seqlens_q", p.cu_seqlens_q, p.batch, p.seqlen_q, "max_seqlen_q");
   if (!s.is_ok()) return s;

@@ -141,3 +141,24 @@ def test_kv_cache_append_values(generation, case):
     for name, big in zip(("k_cache", "v_cache"), bigs):
         assert bool((big[0] == SENTINEL).all()) and bool((big[-1] == SENTINEL).all()), \
             f"{case}: the append wrote outside {name}"
+
+
+@pytest.mark.parametrize("case", ["keys_decreasing", "keys_past_pages", "entries_past", "queries_past"])
+def test_paged_varlen_values(generation, case):
+    """flash_attn_varlen_func over pages with unchecked CUDA values: key counts (cu_seqlens_k's differences, the
+    kernels' seqused_k) decreasing or past the table's rows, table entries past the pages, cu_seqlens_q past q."""
+    need(generation, "bf16", 64, "varlen", "paged_kv")
+    import flashgen
+    dt = torch.bfloat16
+    q = randn(10, 2, 64, dtype=dt)
+    kc, vc = (randn(4, 16, 2, 64, dtype=dt) for _ in range(2))  # 4 pages of 16 rows; 32 rows per sequence
+    cu_q = _i32(0, 4, 30) if case == "queries_past" else _i32(0, 4, 10)
+    cu_k = {"keys_decreasing": _i32(0, 20, 5), "keys_past_pages": _i32(0, 20, 100)}.get(case, _i32(0, 20, 31))
+    table = _i32(0, 9, 2, -3).view(2, 2) if case == "entries_past" else _i32(0, 1, 2, 3).view(2, 2)
+    big, out = _guarded_out(q.shape, dt)
+    _ops.forward(generation, q, kc, vc, softmax_scale=0.125, cu_seqlens_q=cu_q, max_seqlen_q=10, max_seqlen_k=32,
+                 seqused_k=(cu_k[1:] - cu_k[:-1]).contiguous(), block_table=table, out=out)
+    _check_guards(case, big)
+    flashgen.flash_attn_varlen_func(q, kc, vc, cu_q, cu_k, 10, 32, block_table=table, version=generation)
+    torch.cuda.synchronize()
+

@@ -26,6 +26,7 @@ from flashgen import _native, _ops, dispatch, testing  # noqa: E402
 from flashgen.reference import attention_ref, philox_keep_mask  # noqa: E402
 from paged_kv_cases import (PAGE_SIZES, PREFILL_SCENARIOS, SCENARIOS, KvCase, build, call, check_cache_after, clone_inputs,  # noqa: E402
                             expected, keys_used, with_page)
+import paged_varlen_cases as pv  # noqa: E402
 
 
 @pytest.fixture(params=gpu_generations("fwd"))
@@ -263,3 +264,58 @@ def test_varlen_probs(generation, dropout_p):
         if dropout_p:
             keep = philox_keep_mask(seed, offset, 1, h, lq, lk, dropout_p, batch_index=b)[0]
             assert torch.equal(torch.signbit(block), ~keep), f"sequence {b}: dropped signs differ from the keep-mask"
+
+
+# ---- flash_attn_varlen_func over pages (tests/paged_varlen_cases.py; the CPU tier: tests/test_paged_varlen.py) ----
+
+def _varlen_features(case: pv.PagedVarlenCase):
+    used = ["varlen", "paged_kv", "return_probs"]
+    for name, on in (("gqa", case.heads != case.heads_k), ("causal", case.causal),
+                     ("window", case.window != (-1, -1)), ("softcap", case.softcap > 0), ("alibi", case.alibi)):
+        if on:
+            used.append(name)
+    return used
+
+
+VARLEN_CASES = [dataclasses.replace(pv.with_page(c, p), head_dim=d) for c in pv.SCENARIOS for p in pv.PAGE_SIZES
+                for d in (64, 128)]
+
+
+@pytest.mark.parametrize("case", VARLEN_CASES, ids=lambda c: f"{c.id}-d{c.head_dim}")
+def test_paged_varlen_against_oracle(generation, case):
+    need(generation, "bf16", case.head_dim, *_varlen_features(case))
+    inputs = pv.build(case, "cuda", torch.bfloat16)
+    out, lse, _ = pv.call(case, inputs, version=generation)
+    want = pv.expected(case, inputs)
+    testing.check_fa_rule(f"{case.id} out", out.cpu(), want["ref"], want["naive"])
+    check_lse(f"{case.id} lse", lse.cpu(), want["ref_lse"])
+
+
+@pytest.mark.parametrize("head_dim", [64, 128, 256])
+def test_paged_varlen_writes_every_output(generation, head_dim):
+    """The forward alone (flashgen._ops: varlen queries, each sequence's keys counted by seqused_k in its pages)
+    into a NaN-poisoned output, page size 5, a long sequence beside short and empty ones."""
+    case = pv.PagedVarlenCase("poisoned", lens_q=(300, 1, 0, 77), lens_k=(3000, 1, 0, 77), page=5, causal=True,
+                              head_dim=head_dim)
+    need(generation, "bf16", head_dim, "varlen", "paged_kv", "causal", "gqa")
+    inputs = pv.build(case, "cuda", torch.bfloat16)
+    cu_k = inputs["cu_seqlens_k"]
+    out, lse, _ = run_fwd(generation, inputs["q"], inputs["k"], inputs["v"], cu_seqlens_q=inputs["cu_seqlens_q"],
+                          max_seqlen_q=max(case.lens_q), max_seqlen_k=max(case.lens_k),
+                          seqused_k=(cu_k[1:] - cu_k[:-1]).contiguous(), block_table=inputs["block_table"],
+                          window_size=(-1, 0))
+    want = pv.expected(case, inputs)
+    testing.check_fa_rule(f"poisoned d{head_dim}", out.cpu(), want["ref"], want["naive"])
+    check_lse("poisoned", lse.cpu(), want["ref_lse"])
+
+
+def test_auto_runs_paged_varlen_on_v2():
+    """v3 and v1 read no paged cache: auto sends a paged varlen call to v2 on every GPU it runs on."""
+    need("v2", "bf16", 128, "varlen", "paged_kv")
+    case = dataclasses.replace(pv.with_page(pv.SCENARIOS[0], 16), head_dim=128)
+    inputs = pv.build(case, "cuda", torch.bfloat16)
+    e = flashgen.explain(inputs["q"], inputs["k"], inputs["v"], cu_seqlens_q=inputs["cu_seqlens_q"],
+                         cu_seqlens_k=inputs["cu_seqlens_k"], max_seqlen_q=max(case.lens_q),
+                         max_seqlen_k=max(case.lens_k), block_table=inputs["block_table"])
+    assert e.generation == "v2", str(e)
+

@@ -53,6 +53,21 @@ def _varlen_func(**kw):
     return flashgen.flash_attn_varlen_func(**args)
 
 
+PAGE = 4
+NUM_PAGES = BATCH * (-(-SEQLEN_K // PAGE)) + 1
+
+
+def _paged_varlen_func(**kw):
+    """flash_attn_varlen_func over a paged cache: sequence b's SEQLEN_K keys in pages block_table[b]."""
+    q, _, _, cu_q, cu_k = _varlen()
+    pages = torch.randn(NUM_PAGES, PAGE, NUM_HEADS_K, HEAD_DIM, dtype=torch.float16)
+    table = torch.arange(BATCH * (-(-SEQLEN_K // PAGE)), dtype=torch.int32).view(BATCH, -1)
+    args = dict(q=q, k=pages, v=pages.clone(), cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, max_seqlen_q=SEQLEN_Q,
+                max_seqlen_k=SEQLEN_K, block_table=table)
+    args.update(kw)
+    return flashgen.flash_attn_varlen_func(**args)
+
+
 def _kvcache(**kw):
     q, k_cache, v_cache, k, v, cache_seqlens = _cache()
     args = dict(q=q, k_cache=k_cache, v_cache=v_cache, k=k, v=v, cache_seqlens=cache_seqlens)
@@ -121,8 +136,29 @@ CASES = [
      ["max_seqlen_q", "int", "float32"]),
     ("max_seqlen_float", lambda: _varlen_func(max_seqlen_k=float(SEQLEN_K)), TypeError, ["max_seqlen_k", "int"]),
     ("varlen_q_rank4", lambda: _varlen_func(q=q0), ValueError, ["q", "3 dims"]),
-    ("varlen_block_table", lambda: _varlen_func(block_table=torch.zeros(BATCH, 1, dtype=torch.int32)),
-     NotImplementedError, ["block_table"]),
+    # flash_attn_varlen_func over a paged cache: shapes, then the values of CPU index tensors
+    ("paged_varlen_k_rank3", lambda: _paged_varlen_func(k=_varlen()[1], v=_varlen()[2]), ValueError,
+     ["k", "4 dims", "num_pages"]),
+    ("paged_varlen_table_batch", lambda: _paged_varlen_func(block_table=torch.zeros(BATCH + 1, 3, dtype=torch.int32)),
+     ValueError, ["block_table", "shape", str(BATCH)]),
+    ("paged_varlen_table_dtype", lambda: _paged_varlen_func(block_table=torch.zeros(BATCH, 3, dtype=torch.int64)),
+     TypeError, ["block_table", "int32"]),
+    ("paged_varlen_keys_decreasing", lambda: _paged_varlen_func(cu_seqlens_k=torch.tensor([0, 12, 11],
+                                                                                          dtype=torch.int32)),
+     ValueError, ["cu_seqlens_k", "non-decreasing", "-1"]),
+    ("paged_varlen_keys_past_pages", lambda: _paged_varlen_func(
+        cu_seqlens_k=torch.tensor([0, 12, 25], dtype=torch.int32), max_seqlen_k=13), ValueError,
+     ["cu_seqlens_k", "13 keys", "12 rows", "3 pages of 4"]),
+    ("paged_varlen_max_seqlen_k", lambda: _paged_varlen_func(max_seqlen_k=SEQLEN_K - 1), ValueError,
+     ["max_seqlen_k", str(SEQLEN_K)]),
+    ("paged_varlen_page_out_of_range", lambda: _paged_varlen_func(
+        block_table=torch.tensor([[0, 1, 2], [3, NUM_PAGES, 5]], dtype=torch.int32)), ValueError,
+     ["block_table", "[1, 1]", str(NUM_PAGES)]),
+    ("paged_varlen_fp8", lambda: _paged_varlen_func(
+        q=_varlen()[0].to(torch.float8_e4m3fn),
+        k=torch.zeros(NUM_PAGES, PAGE, NUM_HEADS_K, HEAD_DIM, dtype=torch.float8_e4m3fn),
+        v=torch.zeros(NUM_PAGES, PAGE, NUM_HEADS_K, HEAD_DIM, dtype=torch.float8_e4m3fn)), NotImplementedError,
+     ["block_table", "FP8"]),
     ("block_mask_dtype", lambda: _sparse(block_mask=torch.ones(1, 1, 1)), TypeError, ["block_mask", "bool"]),
     ("block_mask_shape", lambda: _sparse(block_mask=torch.ones(1, 2, 2, dtype=torch.bool)), ValueError,
      ["block_mask", "shape"]),

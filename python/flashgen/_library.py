@@ -196,6 +196,10 @@ def _grads(ctx, dout, launch):
     """(dq, dk, dv) from what _save_context kept: launch(dout, q, k, v, out, lse, a) with the forward's FwdArgs."""
     q, k, v, out, lse, *saved = ctx.saved_tensors
     a = ctx.args._replace(**dict(zip(ctx.fields, saved))) if ctx.fields else ctx.args
+    if a.block_table is not None or a.seqused_k is not None or a.kv_batch_idx is not None:
+        # BwdArgs has no KV-cache fields: run, the backward would read the pages as dense K/V.
+        raise NotImplementedError("block_table: attention over a paged KV cache is a forward only (inference), as "
+                                  "in flash_attn; run it under torch.no_grad(), or pass dense k / v to train")
     with nvtx.annotate(q.is_cuda, a.generation, "bwd", _DTYPE_NAMES[q.dtype], q.shape[-1],
                        (a.window_left, a.window_right), a.cu_seqlens_q is not None):
         return launch(dout, q, k, v, out, lse, a)

@@ -87,7 +87,11 @@ def _fill(p, q, k, v, o, lse, *, softmax_scale, window_size, softcap, alibi_slop
     q_shape, k_shape = q.shape, k.shape
     p.batch = batch
     p.seqlen_q = max_seqlen_q if varlen_q else q_shape[1]
-    p.seqlen_k = max_seqlen_k if varlen_k else kv_capacity(k, block_table)
+    if varlen_k:
+        p.seqlen_k = max_seqlen_k
+    else:  # varlen q over a paged cache gives max_seqlen_k too: no sequence then reads more keys (seq_info's clamp)
+        capacity = kv_capacity(k, block_table)
+        p.seqlen_k = capacity if max_seqlen_k is None else min(max_seqlen_k, capacity)
     p.num_heads = q_shape[-2]
     p.num_heads_k = k_shape[-2]
     p.head_dim = q_shape[-1]

@@ -179,29 +179,38 @@ def _attention(q, k, v, *, dropout_p, softmax_scale, causal, window_size, softca
         out, lse, probs = _args.empty_result(q, k, v, _ops.lse_shape(q, cu_seqlens_q), (
             batch, q.shape[2], q.shape[1], k.shape[1]) if return_probs and not varlen else None)
         return (*_args.cover_rows(out.to(_ops.out_dtype(q.dtype)), lse, total_q), probs)
+    softmax_scale, (window_left, window_right) = _scale_and_window(q.shape[-1], softmax_scale, window_size, causal)
+    args = _library.FwdArgs(
+        generation=choice.generation, softmax_scale=float(softmax_scale), window_left=int(window_left),
+        window_right=int(window_right), softcap=float(softcap), alibi_slopes=alibi_slopes, dropout_p=float(dropout_p),
+        rng_state=_dropout_rng(dropout_p), cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
+        max_seqlen_q=int(max_seqlen_q), max_seqlen_k=int(max_seqlen_k), block_mask=block_mask,
+        block_m=int(block_size[0]), block_n=int(block_size[1]), return_probs=bool(return_probs),
+        deterministic=bool(deterministic), q_descale=q_descale, k_descale=k_descale, v_descale=v_descale)
+    return _launch(q, k, v, choice, "backward" in features, total_q, args)
+
+
+def _dropout_rng(dropout_p: float) -> Optional[torch.Tensor]:
+    """Dropout's (seed, offset), an int64 CPU tensor from torch's CPU generator (no device sync); None without."""
+    return torch.randint(0, _RNG_HIGH, (2,), dtype=torch.int64, device="cpu") if dropout_p > 0 else None
+
+
+def _launch(q, k, v, choice: dispatch.Choice, grad: bool, total_q: Optional[int], args: _library.FwdArgs):
+    """The launch of a validated, dispatched call: pad head_dim, check alignment, then flashgen::fwd. torch.compile
+    traces the custom op; eager calls skip its dispatch: the implementation directly when no gradient is needed
+    (grad False), else the same forward and backward through a torch.autograd.Function. Returns (out, lse,
+    probs-or-None) with out at the caller's head_dim and out / lse covering total_q rows (_args.cover_rows). The
+    arguments arrive as one FwdArgs: a helper taking them as keywords cost ~2 us a call (tools/host_overhead.py)."""
     head_dim = q.shape[-1]
-    softmax_scale, (window_left, window_right) = _scale_and_window(head_dim, softmax_scale, window_size, causal)
     compiling = torch.compiler.is_compiling()
     q, k, v = _pad_qkv(q, k, v, choice.head_dim_multiple)
     if not compiling:
         validate.check_alignment((("q", q), ("k", k), ("v", v)), choice.alignment_bytes)
-    rng_state = None
-    if dropout_p > 0:
-        rng_state = torch.randint(0, _RNG_HIGH, (2,), dtype=torch.int64, device="cpu")
-    # torch.compile traces the custom op flashgen::fwd. Eager calls skip its dispatch: the implementation directly
-    # when no gradient is needed, else the same forward and backward through a torch.autograd.Function.
-    with nvtx.annotate(q.is_cuda, choice.generation, "fwd", validate.DTYPE_NAMES[q.dtype], head_dim,
-                       (window_left, window_right), varlen):
-        args = _library.FwdArgs(
-            generation=choice.generation, softmax_scale=float(softmax_scale), window_left=int(window_left),
-            window_right=int(window_right), softcap=float(softcap), alibi_slopes=alibi_slopes,
-            dropout_p=float(dropout_p), rng_state=rng_state, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
-            max_seqlen_q=int(max_seqlen_q), max_seqlen_k=int(max_seqlen_k), block_mask=block_mask,
-            block_m=int(block_size[0]), block_n=int(block_size[1]), return_probs=bool(return_probs),
-            deterministic=bool(deterministic), q_descale=q_descale, k_descale=k_descale, v_descale=v_descale)
+    with nvtx.annotate(q.is_cuda, args.generation, "fwd", validate.DTYPE_NAMES[q.dtype], head_dim,
+                       (args.window_left, args.window_right), args.cu_seqlens_q is not None):
         if compiling:
             out, lse, probs = _library.fwd(q, k, v, *args)
-        elif "backward" in features:
+        elif grad:
             if torch._C._are_functorch_transforms_active():  # EagerFwd has no setup_context (_library.py)
                 raise NotImplementedError(_ops.FUNC_TRANSFORMS_REFUSED)
             out, lse, probs = _library.EagerFwd.apply(q, k, v, args)
@@ -210,7 +219,7 @@ def _attention(q, k, v, *, dropout_p, softmax_scale, causal, window_size, softca
     if out.shape[-1] != head_dim:
         out = out[..., :head_dim]
     out, lse = _args.cover_rows(out, lse, total_q)
-    return out, lse, (probs if return_probs else None)
+    return out, lse, (probs if args.return_probs else None)
 
 
 def _dequantize_fp8(q, k, v, q_descale, k_descale, v_descale, cu_seqlens_q, cu_seqlens_k):
@@ -287,10 +296,53 @@ def flash_attn_kvpacked_func(q, kv, dropout_p=0.0, softmax_scale=None, causal=Fa
                            deterministic, return_attn_probs, version=version)
 
 
-def _no_block_table(block_table) -> None:
-    if block_table is not None:
-        raise NotImplementedError("block_table: a paged KV cache is implemented for flash_attn_with_kvcache; "
-                                  "flash_attn_varlen_func does not take one in flashgen yet; pass None")
+def _paged_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, block_table, *, dropout_p,
+                  softmax_scale, causal, window_size, softcap, alibi_slopes, deterministic, return_probs, version,
+                  descales):
+    """flash_attn_varlen_func with a block_table (flash_attn 2.6's paged prefill, as serving engines call it): q
+    (total_q, num_heads, head_dim) stacked by cu_seqlens_q; k/v pages (num_pages, page_block_size, num_heads_k,
+    head_dim); sequence b's keys are cache rows 0 .. n_b - 1 of the pages block_table[b] names, n_b =
+    cu_seqlens_k[b + 1] - cu_seqlens_k[b]. The kernels read them as a KV cache (seqused_k = n_b, common/kv_layout.h).
+    A forward only: a backward through it is refused by name (_library._grads), where flash_attn's fails."""
+    dropout_p, softmax_scale, causal, window_size, softcap, deterministic, return_probs = _args.scalars(
+        dropout_p, softmax_scale, causal, window_size, softcap, deterministic, return_probs)
+    validate.check_qkv(q, k, v, varlen=True, paged_kv=True)
+    if q.dtype == validate.FP8_DTYPE or any(d is not None for d in descales):
+        raise NotImplementedError("block_table: FP8 inputs and descales take dense K/V (v3); a paged cache is read "
+                                  "in fp16 / bf16 / fp32")
+    validate.check_scalars(dropout_p=dropout_p, softmax_scale=softmax_scale, causal=causal, window_size=window_size,
+                           softcap=softcap, deterministic=deterministic, head_dim=q.shape[-1])
+    max_seqlen_q = _args.max_seqlen("max_seqlen_q", max_seqlen_q)
+    max_seqlen_k = _args.max_seqlen("max_seqlen_k", max_seqlen_k)
+    batch = validate.check_varlen(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, q)
+    validate.check_block_table(block_table, q, k, None, batch=batch)
+    total_q = None  # as _attention: rows of q past the last sequence come back as out 0, lse +inf
+    covered = validate.check_paged_varlen_values(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, q, k,
+                                                 block_table)
+    if covered is not None and covered < q.shape[0]:
+        total_q, q = q.shape[0], q[:covered]
+    max_seqlen_q = min(max_seqlen_q, q.shape[0])
+    max_seqlen_k = min(max_seqlen_k, validate.kv_capacity(k, block_table))
+    window_size = validate.clamp_window(window_size, max_seqlen_q, max_seqlen_k)
+    validate.check_alibi(alibi_slopes, q, batch)
+    # No "backward" feature: the choice is the forward's (the backward is refused whichever runs).
+    features = _features(q, k, causal=causal, window_size=window_size, softcap=softcap, alibi_slopes=alibi_slopes,
+                         dropout_p=dropout_p, return_probs=return_probs, varlen=True, paged_kv=True)
+    choice = _choose(q, features, version)
+    if _args.no_work(q, k, rows_k=max_seqlen_k):  # no query rows, no heads, or no sequence with a key
+        probs_shape = _ops.probs_shape(q, k, cu_seqlens_q, max_seqlen_q, max_seqlen_k) if return_probs else None
+        out, lse, probs = _args.empty_result(q, k, v, _ops.lse_shape(q, cu_seqlens_q), probs_shape)
+        return (*_args.cover_rows(out, lse, total_q), probs)
+    softmax_scale, (window_left, window_right) = _scale_and_window(q.shape[-1], softmax_scale, window_size, causal)
+    args = _library.FwdArgs(
+        generation=choice.generation, softmax_scale=float(softmax_scale), window_left=int(window_left),
+        window_right=int(window_right), softcap=float(softcap), alibi_slopes=alibi_slopes, dropout_p=float(dropout_p),
+        rng_state=_dropout_rng(dropout_p), cu_seqlens_q=cu_seqlens_q, max_seqlen_q=int(max_seqlen_q),
+        max_seqlen_k=int(max_seqlen_k), seqused_k=cu_seqlens_k[1:] - cu_seqlens_k[:-1],  # int32; seq_info clamps
+        block_table=block_table, return_probs=bool(return_probs), deterministic=bool(deterministic))
+    # The backward is refused whichever runs (_library._grads); the graph is kept so that a backward gets there.
+    grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
+    return _launch(q, k, v, choice, grad, total_q, args)
 
 
 def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p=0.0,
@@ -304,8 +356,19 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     return_attn_probs: S_dmask is flash_attn's padded fp32 (batch, num_heads, max_seqlen_q_rounded,
     max_seqlen_k_rounded) (rounded up to a multiple of 128), entry [b, h, i, j] the probability of query i and key j
     of sequence b (dropped entries negated), 0 outside the sequence's seqlen_q x seqlen_k.
+
+    block_table int32 (batch, max_blocks_per_seq), as flash_attn 2.6: k/v are a paged KV cache (num_pages,
+    page_block_size, num_heads_k, head_dim), any page size; sequence b's keys are cache rows 0 .. n_b - 1 of its pages
+    (n_b = cu_seqlens_k[b + 1] - cu_seqlens_k[b]; cache row r at page block_table[b, r // page_block_size], row
+    r % page_block_size). Forward only (inference): a backward through such a call raises NotImplementedError.
     """
-    _no_block_table(block_table)
+    if block_table is not None:
+        out, lse, probs = _paged_varlen(
+            q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, block_table, dropout_p=dropout_p,
+            softmax_scale=softmax_scale, causal=causal, window_size=window_size, softcap=softcap,
+            alibi_slopes=alibi_slopes, deterministic=deterministic, return_probs=return_attn_probs, version=version,
+            descales=(q_descale, k_descale, v_descale))
+        return _result(out, lse, probs, return_attn_probs)
     out, lse, probs = _attention(q, k, v, dropout_p=dropout_p, softmax_scale=softmax_scale, causal=causal,
                                  window_size=window_size, softcap=softcap, alibi_slopes=alibi_slopes,
                                  deterministic=deterministic, return_probs=return_attn_probs, version=version,
@@ -538,33 +601,44 @@ class Explanation:
 def explain(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0,
             alibi_slopes=None, deterministic=False, return_attn_probs=False, *, cu_seqlens_q=None, cu_seqlens_k=None,
             max_seqlen_q=None, max_seqlen_k=None, block_mask=None, block_size=(128, 128), kvcache=False,
-            backward=None) -> Explanation:
+            backward=None, block_table=None) -> Explanation:
     """Which generation auto would run for flash_attn_func / flash_attn_varlen_func with these arguments.
 
     Validates like the call would, launches nothing. backward: whether gradients are needed (default: whether any of
-    q, k, v requires grad). kvcache: describe a flash_attn_with_kvcache call instead.
+    q, k, v requires grad; never with a block_table, whose calls are forward only). kvcache: describe a
+    flash_attn_with_kvcache call instead. block_table: k / v are pages (a varlen call's, or with kvcache=True a
+    cache's).
     """
     varlen = cu_seqlens_q is not None or cu_seqlens_k is not None
+    paged = block_table is not None
     dropout_p, softmax_scale, causal, window_size, softcap, deterministic, return_attn_probs = _args.scalars(
         dropout_p, softmax_scale, causal, window_size, softcap, deterministic, return_attn_probs)
-    validate.check_qkv(q, k, v, varlen=varlen)
+    validate.check_qkv(q, k, v, varlen=varlen, paged_kv=paged and varlen, same_batch=not (kvcache or paged))
     validate.check_scalars(dropout_p=dropout_p, softmax_scale=softmax_scale, causal=causal, window_size=window_size,
                            softcap=softcap, deterministic=deterministic, head_dim=q.shape[-1])
     if varlen:
         max_seqlen_q = _args.max_seqlen("max_seqlen_q", max_seqlen_q)
         max_seqlen_k = _args.max_seqlen("max_seqlen_k", max_seqlen_k)
         batch = validate.check_varlen(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, q)
-        validate.check_varlen_values(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, q, k)
+        if paged:
+            validate.check_block_table(block_table, q, k, None, batch=batch)
+            validate.check_paged_varlen_values(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, q, k,
+                                               block_table)
+        else:
+            validate.check_varlen_values(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, q, k)
     else:
-        batch, max_seqlen_q, max_seqlen_k = q.shape[0], q.shape[1], k.shape[1]
+        batch, max_seqlen_q, max_seqlen_k = q.shape[0], q.shape[1], validate.kv_capacity(k, block_table)
+        if paged:
+            validate.check_block_table(block_table, q, k, None)
     window_size = validate.clamp_window(window_size, max_seqlen_q, max_seqlen_k)
     validate.check_alibi(alibi_slopes, q, batch)
     if block_mask is not None:
         validate.check_block_mask(block_mask, block_size, q, k)
     features = _features(q, k, causal=causal, window_size=window_size, softcap=softcap, alibi_slopes=alibi_slopes,
                          dropout_p=dropout_p, return_probs=return_attn_probs, varlen=varlen, kvcache=kvcache,
-                         block_mask=block_mask, tensors=(q, k, v), deterministic=deterministic)
-    if backward is not None:
+                         block_mask=block_mask, tensors=() if paged else (q, k, v), paged_kv=paged,
+                         deterministic=deterministic)
+    if backward is not None and not paged:
         features = features | {"backward"} if backward else features - {"backward"}
     problem = _problem(q, features)
     reasons = dispatch.explain(problem, _BUILD)

@@ -55,9 +55,10 @@ def _same_device(name: str, t: torch.Tensor, ref: torch.Tensor, ref_name: str = 
 
 
 def check_qkv(q, k, v, *, varlen: bool = False, names: Tuple[str, str, str] = ("q", "k", "v"),
-              same_batch: bool = True) -> None:
+              same_batch: bool = True, paged_kv: bool = False) -> None:
     """q (b, seqlen_q, num_heads, head_dim) and k/v (b, seqlen_k, num_heads_k, head_dim); varlen drops b.
-    same_batch=False for a KV cache indexed by cache_batch_idx."""
+    same_batch=False for a KV cache indexed by cache_batch_idx; paged_kv: varlen q beside k/v pages
+    (num_pages, page_block_size, num_heads_k, head_dim) (flash_attn_varlen_func with a block_table)."""
     qn, kn, vn = names
     q, k, v = _tensor(qn, q), _tensor(kn, k), _tensor(vn, v)
     dtype = q.dtype
@@ -70,10 +71,12 @@ def check_qkv(q, k, v, *, varlen: bool = False, names: Tuple[str, str, str] = ("
                 raise TypeError(f"{name}: expected dtype {dtype} (the dtype of {qn}), got {t.dtype}")
             _same_device(name, t, q, qn)
     rank = 3 if varlen else 4
-    if q.dim() != rank or k.dim() != rank or v.dim() != rank:
+    k_rank = 4 if paged_kv else rank
+    if q.dim() != rank or k.dim() != k_rank or v.dim() != k_rank:
         layout = "(total, num_heads, head_dim)" if varlen else "(batch, seqlen, num_heads, head_dim)"
-        for name, t in ((qn, q), (kn, k), (vn, v)):
-            _rank(name, t, rank, layout)
+        k_layout = "(num_pages, page_block_size, num_heads_k, head_dim)" if paged_kv else layout
+        for name, t, r, lay in ((qn, q, rank, layout), (kn, k, k_rank, k_layout), (vn, v, k_rank, k_layout)):
+            _rank(name, t, r, lay)
     q_shape, k_shape = q.shape, k.shape
     if k_shape != v.shape:
         raise ValueError(f"{vn}: expected the shape of {kn} {tuple(k_shape)}, got {tuple(v.shape)}")
@@ -246,6 +249,34 @@ def check_varlen_values(cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int, max_seqle
     return used_q, used_k
 
 
+def check_paged_varlen_values(cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int, max_seqlen_k: int, q: torch.Tensor,
+                              k_cache: torch.Tensor, block_table: torch.Tensor) -> Optional[int]:
+    """flash_attn_varlen_func with a block_table: cu_seqlens_q as check_varlen_values; cu_seqlens_k gives sequence
+    b's key count, cu_seqlens_k[b + 1] - cu_seqlens_k[b] (its keys are cache rows 0, 1, ... of its pages, as in
+    flash_attn, so the offsets need not start at 0): non-decreasing, no count above max_seqlen_k or the rows its
+    block_table row names, and the entries of the pages read in [0, num_pages). Returns the rows of q the sequences
+    cover, or None where the values are not read (indices_readable)."""
+    if not all(indices_readable(t) for t in (cu_seqlens_q, cu_seqlens_k, block_table)):
+        return None
+    used_q = _offsets("cu_seqlens_q", cu_seqlens_q.tolist(), q.shape[0], "q", max_seqlen_q, "max_seqlen_q")
+    cu = cu_seqlens_k.tolist()
+    capacity = kv_capacity(k_cache, block_table)
+    lengths = [cu[b + 1] - cu[b] for b in range(len(cu) - 1)]
+    for b, n in enumerate(lengths):
+        where = f"sequence {b}: cu_seqlens_k[{b + 1}] - cu_seqlens_k[{b}] = {cu[b + 1]} - {cu[b]}"
+        if n < 0:
+            raise ValueError(f"cu_seqlens_k: expected non-decreasing offsets, got {where} = {n}")
+        if n > max_seqlen_k:
+            raise ValueError(f"max_seqlen_k: expected at least the longest sequence, got {max_seqlen_k} < {n} "
+                             f"({where})")
+        if n > capacity:
+            raise ValueError(f"cu_seqlens_k: {where} = {n} keys, more than the {capacity} rows its block_table row "
+                             f"names ({block_table.shape[1]} pages of {k_cache.shape[1]})")
+    check_kvcache_indices(torch.tensor(lengths, dtype=torch.int64), None, block_table, capacity=capacity,
+                          seqlen_new=0, num_pages=k_cache.shape[0])
+    return used_q
+
+
 def check_block_mask(block_mask, block_size, q: torch.Tensor, k: torch.Tensor) -> None:
     """bool (num_heads or 1, ceil(seqlen_q / block_m), ceil(seqlen_k / block_n)) on the device of q."""
     if not isinstance(block_size, (tuple, list)) or len(block_size) != 2 or \
@@ -337,15 +368,18 @@ def check_kvcache_values(k_cache: torch.Tensor, k: Optional[torch.Tensor], cache
                               num_pages=k_cache.shape[0])
 
 
-def check_block_table(block_table, q: torch.Tensor, k_cache: torch.Tensor, cache_batch_idx) -> None:
+def check_block_table(block_table, q: torch.Tensor, k_cache: torch.Tensor, cache_batch_idx,
+                      batch: Optional[int] = None) -> None:
     """block_table int32 (batch, max_blocks_per_seq) on the device of q, its last dim contiguous, beside pages of
-    k_cache (num_pages, page_block_size, ...); not with cache_batch_idx (flash_attn refuses the pair too)."""
+    k_cache (num_pages, page_block_size, ...); not with cache_batch_idx (flash_attn refuses the pair too). batch:
+    the batch of q (varlen: from cu_seqlens_q), else q.shape[0]."""
     t = _tensor("block_table", block_table)
     if t.dtype != INDEX_DTYPE:
         raise TypeError(f"block_table: expected dtype torch.int32, got {t.dtype}")
     _same_device("block_table", t, q)
-    if t.dim() != 2 or t.shape[0] != q.shape[0] or t.shape[1] < 1:
-        raise ValueError(f"block_table: expected shape ({q.shape[0]}, max_blocks_per_seq >= 1) (batch of q), got "
+    batch = q.shape[0] if batch is None else batch
+    if t.dim() != 2 or t.shape[0] != batch or t.shape[1] < 1:
+        raise ValueError(f"block_table: expected shape ({batch}, max_blocks_per_seq >= 1) (batch of q), got "
                          f"{tuple(t.shape)}")
     if t.stride(1) != 1:
         raise ValueError("block_table: expected a contiguous last dim")
