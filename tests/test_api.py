@@ -186,6 +186,17 @@ def test_varlen_packed_forms():
     check_fa_rule(out2, ref2, naive2, "varlen kvpacked")
 
 
+def test_flash_attn_interface_module_path():
+    """`from flashgen.flash_attn_interface import ...` (flash_attn.flash_attn_interface's path) gives the public
+    functions themselves, every one flash_attn 2.x's module exports."""
+    from flashgen import flash_attn_interface
+    names = ("flash_attn_func", "flash_attn_kvpacked_func", "flash_attn_qkvpacked_func", "flash_attn_varlen_func",
+             "flash_attn_varlen_kvpacked_func", "flash_attn_varlen_qkvpacked_func", "flash_attn_with_kvcache")
+    assert sorted(flash_attn_interface.__all__) == sorted(names)
+    for name in names:
+        assert getattr(flash_attn_interface, name) is getattr(flashgen, name), name
+
+
 def test_no_host_sync_on_call_path(monkeypatch):
     """varlen and the KV-cache append never read device values: .item() and .cpu() are forbidden."""
     def forbidden(*_a, **_kw):
