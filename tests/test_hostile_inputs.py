@@ -645,9 +645,16 @@ def empty_varlen_forward_and_backward():
                                        (4, 4, (0,), (0,))):
         q = _rand(rows_q, 2, 16, grad=True)
         k, v = _rand(rows_k, 2, 16, grad=True), _rand(rows_k, 2, 16, grad=True)
-        out, lse, _ = flashgen.flash_attn_varlen_func(q, k, v, _cu(*cu_q), _cu(*cu_k), 3, 3, return_attn_probs=True)
+        out, lse, probs = flashgen.flash_attn_varlen_func(q, k, v, _cu(*cu_q), _cu(*cu_k), 3, 3,
+                                                          return_attn_probs=True)
         assert out.shape == q.shape and not bool(out.any()), f"{cu_q} x {cu_k}: out must be zeros"
         assert lse.shape == (2, rows_q) and bool(torch.isinf(lse).all()), f"{cu_q} x {cu_k}: lse must be +inf"
+        # the padded S_dmask, all zeros (was None); its sizes are max_seqlen's, at most the rows given, rounded to 128
+        assert probs is not None and probs.shape[:2] == (len(cu_q) - 1, 2) and not bool(probs.any()), \
+            f"{cu_q} x {cu_k}: probs"
+        assert len(cu_q) == 1 or all(n == -(-min(3, rows) // 128) * 128 for n, rows in zip(probs.shape[2:],
+                                                                                         (rows_q, rows_k))), \
+            f"{cu_q} x {cu_k}: probs shape {tuple(probs.shape)}"
         grads = torch.autograd.grad(out, (q, k, v), torch.randn_like(out))
         for name, g, t in zip(("dq", "dk", "dv"), grads, (q, k, v)):
             assert g.shape == t.shape and not bool(g.any()), f"{cu_q} x {cu_k}: {name} must be zeros"

@@ -176,8 +176,8 @@ def _attention(q, k, v, *, dropout_p, softmax_scale, causal, window_size, softca
                          tensors=(q, k, v), deterministic=deterministic)
     choice = _choose(q, features, version)
     if _args.no_work(q, k):  # batch 0, no query rows, no heads or no keys: out 0, lse +inf, nothing launched
-        out, lse, probs = _args.empty_result(q, k, v, _ops.lse_shape(q, cu_seqlens_q), (
-            batch, q.shape[2], q.shape[1], k.shape[1]) if return_probs and not varlen else None)
+        probs_shape = _ops.probs_shape(q, k, cu_seqlens_q, max_seqlen_q, max_seqlen_k) if return_probs else None
+        out, lse, probs = _args.empty_result(q, k, v, _ops.lse_shape(q, cu_seqlens_q), probs_shape)
         return (*_args.cover_rows(out.to(_ops.out_dtype(q.dtype)), lse, total_q), probs)
     softmax_scale, (window_left, window_right) = _scale_and_window(q.shape[-1], softmax_scale, window_size, causal)
     args = _library.FwdArgs(
