@@ -43,6 +43,49 @@ def test_func_forward_backward(backend):
         _assert_close(g, t.grad, name)
 
 
+def test_dynamic_shapes():
+    """torch.compile(dynamic=True): every size and Python float traced symbolically (was a graph break on
+    math.isfinite of the default softcap); one graph serves other sequence lengths, batches and cache sizes, and
+    equals eager, forward and backward."""
+    def step(q, k, v):
+        return flashgen.flash_attn_func(q, k, v, causal=True, softcap=5.0)
+
+    def varlen(q, k, v, cu_q, cu_k, max_q, max_k):
+        return flashgen.flash_attn_varlen_func(q, k, v, cu_q, cu_k, max_q, max_k, window_size=(4, 0))
+
+    def decode(q, k_cache, v_cache, k, v, seqlens):
+        return flashgen.flash_attn_with_kvcache(q, k_cache, v_cache, k, v, cache_seqlens=seqlens, causal=True)
+
+    torch._dynamo.reset()
+    steps, varlens, decodes = (torch.compile(f, backend="aot_eager", fullgraph=True, dynamic=True)
+                               for f in (step, varlen, decode))
+    for n in (17, 40):
+        q = torch.randn(2, n, 4, 32, requires_grad=True)
+        k, v = (torch.randn(2, n + 5, 2, 32, requires_grad=True) for _ in range(2))
+        out = steps(q, k, v)
+        out.sum().backward()
+        grads = [t.grad.clone() for t in (q, k, v)]
+        for t in (q, k, v):
+            t.grad = None
+        eager = step(q, k, v)
+        eager.sum().backward()
+        _assert_close(out, eager, f"dynamic out, seqlen {n}")
+        for name, g, t in zip(("dq", "dk", "dv"), grads, (q, k, v)):
+            _assert_close(g, t.grad, f"dynamic {name}, seqlen {n}")
+        cu_q, cu_k = (torch.tensor([0, n // 2, n + extra], dtype=torch.int32) for extra in (0, 3))
+        args = (torch.randn(n, 4, 32), torch.randn(n + 3, 2, 32), torch.randn(n + 3, 2, 32), cu_q, cu_k,
+                n - n // 2, n - n // 2 + 3)
+        _assert_close(varlens(*args), varlen(*args), f"dynamic varlen, total {n}")
+        batch = n // 8
+        seqlens = torch.arange(batch, dtype=torch.int32) + 3
+        cache = [torch.randn(batch, n, 2, 32) for _ in range(2)]
+        new = [torch.randn(batch, 1, 2, 32) for _ in range(2)]
+        q1 = torch.randn(batch, 1, 4, 32)
+        compiled = decodes(q1, cache[0].clone(), cache[1].clone(), *new, seqlens)
+        _assert_close(compiled, decode(q1, cache[0].clone(), cache[1].clone(), *new, seqlens),
+                      f"dynamic decode, batch {batch}")
+
+
 def test_self_attention_same_tensor():
     """One tensor as q, k and v: the compiled graph sums its three gradients as eager does."""
     x = torch.randn(1, 20, 2, 16, requires_grad=True)

@@ -102,6 +102,12 @@ def _f32_normal(x: float) -> bool:
     return F32_MIN_NORMAL <= abs(x) < F32_ROUNDS_TO_INF
 
 
+def _finite(x) -> bool:
+    """math.isfinite by comparisons: under torch.compile(dynamic=True) Python floats may be traced as symbolic
+    values, on which math.isfinite breaks the graph while comparisons trace."""
+    return x == x and -math.inf < x < math.inf
+
+
 def _real(x) -> bool:
     """A real number and not a bool; plain floats and ints first (the ABC check costs ~10x a type test)."""
     kind = type(x)
@@ -117,7 +123,7 @@ def check_scalars(*, dropout_p, softmax_scale, causal, window_size, softcap, det
     if dropout_p >= F32_ROUNDS_TO_ONE:
         raise ValueError(f"dropout_p: expected a float in [0, 1) that stays below 1 in float32 (at most "
                          f"{1 - 2 ** -24!r}), got {dropout_p!r} (1.0 in float32: every element dropped)")
-    if softmax_scale is not None and (not _real(softmax_scale) or not math.isfinite(softmax_scale)
+    if softmax_scale is not None and (not _real(softmax_scale) or not _finite(softmax_scale)
                                       or softmax_scale <= 0):
         raise ValueError(f"softmax_scale: expected None or a finite float > 0, got {softmax_scale!r}")
     if softmax_scale is not None and not (_f32_normal(softmax_scale) and _f32_normal(softmax_scale * LOG2E)):
@@ -133,7 +139,7 @@ def check_scalars(*, dropout_p, softmax_scale, causal, window_size, softcap, det
         raise TypeError(f"window_size: expected a pair of ints (left, right), got {window_size!r}")
     if window_size[0] < -1 or window_size[1] < -1:
         raise ValueError(f"window_size: expected values >= -1 (-1 = unbounded), got {tuple(window_size)}")
-    if not _real(softcap) or not softcap >= 0.0 or not math.isfinite(softcap):
+    if not _real(softcap) or not softcap >= 0.0 or not _finite(softcap):
         raise ValueError(f"softcap: expected a finite float >= 0 (0 = off), got {softcap!r}")
     if softcap != 0.0:
         scale = softmax_scale if softmax_scale is not None else (
