@@ -43,7 +43,7 @@ def test_func_forward_backward(backend):
         _assert_close(g, t.grad, name)
 
 
-def test_dynamic_shapes():
+def test_dynamic_shapes(monkeypatch):
     """torch.compile(dynamic=True): every size and Python float traced symbolically (was a graph break on
     math.isfinite of the default softcap); one graph serves other sequence lengths, batches and cache sizes, and
     equals eager, forward and backward."""
@@ -60,6 +60,8 @@ def test_dynamic_shapes():
     steps, varlens, decodes = (torch.compile(f, backend="aot_eager", fullgraph=True, dynamic=True)
                                for f in (step, varlen, decode))
     for n in (17, 40):
+        if n == 40:  # the graphs traced at 17 serve: nothing pinned a size (e.g. int() of a traced size)
+            monkeypatch.setattr(torch._dynamo.config, "error_on_recompile", True)
         q = torch.randn(2, n, 4, 32, requires_grad=True)
         k, v = (torch.randn(2, n + 5, 2, 32, requires_grad=True) for _ in range(2))
         out = steps(q, k, v)
@@ -76,7 +78,7 @@ def test_dynamic_shapes():
         args = (torch.randn(n, 4, 32), torch.randn(n + 3, 2, 32), torch.randn(n + 3, 2, 32), cu_q, cu_k,
                 n - n // 2, n - n // 2 + 3)
         _assert_close(varlens(*args), varlen(*args), f"dynamic varlen, total {n}")
-        batch = n // 8
+        batch = n // 8 + 1  # 3 and 6: no size equal to another's (torch would guard on that equality)
         seqlens = torch.arange(batch, dtype=torch.int32) + 3
         cache = [torch.randn(batch, n, 2, 32) for _ in range(2)]
         new = [torch.randn(batch, 1, 2, 32) for _ in range(2)]
@@ -84,6 +86,33 @@ def test_dynamic_shapes():
         compiled = decodes(q1, cache[0].clone(), cache[1].clone(), *new, seqlens)
         _assert_close(compiled, decode(q1, cache[0].clone(), cache[1].clone(), *new, seqlens),
                       f"dynamic decode, batch {batch}")
+
+
+def test_export_with_dynamic_sequence_lengths():
+    """torch.export with seqlen_q and seqlen_k (varlen: the stacked rows) as dimensions: nothing pins them (the
+    max_seqlen fields of a dense call were int() of the traced sizes), and the exported program runs other sizes as
+    eager does."""
+    class Attention(torch.nn.Module):
+        def forward(self, q, k, v):
+            return flashgen.flash_attn_func(q, k, v, causal=True)
+
+    seqlen_q, seqlen_k = torch.export.Dim("seqlen_q", min=2, max=4096), torch.export.Dim("seqlen_k", min=2, max=4096)
+    q, k, v = torch.randn(2, 17, 4, 32), torch.randn(2, 20, 2, 32), torch.randn(2, 20, 2, 32)
+    program = torch.export.export(Attention(), (q, k, v), dynamic_shapes=({1: seqlen_q}, {1: seqlen_k}, {1: seqlen_k}))
+    q2, k2, v2 = torch.randn(2, 50, 4, 32), torch.randn(2, 71, 2, 32), torch.randn(2, 71, 2, 32)
+    _assert_close(program.module()(q2, k2, v2), Attention()(q2, k2, v2), "exported, other lengths")
+
+    class Varlen(torch.nn.Module):  # the stacked rows as dimensions (was: min(max_seqlen, rows) pinned them)
+        def forward(self, q, k, v, cu_q, cu_k):
+            return flashgen.flash_attn_varlen_func(q, k, v, cu_q, cu_k, 64, 64, causal=True)
+
+    rows_q, rows_k = torch.export.Dim("rows_q", min=2, max=4096), torch.export.Dim("rows_k", min=2, max=4096)
+    args = (torch.randn(30, 4, 32), torch.randn(40, 2, 32), torch.randn(40, 2, 32),
+            torch.tensor([0, 10, 30], dtype=torch.int32), torch.tensor([0, 15, 40], dtype=torch.int32))
+    program = torch.export.export(Varlen(), args, dynamic_shapes=({0: rows_q}, {0: rows_k}, {0: rows_k}, None, None))
+    args = (torch.randn(50, 4, 32), torch.randn(61, 2, 32), torch.randn(61, 2, 32),
+            torch.tensor([0, 20, 50], dtype=torch.int32), torch.tensor([0, 30, 61], dtype=torch.int32))
+    _assert_close(program.module()(*args), Varlen()(*args), "exported varlen, other rows")
 
 
 def test_self_attention_same_tensor():

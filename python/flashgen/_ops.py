@@ -86,9 +86,10 @@ def _fill(p, q, k, v, o, lse, *, softmax_scale, window_size, softcap, alibi_slop
         p.lse_batch_stride, p.lse_head_stride = lse_stride[0], lse_stride[1]
     q_shape, k_shape = q.shape, k.shape
     p.batch = batch
-    p.seqlen_q = max_seqlen_q if varlen_q else q_shape[1]
+    # varlen: no sequence is longer than the rows given (the grid and the workspaces are sized by these)
+    p.seqlen_q = min(max_seqlen_q, q_shape[0]) if varlen_q else q_shape[1]
     if varlen_k:
-        p.seqlen_k = max_seqlen_k
+        p.seqlen_k = min(max_seqlen_k, k_shape[0])
     else:  # varlen q over a paged cache gives max_seqlen_k too: no sequence then reads more keys (seq_info's clamp)
         capacity = kv_capacity(k, block_table)
         p.seqlen_k = capacity if max_seqlen_k is None else min(max_seqlen_k, capacity)
@@ -303,10 +304,12 @@ def _round_up(n: int, multiple: int) -> int:
 def probs_shape(q: torch.Tensor, k: torch.Tensor, cu_seqlens_q: Optional[torch.Tensor], max_seqlen_q: Optional[int],
                 max_seqlen_k: Optional[int], block_table: Optional[torch.Tensor] = None) -> Tuple[int, ...]:
     """The probabilities' shape, fp32: dense (batch, num_heads, seqlen_q, seqlen_k); varlen flash_attn's padded
-    (batch, num_heads, max_seqlen_q rounded up to PROBS_ROUND, max_seqlen_k likewise), zero outside each sequence."""
+    (batch, num_heads, max_seqlen_q rounded up to PROBS_ROUND, max_seqlen_k likewise), zero outside each sequence,
+    where max_seqlen is at most the rows of q / k (the keys a block table gives), as the launch bounds it (_fill)."""
     if cu_seqlens_q is not None:
-        return (cu_seqlens_q.shape[0] - 1, q.shape[-2], _round_up(max_seqlen_q, PROBS_ROUND),
-                _round_up(max_seqlen_k, PROBS_ROUND))
+        return (cu_seqlens_q.shape[0] - 1, q.shape[-2], _round_up(min(max_seqlen_q, q.shape[0]), PROBS_ROUND),
+                _round_up(min(max_seqlen_k, kv_capacity(k, block_table) if block_table is not None else k.shape[0]),
+                          PROBS_ROUND))
     return (q.shape[0], q.shape[2], q.shape[1], kv_capacity(k, block_table))
 
 

@@ -146,7 +146,8 @@ def _attention(q, k, v, *, dropout_p, softmax_scale, causal, window_size, softca
             total_q, q = q.shape[0], q[:covered[0]]
         if covered is not None and covered[1] < k.shape[0]:
             k, v = k[:covered[1]], v[:covered[1]]
-        max_seqlen_q, max_seqlen_k = min(max_seqlen_q, q.shape[0]), min(max_seqlen_k, k.shape[0])
+        # max_seqlen stays the caller's int: the launch bounds it by the rows (_ops._fill, probs_shape), where the
+        # sizes are real ints (int() of min(max_seqlen, a traced size) would pin that size under torch.export).
     else:
         batch = q.shape[0]
         max_seqlen_q, max_seqlen_k = q.shape[1], k.shape[1]
@@ -184,7 +185,9 @@ def _attention(q, k, v, *, dropout_p, softmax_scale, causal, window_size, softca
         generation=choice.generation, softmax_scale=float(softmax_scale), window_left=int(window_left),
         window_right=int(window_right), softcap=float(softcap), alibi_slopes=alibi_slopes, dropout_p=float(dropout_p),
         rng_state=_dropout_rng(dropout_p), cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
-        max_seqlen_q=int(max_seqlen_q), max_seqlen_k=int(max_seqlen_k), block_mask=block_mask,
+        # max_seqlen: varlen only (0 otherwise: int() of a traced size would pin it under torch.compile / export)
+        max_seqlen_q=int(max_seqlen_q) if varlen else 0, max_seqlen_k=int(max_seqlen_k) if varlen else 0,
+        block_mask=block_mask,
         block_m=int(block_size[0]), block_n=int(block_size[1]), return_probs=bool(return_probs),
         deterministic=bool(deterministic), q_descale=q_descale, k_descale=k_descale, v_descale=v_descale)
     return _launch(q, k, v, choice, "backward" in features, total_q, args)
@@ -321,16 +324,15 @@ def _paged_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_
                                                  block_table)
     if covered is not None and covered < q.shape[0]:
         total_q, q = q.shape[0], q[:covered]
-    max_seqlen_q = min(max_seqlen_q, q.shape[0])
-    max_seqlen_k = min(max_seqlen_k, validate.kv_capacity(k, block_table))
-    window_size = validate.clamp_window(window_size, max_seqlen_q, max_seqlen_k)
+    window_size = validate.clamp_window(window_size, max_seqlen_q, max_seqlen_k)  # bounded at launch, as _attention
     validate.check_alibi(alibi_slopes, q, batch)
     # No "backward" feature: the choice is the forward's (the backward is refused whichever runs).
     features = _features(q, k, causal=causal, window_size=window_size, softcap=softcap, alibi_slopes=alibi_slopes,
                          dropout_p=dropout_p, return_probs=return_probs, varlen=True, paged_kv=True)
     choice = _choose(q, features, version)
     if _args.no_work(q, k, rows_k=max_seqlen_k):  # no query rows, no heads, or no sequence with a key
-        probs_shape = _ops.probs_shape(q, k, cu_seqlens_q, max_seqlen_q, max_seqlen_k) if return_probs else None
+        probs_shape = _ops.probs_shape(q, k, cu_seqlens_q, max_seqlen_q, max_seqlen_k, block_table) \
+            if return_probs else None
         out, lse, probs = _args.empty_result(q, k, v, _ops.lse_shape(q, cu_seqlens_q), probs_shape)
         return (*_args.cover_rows(out, lse, total_q), probs)
     softmax_scale, (window_left, window_right) = _scale_and_window(q.shape[-1], softmax_scale, window_size, causal)
