@@ -397,6 +397,18 @@ def test_gradients_varlen():
     _check_grads(out, q, k, v, "grad varlen", causal=True, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k)
 
 
+def test_double_backward_is_refused_not_dropped():
+    """With create_graph=True the gradients equal the plain backward's, and differentiating them again raises: the
+    second-order terms through attention are not computed, so they must not come out silently as zero (they did:
+    a gradient penalty through q * w got only the multiply's terms)."""
+    q, w, k, v = (_rand(1, 24, 2, 32, dtype=torch.float32, grad=True) for _ in range(4))
+    dq_plain, = torch.autograd.grad(flashgen.flash_attn_func(q * w, k, v, causal=True).sum(), q)
+    dq, = torch.autograd.grad(flashgen.flash_attn_func(q * w, k, v, causal=True).sum(), q, create_graph=True)
+    assert torch.equal(dq.detach(), dq_plain)
+    with pytest.raises(NotImplementedError, match="double backward"):
+        (dq ** 2).sum().backward()
+
+
 # ---- dropout ----
 
 def test_dropout_matches_philox_spec_forward_and_backward():

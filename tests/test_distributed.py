@@ -335,6 +335,24 @@ def test_world_size_one_is_flash_attn_func(func):
                                                   torch.autograd.grad(want, (q, k, v), dout)))
 
 
+@pytest.mark.parametrize("func", [D.ring_flash_attn_func, D.allgather_flash_attn_func])
+def test_double_backward_is_refused(func):
+    """A backward with create_graph=True gives the plain gradients; a second backward through them raises instead of
+    leaving out attention's second-order terms (rank 1 of a simulated ring of 2)."""
+    g = torch.Generator().manual_seed(6)
+    world, total = 2, 32
+    q, k, v = (torch.randn(1, total, h, 16, generator=g) for h in (2, 1, 1))
+    shard = lambda t, r: D.shard_sequence(t, world, r, "zigzag", 1)  # noqa: E731
+    kv_shards = [(shard(k, r), shard(v, r)) for r in range(world)]
+    q_r = shard(q, 1).requires_grad_()
+    run = lambda: func(q_r, *kv_shards[1], causal=True, comm=D.LoopbackComm(world, 1, kv_shards))  # noqa: E731
+    plain, = torch.autograd.grad(run().sum(), q_r)
+    dq, = torch.autograd.grad(run().sum(), q_r, create_graph=True)
+    assert torch.equal(dq.detach(), plain)
+    with pytest.raises(NotImplementedError, match="double backward"):
+        (dq ** 2).sum().backward()
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("source", ["host", "device"])
 def test_simulated_ring_on_cuda_streams(source):

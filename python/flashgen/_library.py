@@ -239,4 +239,32 @@ class EagerFwd(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, dout, _dlse, _dprobs):
-        return (*_grads(ctx, dout, run_bwd), None)  # run_bwd reads BwdArgs' fields, which FwdArgs has
+        grads = _grads(ctx, dout, run_bwd)  # run_bwd reads BwdArgs' fields, which FwdArgs has
+        if torch.is_grad_enabled():  # create_graph=True: the gradients carry no second-order terms
+            grads = refuse_second_order(grads)
+        return (*grads, None)
+
+
+DOUBLE_BACKWARD_REFUSED = ("flashgen: no double backward through attention (its backward has no derivative of its "
+                           "own, nor has flash_attn's): a gradient penalty or Hessian through q, k or v needs torch's "
+                           "math attention for that term")
+
+
+class _SecondOrder(torch.autograd.Function):
+    """Stands between the backward's gradients and anything built on them with create_graph=True: a backward
+    through it raises, where it would otherwise leave out attention's second-order terms without a word."""
+
+    @staticmethod
+    def forward(ctx, *grads):
+        return tuple(g.view_as(g) for g in grads)
+
+    @staticmethod
+    def backward(ctx, *_):
+        raise NotImplementedError(DOUBLE_BACKWARD_REFUSED)
+
+
+def refuse_second_order(grads):
+    """grads, for a backward run with create_graph=True (torch.is_grad_enabled() inside it): any backward through
+    them raises (_SecondOrder). Made leaves that require grad, so that the graph built on them passes through it."""
+    leaves = tuple(g.detach().requires_grad_() for g in grads)
+    return _SecondOrder.apply(*leaves)

@@ -488,6 +488,8 @@ class _RingAttention(torch.autograd.Function):
     def backward(ctx, dout, _dlse):
         q, k, v, out, lse = ctx.saved_tensors
         dq, dk, dv = ring_backward(ctx.cfg, ctx.comm, dout, q, k, v, out, lse)
+        if torch.is_grad_enabled():  # create_graph=True: no second-order terms (_library.refuse_second_order)
+            dq, dk, dv = _library.refuse_second_order((dq, dk, dv))
         return dq, dk, dv, None, None
 
 
@@ -529,6 +531,8 @@ class _AllGatherAttention(torch.autograd.Function):
     def backward(ctx, dout, _dlse):
         q, k, v, out, lse = ctx.saved_tensors
         dq, dk, dv = _allgather_backward(ctx.cfg, ctx.comm, dout, q, k, v, out, lse)
+        if torch.is_grad_enabled():  # create_graph=True: no second-order terms (_library.refuse_second_order)
+            dq, dk, dv = _library.refuse_second_order((dq, dk, dv))
         return dq, dk, dv, None, None
 
 
