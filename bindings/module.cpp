@@ -227,7 +227,7 @@ PYBIND11_MODULE(_C, m) {
       FG_RW(AttnBwdParams, dq_batch_stride) FG_RW(AttnBwdParams, dq_row_stride) FG_RW(AttnBwdParams, dq_head_stride)
       FG_RW(AttnBwdParams, dk_batch_stride) FG_RW(AttnBwdParams, dk_row_stride) FG_RW(AttnBwdParams, dk_head_stride)
       FG_RW(AttnBwdParams, dv_batch_stride) FG_RW(AttnBwdParams, dv_row_stride) FG_RW(AttnBwdParams, dv_head_stride)
-      FG_RW(AttnBwdParams, deterministic);
+      FG_PTR(AttnBwdParams, dlse, const float*) FG_RW(AttnBwdParams, deterministic);
 
   py::class_<KvAppendParams>(m, "KvAppendParams")
       .def(py::init<>())

@@ -207,6 +207,12 @@ FH_HD int64_t lse_offset(const AttnParams& p, const SeqInfo& s, int b, int h) {
   return p.cu_seqlens_q ? h * p.lse_head_stride + s.q_row0 : b * p.lse_batch_stride + h * p.lse_head_stride;
 }
 
+// A row's D of the backward (rowsum(dO o O)) with the gradient of the returned LSE folded in (p.dlse, lse's
+// layout; null: none): d LSE_i / d S_ij = P_ij, so dS = P (dP - D) + dLSE_i P = P (dP - (D - dLSE_i)).
+FH_HD float dsum_minus_dlse(const AttnBwdParams& p, const SeqInfo& s, int b, int h, int row, float dsum) {
+  return p.dlse ? dsum - p.dlse[lse_offset(p, s, b, h) + row] : dsum;
+}
+
 // ---- block-sparse layout ----
 // block_mask (heads or 1, ceil(seqlen_q / sparse_block_m), ceil(seqlen_k / sparse_block_n)), nonzero = on.
 FH_HD bool sparse_block_on(const AttnParams& p, int head, int sparse_m_block, int sparse_n_block) {

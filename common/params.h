@@ -131,6 +131,9 @@ struct AttnBwdParams : AttnParams {
   int64_t dq_batch_stride = 0, dq_row_stride = 0, dq_head_stride = 0;
   int64_t dk_batch_stride = 0, dk_row_stride = 0, dk_head_stride = 0;
   int64_t dv_batch_stride = 0, dv_row_stride = 0, dv_head_stride = 0;
+  // The gradient of the returned LSE, fp32 in lse's layout (its strides); null: the caller does not differentiate
+  // the LSE. It enters only each row's D (common/mask.h dsum_minus_dlse).
+  const float* dlse = nullptr;
 
   bool deterministic = false;
 };

@@ -30,7 +30,7 @@ struct BwdUnit {
 
 // A sequence's row 0 in dout, dq, dk, dv: common/mask.h q_side_offset / k_side_offset.
 
-// D = rowsum(dO * O) for every row of one head, into dsum (seqlen_q).
+// D = rowsum(dO * O) for every row of one head (less the LSE's gradient where one is given), into dsum (seqlen_q).
 FG_INLINE void dsoftmax_sum(const AttnBwdParams& p, const HeadProblem& hp, float* dsum, BwdScratch& w) {
   const int d = p.head_dim;
   const int64_t o_base = hp.seq.o_offset + hp.head * p.o_head_stride;
@@ -40,7 +40,7 @@ FG_INLINE void dsoftmax_sum(const AttnBwdParams& p, const HeadProblem& hp, float
     load_row(elem_ptr(p.dout, p.dtype, do_base + r * p.do_row_stride), p.dtype, w.q.data(), d);
     float acc = 0.f;
     for (int c = 0; c < d; ++c) acc += w.row[c] * w.q[c];
-    dsum[r] = acc;
+    dsum[r] = dsum_minus_dlse(p, hp.seq, hp.batch, hp.head, r, acc);
   }
 }
 

@@ -165,21 +165,27 @@ _REF_KEYS = ("softmax_scale", "window_size", "softcap", "alibi_slopes", "dropout
              "cu_seqlens_k")
 
 
-def check_grads(generation: str, name: str, q, k, v, **kw):
+def check_grads(generation: str, name: str, q, k, v, with_lse: bool = False, **kw):
     """`generation`'s forward, then its backward into poisoned gradients; FA rule (factor 3, grad_floor) on dq, dk,
     dv against float64 autograd through the oracle, with the same-dtype autograd as the naive run. kw are
-    flashgen._ops keywords plus `keep_mask` (the oracle's dropout mask). Returns (dq, dk, dv)."""
+    flashgen._ops keywords plus `keep_mask` (the oracle's dropout mask). with_lse: the loss has a random weight on
+    the lse too (0 on rows without keys), passed to the backward as dlse. Returns (dq, dk, dv)."""
     kw.setdefault("softmax_scale", 1.0 / math.sqrt(q.shape[-1]))
     fwd_kw = {k_: v_ for k_, v_ in kw.items() if k_ not in ("keep_mask", "deterministic")}
     out, lse, _ = _ops.forward(generation, q, k, v, **fwd_kw)
     dout = torch.randn_like(out)
-    dq, dk, dv = run_bwd(generation, q, k, v, dout, out, lse, **kw)
+    dlse = torch.where(torch.isfinite(lse), torch.randn_like(lse), 0.0) if with_lse else None
+    dq, dk, dv = run_bwd(generation, q, k, v, dout, out, lse, dlse=dlse, **kw)
     ref_kw = {k_: kw[k_] for k_ in _REF_KEYS if kw.get(k_) is not None}
     grads = {}
     for dtype in (torch.float64, q.dtype):
         leaves = [t.detach().to(dtype).requires_grad_() for t in (q, k, v)]
-        r, _ = attention_ref(*leaves, dtype=dtype, **ref_kw)
-        r.backward(dout.to(dtype))
+        r, r_lse = attention_ref(*leaves, dtype=dtype, **ref_kw)
+        loss = (r * dout.to(dtype)).sum()
+        if dlse is not None:
+            weight = dlse.to(r_lse.device, r_lse.dtype)
+            loss = loss + (torch.where(weight != 0, r_lse, 0.0) * weight).sum()
+        loss.backward()
         grads[dtype] = [t.grad for t in leaves]
     n_terms = max(q.shape[-3], k.shape[-3])
     for label, got, ref, naive in zip(("dq", "dk", "dv"), (dq, dk, dv), grads[torch.float64], grads[q.dtype]):

@@ -54,6 +54,32 @@ def _check_grads(out, q, k, v, what, **kw):
         testing.check_fa_rule(f"{what} {name}", g, r, n, BWD_FACTOR, floor=testing.grad_floor(g, r, n_terms))
 
 
+def _check_grads_with_lse(out, lse, q, k, v, what, **kw):
+    """_check_grads with the returned lse in the loss too: loss = <out, dout> + <lse, dlse>, dlse 0 on the rows
+    without keys (their lse is +inf; flashgen's gradient there is 0 whatever dlse is). dout None: lse alone."""
+    dlse = torch.randn_like(lse)
+    finite = torch.isfinite(lse)
+    dlse = torch.where(finite, dlse, 0.0)
+
+    def loss(o, l, d_out):
+        total = (torch.where(finite.to(l.device), l, 0.0) * dlse.to(l.dtype)).sum()
+        return total if d_out is None else total + (o * d_out.to(o.dtype)).sum()
+
+    dout = torch.randn_like(out) if out is not None else None
+    grads = torch.autograd.grad(loss(out, lse, dout), (q, k, v), allow_unused=True)
+    ref_in = [t.detach().double().requires_grad_() for t in (q, k, v)]
+    ref_grads = torch.autograd.grad(loss(*attention_ref(*ref_in, **kw), dout), ref_in, allow_unused=True)
+    naive_in = [t.detach().clone().requires_grad_() for t in (q, k, v)]
+    naive_grads = torch.autograd.grad(loss(*attention_ref(*naive_in, dtype=q.dtype, **kw), dout), naive_in,
+                                      allow_unused=True)
+    n_terms = max(q.shape[-3], k.shape[-3])
+    for name, g, r, n in zip(("dq", "dk", "dv"), grads, ref_grads, naive_grads):
+        if r is None:  # lse alone does not depend on v
+            assert g is None or not g.any(), f"{what} {name}: nonzero gradient where the loss does not depend"
+            continue
+        testing.check_fa_rule(f"{what} {name}", g, r, n, BWD_FACTOR, floor=testing.grad_floor(g, r, n_terms))
+
+
 # ---- flash_attn_func ----
 
 SHAPES = [(1, 1, 1), (2, 113, 203), (1, 239, 1), (2, 64, 64)]  # (batch, seqlen_q, seqlen_k)
@@ -395,6 +421,30 @@ def test_gradients_varlen():
     v = _rand(sum(SEQLENS_K), 2, 32, dtype=torch.float16, grad=True)
     out = flashgen.flash_attn_varlen_func(q, k, v, cu_q, cu_k, max(SEQLENS_Q), max(SEQLENS_K), causal=True)
     _check_grads(out, q, k, v, "grad varlen", causal=True, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k)
+
+
+@pytest.mark.parametrize("kw", [
+    dict(), dict(causal=True), dict(window_size=(12, 4)), dict(softcap=8.0, causal=True),
+], ids=["full", "causal", "window", "softcap"])
+def test_gradient_through_lse(kw):
+    """The returned lse is differentiable (its gradient enters each row's D: common/mask.h dsum_minus_dlse); it was
+    marked non-differentiable, so a loss using it lost that term without a word, as flash_attn's does."""
+    q = _rand(2, 57, 4, 32, dtype=torch.float32, grad=True)
+    k, v = (_rand(2, 83, 2, 32, dtype=torch.float32, grad=True) for _ in range(2))
+    out, lse, _ = flashgen.flash_attn_func(q, k, v, return_attn_probs=True, **kw)
+    _check_grads_with_lse(out, lse, q, k, v, f"grad with lse {kw}", **kw)
+    _, lse, _ = flashgen.flash_attn_func(q, k, v, return_attn_probs=True, **kw)
+    _check_grads_with_lse(None, lse, q, k, v, f"grad of lse alone {kw}", **kw)
+
+
+def test_gradient_through_lse_varlen_and_empty_rows():
+    """Varlen, with rows past the last sequence (lse +inf there) and causal rows that see no key."""
+    cu_q, cu_k = _cu([9, 3, 0, 20]), _cu([4, 11, 6, 20])
+    q = _rand(35, 4, 32, dtype=torch.float32, grad=True)  # 32 rows in sequences, 3 past them
+    k, v = (_rand(41, 2, 32, dtype=torch.float32, grad=True) for _ in range(2))
+    kw = dict(causal=True, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k)
+    out, lse, _ = flashgen.flash_attn_varlen_func(q, k, v, cu_q, cu_k, 20, 20, causal=True, return_attn_probs=True)
+    _check_grads_with_lse(out, lse, q, k, v, "varlen grad with lse", **kw)
 
 
 def test_double_backward_is_refused_not_dropped():

@@ -115,6 +115,23 @@ def test_export_with_dynamic_sequence_lengths():
     _assert_close(program.module()(*args), Varlen()(*args), "exported varlen, other rows")
 
 
+def test_gradient_through_lse():
+    """A loss on out and the returned lse: compiled gradients equal eager's (the lse's gradient reaches flashgen::bwd
+    as dlse), and so do those of a loss on out alone."""
+    def loss(q, k, v, w, u):
+        out, lse, _ = flashgen.flash_attn_func(q, k, v, causal=True, return_attn_probs=True)
+        return (out * w).sum() + (lse * u).sum()
+
+    q = torch.randn(2, 21, 4, 32, requires_grad=True)
+    k, v = (torch.randn(2, 30, 2, 32, requires_grad=True) for _ in range(2))
+    w, u = torch.randn(2, 21, 4, 32), torch.randn(2, 4, 21)
+    for u_ in (u, torch.zeros_like(u)):
+        compiled = torch.autograd.grad(_compiled(loss, "aot_eager")(q, k, v, w, u_), (q, k, v))
+        eager = torch.autograd.grad(loss(q, k, v, w, u_), (q, k, v))
+        for name, a, b in zip(("dq", "dk", "dv"), compiled, eager):
+            _assert_close(a, b, f"{name} (lse weight {'random' if u_ is u else 'zero'})")
+
+
 def test_self_attention_same_tensor():
     """One tensor as q, k and v: the compiled graph sums its three gradients as eager does."""
     x = torch.randn(1, 20, 2, 16, requires_grad=True)

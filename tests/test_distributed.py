@@ -336,6 +336,31 @@ def test_world_size_one_is_flash_attn_func(func):
 
 
 @pytest.mark.parametrize("func", [D.ring_flash_attn_func, D.allgather_flash_attn_func])
+def test_gradient_through_the_global_lse(func):
+    """The ring's lse is differentiable: its gradient enters every block of a row (each block's P is the global
+    softmax's), so dq of a loss on out and lse matches the oracle's on every rank of a simulated ring of 4."""
+    g = torch.Generator().manual_seed(7)
+    world, total = 4, 64
+    q, k, v, dout = (torch.randn(1, total, h, 16, generator=g) for h in (4, 2, 2, 4))
+    dlse = torch.randn(1, 4, total, generator=g)
+    leaves = [t.double().requires_grad_() for t in (q, k, v)]
+    ref_out, ref_lse = attention_ref(*leaves, causal=True)
+    ((ref_out * dout.double()).sum() + (ref_lse * dlse.double()).sum()).backward()
+    naive = [t.detach().clone().requires_grad_() for t in (q, k, v)]
+    n_out, n_lse = attention_ref(*naive, causal=True, dtype=torch.float32)
+    ((n_out * dout).sum() + (n_lse * dlse).sum()).backward()
+    shard = lambda t, r, dim=1: D.shard_sequence(t, world, r, "zigzag", dim)  # noqa: E731
+    kv_shards = [(shard(k, r), shard(v, r)) for r in range(world)]
+    for rank in range(world):
+        q_r = shard(q, rank).requires_grad_()
+        out, lse, _ = func(q_r, *kv_shards[rank], causal=True, return_attn_probs=True,
+                           comm=D.LoopbackComm(world, rank, kv_shards))
+        ((out * shard(dout, rank)).sum() + (lse * shard(dlse, rank, 2)).sum()).backward()
+        want, nv = shard(leaves[0].grad, rank), shard(naive[0].grad, rank)
+        check_fa_rule(f"rank {rank} dq", q_r.grad, want, nv, factor=3.0, floor=grad_floor(q_r.grad, want, total))
+
+
+@pytest.mark.parametrize("func", [D.ring_flash_attn_func, D.allgather_flash_attn_func])
 def test_double_backward_is_refused(func):
     """A backward with create_graph=True gives the plain gradients; a second backward through them raises instead of
     leaving out attention's second-order terms (rank 1 of a simulated ring of 2)."""

@@ -53,6 +53,25 @@ def test_shapes_bf16(generation, head_dim, seqlens, causal):
                 window_size=(-1, 0) if causal else (-1, -1))
 
 
+@pytest.mark.parametrize("head_dim", [64, 128, 192, 256])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_gradient_through_lse(generation, head_dim, causal):
+    """dlse (the returned lse's gradient) enters each row's D in the preprocess (common/mask.h dsum_minus_dlse):
+    a loss on out and lse against the oracle's autograd, dense and varlen with empty rows."""
+    need(generation, "bf16", head_dim, "backward", *(["causal"] if causal else []))
+    torch.manual_seed(2)
+    window = (-1, 0) if causal else (-1, -1)
+    q, k, v = (randn(2, s, 3, head_dim, dtype=torch.bfloat16) for s in (113, 203, 203))
+    check_grads(generation, f"lse d{head_dim} causal={causal}", q, k, v, with_lse=True, window_size=window)
+    need(generation, "bf16", head_dim, "backward", "varlen", *(["causal"] if causal else []))
+    lens_q, lens_k = [9, 130, 0, 40], [4, 200, 6, 33]
+    q = randn(sum(lens_q), 3, head_dim, dtype=torch.bfloat16)
+    k, v = (randn(sum(lens_k), 3, head_dim, dtype=torch.bfloat16) for _ in range(2))
+    check_grads(generation, f"lse varlen d{head_dim} causal={causal}", q, k, v, with_lse=True, window_size=window,
+                cu_seqlens_q=cu_seqlens(lens_q), cu_seqlens_k=cu_seqlens(lens_k), max_seqlen_q=max(lens_q),
+                max_seqlen_k=max(lens_k))
+
+
 @pytest.mark.parametrize("head_dim", [64, 128, 256])
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 def test_fp16(generation, head_dim, causal):

@@ -243,7 +243,7 @@ __device__ __forceinline__ void bwd_body(const AttnBwdParams& p) {
 #pragma unroll
         for (int e = 0; e < kVecElems; ++e) acc += to_float<Tag>(oe[e]) * to_float<Tag>(de[e]);
       }
-      g_dsum[row] = acc;
+      g_dsum[row] = dsum_minus_dlse(p, seq, batch, h, row, acc);
     }
   }
   __syncthreads();  // D is visible to the whole block

@@ -63,7 +63,7 @@ __global__ void __launch_bounds__(kPrepostThreads) bwd_preprocess_kernel(const _
     }
 #pragma unroll
     for (int m = kPreThreadsPerRow / 2; m >= 1; m /= 2) acc += __shfl_xor_sync(0xffffffffu, acc, m);
-    if (sub == 0 && row < seq.seqlen_q) g_dsum[row] = acc;
+    if (sub == 0 && row < seq.seqlen_q) g_dsum[row] = dsum_minus_dlse(p, seq, batch, head, row, acc);
   }
 }
 

@@ -67,7 +67,7 @@ __global__ void __launch_bounds__(kPrepostThreads) bwd_preprocess_kernel(const _
 #pragma unroll
     for (int m = kPreLanesPerRow / 2; m >= 1; m /= 2) acc += __shfl_xor_sync(0xffffffffu, acc, m);
     if (sub == 0) {
-      dsum_ws[row] = acc;
+      dsum_ws[row] = in ? dsum_minus_dlse(p, seq, batch, head, row, acc) : acc;
       lse_ws[row] = in ? g_lse[row] * kLog2e : INFINITY;
     }
   }

@@ -75,11 +75,12 @@ class BwdArgs(NamedTuple):
     block_m: int = 128
     block_n: int = 128
     deterministic: bool = False
+    dlse: Optional[Tensor] = None  # the gradient of the forward's lse, where the caller differentiates it
 
     @classmethod
-    def of(cls, fwd_args: FwdArgs) -> "BwdArgs":
-        """The backward's arguments of a forward call (by field name)."""
-        return cls(**{name: getattr(fwd_args, name) for name in cls._fields})
+    def of(cls, fwd_args: FwdArgs, dlse: Optional[Tensor] = None) -> "BwdArgs":
+        """The backward's arguments of a forward call (by field name), and the lse's gradient."""
+        return cls(**{name: getattr(fwd_args, name) for name in cls._fields if name != "dlse"}, dlse=dlse)
 
 
 FWD_TENSORS = ("q", "k", "v")
@@ -149,9 +150,10 @@ def _fwd_fake(q, k, v, *args):
     return out, lse, probs
 
 
-def run_bwd(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor,
-            a: BwdArgs) -> Tuple[Tensor, Tensor, Tensor]:
-    """What flashgen::bwd runs: (dq, dk, dv) of `generation` in the layouts and dtype of q, k, v."""
+def run_bwd(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, a: BwdArgs,
+            dlse: Optional[Tensor] = None) -> Tuple[Tensor, Tensor, Tensor]:
+    """What flashgen::bwd runs: (dq, dk, dv) of `generation` in the layouts and dtype of q, k, v. `a` may be the
+    forward's FwdArgs (the fields read are BwdArgs'); dlse: the gradient of lse, or None."""
     seed, offset = _seed_offset(a.rng_state)
     varlen = a.cu_seqlens_q is not None
     if dout.stride(-1) != 1:
@@ -161,11 +163,12 @@ def run_bwd(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Ten
         window_size=(a.window_left, a.window_right), softcap=a.softcap, alibi_slopes=a.alibi_slopes,
         dropout_p=a.dropout_p, seed=seed, offset=offset, cu_seqlens_q=a.cu_seqlens_q, cu_seqlens_k=a.cu_seqlens_k,
         max_seqlen_q=a.max_seqlen_q if varlen else None, max_seqlen_k=a.max_seqlen_k if varlen else None,
-        block_mask=a.block_mask, block_size=(a.block_m, a.block_n), deterministic=a.deterministic)
+        block_mask=a.block_mask, block_size=(a.block_m, a.block_n), deterministic=a.deterministic, dlse=dlse)
 
 
 def bwd_impl(dout, q, k, v, out, lse, *args):
-    return run_bwd(dout, q, k, v, out, lse, BwdArgs(*args))
+    a = BwdArgs(*args)
+    return run_bwd(dout, q, k, v, out, lse, a, a.dlse)
 
 
 _with_signature(bwd_impl, BWD_TENSORS, BwdArgs, Tuple[Tensor, Tensor, Tensor])
@@ -189,32 +192,38 @@ def _save_context(ctx, q, k, v, out, lse, probs, a: FwdArgs) -> None:
     ctx.save_for_backward(q, k, v, out, lse, *(getattr(a, n) for n in fields))
     ctx.args = a._replace(**dict.fromkeys(fields)) if fields else a
     ctx.fields = fields
-    ctx.mark_non_differentiable(lse, probs)
+    # lse is differentiable (its gradient enters D, common/mask.h dsum_minus_dlse); an output the loss does not use
+    # gets None, not a zero tensor to read.
+    ctx.mark_non_differentiable(probs)
+    ctx.set_materialize_grads(False)
 
 
-def _grads(ctx, dout, launch):
-    """(dq, dk, dv) from what _save_context kept: launch(dout, q, k, v, out, lse, a) with the forward's FwdArgs."""
+def _grads(ctx, dout, dlse, launch):
+    """(dq, dk, dv) from what _save_context kept: launch(dout, q, k, v, out, lse, a, dlse) with the forward's
+    FwdArgs. dout or dlse is None where the loss does not use out or lse."""
     q, k, v, out, lse, *saved = ctx.saved_tensors
     a = ctx.args._replace(**dict(zip(ctx.fields, saved))) if ctx.fields else ctx.args
+    if dout is None:
+        dout = torch.zeros_like(out)
     if a.block_table is not None or a.seqused_k is not None or a.kv_batch_idx is not None:
         # BwdArgs has no KV-cache fields: run, the backward would read the pages as dense K/V.
         raise NotImplementedError("block_table: attention over a paged KV cache is a forward only (inference), as "
                                   "in flash_attn; run it under torch.no_grad(), or pass dense k / v to train")
     with nvtx.annotate(q.is_cuda, a.generation, "bwd", _DTYPE_NAMES[q.dtype], q.shape[-1],
                        (a.window_left, a.window_right), a.cu_seqlens_q is not None):
-        return launch(dout, q, k, v, out, lse, a)
+        return launch(dout, q, k, v, out, lse, a, dlse)
 
 
 def _setup_context(ctx, inputs, output):
     _save_context(ctx, *inputs[:len(FWD_TENSORS)], *output, FwdArgs(*inputs[len(FWD_TENSORS):]))
 
 
-def _bwd_op(dout, q, k, v, out, lse, a: FwdArgs):
-    return bwd(dout, q, k, v, out, lse, *BwdArgs.of(a))  # flashgen::bwd, traceable by torch.compile
+def _bwd_op(dout, q, k, v, out, lse, a: FwdArgs, dlse):
+    return bwd(dout, q, k, v, out, lse, *BwdArgs.of(a, dlse))  # flashgen::bwd, traceable by torch.compile
 
 
-def _backward(ctx, dout, _dlse, _dprobs):
-    return (*_grads(ctx, dout, _bwd_op), *(None,) * len(FwdArgs._fields))
+def _backward(ctx, dout, dlse, _dprobs):
+    return (*_grads(ctx, dout, dlse, _bwd_op), *(None,) * len(FwdArgs._fields))
 
 
 fwd.register_autograd(_backward, setup_context=_setup_context)
@@ -238,8 +247,8 @@ class EagerFwd(torch.autograd.Function):
         return out, lse, probs
 
     @staticmethod
-    def backward(ctx, dout, _dlse, _dprobs):
-        grads = _grads(ctx, dout, run_bwd)  # run_bwd reads BwdArgs' fields, which FwdArgs has
+    def backward(ctx, dout, dlse, _dprobs):
+        grads = _grads(ctx, dout, dlse, run_bwd)  # run_bwd reads BwdArgs' fields, which FwdArgs has
         if torch.is_grad_enabled():  # create_graph=True: the gradients carry no second-order terms
             grads = refuse_second_order(grads)
         return (*grads, None)

@@ -444,8 +444,9 @@ def backward(generation: str, dout: torch.Tensor, q: torch.Tensor, k: torch.Tens
              softcap: float = 0.0, alibi_slopes=None, dropout_p: float = 0.0, seed: int = 0, offset: int = 0,
              cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q: Optional[int] = None,
              max_seqlen_k: Optional[int] = None, block_mask=None, block_size=(128, 128),
-             deterministic: bool = False, dq=None, dk=None, dv=None):
-    """Launch `generation`'s backward. Returns (dq, dk, dv) in the input dtype."""
+             deterministic: bool = False, dq=None, dk=None, dv=None, dlse=None):
+    """Launch `generation`'s backward. Returns (dq, dk, dv) in the input dtype. dlse: the gradient of the forward's
+    lse (fp32, lse's shape), or None; it enters each row's D (common/mask.h dsum_minus_dlse)."""
     batch = cu_seqlens_q.numel() - 1 if cu_seqlens_q is not None else q.shape[0]
     dq = torch.empty_like(q) if dq is None else dq
     dk = torch.empty_like(k) if dk is None else dk
@@ -465,6 +466,12 @@ def backward(generation: str, dout: torch.Tensor, q: torch.Tensor, k: torch.Tens
     # The workspaces the generation asks for (common/workspace.h; v2: D = rowsum(dO * O) and the zeroed dQ
     # accumulator, in its own layouts).
     p.deterministic = bool(deterministic)
+    if dlse is not None:  # read with lse's strides (p.lse_*_stride): laid out as lse is
+        if dlse.shape != lse.shape:
+            raise ValueError(f"dlse: expected lse's shape {tuple(lse.shape)}, got {tuple(dlse.shape)}")
+        if dlse.dtype != torch.float32 or dlse.stride() != lse.stride():  # e.g. expanded ones of lse.sum()
+            dlse = torch.empty_strided(lse.shape, lse.stride(), dtype=torch.float32, device=lse.device).copy_(dlse)
+        p.dlse = dlse.data_ptr()
     workspace = _allocate_workspaces(p, _native.C.bwd_workspaces(generation, p), q.device)
     order = None  # deterministic mode keeps the natural order (bwd_launch.cuh)
     if block_mask is not None and q.is_cuda and not p.deterministic:
@@ -472,5 +479,5 @@ def backward(generation: str, dout: torch.Tensor, q: torch.Tensor, k: torch.Tens
     if order is not None:
         p.sparse_order = order.data_ptr()
     _native.C.bwd(generation, p, _stream_of(q))
-    del workspace, order  # freed in stream order, after the kernels queued here
+    del workspace, order, dlse  # freed in stream order, after the kernels queued here
     return dq, dk, dv

@@ -413,14 +413,17 @@ def _block_fwd(cfg: _Config, q, k, v, block: Block) -> Tuple[torch.Tensor, torch
     return out, lse
 
 
-def _block_bwd(cfg: _Config, dout, q, k, v, out, lse, block: Block):
-    """flashgen's backward of one block with the GLOBAL out and lse of its query rows (see the module docstring)."""
+def _block_bwd(cfg: _Config, dout, q, k, v, out, lse, block: Block, dlse=None):
+    """flashgen's backward of one block with the GLOBAL out and lse of its query rows (see the module docstring).
+    dlse, the gradient of the global lse, enters every block of a row (each block's P is the global softmax's)."""
     args = _library.BwdArgs(generation=cfg.generation, softmax_scale=cfg.softmax_scale, window_left=block.window[0],
                             window_right=block.window[1], softcap=cfg.softcap, alibi_slopes=cfg.alibi_slopes,
                             deterministic=cfg.deterministic)
     rows, keys = block.q, block.k
     lse_rows = lse[:, :, rows].contiguous()   # a few bytes per row; a generation may want its rows 16-byte aligned
-    return _library.run_bwd(dout[:, rows], q[:, rows], k[:, keys], v[:, keys], out[:, rows], lse_rows, args)
+    dlse_rows = None if dlse is None else dlse[:, :, rows].contiguous()
+    return _library.run_bwd(dout[:, rows], q[:, rows], k[:, keys], v[:, keys], out[:, rows], lse_rows, args,
+                            dlse_rows)
 
 
 def ring_forward(cfg: _Config, comm, q, k, v) -> Tuple[torch.Tensor, torch.Tensor]:
@@ -446,7 +449,7 @@ def ring_forward(cfg: _Config, comm, q, k, v) -> Tuple[torch.Tensor, torch.Tenso
     return out.to(q.dtype), lse
 
 
-def ring_backward(cfg: _Config, comm, dout, q, k, v, out, lse):
+def ring_backward(cfg: _Config, comm, dout, q, k, v, out, lse, dlse=None):
     """The ring's backward on this rank: (dq, dk, dv) in the inputs' dtypes. dK/dV of the shard held travel with
     it (fp32) and reach their owner after W sends; the send of step t overlaps the compute of step t + 1."""
     seqlen_q, seqlen_k = q.shape[1], k.shape[1]
@@ -460,7 +463,7 @@ def ring_backward(cfg: _Config, comm, dout, q, k, v, out, lse):
         dv = torch.zeros_like(v, dtype=torch.float32)
         with _range(q.is_cuda, f"flashgen/ring/bwd step {step}"):
             for block in ring_blocks(cfg.layout, comm.world, comm.rank, source, cfg.causal, seqlen_q, seqlen_k):
-                block_dq, block_dk, block_dv = _block_bwd(cfg, dout, q, *kv, out, lse, block)
+                block_dq, block_dk, block_dv = _block_bwd(cfg, dout, q, *kv, out, lse, block, dlse)
                 dq[:, block.q] += block_dq
                 dk[:, block.k] += block_dk
                 dv[:, block.k] += block_dv
@@ -481,13 +484,14 @@ class _RingAttention(torch.autograd.Function):
         out, lse = ring_forward(cfg, comm, q, k, v)
         ctx.save_for_backward(q, k, v, out, lse)
         ctx.cfg, ctx.comm = cfg, comm
-        ctx.mark_non_differentiable(lse)
+        ctx.set_materialize_grads(False)  # lse is differentiable; an unused output's gradient comes as None
         return out, lse
 
     @staticmethod
-    def backward(ctx, dout, _dlse):
+    def backward(ctx, dout, dlse):
         q, k, v, out, lse = ctx.saved_tensors
-        dq, dk, dv = ring_backward(ctx.cfg, ctx.comm, dout, q, k, v, out, lse)
+        dout = torch.zeros_like(out) if dout is None else dout
+        dq, dk, dv = ring_backward(ctx.cfg, ctx.comm, dout, q, k, v, out, lse, dlse)
         if torch.is_grad_enabled():  # create_graph=True: no second-order terms (_library.refuse_second_order)
             dq, dk, dv = _library.refuse_second_order((dq, dk, dv))
         return dq, dk, dv, None, None
@@ -504,13 +508,13 @@ def _allgather_forward(cfg: _Config, comm, q, k, v):
     return out, lse
 
 
-def _allgather_backward(cfg: _Config, comm, dout, q, k, v, out, lse):
+def _allgather_backward(cfg: _Config, comm, dout, q, k, v, out, lse, dlse=None):
     k_all, v_all = comm.all_gather((k, v), cfg.layout)
     dq = torch.empty_like(q)
     dk_all = torch.zeros_like(k_all, dtype=torch.float32)
     dv_all = torch.zeros_like(v_all, dtype=torch.float32)
     for block in allgather_blocks(cfg.layout, comm.world, comm.rank, q.shape[1], k_all.shape[1], cfg.window):
-        block_dq, block_dk, block_dv = _block_bwd(cfg, dout, q, k_all, v_all, out, lse, block)
+        block_dq, block_dk, block_dv = _block_bwd(cfg, dout, q, k_all, v_all, out, lse, block, dlse)
         dq[:, block.q] = block_dq
         dk_all[:, block.k] += block_dk
         dv_all[:, block.k] += block_dv
@@ -524,13 +528,14 @@ class _AllGatherAttention(torch.autograd.Function):
         out, lse = _allgather_forward(cfg, comm, q, k, v)
         ctx.save_for_backward(q, k, v, out, lse)
         ctx.cfg, ctx.comm = cfg, comm
-        ctx.mark_non_differentiable(lse)
+        ctx.set_materialize_grads(False)  # lse is differentiable; an unused output's gradient comes as None
         return out, lse
 
     @staticmethod
-    def backward(ctx, dout, _dlse):
+    def backward(ctx, dout, dlse):
         q, k, v, out, lse = ctx.saved_tensors
-        dq, dk, dv = _allgather_backward(ctx.cfg, ctx.comm, dout, q, k, v, out, lse)
+        dout = torch.zeros_like(out) if dout is None else dout
+        dq, dk, dv = _allgather_backward(ctx.cfg, ctx.comm, dout, q, k, v, out, lse, dlse)
         if torch.is_grad_enabled():  # create_graph=True: no second-order terms (_library.refuse_second_order)
             dq, dk, dv = _library.refuse_second_order((dq, dk, dv))
         return dq, dk, dv, None, None
