@@ -447,6 +447,20 @@ def test_gradient_through_lse_varlen_and_empty_rows():
     _check_grads_with_lse(out, lse, q, k, v, "varlen grad with lse", **kw)
 
 
+def test_kvcache_backward_is_refused_not_dropped():
+    """flash_attn_with_kvcache has no backward: with q requiring grad its out is in the graph and a backward through
+    it raises, instead of q (and the caches) training as constants; under no_grad nothing changes."""
+    q = _rand(2, 1, 4, 32, dtype=torch.float32, grad=True)
+    k_cache, v_cache = (_rand(2, 16, 2, 32, dtype=torch.float32) for _ in range(2))
+    seqlens = torch.tensor([3, 9], dtype=torch.int32)
+    out = flashgen.flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=seqlens)
+    with pytest.raises(NotImplementedError, match="flash_attn_with_kvcache: inference only"):
+        (out * 2).sum().backward()
+    with torch.no_grad():
+        quiet = flashgen.flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=seqlens)
+    assert not quiet.requires_grad and torch.equal(quiet, out.detach())
+
+
 def test_double_backward_is_refused_not_dropped():
     """With create_graph=True the gradients equal the plain backward's, and differentiating them again raises: the
     second-order terms through attention are not computed, so they must not come out silently as zero (they did:

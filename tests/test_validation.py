@@ -136,6 +136,16 @@ CASES = [
      ["max_seqlen_q", "int", "float32"]),
     ("max_seqlen_float", lambda: _varlen_func(max_seqlen_k=float(SEQLEN_K)), TypeError, ["max_seqlen_k", "int"]),
     ("varlen_q_rank4", lambda: _varlen_func(q=q0), ValueError, ["q", "3 dims"]),
+    # tensors that require grad where no gradient flows (they trained as constants without a word)
+    ("softmax_scale_requires_grad", lambda: _func(softmax_scale=torch.tensor(0.2, requires_grad=True)), TypeError,
+     ["softmax_scale", "requires grad"]),
+    ("softcap_requires_grad", lambda: _func(softcap=torch.tensor(5.0, requires_grad=True)), TypeError,
+     ["softcap", "requires grad"]),
+    ("alibi_requires_grad", lambda: _func(alibi_slopes=torch.rand(NUM_HEADS, requires_grad=True)), TypeError,
+     ["alibi_slopes", "requires grad"]),
+    ("descale_requires_grad", lambda: _func(
+        q=q0.to(torch.float8_e4m3fn), k=k0.to(torch.float8_e4m3fn), v=v0.to(torch.float8_e4m3fn),
+        q_descale=torch.ones(BATCH, NUM_HEADS_K, requires_grad=True)), TypeError, ["q_descale", "requires grad"]),
     # flash_attn_varlen_func over a paged cache: shapes, then the values of CPU index tensors
     ("paged_varlen_k_rank3", lambda: _paged_varlen_func(k=_varlen()[1], v=_varlen()[2]), ValueError,
      ["k", "4 dims", "num_pages"]),

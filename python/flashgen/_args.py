@@ -52,6 +52,14 @@ def _one_element(name: str, value: torch.Tensor, what: str) -> torch.Tensor:
     return value
 
 
+def no_gradient(name: str, t: torch.Tensor) -> None:
+    """Refuse a tensor argument that requires grad where flashgen takes no gradient for it (a scalar read as a
+    number, ALiBi slopes, FP8 descales): a learnable temperature or slope would otherwise train as a constant."""
+    if t.requires_grad and torch.is_grad_enabled():
+        raise TypeError(f"{name}: a tensor that requires grad, but no gradient flows to it through attention (none "
+                        f"does in flash_attn either); pass it detached (.detach()), or compute that term in torch")
+
+
 def as_int(name: str, value) -> int:
     """An int from an int, a numpy integer, a one-element integer tensor or anything with __index__."""
     if type(value) is int:
@@ -82,6 +90,7 @@ def as_float(name: str, value) -> float:
         _one_element(name, value, what)
         if value.dtype.is_complex:
             raise TypeError(f"{name}: expected {what}, got a {value.dtype} tensor {_describe(value)}")
+        no_gradient(name, value)
         return float(value)
     if isinstance(value, (str, bytes)) or not hasattr(kind, "__float__"):
         raise TypeError(f"{name}: expected {what}, got {_describe(value)}")

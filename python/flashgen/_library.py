@@ -254,6 +254,21 @@ class EagerFwd(torch.autograd.Function):
         return (*grads, None)
 
 
+class ForwardOnly(torch.autograd.Function):
+    """out (and lse) in the autograd graph of the inputs that require grad, with a backward that raises `message`:
+    a call with no backward (flash_attn_with_kvcache) then refuses a loss built on it instead of training those
+    inputs as constants. Eager only: torch.compile refuses to trace a backward that raises."""
+
+    @staticmethod
+    def forward(ctx, message, out, lse, *inputs):
+        ctx.message = message  # inputs: passed only to tie out and lse into their graph
+        return out.view_as(out), lse.view_as(lse)
+
+    @staticmethod
+    def backward(ctx, *_):
+        raise NotImplementedError(ctx.message)
+
+
 DOUBLE_BACKWARD_REFUSED = ("flashgen: no double backward through attention (its backward has no derivative of its "
                            "own, nor has flash_attn's): a gradient penalty or Hessian through q, k or v needs torch's "
                            "math attention for that term")

@@ -485,6 +485,7 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     decode path (0 = its heuristic, 1 = no split, n = at most n). Returns out, or (out, softmax_lse) with
     return_softmax_lse.
     """
+    q_in, k_in, v_in = q, k, v  # as given (q and k are rotated below), for the graph's refusal at the end
     _, softmax_scale, causal, window_size, softcap, _, _ = _args.scalars(0.0, softmax_scale, causal, window_size,
                                                                         softcap, False, False)
     rotary_interleaved = _args.as_bool("rotary_interleaved", rotary_interleaved)
@@ -581,7 +582,16 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
                                        max_splits=int(num_splits))
     if out.shape[-1] != head_dim:
         out = out[..., :head_dim]
+    if torch.is_grad_enabled() and not torch.compiler.is_compiling():
+        wanting = [t for t in (q_in, k_cache, v_cache, k_in, v_in, rotary_cos, rotary_sin) if t is not None and
+                   t.requires_grad]
+        if wanting:  # inference only: a backward through out / lse raises instead of treating these as constants
+            out, lse = _library.ForwardOnly.apply(KVCACHE_NO_BACKWARD, out, lse, *wanting)
     return (out, lse) if return_softmax_lse else out
+
+
+KVCACHE_NO_BACKWARD = ("flash_attn_with_kvcache: inference only (no backward, as in flash_attn); run it under "
+                       "torch.no_grad() / torch.inference_mode(), or use flash_attn_func to train")
 
 
 # ---- explain ----

@@ -180,6 +180,9 @@ def check_alibi(alibi_slopes, q: torch.Tensor, batch: int) -> None:
         raise ValueError(f"alibi_slopes: expected shape ({num_heads},) or ({batch}, {num_heads}), got {tuple(t.shape)}")
     if t.stride(-1) != 1:
         raise ValueError("alibi_slopes: expected a contiguous last dim")
+    if t.requires_grad and torch.is_grad_enabled():
+        raise TypeError("alibi_slopes: a tensor that requires grad, but no gradient flows to the slopes (none does "
+                        "in flash_attn either); pass them detached (.detach())")
 
 
 def check_index(name: str, t, q: torch.Tensor, length: Optional[int] = None) -> None:
@@ -519,6 +522,9 @@ def check_descales(descales: Sequence[Tuple[str, Optional[torch.Tensor]]], q: to
         if t.dtype != torch.float32:
             raise TypeError(f"{name}: expected dtype float32, got {t.dtype}")
         _same_device(name, t, q)
+        if t.requires_grad and torch.is_grad_enabled():
+            raise TypeError(f"{name}: a tensor that requires grad; FP8 attention is a forward only (no gradient "
+                            f"flows to a descale): pass it detached (.detach())")
         if not per_block:
             if tuple(t.shape) != (batch, num_heads_k):
                 raise ValueError(f"{name}: expected shape (batch, num_heads_k) = {(batch, num_heads_k)}, or per "
