@@ -223,6 +223,45 @@ def test_flash_attn_interface_module_path():
         assert getattr(flash_attn_interface, name) is getattr(flashgen, name), name
 
 
+def test_launches_run_on_the_tensors_device(monkeypatch):
+    """_ops.forward / backward make the tensors' CUDA device current around the native calls when another device is
+    current (flash_attn's device guard): with layers spread over GPUs in one process, the launch went to the current
+    device with another device's pointers and stream. Checked with a stand-in CUDA tensor and recorded devices (a
+    machine with one GPU cannot show it; tests/test_gpu_fwd.py runs it on two)."""
+    from flashgen import _ops
+    entered, seen = [], []
+
+    class Device:
+        def __init__(self, index):
+            self.index = index
+
+        def __enter__(self):
+            entered.append(self.index)
+
+        def __exit__(self, *exc):
+            entered.append(-1)
+
+    class CudaTensor:
+        is_cuda = True
+
+        def __init__(self, index):
+            self.index = index
+
+        def get_device(self):
+            return self.index
+
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(torch.cuda, "device", Device)
+    launch = _ops.on_tensor_device(lambda generation, t, x: seen.append(
+        (generation, t.index if isinstance(t, CudaTensor) else None, x, list(entered))))
+    launch("v2", CudaTensor(1), "a")
+    launch("v2", CudaTensor(0), "b")
+    launch("cpu", torch.zeros(1), "c")
+    assert [s[:3] for s in seen] == [("v2", 1, "a"), ("v2", 0, "b"), ("cpu", None, "c")]
+    assert seen[0][3] == [1] and seen[1][3] == [1, -1] and entered == [1, -1], (seen, entered)
+    assert _ops.forward.__wrapped__ and _ops.backward.__wrapped__  # both launches go through the guard
+
+
 def test_no_host_sync_on_call_path(monkeypatch):
     """varlen and the KV-cache append never read device values: .item() and .cpu() are forbidden."""
     def forbidden(*_a, **_kw):

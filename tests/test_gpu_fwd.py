@@ -20,6 +20,7 @@ pytestmark = pytest.mark.gpu
 if not torch.cuda.is_available():
     pytest.skip("GPU forward tests need a CUDA device", allow_module_level=True)
 
+import flashgen  # noqa: E402
 from conftest import GPU_DTYPES, check_out_and_lse, cu_seqlens, gpu_generations, need, randn, run_fwd  # noqa: E402
 from flashgen import _ops, dispatch  # noqa: E402
 from flashgen.reference import attention_ref, philox_keep_mask, visible_mask  # noqa: E402
@@ -261,3 +262,22 @@ def test_host_checks(generation):
         mask = torch.ones(1, 1, 1, dtype=torch.uint8, device="cuda")
         with pytest.raises(NotImplementedError, match="block_mask"):
             _ops.forward(generation, q, q, q, softmax_scale=0.1, block_mask=mask)
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two GPUs in the process")
+def test_tensors_on_another_device_than_the_current_one(generation):
+    """Tensors on cuda:1 while cuda:0 is current (layers spread over GPUs in one process): the forward and backward
+    run on cuda:1 (_ops.on_tensor_device) and equal the same call made with cuda:1 current, bit for bit."""
+    need(generation, "bf16", 128, "causal", "backward")
+    results = []
+    for current in (1, 0):
+        torch.cuda.set_device(current)
+        gen = torch.Generator().manual_seed(3)
+        q, k, v = (torch.randn(2, 300, 4, 128, generator=gen).to("cuda:1", torch.bfloat16).requires_grad_()
+                   for _ in range(3))
+        out = flashgen.flash_attn_func(q, k, v, causal=True, version=generation)
+        out.backward(torch.ones_like(out))
+        torch.cuda.synchronize(1)
+        results.append([t.detach().cpu() for t in (out, q.grad, k.grad, v.grad)])
+    torch.cuda.set_device(0)
+    assert all(torch.equal(a, b) for a, b in zip(*results)), "cuda:1 results differ with cuda:0 current"

@@ -392,6 +392,23 @@ def _fold_groups(t: torch.Tensor, groups: int) -> torch.Tensor:
                         (batch_stride, head_stride, head_stride * groups, dim_stride), t.storage_offset())
 
 
+def on_tensor_device(fn):
+    """Run fn(generation, t, ...) with t's CUDA device current (as flash_attn's device guard does): the native
+    plan, workspace queries and launches act on the current device, and a process whose tensors sit on another GPU
+    than the current one (a model spread over GPUs in one process, e.g. device_map="auto") would otherwise launch
+    on the wrong device with its pointers and stream."""
+    @functools.wraps(fn)
+    def on_device(generation, t, *args, **kwargs):
+        if t.is_cuda:
+            index = t.get_device()
+            if index != torch.cuda.current_device():
+                with torch.cuda.device(index):
+                    return fn(generation, t, *args, **kwargs)
+        return fn(generation, t, *args, **kwargs)
+    return on_device
+
+
+@on_tensor_device
 def forward(generation: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, softmax_scale: float,
             window_size=(-1, -1), softcap: float = 0.0, alibi_slopes=None, dropout_p: float = 0.0, seed: int = 0,
             offset: int = 0, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q: Optional[int] = None,
@@ -439,6 +456,7 @@ def forward(generation: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, 
     return o, lse, probs
 
 
+@on_tensor_device
 def backward(generation: str, dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
              out: torch.Tensor, lse: torch.Tensor, *, softmax_scale: float, window_size=(-1, -1),
              softcap: float = 0.0, alibi_slopes=None, dropout_p: float = 0.0, seed: int = 0, offset: int = 0,
