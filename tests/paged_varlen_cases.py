@@ -106,7 +106,7 @@ def call(case: PagedVarlenCase, inputs, version: Optional[str] = None, **extra):
         inputs["q"], inputs["k"], inputs["v"], inputs["cu_seqlens_q"], inputs["cu_seqlens_k"], max(case.lens_q),
         max(case.lens_k), causal=case.causal, window_size=case.window, softcap=case.softcap,
         alibi_slopes=inputs["alibi_slopes"], return_attn_probs=True, block_table=inputs["block_table"],
-        version=version, **extra)
+        version=version, probs_without_dropout=True, **extra)
 
 
 def stacked_keys(case: PagedVarlenCase, inputs):

@@ -124,8 +124,14 @@ def test_func_alibi(per_batch):
 
 
 def test_return_attn_probs():
+    """As flash_attn, return_attn_probs=True without dropout gives (out, lse, None): no seqlen_q x seqlen_k tensor for
+    callers that want the lse; probs_without_dropout=True (flashgen's) computes the probabilities there too."""
     q, k, v = (_rand(2, 33, 4, 32, dtype=torch.float32) for _ in range(3))
-    out, lse, probs = flashgen.flash_attn_func(q, k, v, causal=True, return_attn_probs=True)
+    out_plain, lse_plain, none = flashgen.flash_attn_func(q, k, v, causal=True, return_attn_probs=True)
+    assert none is None
+    out, lse, probs = flashgen.flash_attn_func(q, k, v, causal=True, return_attn_probs=True,
+                                               probs_without_dropout=True)
+    assert torch.equal(out, out_plain) and torch.equal(lse, lse_plain)
     assert probs.shape == (2, 4, 33, 33) and probs.dtype == torch.float32
     _, ref_lse = attention_ref(q, k, v, causal=True)
     scores = torch.einsum("bihd,bjhd->bhij", q.double(), k.double()) / math.sqrt(32)
@@ -186,7 +192,8 @@ def test_varlen(causal):
     q = _rand(sum(SEQLENS_Q), 4, 64, dtype=torch.bfloat16)
     k, v = (_rand(sum(SEQLENS_K), 2, 64, dtype=torch.bfloat16) for _ in range(2))
     out, lse, probs = flashgen.flash_attn_varlen_func(q, k, v, cu_q, cu_k, max(SEQLENS_Q), max(SEQLENS_K),
-                                                      causal=causal, return_attn_probs=True)
+                                                      causal=causal, return_attn_probs=True,
+                                                      probs_without_dropout=True)
     kw = dict(causal=causal, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k)
     (ref, ref_lse), (naive, _) = _ref_pair(q, k, v, **kw)
     assert out.shape == q.shape and lse.shape == (4, sum(SEQLENS_Q))

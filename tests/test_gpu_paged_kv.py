@@ -239,7 +239,7 @@ def test_varlen_probs(generation, dropout_p):
     torch.manual_seed(5)
     out, lse, probs = flashgen.flash_attn_varlen_func(q, k, v, cu_q, cu_k, max(lens_q), max(lens_k),
                                                       dropout_p=dropout_p, causal=True, return_attn_probs=True,
-                                                      version=generation)
+                                                      probs_without_dropout=True, version=generation)
     rounded = lambda n: -(-n // 128) * 128  # noqa: E731
     assert probs.shape == (len(lens_q), h, rounded(max(lens_q)), rounded(max(lens_k)))
     probs = probs.cpu()

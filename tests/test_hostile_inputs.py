@@ -431,7 +431,8 @@ def huge_logits_forward():
     for dtype in (torch.float32, torch.float16):
         q, k, v = _ints(2, 40, 2, 16, dtype=dtype), _ints(2, 150, 2, 16, dtype=dtype), _rand(2, 150, 2, 16, dtype=dtype)
         for scale in (1e4, 1e8, 1e9, 3e9):
-            out, lse, probs = flashgen.flash_attn_func(q, k, v, softmax_scale=scale, return_attn_probs=True)
+            out, lse, probs = flashgen.flash_attn_func(q, k, v, softmax_scale=scale, return_attn_probs=True,
+                                                       probs_without_dropout=True)
             # naive in fp32 (fp16 scores * 1e8 overflow to inf); the rounding floor is out's (fp16)
             _fa(f"{dtype} scale {scale:g}", out, q, k, v, naive_dtype=torch.float32, softmax_scale=scale)
             _lse(f"{dtype} scale {scale:g}", lse, q, k, v, softmax_scale=scale)
@@ -628,7 +629,8 @@ def empty_dense_forward_and_backward():
               ((1, 4, 0, 16), (1, 5, 0, 16)), ((1, 4, 4, 16), (1, 0, 2, 16))]
     for q_shape, k_shape in shapes:
         q, k, v = _rand(*q_shape, grad=True), _rand(*k_shape, grad=True), _rand(*k_shape, grad=True)
-        out, lse, probs = flashgen.flash_attn_func(q, k, v, causal=True, return_attn_probs=True)
+        out, lse, probs = flashgen.flash_attn_func(q, k, v, causal=True, return_attn_probs=True,
+                                                   probs_without_dropout=True)
         b, sq, h, _ = q_shape
         assert out.shape == q.shape and not bool(out.any()), f"{q_shape} x {k_shape}: out must be zeros"
         assert lse.shape == (b, h, sq) and bool(torch.isinf(lse).all()), f"{q_shape} x {k_shape}: lse must be +inf"
@@ -646,7 +648,7 @@ def empty_varlen_forward_and_backward():
         q = _rand(rows_q, 2, 16, grad=True)
         k, v = _rand(rows_k, 2, 16, grad=True), _rand(rows_k, 2, 16, grad=True)
         out, lse, probs = flashgen.flash_attn_varlen_func(q, k, v, _cu(*cu_q), _cu(*cu_k), 3, 3,
-                                                          return_attn_probs=True)
+                                                          return_attn_probs=True, probs_without_dropout=True)
         assert out.shape == q.shape and not bool(out.any()), f"{cu_q} x {cu_k}: out must be zeros"
         assert lse.shape == (2, rows_q) and bool(torch.isinf(lse).all()), f"{cu_q} x {cu_k}: lse must be +inf"
         # the padded S_dmask, all zeros (was None); its sizes are max_seqlen's, at most the rows given, rounded to 128

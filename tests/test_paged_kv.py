@@ -218,14 +218,15 @@ def test_varlen_returns_padded_probs(form):
     p_drop = 0.3 if form == "dropout" else 0.0
     if form == "packed-qkv":
         _, _, probs = flashgen.flash_attn_varlen_qkvpacked_func(torch.stack([q, k, v], 1), cu_q, mq, causal=True,
-                                                                return_attn_probs=True)
+                                                                return_attn_probs=True, probs_without_dropout=True)
     elif form == "packed-kv":
         _, _, probs = flashgen.flash_attn_varlen_kvpacked_func(q, torch.stack([k, v], 1), cu_q, cu_k, mq, mk,
-                                                               causal=True, return_attn_probs=True)
+                                                               causal=True, return_attn_probs=True,
+                                                               probs_without_dropout=True)
     else:
         torch.manual_seed(3)
         _, _, probs = flashgen.flash_attn_varlen_func(q, k, v, cu_q, cu_k, mq, mk, dropout_p=p_drop, causal=True,
-                                                      return_attn_probs=True)
+                                                      return_attn_probs=True, probs_without_dropout=True)
     rounded = lambda n: -(-n // 128) * 128  # noqa: E731
     assert probs.shape == (len(lens_q), h, rounded(mq), rounded(mk)) and probs.dtype == torch.float32
     for b, (lq, lk) in enumerate(zip(lens_q, lens_k)):

@@ -126,11 +126,13 @@ def _pad_qkv(q, k, v, multiple: int):
 
 def _attention(q, k, v, *, dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes, deterministic,
                return_probs, version, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None, max_seqlen_k=None,
+               probs_without_dropout=False,
                block_mask=None, block_size=(128, 128), q_descale=None, k_descale=None, v_descale=None):
     """Validate, dispatch, pad and launch. Returns (out, lse, probs-or-None) with out at the caller's head_dim."""
     varlen = cu_seqlens_q is not None or cu_seqlens_k is not None
     dropout_p, softmax_scale, causal, window_size, softcap, deterministic, return_probs = _args.scalars(
         dropout_p, softmax_scale, causal, window_size, softcap, deterministic, return_probs)
+    return_probs = _probs_wanted(return_probs, dropout_p, probs_without_dropout)
     validate.check_qkv(q, k, v, varlen=varlen)
     validate.check_scalars(dropout_p=dropout_p, softmax_scale=softmax_scale, causal=causal, window_size=window_size,
                            softcap=softcap, deterministic=deterministic, head_dim=q.shape[-1])
@@ -166,7 +168,8 @@ def _attention(q, k, v, *, dropout_p, softmax_scale, causal, window_size, softca
                                      window_size=window_size, softcap=softcap, alibi_slopes=alibi_slopes,
                                      deterministic=deterministic, return_probs=return_probs, version=version,
                                      cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, max_seqlen_q=max_seqlen_q,
-                                     max_seqlen_k=max_seqlen_k, block_mask=block_mask, block_size=block_size)
+                                     max_seqlen_k=max_seqlen_k, block_mask=block_mask, block_size=block_size,
+                                     probs_without_dropout=True)  # return_probs is decided already
         out, lse = _args.cover_rows(out.to(_ops.out_dtype(validate.FP8_DTYPE)), lse, total_q)
         return out, lse, probs
     if block_mask is not None:
@@ -252,14 +255,22 @@ def _result(out, lse, probs, return_attn_probs):
     return (out, lse, probs) if return_attn_probs else out
 
 
+def _probs_wanted(return_attn_probs: bool, dropout_p: float, probs_without_dropout) -> bool:
+    """Whether a call computes the probabilities. As flash_attn: S_dmask only with dropout, so return_attn_probs=True
+    with dropout_p = 0 gives (out, lse, None) at no cost (callers ask for it to get the lse, and the probabilities
+    are seqlen_q x seqlen_k per head); probs_without_dropout=True (flashgen's) asks for them there too."""
+    return return_attn_probs and (dropout_p > 0 or _args.as_bool("probs_without_dropout", probs_without_dropout))
+
+
 def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0,
                     alibi_slopes=None, deterministic=False, return_attn_probs=False, *, version=None, q_descale=None,
-                    k_descale=None, v_descale=None):
+                    k_descale=None, v_descale=None, probs_without_dropout=False):
     """Attention over q (batch, seqlen_q, num_heads, head_dim), k/v (batch, seqlen_k, num_heads_k, head_dim).
 
     Returns out (batch, seqlen_q, num_heads, head_dim), or (out, softmax_lse (batch, num_heads, seqlen_q) fp32,
-    S_dmask (batch, num_heads, seqlen_q, seqlen_k) fp32 probabilities, dropped entries negated) with
-    return_attn_probs. version: 'auto' | 'v1' | 'v2' | 'v3' | 'cpu' (default: $FLASHGEN_VERSION or 'auto').
+    S_dmask) with return_attn_probs: S_dmask (batch, num_heads, seqlen_q, seqlen_k) fp32 probabilities, dropped
+    entries negated, with dropout (None without it, as flash_attn; probs_without_dropout=True computes them there
+    too). version: 'auto' | 'v1' | 'v2' | 'v3' | 'cpu' (default: $FLASHGEN_VERSION or 'auto').
     FP8: q, k, v in torch.float8_e4m3fn with optional fp32 (batch, num_heads_k) q_descale / k_descale / v_descale
     (flashgen.fp8.quantize makes them; or per block of 128 tokens, 3-D: q's (batch, num_heads, blocks), k's and
     v's (batch, num_heads_k, blocks)) give a bf16 out, forward only (v3 on sm_90; the CPU backend upcasts).
@@ -267,7 +278,8 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, wi
     out, lse, probs = _attention(q, k, v, dropout_p=dropout_p, softmax_scale=softmax_scale, causal=causal,
                                  window_size=window_size, softcap=softcap, alibi_slopes=alibi_slopes,
                                  deterministic=deterministic, return_probs=return_attn_probs, version=version,
-                                 q_descale=q_descale, k_descale=k_descale, v_descale=v_descale)
+                                 q_descale=q_descale, k_descale=k_descale, v_descale=v_descale,
+                                 probs_without_dropout=probs_without_dropout)
     return _result(out, lse, probs, return_attn_probs)
 
 
@@ -283,25 +295,27 @@ def _unpack(name: str, packed, rank: int, count: int) -> Tuple[torch.Tensor, ...
 
 def flash_attn_qkvpacked_func(qkv, dropout_p=0.0, softmax_scale=None, causal=False, window_size=(-1, -1),
                               softcap=0.0, alibi_slopes=None, deterministic=False, return_attn_probs=False, *,
-                              version=None):
+                              version=None, probs_without_dropout=False):
     """flash_attn_func with qkv packed as (batch, seqlen, 3, num_heads, head_dim); the gradient is dqkv."""
     q, k, v = _unpack("qkv", qkv, 5, 3)
     return flash_attn_func(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes,
-                           deterministic, return_attn_probs, version=version)
+                           deterministic, return_attn_probs, version=version,
+                           probs_without_dropout=probs_without_dropout)
 
 
 def flash_attn_kvpacked_func(q, kv, dropout_p=0.0, softmax_scale=None, causal=False, window_size=(-1, -1),
                              softcap=0.0, alibi_slopes=None, deterministic=False, return_attn_probs=False, *,
-                             version=None):
+                             version=None, probs_without_dropout=False):
     """flash_attn_func with kv packed as (batch, seqlen_k, 2, num_heads_k, head_dim)."""
     k, v = _unpack("kv", kv, 5, 2)
     return flash_attn_func(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes,
-                           deterministic, return_attn_probs, version=version)
+                           deterministic, return_attn_probs, version=version,
+                           probs_without_dropout=probs_without_dropout)
 
 
 def _paged_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, block_table, *, dropout_p,
                   softmax_scale, causal, window_size, softcap, alibi_slopes, deterministic, return_probs, version,
-                  descales):
+                  descales, probs_without_dropout=False):
     """flash_attn_varlen_func with a block_table (flash_attn 2.6's paged prefill, as serving engines call it): q
     (total_q, num_heads, head_dim) stacked by cu_seqlens_q; k/v pages (num_pages, page_block_size, num_heads_k,
     head_dim); sequence b's keys are cache rows 0 .. n_b - 1 of the pages block_table[b] names, n_b =
@@ -309,6 +323,7 @@ def _paged_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_
     A forward only: a backward through it is refused by name (_library._grads), where flash_attn's fails."""
     dropout_p, softmax_scale, causal, window_size, softcap, deterministic, return_probs = _args.scalars(
         dropout_p, softmax_scale, causal, window_size, softcap, deterministic, return_probs)
+    return_probs = _probs_wanted(return_probs, dropout_p, probs_without_dropout)
     validate.check_qkv(q, k, v, varlen=True, paged_kv=True)
     if q.dtype == validate.FP8_DTYPE or any(d is not None for d in descales):
         raise NotImplementedError("block_table: FP8 inputs and descales take dense K/V (v3); a paged cache is read "
@@ -350,14 +365,15 @@ def _paged_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_
 def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p=0.0,
                            softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0, alibi_slopes=None,
                            deterministic=False, return_attn_probs=False, block_table=None, *, version=None,
-                           q_descale=None, k_descale=None, v_descale=None):
+                           q_descale=None, k_descale=None, v_descale=None, probs_without_dropout=False):
     """Attention over stacked sequences: q (total_q, num_heads, head_dim), k/v (total_k, num_heads_k, head_dim).
 
     cu_seqlens_q/k: int32 (batch + 1) offsets; max_seqlen_q/k: Python ints (never read from the device).
     Returns out (total_q, num_heads, head_dim), or (out, softmax_lse (num_heads, total_q) fp32, S_dmask) with
     return_attn_probs: S_dmask is flash_attn's padded fp32 (batch, num_heads, max_seqlen_q_rounded,
     max_seqlen_k_rounded) (rounded up to a multiple of 128), entry [b, h, i, j] the probability of query i and key j
-    of sequence b (dropped entries negated), 0 outside the sequence's seqlen_q x seqlen_k.
+    of sequence b (dropped entries negated), 0 outside the sequence's seqlen_q x seqlen_k; with dropout only (None
+    without, as flash_attn), unless probs_without_dropout=True.
 
     block_table int32 (batch, max_blocks_per_seq), as flash_attn 2.6: k/v are a paged KV cache (num_pages,
     page_block_size, num_heads_k, head_dim), any page size; sequence b's keys are cache rows 0 .. n_b - 1 of its pages
@@ -369,41 +385,41 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
             q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, block_table, dropout_p=dropout_p,
             softmax_scale=softmax_scale, causal=causal, window_size=window_size, softcap=softcap,
             alibi_slopes=alibi_slopes, deterministic=deterministic, return_probs=return_attn_probs, version=version,
-            descales=(q_descale, k_descale, v_descale))
+            descales=(q_descale, k_descale, v_descale), probs_without_dropout=probs_without_dropout)
         return _result(out, lse, probs, return_attn_probs)
     out, lse, probs = _attention(q, k, v, dropout_p=dropout_p, softmax_scale=softmax_scale, causal=causal,
                                  window_size=window_size, softcap=softcap, alibi_slopes=alibi_slopes,
                                  deterministic=deterministic, return_probs=return_attn_probs, version=version,
                                  cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, max_seqlen_q=max_seqlen_q,
                                  max_seqlen_k=max_seqlen_k, q_descale=q_descale, k_descale=k_descale,
-                                 v_descale=v_descale)
+                                 v_descale=v_descale, probs_without_dropout=probs_without_dropout)
     return _result(out, lse, probs, return_attn_probs)
 
 
 def flash_attn_varlen_qkvpacked_func(qkv, cu_seqlens, max_seqlen, dropout_p=0.0, softmax_scale=None, causal=False,
                                      window_size=(-1, -1), softcap=0.0, alibi_slopes=None, deterministic=False,
-                                     return_attn_probs=False, *, version=None):
+                                     return_attn_probs=False, *, version=None, probs_without_dropout=False):
     """flash_attn_varlen_func with qkv packed as (total, 3, num_heads, head_dim) and one cu_seqlens."""
     q, k, v = _unpack("qkv", qkv, 4, 3)
     return flash_attn_varlen_func(q, k, v, cu_seqlens, cu_seqlens, max_seqlen, max_seqlen, dropout_p, softmax_scale,
                                   causal, window_size, softcap, alibi_slopes, deterministic, return_attn_probs,
-                                  version=version)
+                                  version=version, probs_without_dropout=probs_without_dropout)
 
 
 def flash_attn_varlen_kvpacked_func(q, kv, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p=0.0,
                                     softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0,
                                     alibi_slopes=None, deterministic=False, return_attn_probs=False, *,
-                                    version=None):
+                                    version=None, probs_without_dropout=False):
     """flash_attn_varlen_func with kv packed as (total_k, 2, num_heads_k, head_dim)."""
     k, v = _unpack("kv", kv, 4, 2)
     return flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p,
                                   softmax_scale, causal, window_size, softcap, alibi_slopes, deterministic,
-                                  return_attn_probs, version=version)
+                                  return_attn_probs, version=version, probs_without_dropout=probs_without_dropout)
 
 
 def block_sparse_attn_func(q, k, v, block_mask, block_size=(128, 128), causal=False, softmax_scale=None,
                            dropout_p=0.0, window_size=(-1, -1), softcap=0.0, alibi_slopes=None, deterministic=False,
-                           return_attn_probs=False, *, version=None):
+                           return_attn_probs=False, *, version=None, probs_without_dropout=False):
     """flash_attn_func restricted to the (block_m, block_n) tiles where block_mask is True.
 
     block_mask: bool (num_heads or 1, ceil(seqlen_q / block_m), ceil(seqlen_k / block_n)); one layout broadcasts
@@ -412,7 +428,8 @@ def block_sparse_attn_func(q, k, v, block_mask, block_size=(128, 128), causal=Fa
     out, lse, probs = _attention(q, k, v, dropout_p=dropout_p, softmax_scale=softmax_scale, causal=causal,
                                  window_size=window_size, softcap=softcap, alibi_slopes=alibi_slopes,
                                  deterministic=deterministic, return_probs=return_attn_probs, version=version,
-                                 block_mask=block_mask, block_size=block_size)
+                                 block_mask=block_mask, block_size=block_size,
+                                 probs_without_dropout=probs_without_dropout)
     return _result(out, lse, probs, return_attn_probs)
 
 
@@ -613,7 +630,7 @@ class Explanation:
 def explain(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0,
             alibi_slopes=None, deterministic=False, return_attn_probs=False, *, cu_seqlens_q=None, cu_seqlens_k=None,
             max_seqlen_q=None, max_seqlen_k=None, block_mask=None, block_size=(128, 128), kvcache=False,
-            backward=None, block_table=None) -> Explanation:
+            backward=None, block_table=None, probs_without_dropout=False) -> Explanation:
     """Which generation auto would run for flash_attn_func / flash_attn_varlen_func with these arguments.
 
     Validates like the call would, launches nothing. backward: whether gradients are needed (default: whether any of
@@ -625,6 +642,7 @@ def explain(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, window_siz
     paged = block_table is not None
     dropout_p, softmax_scale, causal, window_size, softcap, deterministic, return_attn_probs = _args.scalars(
         dropout_p, softmax_scale, causal, window_size, softcap, deterministic, return_attn_probs)
+    return_attn_probs = _probs_wanted(return_attn_probs, dropout_p, probs_without_dropout)
     validate.check_qkv(q, k, v, varlen=varlen, paged_kv=paged and varlen, same_batch=not (kvcache or paged))
     validate.check_scalars(dropout_p=dropout_p, softmax_scale=softmax_scale, causal=causal, window_size=window_size,
                            softcap=softcap, deterministic=deterministic, head_dim=q.shape[-1])
