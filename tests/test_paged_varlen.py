@@ -14,6 +14,7 @@ import torch
 import flashgen
 from conftest import check_lse, run_fwd
 from flashgen import testing
+from paged_kv_cases import clone_inputs
 from paged_varlen_cases import PAGE_SIZES, SCENARIOS, PagedVarlenCase, build, call, expected, stacked_keys, with_page
 
 CASES = [with_page(c, p) for c in SCENARIOS for p in PAGE_SIZES]
@@ -118,3 +119,20 @@ def test_torch_compile_matches_eager():
     torch._dynamo.reset()
     compiled = torch.compile(f, fullgraph=True, backend="eager")(*args)
     assert torch.equal(compiled, eager)
+
+
+def test_host_checks_ignore_the_default_device():
+    """The host-side index checks make their tensors on the CPU explicitly: under torch.set_default_device (another
+    device; meta stands in for CUDA here) a paged call on CPU tensors failed inside them with a device mismatch."""
+    from paged_kv_cases import SCENARIOS as KV_SCENARIOS, build as kv_build, call as kv_call, with_page as kv_page
+    case = with_page(SCENARIOS[0], 16)
+    inputs = build(case, "cpu", torch.float32)
+    kv_case = kv_page(next(c for c in KV_SCENARIOS if c.leftpad is not None), 16)
+    kv_inputs = kv_build(kv_case, "cpu", torch.float32)
+    want, kv_want = call(case, inputs)[0], kv_call(kv_case, clone_inputs(kv_inputs))[0]
+    try:
+        torch.set_default_device("meta")
+        got, kv_got = call(case, inputs)[0], kv_call(kv_case, clone_inputs(kv_inputs))[0]
+    finally:
+        torch.set_default_device("cpu")
+    assert torch.equal(got, want) and torch.equal(kv_got, kv_want)

@@ -281,7 +281,7 @@ def check_paged_varlen_values(cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int, max
         if n > capacity:
             raise ValueError(f"cu_seqlens_k: {where} = {n} keys, more than the {capacity} rows its block_table row "
                              f"names ({block_table.shape[1]} pages of {k_cache.shape[1]})")
-    check_kvcache_indices(torch.tensor(lengths, dtype=torch.int64), None, block_table, capacity=capacity,
+    check_kvcache_indices(torch.tensor(lengths, dtype=torch.int64, device="cpu"), None, block_table, capacity=capacity,
                           seqlen_new=0, num_pages=k_cache.shape[0])
     return used_q
 
@@ -372,7 +372,7 @@ def check_kvcache_values(k_cache: torch.Tensor, k: Optional[torch.Tensor], cache
     seqlens_t = cache_seqlens if isinstance(cache_seqlens, torch.Tensor) else None
     if extra and all(indices_readable(t) for t in extra + ([seqlens_t] if seqlens_t is not None else [])):
         if isinstance(cache_seqlens, int):
-            seqlens_t = torch.full((extra[0].shape[0],), cache_seqlens, dtype=torch.int64)
+            seqlens_t = torch.full((extra[0].shape[0],), cache_seqlens, dtype=torch.int64, device="cpu")
         check_kvcache_indices(seqlens_t, cache_leftpad, block_table, capacity=capacity, seqlen_new=seqlen_new,
                               num_pages=k_cache.shape[0])
 
@@ -435,9 +435,9 @@ def check_kvcache_indices(cache_seqlens: Optional[torch.Tensor], cache_leftpad: 
     if block_table is not None:
         table = block_table.detach().to("cpu", torch.int64)
         page = capacity // table.shape[1]
-        end = ends if ends is not None else torch.full((table.shape[0],), capacity, dtype=torch.int64)
+        end = ends if ends is not None else torch.full((table.shape[0],), capacity, dtype=torch.int64, device="cpu")
         first = pads // page if pads is not None else torch.zeros_like(end)
-        blocks = torch.arange(table.shape[1]).view(1, -1)
+        blocks = torch.arange(table.shape[1], device="cpu").view(1, -1)
         used = (blocks >= first.view(-1, 1)) & (blocks < (-(-end // page)).view(-1, 1))
         bad = used & ((table < 0) | (table >= num_pages))
         if bool(bad.any()):
