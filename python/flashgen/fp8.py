@@ -34,7 +34,7 @@ _TINY = 2.0 ** -40        # amax floor: an all-zero slice quantizes to zeros wit
 def random_signs(head_dim: int, seed: int = 0, device=None) -> torch.Tensor:
     """The +-1 diagonal D of the incoherent transform, (head_dim,) fp32, from a seeded CPU generator."""
     gen = torch.Generator().manual_seed(seed)
-    signs = torch.randint(0, 2, (head_dim,), generator=gen).float() * 2 - 1
+    signs = torch.randint(0, 2, (head_dim,), generator=gen, device="cpu").float() * 2 - 1
     return signs.to(device) if device is not None else signs
 
 
