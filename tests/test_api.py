@@ -133,6 +133,9 @@ def test_return_attn_probs():
                                                probs_without_dropout=True)
     assert torch.equal(out, out_plain) and torch.equal(lse, lse_plain)
     assert probs.shape == (2, 4, 33, 33) and probs.dtype == torch.float32
+    # and dispatch sees probabilities only where they are computed (v3 runs the lse-only call on Hopper)
+    assert "return_probs" not in flashgen.explain(q, k, v, return_attn_probs=True).problem.features
+    assert "return_probs" in flashgen.explain(q, k, v, dropout_p=0.1, return_attn_probs=True).problem.features
     _, ref_lse = attention_ref(q, k, v, causal=True)
     scores = torch.einsum("bihd,bjhd->bhij", q.double(), k.double()) / math.sqrt(32)
     mask = torch.ones(33, 33, dtype=torch.bool).tril()
