@@ -496,6 +496,18 @@ def test_gradient_through_lse_varlen_and_empty_rows():
     _check_grads_with_lse(out, lse, q, k, v, "varlen grad with lse", **kw)
 
 
+def test_probs_gradient_is_refused_not_dropped():
+    """A loss on the returned probabilities raises (they have no gradient, nor in flash_attn) instead of leaving
+    their term out; a loss on out alone trains as before."""
+    q = _rand(1, 20, 2, 16, dtype=torch.float32, grad=True)
+    out, _, probs = flashgen.flash_attn_func(q, q, q, dropout_p=0.2, return_attn_probs=True)
+    with pytest.raises(NotImplementedError, match="return_attn_probs"):
+        (out.sum() + probs.sum()).backward()
+    out, _, probs = flashgen.flash_attn_func(q, q, q, return_attn_probs=True, probs_without_dropout=True)
+    out.sum().backward()
+    assert q.grad is not None and bool(torch.isfinite(q.grad).all())
+
+
 def test_kvcache_backward_is_refused_not_dropped():
     """flash_attn_with_kvcache has no backward: with q requiring grad its out is in the graph and a backward through
     it raises, instead of q (and the caches) training as constants; under no_grad nothing changes."""

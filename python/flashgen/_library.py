@@ -192,10 +192,20 @@ def _save_context(ctx, q, k, v, out, lse, probs, a: FwdArgs) -> None:
     ctx.save_for_backward(q, k, v, out, lse, *(getattr(a, n) for n in fields))
     ctx.args = a._replace(**dict.fromkeys(fields)) if fields else a
     ctx.fields = fields
-    # lse is differentiable (its gradient enters D, common/mask.h dsum_minus_dlse); an output the loss does not use
-    # gets None, not a zero tensor to read.
-    ctx.mark_non_differentiable(probs)
+    # lse is differentiable (its gradient enters D, common/mask.h dsum_minus_dlse); so are returned probabilities,
+    # whose gradient is refused (_refuse_dprobs); an output the loss does not use gets None, not a zero tensor.
+    if not a.return_probs:
+        ctx.mark_non_differentiable(probs)  # the empty stand-in
     ctx.set_materialize_grads(False)
+
+
+PROBS_GRADIENT_REFUSED = ("return_attn_probs: no gradient flows through the returned probabilities (S_dmask), nor "
+                          "does in flash_attn; a loss on them needs torch's math attention (or .detach() them)")
+
+
+def _refuse_dprobs(dprobs) -> None:
+    if dprobs is not None:  # the loss uses the probabilities: their term would be left out
+        raise NotImplementedError(PROBS_GRADIENT_REFUSED)
 
 
 def _grads(ctx, dout, dlse, launch):
@@ -222,7 +232,8 @@ def _bwd_op(dout, q, k, v, out, lse, a: FwdArgs, dlse):
     return bwd(dout, q, k, v, out, lse, *BwdArgs.of(a, dlse))  # flashgen::bwd, traceable by torch.compile
 
 
-def _backward(ctx, dout, dlse, _dprobs):
+def _backward(ctx, dout, dlse, dprobs):
+    _refuse_dprobs(dprobs)
     return (*_grads(ctx, dout, dlse, _bwd_op), *(None,) * len(FwdArgs._fields))
 
 
@@ -247,7 +258,8 @@ class EagerFwd(torch.autograd.Function):
         return out, lse, probs
 
     @staticmethod
-    def backward(ctx, dout, dlse, _dprobs):
+    def backward(ctx, dout, dlse, dprobs):
+        _refuse_dprobs(dprobs)
         grads = _grads(ctx, dout, dlse, run_bwd)  # run_bwd reads BwdArgs' fields, which FwdArgs has
         if torch.is_grad_enabled():  # create_graph=True: the gradients carry no second-order terms
             grads = refuse_second_order(grads)
