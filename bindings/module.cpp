@@ -148,6 +148,87 @@ py::dict build_info() {
   return info;
 }
 
+// Element strides (batch, row, head) of a (batch, rows, heads, dim) tensor, or of a varlen (rows, heads, dim) one
+// (no batch dimension: 0), from its stride tuple as torch gives it.
+void set_strides(const py::tuple& stride, bool varlen, const char* name, int64_t* batch, int64_t* row,
+                 int64_t* head) {
+  const size_t rank = varlen ? 3 : 4;
+  if (stride.size() != rank) {
+    throw py::value_error(std::string(name) + ": expected " + std::to_string(rank) + " strides, got " +
+                          std::to_string(stride.size()));
+  }
+  const size_t first = varlen ? 0 : 1;  // the row dimension
+  *batch = varlen ? 0 : stride[0].cast<int64_t>();
+  *row = stride[first].cast<int64_t>();
+  *head = stride[first + 1].cast<int64_t>();
+}
+
+template <typename T>
+T* pointer(std::uintptr_t v) {
+  return reinterpret_cast<T*>(v);
+}
+
+// What every call sets: q, k, v, out and lse (pointers and stride tuples), the extents, dtypes, score and mask
+// fields. One native call for the ~35 attribute sets a Python fill made (~0.1 us each, bench/NOTES.md session 38);
+// the optional inputs (varlen offsets, KV cache, ALiBi, dropout, probabilities, block mask, FP8 descales) stay
+// attributes, set only where a call has them.
+void set_core(AttnParams& p, std::uintptr_t q, std::uintptr_t k, std::uintptr_t v, std::uintptr_t o,
+              std::uintptr_t lse, const py::tuple& q_stride, const py::tuple& k_stride, const py::tuple& v_stride,
+              const py::tuple& o_stride, const py::tuple& lse_stride, bool varlen_q, bool varlen_k, int batch,
+              int seqlen_q, int seqlen_k, int num_heads, int num_heads_k, int head_dim, int dtype, int out_dtype,
+              int64_t total_q, int64_t total_k, int batch_k, double softmax_scale, double softcap, int window_left,
+              int window_right, int max_splits) {
+  p.q = pointer<const void>(q);
+  p.k = pointer<const void>(k);
+  p.v = pointer<const void>(v);
+  p.o = pointer<void>(o);
+  p.lse = pointer<float>(lse);
+  set_strides(q_stride, varlen_q, "q", &p.q_batch_stride, &p.q_row_stride, &p.q_head_stride);
+  set_strides(k_stride, varlen_k, "k", &p.k_batch_stride, &p.k_row_stride, &p.k_head_stride);
+  set_strides(v_stride, varlen_k, "v", &p.v_batch_stride, &p.v_row_stride, &p.v_head_stride);
+  set_strides(o_stride, varlen_q, "out", &p.o_batch_stride, &p.o_row_stride, &p.o_head_stride);
+  // lse: (batch, heads, rows), or varlen (heads, rows)
+  if (lse_stride.size() != (varlen_q ? 2u : 3u)) {
+    throw py::value_error("lse: expected " + std::to_string(varlen_q ? 2 : 3) + " strides, got " +
+                          std::to_string(lse_stride.size()));
+  }
+  p.lse_batch_stride = varlen_q ? 0 : lse_stride[0].cast<int64_t>();
+  p.lse_head_stride = lse_stride[varlen_q ? 0 : 1].cast<int64_t>();
+  p.batch = batch;
+  p.seqlen_q = seqlen_q;
+  p.seqlen_k = seqlen_k;
+  p.num_heads = num_heads;
+  p.num_heads_k = num_heads_k;
+  p.head_dim = head_dim;
+  p.dtype = static_cast<flashgen::DType>(dtype);
+  p.out_dtype = static_cast<flashgen::DType>(out_dtype);
+  p.total_q = total_q;
+  p.total_k = total_k;
+  p.batch_k = batch_k;
+  p.softmax_scale = static_cast<float>(softmax_scale);
+  p.scale_log2 = flashgen::scale_log2_for(softmax_scale, softcap);
+  p.softcap = static_cast<float>(softcap);
+  p.window_left = window_left;
+  p.window_right = window_right;
+  p.max_splits = max_splits;
+}
+
+// The backward's own tensors: dout, dq, dk, dv (pointers and stride tuples), dlse (0: none), deterministic.
+void set_grads(AttnBwdParams& p, std::uintptr_t dout, std::uintptr_t dq, std::uintptr_t dk, std::uintptr_t dv,
+               const py::tuple& do_stride, const py::tuple& dq_stride, const py::tuple& dk_stride,
+               const py::tuple& dv_stride, bool varlen_q, bool varlen_k, std::uintptr_t dlse, bool deterministic) {
+  p.dout = pointer<const void>(dout);
+  p.dq = pointer<void>(dq);
+  p.dk = pointer<void>(dk);
+  p.dv = pointer<void>(dv);
+  set_strides(do_stride, varlen_q, "dout", &p.do_batch_stride, &p.do_row_stride, &p.do_head_stride);
+  set_strides(dq_stride, varlen_q, "dq", &p.dq_batch_stride, &p.dq_row_stride, &p.dq_head_stride);
+  set_strides(dk_stride, varlen_k, "dk", &p.dk_batch_stride, &p.dk_row_stride, &p.dk_head_stride);
+  set_strides(dv_stride, varlen_k, "dv", &p.dv_batch_stride, &p.dv_row_stride, &p.dv_head_stride);
+  p.dlse = pointer<const float>(dlse);
+  p.deterministic = deterministic;
+}
+
 }  // namespace
 
 // Pointer fields travel as integers; the macro keeps the table in one place.
@@ -203,6 +284,9 @@ PYBIND11_MODULE(_C, m) {
       FG_PTR(AttnParams, sparse_order, const int*)
       FG_RW(AttnParams, num_threads) FG_RW(AttnParams, num_sms)
       FG_RW(AttnParams, num_splits) FG_RW(AttnParams, max_splits)
+      .def("set_core", &set_core,
+           "Set q, k, v, out, lse (pointers, stride tuples), extents, dtypes (DType values as ints), score and mask "
+           "fields in one call; positional, in the order of _ops._fill.")
       .def(
           "set_workspace",
           [](AttnParams& s, const std::string& name, std::uintptr_t ptr, int64_t floats) {
@@ -227,7 +311,8 @@ PYBIND11_MODULE(_C, m) {
       FG_RW(AttnBwdParams, dq_batch_stride) FG_RW(AttnBwdParams, dq_row_stride) FG_RW(AttnBwdParams, dq_head_stride)
       FG_RW(AttnBwdParams, dk_batch_stride) FG_RW(AttnBwdParams, dk_row_stride) FG_RW(AttnBwdParams, dk_head_stride)
       FG_RW(AttnBwdParams, dv_batch_stride) FG_RW(AttnBwdParams, dv_row_stride) FG_RW(AttnBwdParams, dv_head_stride)
-      FG_PTR(AttnBwdParams, dlse, const float*) FG_RW(AttnBwdParams, deterministic);
+      FG_PTR(AttnBwdParams, dlse, const float*) FG_RW(AttnBwdParams, deterministic)
+      .def("set_grads", &set_grads, "Set dout, dq, dk, dv (pointers, stride tuples), dlse (0: none), deterministic.");
 
   py::class_<KvAppendParams>(m, "KvAppendParams")
       .def(py::init<>())

@@ -138,6 +138,13 @@ struct AttnBwdParams : AttnParams {
   bool deterministic = false;
 };
 
+// scale_log2 (above) for a softmax_scale and softcap, rounded to fp32 once from the double product (host side, where
+// the binding fills the params).
+inline float scale_log2_for(double softmax_scale, double softcap) {
+  constexpr double kLog2eDouble = 1.4426950408889634;  // log2(e), as Python's math.log2(math.e)
+  return static_cast<float>(softcap > 0 ? kLog2eDouble : softmax_scale * kLog2eDouble);
+}
+
 // Dropout keep probability and the scale applied to kept entries.
 FH_HD float dropout_keep_scale(float p_dropout) { return p_dropout > 0.f ? 1.f / (1.f - p_dropout) : 1.f; }
 

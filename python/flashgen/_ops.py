@@ -8,10 +8,9 @@ current CUDA stream (or the CPU backend). No host synchronization happens here.
 from __future__ import annotations
 
 import functools
-import math
 import os
 import weakref
-from typing import Optional, Tuple
+from typing import List, Optional, Tuple
 
 import torch
 
@@ -21,9 +20,9 @@ from .fp8 import BLOCK_TOKENS
 _DTYPES = {dtype: getattr(_native.C.DType, name) for dtype, name in (
     (torch.float32, "float32"), (torch.float16, "float16"), (torch.bfloat16, "bfloat16"),
     (torch.float8_e4m3fn, "float8_e4m3fn"))}
+_DTYPE_IDS = {dtype: int(value) for dtype, value in _DTYPES.items()}  # as set_core takes them
 _FLOAT_BYTES = 4
 _WORKSPACE_ALIGN_FLOATS = 4  # 16 bytes: every workspace starts aligned inside the one allocation
-_LOG2E = math.log2(math.e)
 _FP8_OUT_DTYPE = torch.bfloat16  # FP8 inputs give a bf16 output (FA3's choice; the kernel also writes fp16)
 
 
@@ -48,27 +47,17 @@ def _stream_of(t: torch.Tensor) -> int:
     return torch.cuda.current_stream(t.device).cuda_stream
 
 
-def _strides(t: torch.Tensor, varlen: bool) -> Tuple[int, int, int]:
-    """(batch, row, head) element strides; varlen tensors have no batch dim."""
-    stride = t.stride()
-    return (0, stride[0], stride[1]) if varlen else (stride[0], stride[1], stride[2])
-
-
 FUNC_TRANSFORMS_REFUSED = ("flashgen: torch.func transforms (grad, vmap, jacrev, ...) are not supported; use "
                            "torch.autograd (loss.backward(), torch.autograd.grad)")
 
 
-def _set_qkvo(p, q, k, v, o, varlen_q: bool, varlen_k: bool) -> None:
+def _pointers(*tensors) -> List[int]:
     try:
-        p.q, p.k, p.v, p.o = q.data_ptr(), k.data_ptr(), v.data_ptr(), o.data_ptr()
+        return [t.data_ptr() for t in tensors]
     except RuntimeError as err:  # e.g. torch.func's wrapper tensors have no storage to point at
-        if any(torch._C._functorch.is_functorch_wrapped_tensor(t) for t in (q, k, v)):
+        if any(torch._C._functorch.is_functorch_wrapped_tensor(t) for t in tensors):
             raise NotImplementedError(FUNC_TRANSFORMS_REFUSED) from err
         raise
-    p.q_batch_stride, p.q_row_stride, p.q_head_stride = _strides(q, varlen_q)
-    p.k_batch_stride, p.k_row_stride, p.k_head_stride = _strides(k, varlen_k)
-    p.v_batch_stride, p.v_row_stride, p.v_head_stride = _strides(v, varlen_k)
-    p.o_batch_stride, p.o_row_stride, p.o_head_stride = _strides(o, varlen_q)
 
 
 def _fill(p, q, k, v, o, lse, *, softmax_scale, window_size, softcap, alibi_slopes, dropout_p, seed, offset,
@@ -77,36 +66,22 @@ def _fill(p, q, k, v, o, lse, *, softmax_scale, window_size, softcap, alibi_slop
           k_descale=None, v_descale=None):
     varlen_q = cu_seqlens_q is not None
     varlen_k = cu_seqlens_k is not None
-    _set_qkvo(p, q, k, v, o, varlen_q, varlen_k)
-    p.lse = lse.data_ptr()
-    lse_stride = lse.stride()
-    if varlen_q:
-        p.lse_batch_stride, p.lse_head_stride = 0, lse_stride[0]
-    else:
-        p.lse_batch_stride, p.lse_head_stride = lse_stride[0], lse_stride[1]
     q_shape, k_shape = q.shape, k.shape
-    p.batch = batch
     # varlen: no sequence is longer than the rows given (the grid and the workspaces are sized by these)
-    p.seqlen_q = min(max_seqlen_q, q_shape[0]) if varlen_q else q_shape[1]
+    seqlen_q = min(max_seqlen_q, q_shape[0]) if varlen_q else q_shape[1]
     if varlen_k:
-        p.seqlen_k = min(max_seqlen_k, k_shape[0])
+        seqlen_k = min(max_seqlen_k, k_shape[0])
     else:  # varlen q over a paged cache gives max_seqlen_k too: no sequence then reads more keys (seq_info's clamp)
         capacity = kv_capacity(k, block_table)
-        p.seqlen_k = capacity if max_seqlen_k is None else min(max_seqlen_k, capacity)
-    p.num_heads = q_shape[-2]
-    p.num_heads_k = k_shape[-2]
-    p.head_dim = q_shape[-1]
-    p.dtype = _DTYPES[q.dtype]
-    p.total_q = q_shape[0] if varlen_q else 0
-    p.total_k = k_shape[0] if varlen_k else 0
-    p.batch_k = 0 if varlen_k else k_shape[0]
-    p.out_dtype = _DTYPES[o.dtype]
-    p.softmax_scale = float(softmax_scale)
-    # With softcap the kernels apply softmax_scale inside tanh and keep logits, so the softmax runs in log2(e) units.
-    p.scale_log2 = _LOG2E if softcap > 0 else float(softmax_scale) * _LOG2E
-    p.softcap = float(softcap)
-    window_left, window_right = int(window_size[0]), int(window_size[1])
-    p.window_left, p.window_right = window_left, window_right
+        seqlen_k = capacity if max_seqlen_k is None else min(max_seqlen_k, capacity)
+    # One native call (the binding's set_core) for what every call sets; scale_log2 is made there
+    # (common/params.h scale_log2_for: with softcap the kernels apply softmax_scale inside tanh and keep logits, so
+    # the softmax runs in log2(e) units).
+    p.set_core(*_pointers(q, k, v, o, lse), q.stride(), k.stride(), v.stride(), o.stride(), lse.stride(), varlen_q,
+               varlen_k, batch, seqlen_q, seqlen_k, q_shape[-2], k_shape[-2], q_shape[-1], _DTYPE_IDS[q.dtype],
+               _DTYPE_IDS[o.dtype], q_shape[0] if varlen_q else 0, k_shape[0] if varlen_k else 0,
+               0 if varlen_k else k_shape[0], float(softmax_scale), float(softcap), int(window_size[0]),
+               int(window_size[1]), int(max_splits))
     if varlen_q:  # pointers default to 0 (nullptr) in a fresh AttnParams
         p.cu_seqlens_q = cu_seqlens_q.data_ptr()
     if varlen_k:
@@ -121,7 +96,6 @@ def _fill(p, q, k, v, o, lse, *, softmax_scale, window_size, softcap, alibi_slop
         p.page_block_size = k_shape[1]
     if cache_leftpad is not None:
         p.cache_leftpad = cache_leftpad.data_ptr()
-    p.max_splits = int(max_splits)
     if alibi_slopes is not None:
         p.alibi_slopes = alibi_slopes.data_ptr()
         p.alibi_batch_stride = alibi_slopes.stride(0) if alibi_slopes.dim() == 2 else 0
@@ -476,20 +450,15 @@ def backward(generation: str, dout: torch.Tensor, q: torch.Tensor, k: torch.Tens
           alibi_slopes=alibi_slopes, dropout_p=dropout_p, seed=seed, offset=offset, cu_seqlens_q=cu_seqlens_q,
           cu_seqlens_k=cu_seqlens_k, max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k, seqused_k=None,
           kv_batch_idx=None, block_mask=block_mask, block_size=block_size, probs=None, batch=batch)
-    p.dout, p.dq, p.dk, p.dv = dout.data_ptr(), dq.data_ptr(), dk.data_ptr(), dv.data_ptr()
-    p.do_batch_stride, p.do_row_stride, p.do_head_stride = _strides(dout, varlen_q)
-    p.dq_batch_stride, p.dq_row_stride, p.dq_head_stride = _strides(dq, varlen_q)
-    p.dk_batch_stride, p.dk_row_stride, p.dk_head_stride = _strides(dk, varlen_k)
-    p.dv_batch_stride, p.dv_row_stride, p.dv_head_stride = _strides(dv, varlen_k)
-    # The workspaces the generation asks for (common/workspace.h; v2: D = rowsum(dO * O) and the zeroed dQ
-    # accumulator, in its own layouts).
-    p.deterministic = bool(deterministic)
     if dlse is not None:  # read with lse's strides (p.lse_*_stride): laid out as lse is
         if dlse.shape != lse.shape:
             raise ValueError(f"dlse: expected lse's shape {tuple(lse.shape)}, got {tuple(dlse.shape)}")
         if dlse.dtype != torch.float32 or dlse.stride() != lse.stride():  # e.g. expanded ones of lse.sum()
             dlse = torch.empty_strided(lse.shape, lse.stride(), dtype=torch.float32, device=lse.device).copy_(dlse)
-        p.dlse = dlse.data_ptr()
+    p.set_grads(*_pointers(dout, dq, dk, dv), dout.stride(), dq.stride(), dk.stride(), dv.stride(), varlen_q,
+                varlen_k, 0 if dlse is None else dlse.data_ptr(), bool(deterministic))
+    # The workspaces the generation asks for (common/workspace.h; v2: D = rowsum(dO * O) and the zeroed dQ
+    # accumulator, in its own layouts).
     workspace = _allocate_workspaces(p, _native.C.bwd_workspaces(generation, p), q.device)
     order = None  # deterministic mode keeps the natural order (bwd_launch.cuh)
     if block_mask is not None and q.is_cuda and not p.deterministic:
