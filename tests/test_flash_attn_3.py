@@ -1,0 +1,174 @@
+"""flashgen.flash_attn_3: FlashAttention-3's Python API (flash_attn_interface) on flashgen's kernels. Each function
+against the float64 oracle and against flashgen's own call it stands for (bit for bit: the same kernel runs), FA3's
+argument order and results (out, or (out, lse)), the 4-D packed qkv with num_heads_q, gradients, the paged KV cache by
+page_table, and a named refusal for every FA3 feature flashgen has no kernel for."""
+import inspect
+
+import pytest
+import torch
+
+import flashgen
+from flashgen import flash_attn_3 as fa3
+from flashgen import reference, testing
+
+torch.manual_seed(0)
+DTYPE = torch.bfloat16
+
+
+def rand(*shape, grad=False):
+    return torch.randn(*shape, dtype=DTYPE).requires_grad_(grad)
+
+
+def check_oracle(name, out, lse, q, k, v, **kw):
+    ref, ref_lse = reference.attention_ref(q, k, v, **kw)
+    naive, _ = reference.attention_ref(q, k, v, dtype=DTYPE, **kw)
+    testing.check_fa_rule(name, out, ref, naive)
+    assert torch.allclose(lse.double(), ref_lse, atol=1e-4, rtol=1e-4), name
+
+
+def test_fa3_argument_order():
+    """FA3's positional order (hopper/flash_attn_interface.py), so positional callers bind the same arguments."""
+    names = {
+        fa3.flash_attn_func: ["q", "k", "v", "softmax_scale", "causal", "qv", "q_descale", "k_descale", "v_descale",
+                              "window_size", "attention_chunk", "softcap", "num_splits", "pack_gqa", "deterministic",
+                              "sm_margin", "return_attn_probs"],
+        fa3.flash_attn_varlen_func: ["q", "k", "v", "cu_seqlens_q", "cu_seqlens_k", "max_seqlen_q", "max_seqlen_k",
+                                     "seqused_q", "seqused_k", "softmax_scale", "causal", "qv", "q_descale",
+                                     "k_descale", "v_descale", "window_size", "attention_chunk", "softcap",
+                                     "num_splits", "pack_gqa", "deterministic", "sm_margin", "return_attn_probs"],
+        fa3.flash_attn_qkvpacked_func: ["qkv", "softmax_scale", "causal", "q_descale", "k_descale", "v_descale",
+                                        "window_size", "attention_chunk", "softcap", "deterministic", "num_heads_q",
+                                        "sm_margin", "return_attn_probs"],
+        fa3.flash_attn_with_kvcache: ["q", "k_cache", "v_cache", "k", "v", "qv", "rotary_cos", "rotary_sin",
+                                      "cache_seqlens", "cache_batch_idx", "cache_leftpad", "page_table",
+                                      "cu_seqlens_q", "cu_seqlens_k_new", "max_seqlen_q", "rotary_seqlens",
+                                      "q_descale", "k_descale", "v_descale", "softmax_scale", "causal", "window_size",
+                                      "attention_chunk", "softcap", "rotary_interleaved", "scheduler_metadata",
+                                      "num_splits", "pack_gqa", "sm_margin", "return_softmax_lse"],
+    }
+    for fn, expected in names.items():
+        positional = [p.name for p in inspect.signature(fn).parameters.values()
+                      if p.kind == inspect.Parameter.POSITIONAL_OR_KEYWORD]
+        assert positional == expected, fn.__name__
+
+
+@pytest.mark.parametrize("causal,window,softcap", [(False, (-1, -1), 0.0), (True, (-1, -1), 0.0),
+                                                   (False, (5, 3), 0.0), (True, (-1, -1), 20.0)])
+def test_dense_against_oracle_and_flashgen(causal, window, softcap):
+    q, k, v = rand(2, 37, 4, 64), rand(2, 53, 2, 64), rand(2, 53, 2, 64)
+    out = fa3.flash_attn_func(q, k, v, 0.11, causal, window_size=window, softcap=softcap)
+    out2, lse = fa3.flash_attn_func(q, k, v, 0.11, causal, window_size=window, softcap=softcap, num_splits=3,
+                                    pack_gqa=True, sm_margin=4, return_attn_probs=True)
+    assert isinstance(out, torch.Tensor) and torch.equal(out, out2)  # the hints change nothing
+    ref_out, ref_lse, _ = flashgen.flash_attn_func(q, k, v, 0.0, 0.11, causal, window, softcap,
+                                                   return_attn_probs=True)
+    assert torch.equal(out, ref_out) and torch.equal(lse, ref_lse)
+    check_oracle("fa3 dense", out, lse, q, k, v, softmax_scale=0.11, causal=causal, window_size=window,
+                 softcap=softcap)
+
+
+def test_gradients_match_flashgen():
+    q, k, v = rand(1, 29, 4, 32, grad=True), rand(1, 41, 1, 32, grad=True), rand(1, 41, 1, 32, grad=True)
+    do = rand(1, 29, 4, 32)
+    fa3.flash_attn_func(q, k, v, causal=True, deterministic=True).backward(do)
+    got = [t.grad.clone() for t in (q, k, v)]
+    for t in (q, k, v):
+        t.grad = None
+    flashgen.flash_attn_func(q, k, v, causal=True, deterministic=True).backward(do)
+    for g, t in zip(got, (q, k, v)):
+        assert torch.equal(g, t.grad)
+
+
+def test_qkvpacked_5d_and_4d_gqa():
+    qkv5 = rand(2, 33, 3, 4, 32, grad=True)
+    out = fa3.flash_attn_qkvpacked_func(qkv5, causal=True)
+    q, k, v = qkv5.unbind(2)
+    assert torch.equal(out, flashgen.flash_attn_func(q, k, v, causal=True))
+    out.sum().backward()
+    assert qkv5.grad is not None and qkv5.grad.shape == qkv5.shape
+    # 4-D: 6 query heads, then 2 key heads, then 2 value heads
+    qkv4 = rand(2, 33, 10, 32, grad=True)
+    out, lse = fa3.flash_attn_qkvpacked_func(qkv4, num_heads_q=6, return_attn_probs=True)
+    q, k, v = qkv4[:, :, :6], qkv4[:, :, 6:8], qkv4[:, :, 8:]
+    check_oracle("fa3 qkv 4-D", out, lse, q.detach(), k.detach(), v.detach())
+    out.sum().backward()
+    assert qkv4.grad.shape == qkv4.shape and bool(qkv4.grad[:, :, 8:].abs().sum() > 0)
+
+
+def test_varlen_against_oracle():
+    cu_q = torch.tensor([0, 7, 7, 30], dtype=torch.int32)
+    cu_k = torch.tensor([0, 11, 16, 40], dtype=torch.int32)
+    q, k, v = rand(30, 4, 64), rand(40, 2, 64), rand(40, 2, 64)
+    out = fa3.flash_attn_varlen_func(q, k, v, cu_q, cu_k, 23, 24, causal=True)
+    out2, lse = fa3.flash_attn_varlen_func(q, k, v, cu_q, cu_k, 23, 24, causal=True, return_attn_probs=True)
+    assert torch.equal(out, out2)
+    assert torch.equal(out, flashgen.flash_attn_varlen_func(q, k, v, cu_q, cu_k, 23, 24, causal=True))
+    check_oracle("fa3 varlen", out, lse, q, k, v, causal=True, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k)
+
+
+def test_kvcache_page_table_is_the_block_table():
+    batch, heads, heads_k, d, page, pages = 2, 4, 2, 64, 16, 9
+    q = rand(batch, 1, heads, d)
+    k_cache, v_cache = rand(pages, page, heads_k, d), rand(pages, page, heads_k, d)
+    table = torch.tensor([[3, 0, 7], [5, 8, 1]], dtype=torch.int32)
+    seqlens = torch.tensor([20, 41], dtype=torch.int32)
+    k_new, v_new = rand(batch, 1, heads_k, d), rand(batch, 1, heads_k, d)
+    kc, vc = k_cache.clone(), v_cache.clone()
+    out, lse = fa3.flash_attn_with_kvcache(q, k_cache, v_cache, k_new, v_new, cache_seqlens=seqlens,
+                                           page_table=table, causal=True, return_softmax_lse=True)
+    ref_out, ref_lse = flashgen.flash_attn_with_kvcache(q, kc, vc, k_new, v_new, cache_seqlens=seqlens,
+                                                        block_table=table, causal=True, return_softmax_lse=True)
+    assert torch.equal(out, ref_out) and torch.equal(lse, ref_lse)
+    assert torch.equal(k_cache, kc) and torch.equal(v_cache, vc)  # the same append
+    check_oracle("fa3 paged kvcache", out, lse, q, k_cache, v_cache, causal=True, seqused_k=seqlens + 1,
+                 block_table=table)
+    # a dense cache and scheduler_metadata / max_seqlen_q, which change nothing
+    dense_k, dense_v = rand(batch, 48, heads_k, d), rand(batch, 48, heads_k, d)
+    out = fa3.flash_attn_with_kvcache(q, dense_k, dense_v, cache_seqlens=seqlens, max_seqlen_q=1,
+                                      scheduler_metadata=torch.zeros(4, dtype=torch.int32))
+    assert torch.equal(out, flashgen.flash_attn_with_kvcache(q, dense_k, dense_v, cache_seqlens=seqlens))
+
+
+def test_fp8_descales_as_fa3_names_them():
+    from flashgen import fp8
+    q, k, v = rand(2, 40, 4, 64), rand(2, 40, 2, 64), rand(2, 40, 2, 64)
+    qq = fp8.quantize_qkv(q, k, v, "head")
+    out, lse = fa3.flash_attn_func(qq.q, qq.k, qq.v, causal=True, q_descale=qq.q_descale, k_descale=qq.k_descale,
+                                   v_descale=qq.v_descale, return_attn_probs=True)
+    ref_out, ref_lse, _ = flashgen.flash_attn_func(qq.q, qq.k, qq.v, causal=True, q_descale=qq.q_descale,
+                                                   k_descale=qq.k_descale, v_descale=qq.v_descale,
+                                                   return_attn_probs=True)
+    assert out.dtype == torch.bfloat16 and torch.equal(out, ref_out) and torch.equal(lse, ref_lse)
+
+
+REFUSED = [
+    ("qv", lambda q: fa3.flash_attn_func(q, q, q, qv=q), NotImplementedError),
+    ("attention_chunk", lambda q: fa3.flash_attn_func(q, q, q, attention_chunk=8), NotImplementedError),
+    ("attention_chunk", lambda q: fa3.flash_attn_func(q, q, q, attention_chunk=-1), ValueError),
+    ("num_splits", lambda q: fa3.flash_attn_func(q, q, q, num_splits=-2), ValueError),
+    ("sm_margin", lambda q: fa3.flash_attn_func(q, q, q, sm_margin=1.5), TypeError),
+    ("pack_gqa", lambda q: fa3.flash_attn_func(q, q, q, pack_gqa="yes"), TypeError),
+    ("return_attn_probs", lambda q: fa3.flash_attn_func(q, q, q, return_attn_probs=2), TypeError),
+    ("seqused_q", lambda q: fa3.flash_attn_varlen_func(q[0], q[0], q[0], CU, CU, 8, 8,
+                                                       seqused_q=torch.ones(1, dtype=torch.int32)),
+     NotImplementedError),
+    ("seqused_k", lambda q: fa3.flash_attn_varlen_func(q[0], q[0], q[0], CU, CU, 8, 8,
+                                                       seqused_k=torch.ones(1, dtype=torch.int32)),
+     NotImplementedError),
+    ("cu_seqlens_q", lambda q: fa3.flash_attn_with_kvcache(q, q, q, cu_seqlens_q=CU), NotImplementedError),
+    ("cu_seqlens_k_new", lambda q: fa3.flash_attn_with_kvcache(q, q, q, cu_seqlens_k_new=CU), NotImplementedError),
+    ("rotary_seqlens", lambda q: fa3.flash_attn_with_kvcache(q, q, q, rotary_seqlens=CU), NotImplementedError),
+    ("k_descale", lambda q: fa3.flash_attn_with_kvcache(q, q, q, k_descale=torch.ones(1, 2)), NotImplementedError),
+    ("num_heads_q", lambda q: fa3.flash_attn_qkvpacked_func(torch.randn(1, 8, 6, 16, dtype=DTYPE)), ValueError),
+    ("num_heads_q", lambda q: fa3.flash_attn_qkvpacked_func(torch.randn(1, 8, 6, 16, dtype=DTYPE), num_heads_q=3),
+     ValueError),
+    ("qkv", lambda q: fa3.flash_attn_qkvpacked_func(torch.randn(1, 8, 2, 2, 16, dtype=DTYPE)), ValueError),
+]
+CU = torch.tensor([0, 8], dtype=torch.int32)
+
+
+@pytest.mark.parametrize("name,call,error", REFUSED, ids=[f"{r[0]}-{i}" for i, r in enumerate(REFUSED)])
+def test_refusals_name_the_argument(name, call, error):
+    q = rand(1, 8, 2, 16)
+    with pytest.raises(error, match=name):
+        call(q)
