@@ -281,3 +281,21 @@ def test_tensors_on_another_device_than_the_current_one(generation):
         results.append([t.detach().cpu() for t in (out, q.grad, k.grad, v.grad)])
     torch.cuda.set_device(0)
     assert all(torch.equal(a, b) for a, b in zip(*results)), "cuda:1 results differ with cuda:0 current"
+
+
+def test_fa3_api_on_the_device(generation):
+    """flashgen.flash_attn_3 (FA3's API) on CUDA tensors: the generation's result against the oracle, the same bits
+    as flash_attn_func forward, and its backward."""
+    from flashgen import flash_attn_3
+    need(generation, "bf16", 128, "causal", "gqa", "backward")
+    torch.manual_seed(5)
+    q = randn(2, 333, 8, 128, dtype=torch.bfloat16).requires_grad_()
+    k, v = (randn(2, 517, 2, 128, dtype=torch.bfloat16).requires_grad_() for _ in range(2))
+    out, lse = flash_attn_3.flash_attn_func(q, k, v, causal=True, return_attn_probs=True, version=generation)
+    check_out_and_lse("fa3 api causal gqa", out.detach(), lse, q.detach(), k.detach(), v.detach(), causal=True)
+    grads = torch.autograd.grad(out, (q, k, v), torch.ones_like(out))
+    ref = flashgen.flash_attn_func(q, k, v, causal=True, version=generation)
+    assert torch.equal(out, ref)
+    # the same backward; its dQ additions are unordered (not deterministic mode), so within a few bf16 ulps
+    for got, want in zip(grads, torch.autograd.grad(ref, (q, k, v), torch.ones_like(ref))):
+        torch.testing.assert_close(got, want, rtol=2e-2, atol=2e-2 * float(want.abs().max()))
