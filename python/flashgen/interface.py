@@ -24,6 +24,7 @@ import torch.nn.functional as F
 
 from . import _args, _library, _native, _ops, dispatch, nvtx, validate
 from .fp8 import dequantize as _fp8_dequantize
+from .layers.rotary import rotate
 
 __all__ = [
     "flash_attn_func", "flash_attn_qkvpacked_func", "flash_attn_kvpacked_func", "flash_attn_varlen_func",
@@ -435,24 +436,6 @@ def block_sparse_attn_func(q, k, v, block_mask, block_size=(128, 128), causal=Fa
 
 # ---- KV cache ----
 
-def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, positions: torch.Tensor,
-            interleaved: bool) -> torch.Tensor:
-    """Rotary embedding of the first rotary_dim = 2 * cos.shape[1] channels of x (batch, seqlen, heads, head_dim)
-    at `positions` (batch, seqlen), in fp32 like flash_attn's rotary kernel. interleaved: pairs (0, 1), (2, 3), ...
-    (GPT-J); else halves (0, rotary_dim / 2), ... (GPT-NeoX)."""
-    rotary_dim = 2 * cos.shape[1]
-    c = cos[positions].unsqueeze(2).float()  # (batch, seqlen, 1, rotary_dim / 2)
-    s = sin[positions].unsqueeze(2).float()
-    xr = x[..., :rotary_dim].float()
-    if interleaved:
-        x1, x2 = xr[..., 0::2], xr[..., 1::2]
-        rotated = torch.stack((x1 * c - x2 * s, x1 * s + x2 * c), dim=-1).flatten(-2)
-    else:
-        x1, x2 = xr[..., :rotary_dim // 2], xr[..., rotary_dim // 2:]
-        rotated = torch.cat((x1 * c - x2 * s, x1 * s + x2 * c), dim=-1)
-    return torch.cat((rotated.to(x.dtype), x[..., rotary_dim:]), dim=-1)
-
-
 def _append_rows(cache_seqlens: torch.Tensor, seqlen_new: int, capacity: int, checked: bool) -> torch.Tensor:
     """(batch, seqlen_new) int64 cache rows of the appended keys, cache_seqlens[i] + j. Unchecked values
     (validate.indices_readable) get their start clamped to [0, capacity - seqlen_new], so that every row lies inside
@@ -549,10 +532,10 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
         q_pos = start + torch.arange(seqlen_q, device=q.device) if local else start.expand(batch, seqlen_q)
         if not seqlens_checked:
             q_pos = q_pos.clamp(0, rotary_cos.shape[0] - 1)
-        q = _rotate(q, rotary_cos, rotary_sin, q_pos, rotary_interleaved)
+        q = rotate(q, rotary_cos, rotary_sin, q_pos, rotary_interleaved)
         if k is not None:
             rows = _append_rows(cache_seqlens, seqlen_new, capacity, seqlens_checked)
-            k = _rotate(k, rotary_cos, rotary_sin, rows, rotary_interleaved)
+            k = rotate(k, rotary_cos, rotary_sin, rows, rotary_interleaved)
     seqused_k = cache_seqlens
     if k is not None:
         # Host tensors: the native copy (common/kv_append.h); CUDA tensors and torch.compile traces: torch indexing.

@@ -26,6 +26,7 @@ import torch
 from torch import nn
 
 from . import interface
+from .layers.rotary import rotate as apply_rotary  # public here too: x rotated at positions
 
 __all__ = ["KVCache", "MultiheadAttention", "apply_rotary", "rotary_tables"]
 
@@ -71,23 +72,6 @@ def rotary_tables(rotary_dim: int, seqlen: int, base: float = 10000.0, device=No
     inv_freq = base ** (-torch.arange(0, rotary_dim, 2, dtype=torch.float64, device=device) / rotary_dim)
     angles = torch.outer(torch.arange(seqlen, dtype=torch.float64, device=device), inv_freq)
     return angles.cos().float(), angles.sin().float()
-
-
-def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, positions: torch.Tensor,
-                 interleaved: bool = False) -> torch.Tensor:
-    """Rotate the first rotary_dim = 2 * cos.shape[1] channels of x (..., heads, head_dim) at `positions` (the
-    leading dims of x), in fp32. interleaved: pairs (0, 1), (2, 3), ... (GPT-J); else halves (0, rotary_dim / 2), ...
-    (GPT-NeoX, Llama)."""
-    rotary_dim = 2 * cos.shape[1]
-    c, s = cos[positions].unsqueeze(-2), sin[positions].unsqueeze(-2)   # (..., 1, rotary_dim / 2)
-    xr = x[..., :rotary_dim].float()
-    if interleaved:
-        x1, x2 = xr[..., 0::2], xr[..., 1::2]
-        rotated = torch.stack((x1 * c - x2 * s, x1 * s + x2 * c), dim=-1).flatten(-2)
-    else:
-        x1, x2 = xr[..., :rotary_dim // 2], xr[..., rotary_dim // 2:]
-        rotated = torch.cat((x1 * c - x2 * s, x1 * s + x2 * c), dim=-1)
-    return torch.cat((rotated.to(x.dtype), x[..., rotary_dim:]), dim=-1)
 
 
 class MultiheadAttention(nn.Module):

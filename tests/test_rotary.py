@@ -1,0 +1,124 @@
+"""flashgen.layers.rotary: flash_attn.layers.rotary's functions against a float64 rotation written here from the
+definition (x1 cos - x2 sin, x1 sin + x2 cos on pairs or halves), with offsets, varlen rows, positions past the
+tables (left as they are, as flash_attn's kernel), in-place forms, gradients and named refusals."""
+import math
+
+import pytest
+import torch
+
+from flashgen.layers import rotary
+from flashgen.nn import rotary_tables
+
+torch.manual_seed(0)
+
+
+def naive(x, cos, sin, positions, interleaved):
+    """float64: channel pairs (2i, 2i + 1) or (i, i + r / 2) rotated by angle_i at each row's position; rows whose
+    position is outside [0, seqlen_ro) unchanged."""
+    x = x.double().clone()
+    r = 2 * cos.shape[1]
+    flat = x.reshape(-1, x.shape[-2], x.shape[-1])
+    for row, pos in enumerate(positions.reshape(-1).tolist()):
+        if not 0 <= pos < cos.shape[0]:
+            continue
+        c, s = cos[pos].double(), sin[pos].double()
+        idx1 = torch.arange(0, r, 2) if interleaved else torch.arange(r // 2)
+        idx2 = idx1 + 1 if interleaved else idx1 + r // 2
+        x1, x2 = flat[row][:, idx1].clone(), flat[row][:, idx2].clone()
+        flat[row][:, idx1] = x1 * c - x2 * s
+        flat[row][:, idx2] = x1 * s + x2 * c
+    return flat.reshape(x.shape)
+
+
+def close(got, want, dtype):
+    tol = {torch.float32: 1e-5, torch.bfloat16: 1e-2, torch.float16: 2e-3}[dtype]
+    torch.testing.assert_close(got.double(), want, rtol=tol, atol=tol)
+
+
+@pytest.mark.parametrize("interleaved", [False, True])
+@pytest.mark.parametrize("rotary_dim", [32, 16])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_dense_with_offsets(interleaved, rotary_dim, dtype):
+    batch, seqlen, heads, d = 3, 11, 2, 32
+    cos, sin = rotary_tables(rotary_dim, 20)
+    x = torch.randn(batch, seqlen, heads, d, dtype=dtype)
+    base = torch.arange(seqlen).expand(batch, seqlen)
+    close(rotary.apply_rotary_emb(x, cos, sin, interleaved), naive(x, cos, sin, base, interleaved), dtype)
+    close(rotary.apply_rotary_emb(x, cos, sin, interleaved, seqlen_offsets=4),
+          naive(x, cos, sin, base + 4, interleaved), dtype)
+    offsets = torch.tensor([0, 5, 15], dtype=torch.int32)  # the last runs past the 20 rows: those stay as they are
+    got = rotary.apply_rotary_emb(x, cos, sin, interleaved, seqlen_offsets=offsets)
+    close(got, naive(x, cos, sin, base + offsets.view(-1, 1).long(), interleaved), dtype)
+    assert torch.equal(got[2, 5:], x[2, 5:])
+
+
+def test_varlen_rows_and_positions():
+    cos, sin = rotary_tables(16, 12)
+    cu = torch.tensor([2, 5, 5, 12], dtype=torch.int32)  # rows 0-1 and 12-14 belong to no sequence
+    x = torch.randn(15, 3, 16)
+    offsets = torch.tensor([1, 0, 6], dtype=torch.int64)
+    got = rotary.apply_rotary_emb(x, cos, sin, cu_seqlens=cu, max_seqlen=7, seqlen_offsets=offsets)
+    positions = torch.tensor([-1, -1, 1, 2, 3, 6, 7, 8, 9, 10, 11, 12, -1, -1, -1])
+    close(got, naive(x, cos, sin, positions, False), torch.float32)
+    assert torch.equal(got[:2], x[:2]) and torch.equal(got[11:], x[11:])  # position 12 is past the tables
+
+
+def test_inplace_and_packed_forms():
+    cos, sin = rotary_tables(8, 9)
+    qkv = torch.randn(2, 9, 3, 2, 8)
+    want_q = rotary.apply_rotary_emb(qkv[:, :, 0], cos, sin, True, seqlen_offsets=0)
+    want_k = rotary.apply_rotary_emb(qkv[:, :, 1], cos, sin, True)
+    v = qkv[:, :, 2].clone()
+    assert rotary.apply_rotary_emb_qkv_(qkv, cos, sin, interleaved=True) is qkv
+    assert torch.equal(qkv[:, :, 0], want_q) and torch.equal(qkv[:, :, 1], want_k) and torch.equal(qkv[:, :, 2], v)
+    # 4-D with num_heads_q, k rotated by its own tables
+    cos_k, sin_k = rotary_tables(8, 9, base=100.0)
+    qkv4 = torch.randn(2, 9, 8, 8)  # 4 q heads, 2 k, 2 v
+    want_q = rotary.apply_rotary_emb(qkv4[:, :, :4], cos, sin)
+    want_k = rotary.apply_rotary_emb(qkv4[:, :, 4:6], cos_k, sin_k)
+    rotary.apply_rotary_emb_qkv_(qkv4, cos, sin, cos_k, sin_k, num_heads_q=4)
+    assert torch.equal(qkv4[:, :, :4], want_q) and torch.equal(qkv4[:, :, 4:6], want_k)
+    kv = torch.randn(2, 9, 2, 2, 8)
+    want_k = rotary.apply_rotary_emb(kv[:, :, 0], cos, sin, seqlen_offsets=torch.tensor([0, 3]))
+    rotary.apply_rotary_emb_kv_(kv, cos, sin, seqlen_offsets=torch.tensor([0, 3]))
+    assert torch.equal(kv[:, :, 0], want_k)
+    x = torch.randn(1, 9, 2, 8)
+    want = rotary.apply_rotary_emb(x, cos, sin)
+    assert rotary.apply_rotary_emb(x, cos, sin, inplace=True) is x and torch.equal(x, want)
+    assert rotary.apply_rotary_emb_func is rotary.apply_rotary_emb
+
+
+def test_gradient_is_the_inverse_rotation():
+    cos, sin = rotary_tables(8, 6)
+    x = torch.randn(1, 6, 2, 12, requires_grad=True)
+    # the rotation is orthogonal: the gradient of sum(out * g) is g rotated back (sin -> -sin); channels past
+    # rotary_dim pass g through
+    g = torch.randn(1, 6, 2, 12)
+    (grad,) = torch.autograd.grad(rotary.apply_rotary_emb(x, cos, sin), x, g)
+    close(grad, naive(g, cos, -sin, torch.arange(6).view(1, 6), False), torch.float32)
+
+
+@pytest.mark.parametrize("call,name", [
+    (lambda x, c, s: rotary.apply_rotary_emb(x[0], c, s), "x"),
+    (lambda x, c, s: rotary.apply_rotary_emb(x, c[:4], s[:4]), "cos"),  # seqlen_ro < seqlen
+    (lambda x, c, s: rotary.apply_rotary_emb(x, c, s[:, :2]), "sin"),
+    (lambda x, c, s: rotary.apply_rotary_emb(x, torch.cat([c, c, c], 1), torch.cat([s, s, s], 1)), "rotary_dim"),
+    (lambda x, c, s: rotary.apply_rotary_emb(x, c, s, seqlen_offsets=torch.zeros(3, dtype=torch.int32)),
+     "seqlen_offsets"),
+    (lambda x, c, s: rotary.apply_rotary_emb(x, c, s, seqlen_offsets=1.5), "seqlen_offsets"),
+    (lambda x, c, s: rotary.apply_rotary_emb(x[0], c, s, cu_seqlens=torch.tensor([0.0, 9.0])), "cu_seqlens"),
+    (lambda x, c, s: rotary.apply_rotary_emb(x[0], c, s, cu_seqlens=torch.tensor([0, 9]), max_seqlen=20), "cos"),
+    (lambda x, c, s: rotary.apply_rotary_emb_qkv_(torch.randn(2, 9, 7, 8), c, s, num_heads_q=4), "num_heads_q"),
+    (lambda x, c, s: rotary.apply_rotary_emb_kv_(torch.randn(2, 9, 3, 2, 8), c, s), "kv"),
+])
+def test_refusals_name_the_argument(call, name):
+    cos, sin = rotary_tables(8, 9)
+    x = torch.randn(2, 9, 2, 8)
+    with pytest.raises((ValueError, TypeError), match=name):
+        call(x, cos, sin)
+
+
+def test_tables_are_the_usual_frequencies():
+    cos, sin = rotary_tables(4, 3, base=100.0)
+    assert math.isclose(float(cos[2, 1]), math.cos(2 * 100.0 ** -0.5), rel_tol=1e-6)
+    assert math.isclose(float(sin[1, 0]), math.sin(1.0), rel_tol=1e-6)
