@@ -595,6 +595,16 @@ def test_explain():
     for rows, decode in ((1, True), (dispatch.DECODE_MAX_SEQLEN_Q - 1, True), (dispatch.DECODE_MAX_SEQLEN_Q, False)):
         features = flashgen.explain(_rand(2, rows, 4, 64), kc, kc, kvcache=True).problem.features
         assert "kvcache" in features and ("decode" in features) == decode, (rows, features)
+    # Paged caches: pages of a multiple of dispatch.PAGE_ROWS_MULTIPLE rows are "paged_kv", others also
+    # "unaligned_pages" (v3's TMA boxes take whole 8-row swizzle atoms), for kvcache and paged varlen calls alike.
+    table = torch.zeros(2, 8, dtype=torch.int32)  # capacity >= the 8 keys of each sequence at page 1
+    for page, unaligned in ((16, False), (8, False), (24, False), (5, True), (1, True), (12, True)):
+        pages = _rand(8, page, 4, 64)
+        for features in (flashgen.explain(_rand(2, 20, 4, 64), pages, pages, kvcache=True,
+                                          block_table=table).problem.features,
+                         flashgen.explain(q[0], pages, pages, cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=8,
+                                          max_seqlen_k=8, block_table=table).problem.features):
+            assert "paged_kv" in features and ("unaligned_pages" in features) == unaligned, (page, features)
 
 
 def test_nvtx_range_names():

@@ -151,7 +151,7 @@ def test_sm75_runs_v1_fp16_only(v1_v3_implemented):
         choose(_cuda((7, 5), dtype="bf16"), built, "v1")
 
 
-_V1_NOT_IMPLEMENTED = {"paged_kv", "cache_leftpad"}  # v1 reads dense K/V only; paged caches run on v2
+_V1_NOT_IMPLEMENTED = {"paged_kv", "cache_leftpad", "unaligned_pages"}  # v1 reads dense K/V only; pages: v2
 
 
 @pytest.mark.parametrize("feature", sorted(ALL_FEATURES - _V1_NOT_IMPLEMENTED))
@@ -163,6 +163,16 @@ def test_v1_implements_every_feature(feature):
         assert explain(_cuda(cap, dtype=dtype, features={feature}), built)["v1"] == [], (cap, dtype, feature)
     assert choose(_cuda((7, 5), dtype="fp16", features={feature}), built).generation == "v1"
     assert choose(_cuda((9, 0), dtype="bf16", features={feature}), built, "v1").generation == "v1"
+
+
+def test_unaligned_pages_are_v2s():
+    """A paged cache whose page size is not a multiple of 8 rows is refused by v3 with its reason (v1 reads no pages
+    at all); auto picks v2 for it on sm_90."""
+    built = _build(generations=("v2", "v3"), kinds=("fwd",), archs=("80", "90a"))
+    problem = _cuda((9, 0), features={"kvcache", "paged_kv", "unaligned_pages"})
+    reasons = explain(problem, built)
+    assert any("unaligned_pages" in r and "8-row" in r for r in reasons["v3"]), reasons["v3"]
+    assert reasons["v2"] == [] and choose(problem, built).generation == "v2"
 
 
 def test_sm75_refuses_v2():

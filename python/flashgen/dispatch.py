@@ -25,8 +25,13 @@ from ._native import BUCKET_SPAN, BuildInfo
 # Every optional feature a call can use. The plain dense forward is always part of a problem.
 FEATURES: Tuple[str, ...] = (
     "causal", "window", "softcap", "alibi", "dropout", "gqa", "varlen", "kvcache", "paged_kv", "cache_leftpad",
-    "block_sparse", "return_probs", "backward", "deterministic", "decode",
+    "block_sparse", "return_probs", "backward", "deterministic", "decode", "unaligned_pages",
 )
+
+# A paged KV cache whose page size is not a multiple of this many rows is "unaligned_pages" as well as "paged_kv":
+# v3 loads a page's keys in TMA boxes of whole 8-row swizzle atoms (v3_hopper/tile_config.h paged_box_ok); v2 and
+# the CPU backend read any page size.
+PAGE_ROWS_MULTIPLE = 8
 
 # A flash_attn_with_kvcache call with fewer query rows than this is a decode step ("decode"): v2's split-KV path
 # runs it (v3 does not split the keys, so a call of a few rows leaves most SMs idle). Calls of this many rows or more
@@ -41,6 +46,8 @@ DECODE_MAX_SEQLEN_Q = 16
 FEATURE_REASONS: Mapping[str, str] = {
     "decode": f"decode (a KV-cache call of fewer than {DECODE_MAX_SEQLEN_Q} query rows) needs a split-KV path, which "
               "{generation} does not have yet",
+    "unaligned_pages": f"unaligned_pages (a page size that is not a multiple of {PAGE_ROWS_MULTIPLE} rows): "
+                       "{generation} loads a page's keys in TMA boxes of whole 8-row swizzle atoms",
 }
 
 # Requested-version values besides a generation name.
@@ -102,7 +109,7 @@ class _Table(dict):
 
 GENERATIONS: Dict[str, GenerationSpec] = _Table({
     "v1": GenerationSpec("v1", "cuda", frozenset({"fp16", "bf16"}),
-                         frozenset({"forward"}) | (frozenset(FEATURES) - {"paged_kv", "cache_leftpad"}),
+                         frozenset({"forward"}) | (frozenset(FEATURES) - {"paged_kv", "cache_leftpad", "unaligned_pages"}),
                          min_capability=(7, 5), min_capability_by_dtype={"bf16": (8, 0)},
                          not_together=frozenset({frozenset({"varlen", "return_probs"})}),
                          head_dim_multiple=_GPU_HEAD_DIM_MULTIPLE, alignment_bytes=_GPU_ALIGNMENT_BYTES),

@@ -82,8 +82,10 @@ def _features(q, k, *, causal, window_size, softcap, alibi_slopes, dropout_p, re
         used.append("kvcache")
         if q.shape[-3] < dispatch.DECODE_MAX_SEQLEN_Q:
             used.append("decode")
-    if paged_kv:
+    if paged_kv:  # k is the pages (num_pages, page_block_size, num_heads_k, head_dim)
         used.append("paged_kv")
+        if k.shape[1] % dispatch.PAGE_ROWS_MULTIPLE:
+            used.append("unaligned_pages")
     if cache_leftpad:
         used.append("cache_leftpad")
     if block_mask is not None:
