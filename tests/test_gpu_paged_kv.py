@@ -15,7 +15,7 @@ import dataclasses
 import pytest
 import torch
 
-pytestmark = pytest.mark.gpu
+pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("v3_reads_pages")]  # v3's paged forward: conftest.py
 
 if not torch.cuda.is_available():
     pytest.skip("GPU paged KV tests need a CUDA device", allow_module_level=True)
@@ -55,6 +55,8 @@ def _features(case: KvCase):
         used.append("decode")
     if case.page:
         used.append("paged_kv")
+        if case.page % dispatch.PAGE_ROWS_MULTIPLE:
+            used.append("unaligned_pages")
     if case.leftpad is not None:
         used.append("cache_leftpad")
     if case.heads != case.heads_k:
@@ -80,8 +82,16 @@ def _check(case, inputs, before, out, lse):
 # ---- the CPU tier's cases, at two head dims ----
 CASES = [dataclasses.replace(with_page(c, p), head_dim=d) for c in SCENARIOS for p in (0,) + PAGE_SIZES
          for d in (32, 128)]
-# Chunked prefill into a dense cache (>= dispatch.DECODE_MAX_SEQLEN_Q rows: v3 runs it on sm_90), at v3's buckets.
-CASES += [dataclasses.replace(c, head_dim=d) for c in PREFILL_SCENARIOS for d in (64, 128)]
+# Chunked prefill into a dense cache (>= dispatch.DECODE_MAX_SEQLEN_Q rows: v3 runs it on sm_90), at v3's buckets,
+# and into paged caches: pages of 16 and 256 rows (v3's TMA boxes of 16 / 128 rows), 24 (boxes of 8 rows: gcd with
+# every v3 tile) and 5 (unaligned: v2's alone).
+PAGED_PREFILL_PAGES = (5, 16, 24, 256)
+CASES += [dataclasses.replace(with_page(c, p), head_dim=d) for c in PREFILL_SCENARIOS
+          for p in (0,) + PAGED_PREFILL_PAGES for d in (64, 128)]
+# Keys past kShortKeysMaskedTile without a window: v3 d128's 176-key tile (pages of 16 and 256: boxes of 16 rows,
+# eleven to a tile), and d256's 80-key tile.
+CASES += [KvCase("prefill-long-cache-full", p, cache_lens=(2500, 90), seqlen_q=64, seqlen_new=32, capacity=2600,
+                 head_dim=d, heads=4, heads_k=2) for p in PAGED_PREFILL_PAGES for d in (128, 256)]
 
 
 @pytest.mark.parametrize("case", CASES, ids=lambda c: f"{c.id}-d{c.head_dim}")
@@ -269,7 +279,8 @@ def test_varlen_probs(generation, dropout_p):
 # ---- flash_attn_varlen_func over pages (tests/paged_varlen_cases.py; the CPU tier: tests/test_paged_varlen.py) ----
 
 def _varlen_features(case: pv.PagedVarlenCase):
-    used = ["varlen", "paged_kv", "return_probs"]
+    used = ["varlen", "paged_kv", "return_probs"] + (["unaligned_pages"] if case.page % dispatch.PAGE_ROWS_MULTIPLE
+                                                     else [])
     for name, on in (("gqa", case.heads != case.heads_k), ("causal", case.causal),
                      ("window", case.window != (-1, -1)), ("softcap", case.softcap > 0), ("alibi", case.alibi)):
         if on:
@@ -291,13 +302,15 @@ def test_paged_varlen_against_oracle(generation, case):
     check_lse(f"{case.id} lse", lse.cpu(), want["ref_lse"])
 
 
+@pytest.mark.parametrize("page", [5, 16])
 @pytest.mark.parametrize("head_dim", [64, 128, 256])
-def test_paged_varlen_writes_every_output(generation, head_dim):
+def test_paged_varlen_writes_every_output(generation, head_dim, page):
     """The forward alone (flashgen._ops: varlen queries, each sequence's keys counted by seqused_k in its pages)
-    into a NaN-poisoned output, page size 5, a long sequence beside short and empty ones."""
-    case = pv.PagedVarlenCase("poisoned", lens_q=(300, 1, 0, 77), lens_k=(3000, 1, 0, 77), page=5, causal=True,
+    into a NaN-poisoned output, pages of 5 and 16 rows, a long sequence beside short and empty ones."""
+    case = pv.PagedVarlenCase("poisoned", lens_q=(300, 1, 0, 77), lens_k=(3000, 1, 0, 77), page=page, causal=True,
                               head_dim=head_dim)
-    need(generation, "bf16", head_dim, "varlen", "paged_kv", "causal", "gqa")
+    need(generation, "bf16", head_dim, "varlen", "paged_kv", "causal", "gqa",
+         *(["unaligned_pages"] if page % dispatch.PAGE_ROWS_MULTIPLE else []))
     inputs = pv.build(case, "cuda", torch.bfloat16)
     cu_k = inputs["cu_seqlens_k"]
     out, lse, _ = run_fwd(generation, inputs["q"], inputs["k"], inputs["v"], cu_seqlens_q=inputs["cu_seqlens_q"],

@@ -326,7 +326,8 @@ __device__ __forceinline__ void consumer_loop(const AttnParams& p, const SmemMap
   const int tid = threadIdx.x % kWarpgroupThreads, lane = tid % 32;
   const PingPong<T> turn{wg};
   const uint64_t desc_q = smem_desc(sm.q() + wg * T::kWarpgroupRowBytes, kKMajorLbo, kSwizzleAtomBytes);
-  const bool zero_v_tail = p.seqused_k != nullptr;  // only a KV cache has rows past seqlen_k inside the tensor map
+  // only a KV cache has rows past seqlen_k inside the tensor map (a paged one: rows of some page, producer.cuh)
+  const bool zero_v_tail = p.seqused_k != nullptr || p.block_table != nullptr;
   turn.start();
   int kv_iter = 0, q_iter = 0;
   for (int round = 0;; ++round) {

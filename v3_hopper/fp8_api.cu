@@ -97,8 +97,8 @@ Status check_fp8(const AttnParams& p, int* bucket) {
   if (p.block_mask != nullptr) return Status::not_implemented("block_mask: the v3 fp8 forward has none");
   if (p.num_splits != 0) return Status::not_implemented("num_splits: the v3 fp8 forward has no split-KV path");
   if (p.alibi_slopes != nullptr) return Status::not_implemented("alibi_slopes: not tested in the v3 fp8 forward");
-  if (p.seqused_k != nullptr || p.kv_batch_idx != nullptr) {
-    return Status::not_implemented("seqused_k / kv_batch_idx: the v3 fp8 forward has no KV-cache path");
+  if (p.seqused_k != nullptr || p.kv_batch_idx != nullptr || p.block_table != nullptr || p.cache_leftpad != nullptr) {
+    return Status::not_implemented("seqused_k / kv_batch_idx / block_table: the v3 fp8 forward has no KV-cache path");
   }
   if (p.descale_block_tokens != 0 && p.descale_block_tokens != kFp8DescaleBlockTokens) {
     return Status::invalid("descale_block_tokens: per-block descales cover " + std::to_string(kFp8DescaleBlockTokens) +

@@ -5,6 +5,7 @@
 // their GEMMs reading it have completed; each load completes on the buffer's full barrier (arrive + tx bytes).
 #pragma once
 
+#include "common/kv_layout.h"
 #include "common/mask.h"
 #include "common/params.h"
 #include "v3_hopper/kernel_traits.cuh"
@@ -32,6 +33,31 @@ __device__ __forceinline__ void load_tile(uint32_t dst, const CUtensorMap* map, 
   }
 }
 
+// A K or V tile of a paged cache (common/kv_layout.h's rule; no left pad: v3_api.cu refuses one with pages), keys
+// [key_row, key_row + kBlockN) of the sequence whose block-table row is `pages`: box_rows rows per TMA box (the K / V
+// maps' box: gcd(page_block_size, kBlockN), a multiple of the swizzle's 8 rows, v3_api.cu), each box inside one page,
+// landing at its row of the stage (a multiple of the 1 KB swizzle atom, so the stage holds the same bytes one box of
+// kBlockN rows would). Rows past last_row (the sequence's last key) read last_row's page entry instead of one
+// further on, whose table slot may not exist; those rows are masked (and V's zeroed, consumer.cuh zero_v_rows).
+// Entries are clamped to the cache's pages (page_of), as v2 reads them.
+template <typename T>
+__device__ __forceinline__ void load_paged_tile(uint32_t dst, const CUtensorMap* map, uint32_t bar, int chunks,
+                                                const AttnParams& p, const int* pages, int key_row, int last_row,
+                                                int box_rows, int head_k) {
+  for (int r = 0; r < T::kBlockN; r += box_rows) {
+    const int row = key_row + r;
+    const int page_index = (row < last_row ? row : last_row) / p.page_block_size;
+    const int page = page_of(p.batch_k, pages[page_index]);
+    const int in_page = row - (row / p.page_block_size) * p.page_block_size;
+#pragma unroll
+    for (int c = 0; c < T::kChunks; ++c) {
+      if (c < chunks) {
+        tma_load_4d(dst + c * T::kChunkBytesKV + r * kSwizzleBytes, map, bar, c * kChunkCols, in_page, head_k, page);
+      }
+    }
+  }
+}
+
 // The CTA's load sequence, one load per step: for each tile with keys (the same persistent sequence as the
 // consumers, the same empty tiles skipped, so the barrier phases of both sides stay in step) Q, then K_0, then
 // K_{i+1} before V_i for i = 0 .. n - 1. K and V of tile i hold key block range.end - 1 - i: the diagonal, masked
@@ -53,6 +79,9 @@ struct Loader {
   int kv_iter = 0, q_iter = 0;
   int n_tiles = 0, key_block_end = 0, m_row = 0, head = 0, head_k = 0;
   TmaRows rows{};
+  const int* pages = nullptr;  // paged cache: this tile's sequence's block-table row
+  int last_key = 0;            // paged cache: the sequence's last key row
+  int box_rows = 0;            // paged cache: rows per TMA box of K / V (the maps' box, v3_api.cu)
   bool done = false;
 
   // Moves to the next tile that has keys; false (and done) when this CTA has none left.
@@ -71,6 +100,11 @@ struct Loader {
       n_tiles = range.end - range.begin;
       if (n_tiles <= 0) continue;  // every row of the tile is empty: the consumers write 0 and +inf without loads
       rows = tma_rows(p, tc.batch);
+      if (p.block_table != nullptr) {
+        pages = p.block_table + static_cast<int64_t>(tc.batch) * p.block_table_batch_stride;
+        last_key = seq.seqlen_k - 1;
+        box_rows = paged_box_rows(p.page_block_size, T::kBlockN);
+      }
       key_block_end = range.end;
       m_row = rows.q_row0 + m_begin;
       head = tc.head;
@@ -106,10 +140,16 @@ struct Loader {
         load_tile<T::kChunks>(sm.q(), maps.q, sm.q_full(), chunks, T::kChunkBytesQ, m_row, head, rows.q_batch);
       } else {
         const uint32_t full = is_k ? sm.k_full(slot.stage) : sm.v_full(slot.stage);
-        mbar_arrive_expect_tx(full, chunks * T::kChunkBytesKV);
-        load_tile<T::kChunks>(is_k ? sm.k(slot.stage) : sm.v(slot.stage), is_k ? maps.k : maps.v, full, chunks,
-                              T::kChunkBytesKV, rows.k_row0 + (key_block_end - 1 - i) * T::kBlockN, head_k,
-                              rows.k_batch);
+        const uint32_t dst = is_k ? sm.k(slot.stage) : sm.v(slot.stage);
+        const CUtensorMap* map = is_k ? maps.k : maps.v;
+        const int key_row = (key_block_end - 1 - i) * T::kBlockN;
+        mbar_arrive_expect_tx(full, chunks * T::kChunkBytesKV);  // a paged tile's boxes add up to the same bytes
+        if (pages != nullptr) {
+          load_paged_tile<T>(dst, map, full, chunks, p, pages, key_row, last_key, box_rows, head_k);
+        } else {
+          load_tile<T::kChunks>(dst, map, full, chunks, T::kChunkBytesKV, rows.k_row0 + key_row, head_k,
+                                rows.k_batch);
+        }
       }
       if (++item == items) {
         kv_iter += n_tiles;

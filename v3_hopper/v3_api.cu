@@ -112,8 +112,15 @@ Status check_fwd(const AttnParams& p, int* bucket) {
   if (p.p_out != nullptr) return Status::not_implemented("return_attn_probs: v3 returns no probabilities; v2 does");
   if (p.block_mask != nullptr) return Status::not_implemented("block_mask: v3 has no block-sparse forward");
   if (p.num_splits != 0) return Status::not_implemented("num_splits: v3 has no split-KV decode path");
-  if (p.block_table != nullptr || p.cache_leftpad != nullptr) {
-    return Status::not_implemented("block_table/cache_leftpad: v3 reads no paged or left-padded KV cache; v2 does");
+  if (p.cache_leftpad != nullptr) {
+    return Status::not_implemented("cache_leftpad: v3 reads no left-padded KV cache; v2 does");
+  }
+  if (p.block_table != nullptr && (p.kv_batch_idx != nullptr || p.cu_seqlens_k != nullptr)) {
+    return Status::invalid("block_table: not with kv_batch_idx or cu_seqlens_k (the pages are the keys' layout)");
+  }
+  if (p.block_table != nullptr && (p.page_block_size <= 0 || p.batch_k <= 0)) {
+    return Status::invalid("block_table: needs page_block_size and the number of pages (batch_k) > 0, got " +
+                           std::to_string(p.page_block_size) + " and " + std::to_string(p.batch_k));
   }
   if (p.q == nullptr || p.o == nullptr || p.lse == nullptr) return Status::invalid("q/out/lse: null data pointer");
   const bool has_keys = p.cu_seqlens_k ? p.total_k != 0 : p.seqlen_k != 0;  // else never read
@@ -185,8 +192,10 @@ Status fwd(const AttnParams& p, void* stream) {
   int num_sms = 0;
   st = check_device(&num_sms);
   if (!st.is_ok()) return st;
-  const int64_t k_rows = p.cu_seqlens_k ? p.total_k : p.seqlen_k;
-  const int64_t k_batches = p.cu_seqlens_k ? 1 : (p.kv_batch_idx ? p.batch_k : p.batch);
+  // A paged cache's maps are over its pages (page_block_size rows, batch_k pages; producer.cuh load_paged_tile)
+  const bool paged = p.block_table != nullptr;
+  const int64_t k_rows = paged ? p.page_block_size : (p.cu_seqlens_k ? p.total_k : p.seqlen_k);
+  const int64_t k_batches = p.cu_seqlens_k ? 1 : (paged || p.kv_batch_idx ? p.batch_k : p.batch);
   FwdLaunch launch;
   // a window, or a short key range where the masked instance's tile is the faster one (tile_config.h); rows that see
   // few keys take the short tile where the bucket has one
@@ -194,6 +203,12 @@ Status fwd(const AttnParams& p, void* stream) {
   launch.masked =
       launch.short_tile || fwd_masked_instance(bucket, p.window_left >= 0 || p.window_right >= 0, p.seqlen_k);
   const TileConfig tile = launch.short_tile ? short_tile_config(bucket) : tile_config(bucket, launch.masked);
+  if (paged && !paged_box_ok(p.page_block_size, tile.block_n)) {
+    return Status::not_implemented("block_table: v3 loads a page's keys in TMA boxes of gcd(page_block_size, " +
+                                   std::to_string(tile.block_n) + ") rows, a multiple of 8; pages of " +
+                                   std::to_string(p.page_block_size) + " rows are v2's");
+  }
+  const int kv_box_rows = paged ? paged_box_rows(p.page_block_size, tile.block_n) : tile.block_n;
   const int tile_rows = block_m(tile);
   const int64_t tiles = static_cast<int64_t>(ceil_div(p.seqlen_q, tile_rows)) * p.num_heads * p.batch;
   if (q_rows + tile_rows > kTmaMaxCoord || k_rows + kMaxHeadDim > kTmaMaxCoord || tiles > kTmaMaxCoord) {
@@ -209,10 +224,10 @@ Status fwd(const AttnParams& p, void* stream) {
     launch.v = launch.q;
   } else {
     st = encode_map(&launch.k, "k", p.k, p.dtype, p.head_dim, k_rows, p.num_heads_k, k_batches, p.k_row_stride,
-                    p.k_head_stride, p.k_batch_stride, tile.block_n);
+                    p.k_head_stride, p.k_batch_stride, kv_box_rows);
     if (!st.is_ok()) return st;
     st = encode_map(&launch.v, "v", p.v, p.dtype, p.head_dim, k_rows, p.num_heads_k, k_batches, p.v_row_stride,
-                    p.v_head_stride, p.v_batch_stride, tile.block_n);
+                    p.v_head_stride, p.v_batch_stride, kv_box_rows);
     if (!st.is_ok()) return st;
   }
   if (o_through_smem(tile, bucket)) {  // each consumer warpgroup stores its 64 rows (consumer.cuh store_o_smem)

@@ -4,7 +4,8 @@
 // bytes one round touches; and the makespan of a causal launch (work of query block m = m + 1 key tiles, plus a
 // per-tile overhead) against the mean, for the group size the host picks.
 // Also the FP8 forward's choice of key tile (fp8_config.h fp8_wide_tile) and the 16-bit forward's short tile
-// (tile_config.h fwd_short_tile) at the shapes they were measured on, and the masked forward's query_row_shift.
+// (tile_config.h fwd_short_tile) at the shapes they were measured on, the masked forward's query_row_shift, and a paged
+// cache's TMA boxes (paged_box_rows).
 // Prints each failure with its values, a final "N passed, N failed" line, and exits non-zero on any failure.
 #include <algorithm>
 #include <cmath>
@@ -223,6 +224,34 @@ void test_query_row_shift() {
         query_row_shift(512, 192), query_row_shift(2048, 128), query_row_shift(1050, 128), query_row_shift(1000, 192));
 }
 
+// paged_box_rows / paged_box_ok: for every key tile of the table (tile_config, short_tile_config) and page sizes
+// 1-600, the box divides both the page and the tile (each box inside one page, a tile whole boxes); it is the largest
+// such; and v3 takes exactly the pages whose size is a multiple of 8 (python/flashgen/dispatch.py
+// PAGE_ROWS_MULTIPLE: the "unaligned_pages" feature is the rest).
+void test_paged_boxes() {
+  using flashgen::v3::paged_box_ok;
+  using flashgen::v3::paged_box_rows;
+  using flashgen::v3::short_tile_config;
+  using flashgen::v3::tile_config;
+  std::set<int> block_ns;
+  for (int d : {64, 96, 128, 192, 256}) {
+    block_ns.insert(tile_config(d, false).block_n);
+    block_ns.insert(tile_config(d, true).block_n);
+    block_ns.insert(short_tile_config(d).block_n);
+  }
+  for (int block_n : block_ns) {
+    for (int page = 1; page <= 600; ++page) {
+      const int box = paged_box_rows(page, block_n);
+      bool largest = true;
+      for (int r = box + 1; r <= block_n; ++r) largest = largest && !(page % r == 0 && block_n % r == 0);
+      CHECK(box > 0 && page % box == 0 && block_n % box == 0 && largest, "page %d block_n %d: box %d", page,
+            block_n, box);
+      CHECK(paged_box_ok(page, block_n) == (page % 8 == 0), "page %d block_n %d: ok %d", page, block_n,
+            static_cast<int>(paged_box_ok(page, block_n)));
+    }
+  }
+}
+
 }  // namespace
 
 int main() {
@@ -233,5 +262,6 @@ int main() {
   test_fp8_tile_choice();
   test_short_tile_choice();
   test_query_row_shift();
+  test_paged_boxes();
   return flashgen_test::finish();
 }
