@@ -6,7 +6,10 @@ threshold too; one row per (cache length, query rows). bf16 d128, 32 query heads
 layer), batch 4, caches of 2k and 8k rows filled to the end. Median of triton's do_bench; each v3 output checked
 against v2's before timing. JSON lines to --out. --graph times the replay of a CUDA graph holding the call, so the
 host side of _ops.forward (~40-90 us, which the plain timing of small calls holds) drops out of the rows below 128.
+--page N: the caches are paged, pages of N rows in a shuffled block table (both generations read the same pages;
+v3's paged forward takes N a multiple of 8).
     python3 v3_hopper/tools/time_kvcache.py [--out rows.jsonl] [--rows 1,16,64,127,128,256,512,1024,2048] [--graph]
+        [--page 16]
 """
 
 from __future__ import annotations
@@ -37,6 +40,7 @@ def main() -> None:
     ap.add_argument("--caches", default="2048,8192")
     ap.add_argument("--batch", type=int, default=4)
     ap.add_argument("--graph", action="store_true", help="time CUDA-graph replays (kernel time, no host side)")
+    ap.add_argument("--page", type=int, default=0, help="page size of a paged cache (0: dense caches)")
     args = ap.parse_args()
     b, h, hk, d = args.batch, 32, 8, 128
     timer = measure.graph_replay_ms if args.graph else (lambda fn: do_bench(fn, warmup=25, rep=100))
@@ -46,20 +50,29 @@ def main() -> None:
           f"{'CUDA-graph replays' if args.graph else 'eager calls (host side included)'}")
     print(f"{'cache':>6}{'rows':>6}{'v2 us':>10}{'v3 us':>10}{'v2 TF/s':>9}{'v3 TF/s':>9}  v3/v2 time  max|v3-v2|")
     for cap in (int(x) for x in args.caches.split(",")):
-        kc, vc = (torch.randn(b, cap, hk, d, device="cuda", dtype=torch.bfloat16) for _ in range(2))
         lens = torch.full((b,), cap, dtype=torch.int32, device="cuda")
+        table = None
+        if args.page:  # b x cap / page pages of page rows, each sequence's in a shuffled order
+            per_seq = -(-cap // args.page)
+            kc, vc = (torch.randn(b * per_seq, args.page, hk, d, device="cuda", dtype=torch.bfloat16)
+                      for _ in range(2))
+            table = torch.randperm(b * per_seq, device="cuda").to(torch.int32).view(b, per_seq)
+        else:
+            kc, vc = (torch.randn(b, cap, hk, d, device="cuda", dtype=torch.bfloat16) for _ in range(2))
         for rows in (int(x) for x in args.rows.split(",")):
             q = torch.randn(b, rows, h, d, device="cuda", dtype=torch.bfloat16)
 
             def run(gen):
-                return _ops.forward(gen, q, kc, vc, softmax_scale=scale, window_size=(-1, 0), seqused_k=lens)[0]
+                return _ops.forward(gen, q, kc, vc, softmax_scale=scale, window_size=(-1, 0), seqused_k=lens,
+                                    block_table=table)[0]
 
             err = (run("v3").float() - run("v2").float()).abs().max().item()
             if err > CHECK_ATOL:
                 raise SystemExit(f"cache {cap} rows {rows}: v3 and v2 differ by {err}")
             times = {gen: timer(lambda gen=gen: run(gen)) * 1e3 for gen in ("v2", "v3")}
             fl = causal_flops(b, h, rows, cap, d)
-            row = dict(cache=cap, rows=rows, batch=b, heads=h, heads_k=hk, head_dim=d, v2_us=times["v2"],
+            row = dict(cache=cap, rows=rows, page=args.page, batch=b, heads=h, heads_k=hk, head_dim=d,
+                       v2_us=times["v2"],
                        v3_us=times["v3"], flops=fl, max_abs_diff=err, graph=args.graph)
             out_rows.append(row)
             print(f"{cap:>6}{rows:>6}{times['v2']:>10.1f}{times['v3']:>10.1f}{fl / times['v2'] / 1e6:>9.0f}"
