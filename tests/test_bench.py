@@ -340,3 +340,18 @@ def test_git_sha_is_flashgens(monkeypatch, tmp_path):
         monkeypatch.chdir(repo)
         head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=repo, capture_output=True, text=True).stdout.strip()
         assert runner._git_sha() == head != other_sha
+
+
+def test_tool_helpers(tmp_path):
+    """measure.tflops_by_impl (the dev tools' timing loop) and report.write_jsonl (their --out)."""
+    from flashgen.bench import measure, report
+
+    def refuses():
+        raise RuntimeError("no kernel for this shape")
+    rec = {}
+    measure.tflops_by_impl(rec, {"a": lambda: None, "b": refuses}, 2e12, lambda fn: (fn(), 4.0)[1])
+    assert rec["a"] == 2e12 / 4.0 / 1e9 and rec["b"] is None and "no kernel" in rec["b_error"]
+    path = tmp_path / "rows.jsonl"
+    report.write_jsonl(str(path), ({"i": i, "t": (i, i)} for i in range(3)))
+    assert [json.loads(line) for line in path.read_text().splitlines()] == [{"i": i, "t": [i, i]} for i in range(3)]
+    report.write_jsonl(None, [{"i": 0}])  # no path: nothing written, no error

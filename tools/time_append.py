@@ -12,13 +12,13 @@ call appends at the same rows. Both paths' caches are checked equal first.
 from __future__ import annotations
 
 import argparse
-import json
 import time
 
 import torch
 
 import flashgen
 from flashgen import _ops
+from flashgen.bench import measure, report
 
 
 def per_call_us(fn, device: str, steps: int = 200, rounds: int = 7) -> float:
@@ -75,7 +75,6 @@ def main() -> None:
                 caches[path] = (kc.clone(), vc.clone())
                 results[path] = per_call_us(call, dev)
                 if dev == "cuda":
-                    from flashgen.bench import measure
                     results[path + "_graph"] = measure.graph_replay_ms(call) * 1e3
             finally:
                 _ops.append_kv = native
@@ -87,10 +86,7 @@ def main() -> None:
         nan = float("nan")
         print(f"{layout:>10} {results['native']:>10.1f} {results['indexing']:>12.1f} "
               f"{results.get('native_graph', nan):>13.1f} {results.get('indexing_graph', nan):>15.1f}")
-    if a.out:
-        with open(a.out, "w") as f:
-            for row in rows:
-                f.write(json.dumps(row) + "\n")
+    report.write_jsonl(a.out, rows)
 
 
 if __name__ == "__main__":

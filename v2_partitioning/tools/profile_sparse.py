@@ -12,13 +12,13 @@ from __future__ import annotations
 
 import argparse
 import collections
-import json
 import math
 
 import torch
 from torch.profiler import ProfilerActivity, profile
 
 from flashgen import _ops
+from flashgen.bench import report
 from flashgen.bench.sweeps import Config, sparse_layout
 
 CALLS = 20
@@ -74,10 +74,7 @@ def main() -> None:
                     print(f"    {us:8.1f} us  {kname}")
                     rows.append(dict(generation=args.generation, head_dim=d, seqlen=s, batch=b, heads=h,
                                      layout=name, mode=mode, kernel=kname, us=us))
-    if args.out:
-        with open(args.out, "w") as f:
-            for r in rows:
-                f.write(json.dumps(r) + "\n")
+    report.write_jsonl(args.out, rows)
 
 
 if __name__ == "__main__":

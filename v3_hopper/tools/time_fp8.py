@@ -11,7 +11,6 @@ ceiling (torch._scaled_mm, 8192^3) in the same process, so the table can say % o
 from __future__ import annotations
 
 import argparse
-import json
 import math
 
 import torch
@@ -20,9 +19,14 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from triton.testing import do_bench
 
 from flashgen import _native, _ops, fp8
+from flashgen.bench import measure, report
 
 TOKENS, HIDDEN = 16384, 2048
 CHECK_ATOL = 0.1  # FP8 P (3 mantissa bits) on randn inputs: the output error stays well under this
+
+
+def median_ms(fn) -> float:
+    return do_bench(fn, warmup=25, rep=100, return_mode="median")
 
 
 def flops(b, h, s, d, causal):
@@ -84,13 +88,7 @@ def main() -> None:
                 err = float((out.float() - ref.float()).abs().max())
                 rec = {"head_dim": d, "seqlen": s, "batch": b, "heads": h, "causal": causal,
                        "max_abs_vs_flash_bf16": err}
-                for name, fn in impls.items():
-                    try:
-                        ms = do_bench(fn, warmup=25, rep=100, return_mode="median")
-                        rec[name] = flops(b, h, s, d, causal) / ms / 1e9
-                    except RuntimeError as exc:
-                        rec[name] = None
-                        rec[name + "_error"] = str(exc)[:200]
+                measure.tflops_by_impl(rec, impls, flops(b, h, s, d, causal), median_ms)
                 rows.append(rec)
                 fmt = lambda x: f"{x:9.1f}" if x else f"{'-':>9}"  # noqa: E731
                 r_bf16 = rec["fp8"] / rec["v3_bf16"] if rec.get("v3_bf16") and rec["fp8"] else float("nan")
@@ -101,10 +99,7 @@ def main() -> None:
                 print(f"{name:<28}{fmt(rec['fp8'])}{fmt(rec.get('v3_bf16'))}{fmt(rec['cudnn'])}"
                       f"  {r_bf16:8.2f}  {r_cudnn:9.2f}  {pct:4.0f}  {err:.2e} {ok}", flush=True)
                 del x, t, deq, q, k, v
-    if args.out:
-        with open(args.out, "w") as f:
-            for r in rows:
-                f.write(json.dumps(r if args.label is None else {**r, "label": args.label}) + "\n")
+    report.write_jsonl(args.out, rows if args.label is None else ({**r, "label": args.label} for r in rows))
 
 
 if __name__ == "__main__":

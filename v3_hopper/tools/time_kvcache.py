@@ -15,14 +15,13 @@ v3's paged forward takes N a multiple of 8).
 from __future__ import annotations
 
 import argparse
-import json
 import math
 
 import torch
 from triton.testing import do_bench
 
 from flashgen import _ops, dispatch
-from flashgen.bench import measure
+from flashgen.bench import measure, report
 
 CHECK_ATOL = 3e-2  # bf16 outputs of two exact kernels on randn inputs agree far inside this
 
@@ -77,10 +76,7 @@ def main() -> None:
             out_rows.append(row)
             print(f"{cap:>6}{rows:>6}{times['v2']:>10.1f}{times['v3']:>10.1f}{fl / times['v2'] / 1e6:>9.0f}"
                   f"{fl / times['v3'] / 1e6:>9.0f}  {times['v3'] / times['v2']:>10.2f}  {err:.1e}")
-    if args.out:
-        with open(args.out, "w") as f:
-            for row in out_rows:
-                f.write(json.dumps(row) + "\n")
+    report.write_jsonl(args.out, out_rows)
 
 
 if __name__ == "__main__":

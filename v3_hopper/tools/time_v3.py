@@ -10,7 +10,6 @@ against SDPA flash before each timed configuration. Prints a table and writes JS
 from __future__ import annotations
 
 import argparse
-import json
 import math
 
 import torch
@@ -19,9 +18,14 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from triton.testing import do_bench
 
 from flashgen import _native, _ops
+from flashgen.bench import measure, report
 
 TOKENS, HIDDEN = 16384, 2048
 CHECK_ATOL = 3e-2  # bf16 outputs of two exact kernels on randn inputs agree far inside this
+
+
+def median_ms(fn) -> float:
+    return do_bench(fn, warmup=25, rep=100, return_mode="median")
 
 
 def flops(b, h, s, d, causal):
@@ -61,13 +65,7 @@ def main() -> None:
                 ref = impls["flash"]().transpose(1, 2)
                 err = float((out_v3.float() - ref.float()).abs().max())
                 rec = {"label": args.label, "head_dim": d, "seqlen": s, "batch": b, "heads": h, "causal": causal, "max_abs_vs_flash": err}
-                for name, fn in impls.items():
-                    try:
-                        ms = do_bench(fn, warmup=25, rep=100, return_mode="median")
-                        rec[name] = flops(b, h, s, d, causal) / ms / 1e9
-                    except RuntimeError as exc:  # a backend that refuses the shape
-                        rec[name] = None
-                        rec[name + "_error"] = str(exc)[:200]
+                measure.tflops_by_impl(rec, impls, flops(b, h, s, d, causal), median_ms)
                 rows.append(rec)
                 fmt = lambda x: f"{x:9.1f}" if x else f"{'-':>9}"  # noqa: E731
                 ratio = rec["v3"] / rec["cudnn"] if rec.get("cudnn") else float("nan")
@@ -76,10 +74,7 @@ def main() -> None:
                 print(f"{name:<28}{fmt(rec['v3'])}{fmt(rec.get('v2'))}{fmt(rec['cudnn'])}{fmt(rec['flash'])}"
                       f"  {ratio:8.2f}  {err:.2e} {ok}", flush=True)
                 del q, k, v
-    if args.out:
-        with open(args.out, "w") as f:
-            for r in rows:
-                f.write(json.dumps(r) + "\n")
+    report.write_jsonl(args.out, rows)
 
 
 if __name__ == "__main__":

@@ -15,7 +15,6 @@ check compares v3 with v2 instead of SDPA flash.
 from __future__ import annotations
 
 import argparse
-import json
 import math
 
 import torch
@@ -24,9 +23,14 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from triton.testing import do_bench
 
 from flashgen import _native, _ops
+from flashgen.bench import measure, report
 
 TOKENS, HIDDEN = 16384, 2048
 CHECK_ATOL = 6e-2  # bf16 gradients of two exact kernels on randn inputs (relative to their max, ~1-10)
+
+
+def median_ms(fn) -> float:
+    return do_bench(fn, warmup=25, rep=100, return_mode="median")
 
 
 def flops(b, h, s, d, causal):
@@ -90,13 +94,7 @@ def main() -> None:
                 errs = [float((a.float() - r.float()).abs().max()) for a, r in zip(got, ref)]
                 rec["checked_against"] = "v2" if args.softcap > 0 else "sdpa-flash"
                 rec["max_abs_vs_flash" if args.softcap == 0 else "max_abs_vs_v2"] = errs
-                for name, fn in impls.items():
-                    try:
-                        ms = do_bench(fn, warmup=25, rep=100, return_mode="median")
-                        rec[name] = flops(b, h, s, d, causal) / ms / 1e9
-                    except RuntimeError as exc:
-                        rec[name] = None
-                        rec[name + "_error"] = str(exc)[:200]
+                measure.tflops_by_impl(rec, impls, flops(b, h, s, d, causal), median_ms)
                 rows.append(rec)
                 fmt = lambda x: f"{x:9.1f}" if x else f"{'-':>9}"  # noqa: E731
                 ratio = rec["v3"] / rec["cudnn"] if rec.get("cudnn") and rec.get("v3") else float("nan")
@@ -107,10 +105,7 @@ def main() -> None:
                       f"  {ratio:8.2f}  {' '.join(f'{e:.1e}' for e in errs)} {ok}{plain}", flush=True)
                 del q, k, v, impls
                 torch.cuda.empty_cache()
-    if args.out:
-        with open(args.out, "w") as f:
-            for r in rows:
-                f.write(json.dumps(r) + "\n")
+    report.write_jsonl(args.out, rows)
 
 
 if __name__ == "__main__":

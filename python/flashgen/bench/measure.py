@@ -12,7 +12,7 @@ import ctypes
 import gc
 import statistics
 import time
-from typing import Callable, Optional, Sequence, Tuple
+from typing import Callable, Mapping, Optional, Sequence, Tuple
 
 import torch
 
@@ -58,6 +58,18 @@ def time_ms(fn: Callable[[], object], device: str, *, warmup_ms: float = WARMUP_
     if device == "cuda":
         return _time_cuda_events(fn, warmup_ms, rep_ms, grad_to_none), "cuda events median (no L2 flush)"
     return _time_cpu(fn, rep_ms, grad_to_none), "perf_counter median"
+
+
+def tflops_by_impl(rec: dict, impls: Mapping[str, Callable[[], object]], flops: float,
+                   timer: Callable[[Callable[[], object]], float]) -> None:
+    """rec[name] = TFLOP/s of each implementation (flops over timer(fn), which gives milliseconds); one that raises
+    RuntimeError (a backend refusing the shape) gets None and its message under name + "_error"."""
+    for name, fn in impls.items():
+        try:
+            rec[name] = flops / timer(fn) / 1e9
+        except RuntimeError as exc:
+            rec[name] = None
+            rec[name + "_error"] = str(exc)[:200]
 
 
 def graph_replay_ms(fn: Callable[[], object], *, warmup_ms: float = WARMUP_MS, rep_ms: float = REP_MS) -> float:

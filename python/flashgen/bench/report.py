@@ -39,6 +39,18 @@ class JsonlWriter:
         self._f.close()
 
 
+def write_jsonl(path: Optional[str], rows: Iterable[dict]) -> None:
+    """rows as JSON lines into `path`; nothing without a path (the tools' optional --out)."""
+    if not path:
+        return
+    writer = JsonlWriter(path)
+    try:
+        for row in rows:
+            writer(row)
+    finally:
+        writer.close()
+
+
 def _json_default(o):
     if isinstance(o, (set, frozenset, tuple)):
         return list(o)
