@@ -45,6 +45,19 @@ FH_HD int64_t paged_kv_row_offset(const AttnParams& p, int b, int r, int64_t pag
          static_cast<int64_t>(r % p.page_block_size) * row_stride;
 }
 
+// A box of consecutive cache rows from `row` that lies inside one page (its size divides page_block_size and `row`
+// is a multiple of it: v3's TMA boxes, v3_hopper/producer.cuh): its page (page_of's clamp) and first row in that
+// page. Rows past last_row (the sequence's last row read) take last_row's table entry instead of one further on,
+// whose slot may not exist; the caller masks those rows. tests/cpp/test_kv_layout.cpp checks it against the rule.
+struct PagedBox {
+  int page;
+  int row_in_page;
+};
+FH_HD PagedBox paged_box(const AttnParams& p, const int* pages, int row, int last_row) {
+  const int entry = (row < last_row ? row : last_row) / p.page_block_size;
+  return {page_of(p.batch_k, pages[entry]), row - (row / p.page_block_size) * p.page_block_size};
+}
+
 // Cache rows r, r + step, r + 2 step, ... of one sequence of a paged cache, for a loop that visits them in order (the
 // kernels' tile loads, each thread every step-th row): paged_kv_row_offset of each row without a division per row.
 // The row's page index and row in the page advance by step's quotient and remainder, one carry at most (both stay

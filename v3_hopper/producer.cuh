@@ -37,22 +37,20 @@ __device__ __forceinline__ void load_tile(uint32_t dst, const CUtensorMap* map, 
 // [key_row, key_row + kBlockN) of the sequence whose block-table row is `pages`: box_rows rows per TMA box (the K / V
 // maps' box: gcd(page_block_size, kBlockN), a multiple of the swizzle's 8 rows, v3_api.cu), each box inside one page,
 // landing at its row of the stage (a multiple of the 1 KB swizzle atom, so the stage holds the same bytes one box of
-// kBlockN rows would). Rows past last_row (the sequence's last key) read last_row's page entry instead of one
-// further on, whose table slot may not exist; those rows are masked (and V's zeroed, consumer.cuh zero_v_rows).
-// Entries are clamped to the cache's pages (page_of), as v2 reads them.
+// kBlockN rows would). Each box's page and row: common/kv_layout.h paged_box (rows past last_row, the sequence's last
+// key, read its page entry; those rows are masked and V's zeroed, consumer.cuh zero_v_rows; entries clamped to the
+// cache's pages by page_of, as v2 reads them).
 template <typename T>
 __device__ __forceinline__ void load_paged_tile(uint32_t dst, const CUtensorMap* map, uint32_t bar, int chunks,
                                                 const AttnParams& p, const int* pages, int key_row, int last_row,
                                                 int box_rows, int head_k) {
   for (int r = 0; r < T::kBlockN; r += box_rows) {
-    const int row = key_row + r;
-    const int page_index = (row < last_row ? row : last_row) / p.page_block_size;
-    const int page = page_of(p.batch_k, pages[page_index]);
-    const int in_page = row - (row / p.page_block_size) * p.page_block_size;
+    const PagedBox box = paged_box(p, pages, key_row + r, last_row);
 #pragma unroll
     for (int c = 0; c < T::kChunks; ++c) {
       if (c < chunks) {
-        tma_load_4d(dst + c * T::kChunkBytesKV + r * kSwizzleBytes, map, bar, c * kChunkCols, in_page, head_k, page);
+        tma_load_4d(dst + c * T::kChunkBytesKV + r * kSwizzleBytes, map, bar, c * kChunkCols, box.row_in_page,
+                    head_k, box.page);
       }
     }
   }

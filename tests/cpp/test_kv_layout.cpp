@@ -279,6 +279,44 @@ void test_cursor() {
   }
 }
 
+// paged_box (v3's TMA boxes): for boxes of 8 and 16 rows inside pages of 8-256 rows, every row of every box up to the
+// sequence's last row is where the rule puts it (the box's page and row in page, plus the row's place in the box),
+// and a box past the last row reads the last row's table entry, never a slot further on (those hold a poison page,
+// which page_of passes through with batch_k = 0).
+void test_paged_box() {
+  constexpr int kMaxBlocks = 300, kPoisonPage = 1 << 20;
+  Lcg rng{7};
+  for (int page : {8, 16, 24, 48, 256}) {
+    for (int box : {8, 16}) {
+      if (page % box != 0) continue;
+      for (int last_row : {0, 7, 8, 100, 255, 1000}) {
+        std::vector<int> table(2 * kMaxBlocks);
+        for (int& t : table) t = rng.below(5000);
+        const int last_entry = last_row / page;
+        for (int e = last_entry + 1; e < kMaxBlocks; ++e) table[kMaxBlocks + e] = kPoisonPage;
+        AttnParams p;
+        p.block_table = table.data();
+        p.block_table_batch_stride = kMaxBlocks;
+        p.page_block_size = page;
+        const int64_t page_stride = 1000003, row_stride = 97;
+        for (int row = 0; row < last_row + 3 * box; row += box) {
+          const flashgen::PagedBox b = flashgen::paged_box(p, table.data() + kMaxBlocks, row, last_row);
+          CHECK(b.row_in_page >= 0 && b.row_in_page + box <= page && b.page != kPoisonPage,
+                "paged_box page %d box %d last %d row %d: page %d row %d", page, box, last_row, row, b.page,
+                b.row_in_page);
+          for (int i = 0; i < box && row + i <= last_row; ++i) {
+            const int64_t got = static_cast<int64_t>(b.page) * page_stride +
+                                static_cast<int64_t>(b.row_in_page + i) * row_stride;
+            const int64_t want = flashgen::paged_kv_row_offset(p, 1, row + i, page_stride, row_stride);
+            CHECK(got == want, "paged_box page %d box %d row %d + %d: offset %lld, the rule %lld", page, box, row, i,
+                  static_cast<long long>(got), static_cast<long long>(want));
+          }
+        }
+      }
+    }
+  }
+}
+
 // RowDivider::div(n) == n / d for every divisor 1..4096 and a sample of larger ones (powers of two and their
 // neighbours, random values, 2^31 - 1), at n = 0, small n, the multiples of d and their neighbours, random n and
 // n = 2^31 - 1. One CHECK per divisor.
@@ -383,6 +421,7 @@ int main() {
   test_varlen();
   for (int page : {1, 3, 16, 256}) test_paged(page);
   test_cursor();
+  test_paged_box();
   test_row_divider();
   return flashgen_test::finish();
 }
