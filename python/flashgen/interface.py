@@ -488,6 +488,7 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     return_softmax_lse.
     """
     q_in, k_in, v_in = q, k, v  # as given (q and k are rotated below), for the graph's refusal at the end
+    compiling = torch.compiler.is_compiling()
     _, softmax_scale, causal, window_size, softcap, _, _ = _args.scalars(0.0, softmax_scale, causal, window_size,
                                                                         softcap, False, False)
     rotary_interleaved = _args.as_bool("rotary_interleaved", rotary_interleaved)
@@ -541,7 +542,7 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     seqused_k = cache_seqlens
     if k is not None:
         # Host tensors: the native copy (common/kv_append.h); CUDA tensors and torch.compile traces: torch indexing.
-        if torch.compiler.is_compiling() or \
+        if compiling or \
                 not _ops.append_kv(k_cache, v_cache, k, v, cache_seqlens, cache_batch_idx, block_table):
             if rows is None:
                 rows = _append_rows(cache_seqlens, seqlen_new, capacity, seqlens_checked)
@@ -561,12 +562,12 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
             block_table, kv_batch_idx = entries.view(batch, 1), None
         ends = seqused_k if seqused_k is not None else torch.full_like(cache_leftpad, capacity)
         seqused_k = (ends - cache_leftpad).to(torch.int32)
-    qp, kc, vc = (_pad(validate.last_dim_contiguous(t), choice.head_dim_multiple) for t in (q, k_cache, v_cache))
-    if not torch.compiler.is_compiling():
+    qp, kc, vc = _pad_qkv(q, k_cache, v_cache, choice.head_dim_multiple)  # the caches have q's head_dim (checked)
+    if not compiling:
         validate.check_alignment((("q", qp), ("k_cache", kc), ("v_cache", vc)), choice.alignment_bytes)
     # Inference only (like flash_attn): no autograd graph, since the backward does not take seqused_k. Eager calls go
     # straight to _ops.forward (no op dispatch, no grad-mode switch: nothing it returns is tracked by autograd).
-    if torch.compiler.is_compiling():
+    if compiling:
         with torch.no_grad():
             args = _library.FwdArgs(
                 generation=choice.generation, softmax_scale=float(softmax_scale), window_left=int(window_left),
@@ -584,7 +585,7 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
                                        max_splits=int(num_splits))
     if out.shape[-1] != head_dim:
         out = out[..., :head_dim]
-    if torch.is_grad_enabled() and not torch.compiler.is_compiling():
+    if not compiling and torch.is_grad_enabled():
         wanting = [t for t in (q_in, k_cache, v_cache, k_in, v_in, rotary_cos, rotary_sin) if t is not None and
                    t.requires_grad]
         if wanting:  # inference only: a backward through out / lse raises instead of treating these as constants
