@@ -262,14 +262,20 @@ def test_launches_run_on_the_tensors_device(monkeypatch):
 
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
     monkeypatch.setattr(torch.cuda, "device", Device)
-    launch = _ops.on_tensor_device(lambda generation, t, x: seen.append(
-        (generation, t.index if isinstance(t, CudaTensor) else None, x, list(entered))))
-    launch("v2", CudaTensor(1), "a")
-    launch("v2", CudaTensor(0), "b")
-    launch("cpu", torch.zeros(1), "c")
+    def launch(generation, t, x):
+        seen.append((generation, t.index if isinstance(t, CudaTensor) else None, x, list(entered)))
+    _ops.on_device(CudaTensor(1), launch, "v2", CudaTensor(1), "a")
+    _ops.on_device(CudaTensor(0), launch, "v2", CudaTensor(0), "b")
+    _ops.on_device(torch.zeros(1), launch, "cpu", torch.zeros(1), "c")
     assert [s[:3] for s in seen] == [("v2", 1, "a"), ("v2", 0, "b"), ("cpu", None, "c")]
     assert seen[0][3] == [1] and seen[1][3] == [1, -1] and entered == [1, -1], (seen, entered)
-    assert _ops.forward.__wrapped__ and _ops.backward.__wrapped__  # both launches go through the guard
+    # forward and backward run their native sections (plan, workspaces, launch) through the guard
+    guarded, real = [], _ops.on_device
+    monkeypatch.setattr(_ops, "on_device", lambda t, fn, *args: (guarded.append(fn.__name__), real(t, fn, *args))[1])
+    x = _rand(1, 8, 2, 16)
+    o, lse, _ = _ops.forward("cpu", x, x, x, softmax_scale=0.25)
+    _ops.backward("cpu", torch.ones_like(o), x, x, x, o, lse, softmax_scale=0.25)
+    assert guarded == ["_launch_fwd", "_launch_bwd"], guarded
 
 
 def test_no_host_sync_on_call_path(monkeypatch):

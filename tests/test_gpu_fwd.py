@@ -267,7 +267,7 @@ def test_host_checks(generation):
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two GPUs in the process")
 def test_tensors_on_another_device_than_the_current_one(generation):
     """Tensors on cuda:1 while cuda:0 is current (layers spread over GPUs in one process): the forward and backward
-    run on cuda:1 (_ops.on_tensor_device) and equal the same call made with cuda:1 current, bit for bit."""
+    run on cuda:1 (_ops.on_device) and equal the same call made with cuda:1 current, bit for bit."""
     need(generation, "bf16", 128, "causal", "backward")
     results = []
     for current in (1, 0):

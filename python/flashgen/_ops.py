@@ -366,23 +366,45 @@ def _fold_groups(t: torch.Tensor, groups: int) -> torch.Tensor:
                         (batch_stride, head_stride, head_stride * groups, dim_stride), t.storage_offset())
 
 
-def on_tensor_device(fn):
-    """Run fn(generation, t, ...) with t's CUDA device current (as flash_attn's device guard does): the native
-    plan, workspace queries and launches act on the current device, and a process whose tensors sit on another GPU
-    than the current one (a model spread over GPUs in one process, e.g. device_map="auto") would otherwise launch
-    on the wrong device with its pointers and stream."""
-    @functools.wraps(fn)
-    def on_device(generation, t, *args, **kwargs):
-        if t.is_cuda:
-            index = t.get_device()
-            if index != torch.cuda.current_device():
-                with torch.cuda.device(index):
-                    return fn(generation, t, *args, **kwargs)
-        return fn(generation, t, *args, **kwargs)
-    return on_device
+def on_device(t: torch.Tensor, fn, *args):
+    """fn(*args) with t's CUDA device current (as flash_attn's device guard does), for the native section of a
+    launch: the plan, workspace queries and the launch act on the current device, and a process whose tensors sit on
+    another GPU than the current one (a model spread over GPUs in one process, e.g. device_map="auto") would otherwise
+    launch on the wrong device with its pointers and stream. Only that section: a decorator around the whole of
+    forward / backward passed their ~20 keywords through a wrapper (~2 us a call)."""
+    if t.is_cuda:
+        index = t.get_device()
+        if index != torch.cuda.current_device():
+            with torch.cuda.device(index):
+                return fn(*args)
+    return fn(*args)
 
 
-@on_tensor_device
+def _launch_fwd(generation: str, p, q: torch.Tensor, block_mask, block_size) -> None:
+    """The forward's device section (on_device): plan and workspaces, the block-sparse order, the launch."""
+    workspace = _plan_forward(generation, p, q.device) if q.is_cuda else None
+    order = None
+    if block_mask is not None and q.is_cuda:
+        order = _sparse_order_for(p, block_mask, block_size, by_rows=True)
+    if order is not None:
+        p.sparse_order = order.data_ptr()
+    _native.C.fwd(generation, p, _stream_of(q))
+    del workspace, order  # freed in stream order: the caching allocator reuses them only after the kernels here
+
+
+def _launch_bwd(generation: str, p, q: torch.Tensor, block_mask, block_size) -> None:
+    """The backward's device section (on_device): the workspaces the generation asks for (common/workspace.h; v2:
+    D = rowsum(dO * O) and the zeroed dQ accumulator, in its own layouts), the block-sparse order, the launch."""
+    workspace = _allocate_workspaces(p, _native.C.bwd_workspaces(generation, p), q.device)
+    order = None  # deterministic mode keeps the natural order (bwd_launch.cuh)
+    if block_mask is not None and q.is_cuda and not p.deterministic:
+        order = _sparse_order_for(p, block_mask, block_size, by_rows=False)
+    if order is not None:
+        p.sparse_order = order.data_ptr()
+    _native.C.bwd(generation, p, _stream_of(q))
+    del workspace, order  # freed in stream order, after the kernels queued here
+
+
 def forward(generation: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, softmax_scale: float,
             window_size=(-1, -1), softcap: float = 0.0, alibi_slopes=None, dropout_p: float = 0.0, seed: int = 0,
             offset: int = 0, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q: Optional[int] = None,
@@ -419,18 +441,10 @@ def forward(generation: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, 
           kv_batch_idx=kv_batch_idx, block_mask=block_mask, block_size=block_size, probs=probs, batch=batch,
           block_table=block_table, cache_leftpad=cache_leftpad, max_splits=max_splits,
           q_descale=q_descale, k_descale=k_descale, v_descale=v_descale)
-    workspace = _plan_forward(generation, p, q.device) if q.is_cuda else None
-    order = None
-    if block_mask is not None and q.is_cuda:
-        order = _sparse_order_for(p, block_mask, block_size, by_rows=True)
-    if order is not None:
-        p.sparse_order = order.data_ptr()
-    _native.C.fwd(generation, p, _stream_of(q))
-    del workspace, order  # freed in stream order: the caching allocator reuses them only after the kernels here
+    on_device(q, _launch_fwd, generation, p, q, block_mask, block_size)
     return o, lse, probs
 
 
-@on_tensor_device
 def backward(generation: str, dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
              out: torch.Tensor, lse: torch.Tensor, *, softmax_scale: float, window_size=(-1, -1),
              softcap: float = 0.0, alibi_slopes=None, dropout_p: float = 0.0, seed: int = 0, offset: int = 0,
@@ -457,14 +471,6 @@ def backward(generation: str, dout: torch.Tensor, q: torch.Tensor, k: torch.Tens
             dlse = torch.empty_strided(lse.shape, lse.stride(), dtype=torch.float32, device=lse.device).copy_(dlse)
     p.set_grads(*_pointers(dout, dq, dk, dv), dout.stride(), dq.stride(), dk.stride(), dv.stride(), varlen_q,
                 varlen_k, 0 if dlse is None else dlse.data_ptr(), bool(deterministic))
-    # The workspaces the generation asks for (common/workspace.h; v2: D = rowsum(dO * O) and the zeroed dQ
-    # accumulator, in its own layouts).
-    workspace = _allocate_workspaces(p, _native.C.bwd_workspaces(generation, p), q.device)
-    order = None  # deterministic mode keeps the natural order (bwd_launch.cuh)
-    if block_mask is not None and q.is_cuda and not p.deterministic:
-        order = _sparse_order_for(p, block_mask, block_size, by_rows=False)
-    if order is not None:
-        p.sparse_order = order.data_ptr()
-    _native.C.bwd(generation, p, _stream_of(q))
-    del workspace, order, dlse  # freed in stream order, after the kernels queued here
+    on_device(q, _launch_bwd, generation, p, q, block_mask, block_size)
+    del dlse  # (a copy in lse's layout) freed in stream order, after the kernels queued here
     return dq, dk, dv
