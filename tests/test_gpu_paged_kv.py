@@ -92,6 +92,12 @@ CASES += [dataclasses.replace(with_page(c, p), head_dim=d) for c in PREFILL_SCEN
 # eleven to a tile), and d256's 80-key tile.
 CASES += [KvCase("prefill-long-cache-full", p, cache_lens=(2500, 90), seqlen_q=64, seqlen_new=32, capacity=2600,
                  head_dim=d, heads=4, heads_k=2) for p in PAGED_PREFILL_PAGES for d in (128, 256)]
+# Left pads in dense caches (the API passes them as one page per sequence: v3's one box from the pad's row): pads off
+# every tile and swizzle boundary, one as long as the cache, a capacity that is no multiple of 8, the 176-key tile.
+CASES += [KvCase("prefill-leftpad-dense", 0, cache_lens=(300, 3, 130, 77), seqlen_q=64, seqlen_new=64, capacity=401,
+                 leftpad=(17, 0, 130, 5), causal=True, head_dim=d, heads=6, heads_k=2) for d in (64, 128)]
+CASES += [KvCase("prefill-leftpad-dense-long", 0, cache_lens=(2500, 90), seqlen_q=40, capacity=2603,
+                 leftpad=(333, 1), head_dim=d, heads=4, heads_k=4) for d in (128, 256)]
 
 
 @pytest.mark.parametrize("case", CASES, ids=lambda c: f"{c.id}-d{c.head_dim}")

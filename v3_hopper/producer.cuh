@@ -33,11 +33,11 @@ __device__ __forceinline__ void load_tile(uint32_t dst, const CUtensorMap* map, 
   }
 }
 
-// A K or V tile of a paged cache (common/kv_layout.h's rule; no left pad: v3_api.cu refuses one with pages), keys
-// [key_row, key_row + kBlockN) of the sequence whose block-table row is `pages`: box_rows rows per TMA box (the K / V
-// maps' box: gcd(page_block_size, kBlockN), a multiple of the swizzle's 8 rows, v3_api.cu), each box inside one page,
-// landing at its row of the stage (a multiple of the 1 KB swizzle atom, so the stage holds the same bytes one box of
-// kBlockN rows would). Each box's page and row: common/kv_layout.h paged_box (rows past last_row, the sequence's last
+// A K or V tile of a paged cache (common/kv_layout.h's rule), cache rows [key_row, key_row + kBlockN) of the sequence
+// whose block-table row is `pages`: box_rows rows per TMA box (the K / V maps' box, tile_config.h
+// paged_tile_box_rows: gcd(page_block_size, kBlockN), a multiple of the swizzle's 8 rows, each box inside one page;
+// or one box of kBlockN rows from any row, the left pad's, where each sequence reads one page), landing at its row of
+// the stage (a multiple of the 1 KB swizzle atom, so the stage holds the same bytes one box of kBlockN rows would). Each box's page and row: common/kv_layout.h paged_box (rows past last_row, the sequence's last
 // key, read its page entry; those rows are masked and V's zeroed, consumer.cuh zero_v_rows; entries clamped to the
 // cache's pages by page_of, as v2 reads them).
 template <typename T>
@@ -78,7 +78,8 @@ struct Loader {
   int n_tiles = 0, key_block_end = 0, m_row = 0, head = 0, head_k = 0;
   TmaRows rows{};
   const int* pages = nullptr;  // paged cache: this tile's sequence's block-table row
-  int last_key = 0;            // paged cache: the sequence's last key row
+  int first_key = 0;           // paged cache: the cache row of the sequence's key 0 (its left pad)
+  int last_key = 0;            // paged cache: the cache row of the sequence's last key
   int box_rows = 0;            // paged cache: rows per TMA box of K / V (the maps' box, v3_api.cu)
   bool done = false;
 
@@ -100,8 +101,9 @@ struct Loader {
       rows = tma_rows(p, tc.batch);
       if (p.block_table != nullptr) {
         pages = p.block_table + static_cast<int64_t>(tc.batch) * p.block_table_batch_stride;
-        last_key = seq.seqlen_k - 1;
-        box_rows = paged_box_rows(p.page_block_size, T::kBlockN);
+        first_key = kv_first_row(p, tc.batch);  // the left pad (one page per sequence only, v3_api.cu)
+        last_key = first_key + seq.seqlen_k - 1;
+        box_rows = paged_tile_box_rows(p.page_block_size, p.seqlen_k, T::kBlockN);
       }
       key_block_end = range.end;
       m_row = rows.q_row0 + m_begin;
@@ -143,7 +145,7 @@ struct Loader {
         const int key_row = (key_block_end - 1 - i) * T::kBlockN;
         mbar_arrive_expect_tx(full, chunks * T::kChunkBytesKV);  // a paged tile's boxes add up to the same bytes
         if (pages != nullptr) {
-          load_paged_tile<T>(dst, map, full, chunks, p, pages, key_row, last_key, box_rows, head_k);
+          load_paged_tile<T>(dst, map, full, chunks, p, pages, first_key + key_row, last_key, box_rows, head_k);
         } else {
           load_tile<T::kChunks>(dst, map, full, chunks, T::kChunkBytesKV, rows.k_row0 + key_row, head_k,
                                 rows.k_batch);

@@ -122,6 +122,14 @@ constexpr int kPagedBoxRowMultiple = 8;
 constexpr bool paged_box_ok(int page_block_size, int block_n) {
   return page_block_size > 0 && paged_box_rows(page_block_size, block_n) % kPagedBoxRowMultiple == 0;
 }
+// A table whose sequences each read one page (seqlen_k <= page_block_size: every key row lies in entry 0; the API's
+// form of a left-padded dense cache, page = the capacity) needs no box inside a page: one box of block_n rows from
+// any row (the left pad's), TMA zero-filling the rows past the page. Otherwise paged_box_rows's boxes, from rows that
+// are multiples of block_n (no left pad).
+FH_HD constexpr bool paged_one_page(int page_block_size, int seqlen_k) { return seqlen_k <= page_block_size; }
+FH_HD constexpr int paged_tile_box_rows(int page_block_size, int seqlen_k, int block_n) {
+  return paged_one_page(page_block_size, seqlen_k) ? block_n : paged_box_rows(page_block_size, block_n);
+}
 
 // ---- ablation switches (FA3 paper Sec. 4.3): compile definitions, 1 (on) unless a measurement turns one off
 // (tools/ablate_v3.sh builds one module per switch and times each against the default in one device call) ----

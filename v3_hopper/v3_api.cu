@@ -112,8 +112,9 @@ Status check_fwd(const AttnParams& p, int* bucket) {
   if (p.p_out != nullptr) return Status::not_implemented("return_attn_probs: v3 returns no probabilities; v2 does");
   if (p.block_mask != nullptr) return Status::not_implemented("block_mask: v3 has no block-sparse forward");
   if (p.num_splits != 0) return Status::not_implemented("num_splits: v3 has no split-KV decode path");
-  if (p.cache_leftpad != nullptr) {
-    return Status::not_implemented("cache_leftpad: v3 reads no left-padded KV cache; v2 does");
+  if (p.cache_leftpad != nullptr && (p.block_table == nullptr || !paged_one_page(p.page_block_size, p.seqlen_k))) {
+    return Status::not_implemented("cache_leftpad: v3 reads a left pad in a cache of one page per sequence (the API's "
+                                   "form of a dense cache); a paged cache with a left pad is v2's");
   }
   if (p.block_table != nullptr && (p.kv_batch_idx != nullptr || p.cu_seqlens_k != nullptr)) {
     return Status::invalid("block_table: not with kv_batch_idx or cu_seqlens_k (the pages are the keys' layout)");
@@ -203,12 +204,12 @@ Status fwd(const AttnParams& p, void* stream) {
   launch.masked =
       launch.short_tile || fwd_masked_instance(bucket, p.window_left >= 0 || p.window_right >= 0, p.seqlen_k);
   const TileConfig tile = launch.short_tile ? short_tile_config(bucket) : tile_config(bucket, launch.masked);
-  if (paged && !paged_box_ok(p.page_block_size, tile.block_n)) {
+  if (paged && !paged_one_page(p.page_block_size, p.seqlen_k) && !paged_box_ok(p.page_block_size, tile.block_n)) {
     return Status::not_implemented("block_table: v3 loads a page's keys in TMA boxes of gcd(page_block_size, " +
                                    std::to_string(tile.block_n) + ") rows, a multiple of 8; pages of " +
                                    std::to_string(p.page_block_size) + " rows are v2's");
   }
-  const int kv_box_rows = paged ? paged_box_rows(p.page_block_size, tile.block_n) : tile.block_n;
+  const int kv_box_rows = paged ? paged_tile_box_rows(p.page_block_size, p.seqlen_k, tile.block_n) : tile.block_n;
   const int tile_rows = block_m(tile);
   const int64_t tiles = static_cast<int64_t>(ceil_div(p.seqlen_q, tile_rows)) * p.num_heads * p.batch;
   if (q_rows + tile_rows > kTmaMaxCoord || k_rows + kMaxHeadDim > kTmaMaxCoord || tiles > kTmaMaxCoord) {

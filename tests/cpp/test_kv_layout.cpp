@@ -317,6 +317,26 @@ void test_paged_box() {
   }
 }
 
+// paged_box where each sequence reads one page (v3's left pad in a dense cache, page = the capacity): a box from any
+// row, the pad's included, has entry 0's page and the row itself as its row in the page, up to the last row.
+void test_paged_box_one_page() {
+  const int table[2] = {5, 3};  // sequence 1's one page: 3
+  for (int capacity : {1, 7, 401, 4096}) {
+    for (int pad : {0, 1, 17, capacity - 1}) {
+      if (pad < 0 || pad >= capacity) continue;
+      AttnParams p;
+      p.page_block_size = capacity;
+      p.batch_k = 8;
+      const int last_row = capacity - 1;
+      for (int row = pad; row <= last_row; row += 37) {
+        const flashgen::PagedBox b = flashgen::paged_box(p, table + 1, row, last_row);
+        CHECK(b.page == 3 && b.row_in_page == row, "one page %d, pad %d, row %d: page %d row %d", capacity, pad, row,
+              b.page, b.row_in_page);
+      }
+    }
+  }
+}
+
 // RowDivider::div(n) == n / d for every divisor 1..4096 and a sample of larger ones (powers of two and their
 // neighbours, random values, 2^31 - 1), at n = 0, small n, the multiples of d and their neighbours, random n and
 // n = 2^31 - 1. One CHECK per divisor.
@@ -422,6 +442,7 @@ int main() {
   for (int page : {1, 3, 16, 256}) test_paged(page);
   test_cursor();
   test_paged_box();
+  test_paged_box_one_page();
   test_row_divider();
   return flashgen_test::finish();
 }

@@ -248,6 +248,12 @@ void test_paged_boxes() {
             block_n, box);
       CHECK(paged_box_ok(page, block_n) == (page % 8 == 0), "page %d block_n %d: ok %d", page, block_n,
             static_cast<int>(paged_box_ok(page, block_n)));
+      // one page per sequence (seqlen_k <= page): one box of the whole tile, else the boxes above
+      for (int seqlen_k : {1, page, page + 1, 5 * page}) {
+        const int want = seqlen_k <= page ? block_n : box;
+        CHECK(flashgen::v3::paged_tile_box_rows(page, seqlen_k, block_n) == want, "page %d keys %d block_n %d: %d",
+              page, seqlen_k, block_n, flashgen::v3::paged_tile_box_rows(page, seqlen_k, block_n));
+      }
     }
   }
 }
