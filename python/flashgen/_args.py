@@ -215,3 +215,18 @@ def cover_rows(out: torch.Tensor, lse: torch.Tensor, total_q: Optional[int]):
     out = torch.cat((out, out.new_zeros((missing, *out.shape[1:]))))
     lse = torch.cat((lse, lse.new_full((lse.shape[0], missing), float("inf"))), dim=1)
     return out, lse
+
+
+def split_qkv_heads(qkv: torch.Tensor, num_heads_q) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Views q, k, v of a 4-D qkv (batch, seqlen, num_heads_q + 2 * num_heads_k, head_dim): q's heads first, then k's,
+    then v's (FA3's and flash_attn's rotary packing for GQA)."""
+    if num_heads_q is None:
+        raise ValueError(f"num_heads_q: expected an int with a 4-D qkv (batch, seqlen, num_heads_q + 2 * num_heads_k, "
+                         f"head_dim), got None for shape {tuple(qkv.shape)}")
+    num_heads_q = as_int("num_heads_q", num_heads_q)
+    num_heads_k = (qkv.shape[2] - num_heads_q) // 2
+    if num_heads_q < 1 or num_heads_k < 1 or num_heads_q + 2 * num_heads_k != qkv.shape[2]:
+        raise ValueError(f"num_heads_q: {num_heads_q} does not split qkv's {qkv.shape[2]} heads into q, k, v "
+                         "(num_heads_q + 2 * num_heads_k)")
+    q, k, v = qkv.split([num_heads_q, num_heads_k, num_heads_k], dim=2)
+    return q, k, v

@@ -73,15 +73,7 @@ def flash_attn_qkvpacked_func(qkv, softmax_scale=None, causal=False, q_descale=N
     if not isinstance(qkv, torch.Tensor) or qkv.dim() != 4:  # 5 dims (num_heads_q is not read), or refused there
         q, k, v = _fa2._unpack("qkv", qkv, 5, 3)
     else:
-        if num_heads_q is None:
-            raise ValueError(f"num_heads_q: expected an int with a 4-D qkv (batch, seqlen, num_heads_q + 2 * "
-                             f"num_heads_k, head_dim), got None for shape {tuple(qkv.shape)}")
-        num_heads_q = _args.as_int("num_heads_q", num_heads_q)
-        num_heads_k = (qkv.shape[2] - num_heads_q) // 2
-        if num_heads_q < 1 or num_heads_k < 1 or num_heads_q + 2 * num_heads_k != qkv.shape[2]:
-            raise ValueError(f"num_heads_q: {num_heads_q} does not split qkv's {qkv.shape[2]} heads into q, k, v "
-                             "(num_heads_q + 2 * num_heads_k)")
-        q, k, v = qkv.split([num_heads_q, num_heads_k, num_heads_k], dim=2)
+        q, k, v = _args.split_qkv_heads(qkv, num_heads_q)
     return flash_attn_func(q, k, v, softmax_scale, causal, None, q_descale, k_descale, v_descale, window_size,
                            attention_chunk, softcap, 1, None, deterministic, sm_margin, return_attn_probs,
                            version=version)

@@ -126,13 +126,7 @@ def apply_rotary_emb_qkv_(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tenso
             raise ValueError(f"qkv: expected size 3 at dim 2, got {tuple(qkv.shape)}")
         q, k = qkv[:, :, 0], qkv[:, :, 1]
     else:
-        if num_heads_q is None:
-            raise ValueError("num_heads_q: expected an int with a 4-D qkv, got None")
-        num_heads_q = _args.as_int("num_heads_q", num_heads_q)
-        num_heads_k = (qkv.shape[2] - num_heads_q) // 2
-        if num_heads_q < 1 or num_heads_k < 1 or num_heads_q + 2 * num_heads_k != qkv.shape[2]:
-            raise ValueError(f"num_heads_q: {num_heads_q} does not split qkv's {qkv.shape[2]} heads into q, k, v")
-        q, k = qkv[:, :, :num_heads_q], qkv[:, :, num_heads_q:num_heads_q + num_heads_k]
+        q, k, _ = _args.split_qkv_heads(qkv, num_heads_q)
     cos_k = cos if cos_k is None else cos_k
     sin_k = sin if sin_k is None else sin_k
     apply_rotary_emb(q, cos, sin, interleaved, True, seqlen_offsets)
