@@ -20,6 +20,9 @@
 #include "common/workspace.h"
 #include "cpu/cpu_api.h"
 #include "generations_gen.h"  // FLASHGEN_GPU_GENERATIONS(X) and the headers of their ops tables
+#if defined(FLASHGEN_HAS_CUDA)
+#include "bindings/kv_append_cuda.h"
+#endif
 
 namespace py = pybind11;
 using flashgen::AttnBwdParams;
@@ -341,6 +344,21 @@ PYBIND11_MODULE(_C, m) {
       py::arg("params"),
       "flash_attn_with_kvcache's append on host memory: the new keys and values into the caches' rows "
       "(common/kv_append.h).");
+#if defined(FLASHGEN_HAS_CUDA)
+  m.def(
+      "append_kv_cuda",
+      [](const KvAppendParams& a, std::uintptr_t stream) {
+        Status s;
+        {
+          py::gil_scoped_release release;
+          s = flashgen::append_kv_cuda(a, reinterpret_cast<void*>(stream));
+        }
+        raise_if_failed(s);
+      },
+      py::arg("params"), py::arg("stream"),
+      "flash_attn_with_kvcache's append on device memory, one launch on the given CUDA stream "
+      "(bindings/kv_append_cuda.cu).");
+#endif
   m.def(
       "fwd",
       [](const std::string& generation, const AttnParams& p, std::uintptr_t stream) {

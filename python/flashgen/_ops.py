@@ -138,9 +138,11 @@ def append_kv(k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tensor, v: 
               cache_seqlens: torch.Tensor, cache_batch_idx: Optional[torch.Tensor],
               block_table: Optional[torch.Tensor]) -> bool:
     """flash_attn_with_kvcache's append by the native copy (common/kv_append.h: rows whose destination is not in the
-    cache are skipped), for host tensors whose last dims are contiguous. Returns False, having done nothing, where it
-    does not apply (CUDA tensors: torch indexing does their append; a strided last dim). Inputs validated."""
-    if k_cache.is_cuda or any(t.stride(-1) != 1 for t in (k_cache, v_cache, k, v)):
+    cache are skipped): one launch on the current stream for CUDA tensors (bindings/kv_append_cuda.cu), a host copy
+    for CPU ones. Returns False, having done nothing, where it does not apply (a strided last dim; a build without
+    CUDA for CUDA tensors): torch indexing does the append then. Inputs validated."""
+    launch = getattr(_native.C, "append_kv_cuda", None) if k_cache.is_cuda else _native.C.append_kv_cpu
+    if launch is None or any(t.stride(-1) != 1 for t in (k_cache, v_cache, k, v)):
         return False
     a = _native.C.KvAppendParams()
     a.k_cache, a.v_cache, a.k_new, a.v_new = k_cache.data_ptr(), v_cache.data_ptr(), k.data_ptr(), v.data_ptr()
@@ -161,7 +163,10 @@ def append_kv(k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tensor, v: 
     a.capacity = kv_capacity(k_cache, block_table)
     a.batch, a.seqlen_new, a.num_heads_k, a.head_dim = k.shape[0], k.shape[1], k.shape[2], k.shape[3]
     a.elem_bytes = k_cache.element_size()
-    _native.C.append_kv_cpu(a)
+    if k_cache.is_cuda:
+        on_device(k_cache, launch, a, _stream_of(k_cache))  # the cache's device current
+    else:
+        launch(a)
     return True
 
 

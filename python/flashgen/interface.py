@@ -541,7 +541,7 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
             k = rotate(k, rotary_cos, rotary_sin, rows, rotary_interleaved)
     seqused_k = cache_seqlens
     if k is not None:
-        # Host tensors: the native copy (common/kv_append.h); CUDA tensors and torch.compile traces: torch indexing.
+        # The native copy (common/kv_append.h: one launch on a GPU); torch indexing in torch.compile traces.
         if compiling or \
                 not _ops.append_kv(k_cache, v_cache, k, v, cache_seqlens, cache_batch_idx, block_table):
             if rows is None:
