@@ -124,6 +124,36 @@ def test_d64_dq_rows_tile_varlen(causal):
                 max_seqlen_q=max(lens), max_seqlen_k=max(lens))
 
 
+@pytest.mark.parametrize("head_dim", [64, 128, 256])
+@pytest.mark.parametrize("sk", [0, 333], ids=["no-keys", "keys"])
+def test_workspaces_arrive_poisoned(monkeypatch, head_dim, sk):
+    """v3 asks for no zeroed workspace: its preprocess zeroes dq_accum's rows itself (bwd_prepost.cuh), the padding
+    rows of the last query block included. Every workspace is filled with NaN before the launch, so a row the
+    preprocess missed shows as NaN (or, with no keys, where no main kernel runs, as a nonzero) in dQ. Causal, a
+    partial last query block, GQA 4 -> 2; d64 at 2100 queries also takes its 128-query tile."""
+    _need("bf16", head_dim)
+    real = _ops._allocate_workspaces
+
+    def poisoned(p, spec, device):
+        assert not any(zeroed for _, _, zeroed in spec), f"v3 asked for a zeroed workspace: {spec}"
+        buffers = real(p, spec, device)
+        for b in buffers:
+            b.fill_(float("nan"))
+        return buffers
+    monkeypatch.setattr(_ops, "_allocate_workspaces", poisoned)
+    torch.manual_seed(28)
+    sq = 2100 if head_dim == 64 else 333
+    q = randn(1, sq, 4, head_dim, dtype=torch.bfloat16)
+    k, v = (randn(1, sk, 2, head_dim, dtype=torch.bfloat16) for _ in range(2))
+    if sk == 0:
+        out = torch.zeros_like(q)
+        lse = torch.full((1, 4, sq), float("inf"), device="cuda")
+        dq, dk, dv = run_bwd("v3", q, k, v, torch.randn_like(q), out, lse, softmax_scale=0.125)
+        assert bool((dq == 0).all()), "no keys: dQ must be 0 from a dq_accum the preprocess zeroed"
+        return
+    check_grads("v3", f"poisoned workspaces d{head_dim}", q, k, v, window_size=(-1, 0))
+
+
 @pytest.mark.parametrize("sq,sk", [(0, 50), (50, 0)])
 def test_empty_side(sq, sk):
     """No queries: dK = dV = 0. No keys: dQ = 0."""

@@ -1,7 +1,9 @@
 // The two small kernels around the v3 backward's main kernel (FA2 Alg. 2 line 4, and the dQ write-out):
 //   preprocess : per (batch, head, row) of the padded row workspaces (bwd_traits.cuh bwd_ws_rows):
 //                LSE in log2 units (kRowStats) and D = rowsum(dO o O) (kDSum); padding rows get +inf and 0, so
-//                their probabilities are 0 and the main kernel's bulk copies never read past a workspace;
+//                their probabilities are 0 and the main kernel's bulk copies never read past a workspace; and the
+//                same rows of dq_accum zeroed (FA3's preprocess does the same), so that the workspace needs no
+//                memset of its own (one allocation, no fill launch per backward);
 //   postprocess: dQ = softmax_scale * dq_accum (fp32, BwdTraits::dq_offset's order per query block) -> the input
 //                dtype.
 // Partition of both: grid (row blocks, num_heads, batch); the preprocess kPrepostRows rows per CTA, 8 lanes per row
@@ -46,6 +48,16 @@ __global__ void __launch_bounds__(kPrepostThreads) bwd_preprocess_kernel(const _
   const float* g_lse = p.lse + lse_offset(p, seq, batch, head);
   float* lse_ws = p.ws.get(WorkspaceId::kRowStats) + ws_row0;
   float* dsum_ws = p.ws.get(WorkspaceId::kDSum) + ws_row0;
+  // dq_accum's rows of this CTA: one contiguous run of (rows x kHeadDim) floats (the per-block fragment order of
+  // BwdTraits::dq_offset permutes inside a query block only), 16-byte stores, the CTA's threads side by side.
+  {
+    const int64_t row_begin = static_cast<int64_t>(blockIdx.x) * kPrepostRows;
+    const int64_t rows = ws_rows - row_begin < kPrepostRows ? ws_rows - row_begin : kPrepostRows;
+    float4* dq_ws = reinterpret_cast<float4*>(p.ws.get(WorkspaceId::kDqAccum) + (ws_row0 + row_begin) * T::kHeadDim);
+    const float4 zero = make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll 4
+    for (int64_t i = threadIdx.x; i < rows * (T::kHeadDim / 4); i += kPrepostThreads) dq_ws[i] = zero;
+  }
   const int sub = threadIdx.x % kPreLanesPerRow;
   constexpr int kRowsPerPass = kPrepostThreads / kPreLanesPerRow;
 #pragma unroll 1

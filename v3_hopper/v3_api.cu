@@ -257,7 +257,8 @@ Status fwd(const AttnParams& p, void* stream) {
 namespace {
 
 // The backward's workspaces, per (batch or sequence, head) and bwd_rows rows: LSE in log2 units (row_stats) and
-// D (dsoftmax_sum), written whole by the preprocess; dq_accum (rows of the bucket's head_dim floats), zeroed.
+// D (dsoftmax_sum), written whole by the preprocess; dq_accum (rows of the bucket's head_dim floats), which the
+// preprocess zeroes (bwd_prepost.cuh) before the main kernel adds into it: none arrives zeroed.
 WorkspaceSpec bwd_workspaces(const AttnBwdParams& p) {
   WorkspaceSpec spec;
   const int bucket = bwd_bucket(p.dtype, p.head_dim);
@@ -265,7 +266,7 @@ WorkspaceSpec bwd_workspaces(const AttnBwdParams& p) {
   const int64_t rows = static_cast<int64_t>(p.batch) * p.num_heads * bwd_rows(p);
   spec.need(WorkspaceId::kRowStats, rows, /*zero=*/false);
   spec.need(WorkspaceId::kDSum, rows, /*zero=*/false);
-  spec.need(WorkspaceId::kDqAccum, rows * bucket, /*zero=*/true);
+  spec.need(WorkspaceId::kDqAccum, rows * bucket, /*zero=*/false);
   return spec;
 }
 
