@@ -22,6 +22,7 @@
 #include "generations_gen.h"  // FLASHGEN_GPU_GENERATIONS(X) and the headers of their ops tables
 #if defined(FLASHGEN_HAS_CUDA)
 #include "bindings/kv_append_cuda.h"
+#include "bindings/varlen_tail_cuda.h"
 #endif
 
 namespace py = pybind11;
@@ -368,6 +369,12 @@ PYBIND11_MODULE(_C, m) {
           py::gil_scoped_release release;
           NvtxRange range(generation, "fwd", p);
           s = ops.fwd(p, reinterpret_cast<void*>(stream));
+#if defined(FLASHGEN_HAS_CUDA)
+          // Varlen rows past the last sequence: 0 / +inf, as the CPU path gives them (bindings/varlen_tail_cuda.h).
+          if (s.is_ok() && &ops != &flashgen::cpu::ops()) {
+            s = flashgen::fill_varlen_tails_fwd(p, reinterpret_cast<void*>(stream));
+          }
+#endif
         }
         raise_if_failed(s);
       },
@@ -383,6 +390,11 @@ PYBIND11_MODULE(_C, m) {
           py::gil_scoped_release release;
           NvtxRange range(generation, "bwd", p);
           s = ops.bwd(p, reinterpret_cast<void*>(stream));
+#if defined(FLASHGEN_HAS_CUDA)
+          if (s.is_ok() && &ops != &flashgen::cpu::ops()) {
+            s = flashgen::fill_varlen_tails_bwd(p, reinterpret_cast<void*>(stream));
+          }
+#endif
         }
         raise_if_failed(s);
       },

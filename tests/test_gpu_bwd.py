@@ -136,6 +136,24 @@ def test_varlen(generation, causal, dropout):
     check_grads(generation, f"varlen causal={causal} dropout={dropout}", q, k, v, **kw)
 
 
+@pytest.mark.parametrize("head_dim", [64, 128, 256])
+def test_varlen_rows_past_the_last_sequence(generation, head_dim):
+    """Rows of q / k past cu_seqlens_q[-1] / cu_seqlens_k[-1] (a batch padded at its end): their dq / dk / dv are 0
+    (bindings/varlen_tail_cuda.cu fills them after the backward; the gradients arrive NaN-poisoned), the oracle's
+    autograd gradient of rows no sequence reads. Garbage there would reach a projection's weight gradient."""
+    need(generation, "bf16", head_dim, "backward", "varlen", "gqa", "causal")
+    torch.manual_seed(8)
+    lens_q, lens_k = [130, 7, 0, 64], [100, 300, 9, 64]
+    q = randn(sum(lens_q) + 77, 4, head_dim, dtype=torch.bfloat16)
+    k, v = (randn(sum(lens_k) + 5, 2, head_dim, dtype=torch.bfloat16) for _ in range(2))
+    dq, dk, dv = check_grads(generation, f"varlen tail d{head_dim}", q, k, v, window_size=(-1, 0),
+                             cu_seqlens_q=cu_seqlens(lens_q), cu_seqlens_k=cu_seqlens(lens_k),
+                             max_seqlen_q=max(lens_q), max_seqlen_k=max(lens_k))
+    assert bool((dq[sum(lens_q):] == 0).all()), "dq of rows past the last sequence must be 0"
+    assert bool((dk[sum(lens_k):] == 0).all()) and bool((dv[sum(lens_k):] == 0).all()), \
+        "dk / dv of rows past the last sequence must be 0"
+
+
 @pytest.mark.parametrize("head_dim", [64, 256])
 def test_softcap_and_alibi(generation, head_dim):
     need(generation, "bf16", head_dim, "backward", "softcap", "alibi", "causal")

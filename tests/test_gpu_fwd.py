@@ -145,6 +145,24 @@ def test_varlen(generation, causal):
                       cu_seqlens_k=cu_k)
 
 
+@pytest.mark.parametrize("head_dim", [64, 128, 256])
+def test_varlen_rows_past_the_last_sequence(generation, head_dim):
+    """q and k with rows past cu_seqlens_q[-1] / cu_seqlens_k[-1] (a batch padded at its end to a static shape): no
+    kernel tile covers them and a device does not read the offsets, so bindings/varlen_tail_cuda.cu fills them after
+    the forward: out 0 (into a NaN-poisoned out) and lse +inf, the CPU path's values."""
+    need(generation, "bf16", head_dim, "varlen", "gqa", "causal")
+    lens_q, lens_k = [130, 7, 0, 64], [100, 300, 9, 64]
+    cu_q, cu_k = cu_seqlens(lens_q), cu_seqlens(lens_k)
+    q = randn(sum(lens_q) + 77, 4, head_dim, dtype=torch.bfloat16)
+    k, v = (randn(sum(lens_k) + 5, 2, head_dim, dtype=torch.bfloat16) for _ in range(2))
+    out, lse, _ = run_fwd(generation, q, k, v, window_size=(-1, 0), cu_seqlens_q=cu_q, cu_seqlens_k=cu_k,
+                          max_seqlen_q=max(lens_q), max_seqlen_k=max(lens_k))
+    assert bool((out[sum(lens_q):] == 0).all()), "rows past the last sequence: out must be 0"
+    assert bool((lse[:, sum(lens_q):] == math.inf).all()), "rows past the last sequence: lse must be +inf"
+    check_out_and_lse(f"varlen tail d{head_dim}", out, lse, q, k, v, causal=True, cu_seqlens_q=cu_q,
+                      cu_seqlens_k=cu_k)
+
+
 def test_kv_cache_seqused_and_batch_idx(generation):
     need(generation, "bf16", 64, "kvcache", "gqa", "causal")
     torch.manual_seed(5)
