@@ -100,13 +100,13 @@ def build(case: PagedVarlenCase, device, dtype, seed: int = 0) -> Dict[str, Opti
     return out
 
 
-def call(case: PagedVarlenCase, inputs, version: Optional[str] = None, **extra):
-    """flash_attn_varlen_func with the block table; returns (out, lse, S_dmask)."""
+def call(case: PagedVarlenCase, inputs, version: Optional[str] = None, probs: bool = True, **extra):
+    """flash_attn_varlen_func with the block table; returns (out, lse, S_dmask), S_dmask None unless probs."""
     return flashgen.flash_attn_varlen_func(
         inputs["q"], inputs["k"], inputs["v"], inputs["cu_seqlens_q"], inputs["cu_seqlens_k"], max(case.lens_q),
         max(case.lens_k), causal=case.causal, window_size=case.window, softcap=case.softcap,
         alibi_slopes=inputs["alibi_slopes"], return_attn_probs=True, block_table=inputs["block_table"],
-        version=version, probs_without_dropout=True, **extra)
+        version=version, probs_without_dropout=probs, **extra)
 
 
 def stacked_keys(case: PagedVarlenCase, inputs):
