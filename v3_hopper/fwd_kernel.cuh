@@ -79,7 +79,11 @@ __global__ void __launch_bounds__(T::kNumThreads, 1)
     }
   } else if (warpgroup == 0) {
     setmaxnreg_dec<T::kProducerRegs>();
-    if (threadIdx.x == 0) producer_loop<T>(p, FwdMaps{&map_q, &map_k, &map_v}, sm, sched, chunks);
+    // A paged tile's boxes each read a table entry first: the warp reads them together (producer.cuh).
+    const int lanes = p.block_table != nullptr ? 32 : 1;
+    if (threadIdx.x < lanes) {
+      producer_loop<T>(p, FwdMaps{&map_q, &map_k, &map_v}, sm, sched, chunks, static_cast<int>(threadIdx.x), lanes);
+    }
   } else {
     setmaxnreg_inc<T::kConsumerRegs>();
     consumer_loop<T>(p, sm, ProducerLoads{}, sched, &map_o, warpgroup - 1);
