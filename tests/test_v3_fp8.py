@@ -299,6 +299,36 @@ def test_fp8_block_descales(head_dim, seqlen_q, seqlen_k, window, softcap):
            ref_lse, *_naive_fp8(q, k, v, qd, kd, vd, scale, window_size=window, softcap=softcap))
 
 
+ZERO_V_CASES = [(4500, (0, 5, 6, 35), (-1, -1)), (4500, tuple(range(36)), (-1, -1)), (300, (2,), (-1, 0)),
+                (300, (0,), (-1, -1)), (129, (1,), (-1, 0))]
+
+
+@pytest.mark.parametrize("head_dim", [128, 256])
+@pytest.mark.parametrize("seqlen_k,zero_blocks,window", ZERO_V_CASES)
+def test_fp8_block_descales_zero_v_blocks(head_dim, seqlen_k, zero_blocks, window):
+    """A v descale of 0 (a quantizer that maps a block of zeros to 0; fp8.quantize floors it) makes that block of V
+    0 whatever its e4m3 bytes hold (random here), so its keys count in each row's sum but add nothing to O. The
+    kernel carried O in the units of the last tile's v descale and divided by it (NaN out); now a zero tile keeps
+    the units and its P is zeroed (fp8_consumer.cuh). Zero blocks at the first and last tiles visited, side by
+    side, all of them, and the causal diagonal's."""
+    _need(head_dim)
+    b, h, hk = 2, 4, 2
+    seqlen_q = 200
+    q, k, v, gen = _layout_inputs(seqlen_k + len(zero_blocks) + head_dim, seqlen_q, seqlen_k, head_dim)
+    blocks = lambda n: -(-n // fp8.BLOCK_TOKENS)  # noqa: E731
+    qd = (torch.rand(b, h, blocks(seqlen_q), device="cuda", generator=gen) * 1.5 + 0.25).float()
+    kd, vd = ((torch.rand(b, hk, blocks(seqlen_k), device="cuda", generator=gen) * 1.5 + 0.25).float()
+              for _ in range(2))
+    vd[:, :, list(zero_blocks)] = 0.0
+    out, lse = _run(q, k, v, qd, kd, vd, window_size=window)
+    scale = 1.0 / math.sqrt(head_dim)
+    ref, ref_lse = attention_ref(_deq(q, qd), _deq(k, kd), _deq(v, vd), window_size=window, softmax_scale=scale)
+    _check(f"zero v blocks {zero_blocks} d{head_dim} {seqlen_q}x{seqlen_k} window={window}", out, lse, ref, ref_lse,
+           *_naive_fp8(q, k, v, qd, kd, vd, scale, window_size=window))
+    if len(zero_blocks) == blocks(seqlen_k):
+        assert bool((out == 0).all()), "every v block zero: out must be exactly 0"
+
+
 def test_fp8_block_descales_no_keys():
     """seqlen_k = 0: k and v's descales have no block, and no tile reads one; out 0, LSE +inf."""
     _need(128)

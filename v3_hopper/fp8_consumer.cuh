@@ -6,7 +6,8 @@
 // Per-block descales (fp8_config.h kFp8DescaleBlockTokens: one q descale per query tile, one k and one v descale per
 // key tile) run the modifier copy of the key loop: S is multiplied by q_d k_d of its tile, and O is kept in units of
 // the v descale of the last tile it summed, so before tile i's P V it is rescaled by v_d(i - 1) / v_d(i), folded into
-// the softmax's rescale (fp8_consumer_loop gives store_tile_fp8 the last tile's v descale).
+// the softmax's rescale (fp8_consumer_loop gives store_tile_fp8 the last tile's v descale). A tile whose v descale is
+// 0 adds nothing and keeps the units: its P is zeroed once l has counted it.
 // Loop invariant (after tile i): as consumer.cuh, with every score in units of the stored e4m3 product.
 #pragma once
 
@@ -100,6 +101,16 @@ struct Fp8BlockDescale {
   int64_t k_stride = 0, v_stride = 0;
   __device__ __forceinline__ float k_at(int block) const { return k ? k[block * k_stride] : 1.f; }
   __device__ __forceinline__ float v_at(int block) const { return v ? v[block * v_stride] : 1.f; }
+  // O's units after the tiles of blocks [begin, end), visited from end - 1 down: the v descale of the last visited
+  // block whose descale is not 0 (a descale of 0 makes the block's V 0: its tile adds nothing, consume_tile_fp8),
+  // 1 when there is none (O is then 0).
+  __device__ __forceinline__ float v_unit(int begin, int end) const {
+    for (int b = begin; b < end; ++b) {
+      const float d = v_at(b);
+      if (d != 0.f) return d;
+    }
+    return 1.f;
+  }
 };
 __device__ __forceinline__ Fp8BlockDescale fp8_block_descale(const AttnParams& p, int batch, int head, int head_k,
                                                              int m_block) {
@@ -155,6 +166,23 @@ __device__ __forceinline__ void consume_tile_fp8(const SmemMap<T>& sm, const Pin
     return softmax_step<T::kBlockN>(s, rows, scale_log2, lazy_gap, alpha);
   };
 
+  // O is carried in the units of the last tile with a nonzero v descale (v_unit): a tile whose v descale is 0 adds
+  // nothing (its P is zeroed after the softmax counted it in l) and leaves the units alone. Dividing by its descale
+  // made O infinite and the output NaN where the CPU backend gives its exact 0 contribution.
+  float v_unit = 1.f;
+  auto v_units = [&](int i, float& r) {  // tile i's ratio r from the previous units; false: tile i adds nothing
+    r = 1.f;
+    const float d = bd.v_at(range.end - 1 - i);
+    if (d == 0.f) return false;
+    r = v_unit / d;
+    v_unit = d;
+    return true;
+  };
+  auto zero_p = [&]() {
+#pragma unroll
+    for (int j = 0; j < T::kPRegs; ++j) pa[j] = 0u;  // four e4m3 +0.0
+  };
+
   {  // Prologue: S_0 and its softmax; O is still 0.
     const RingSlot<T> k_slot(kv_iter);
     mbar_wait(sm.k_full(k_slot.stage), k_slot.phase);
@@ -167,6 +195,10 @@ __device__ __forceinline__ void consume_tile_fp8(const SmemMap<T>& sm, const Pin
     if (n_tiles == 1) release(sm.q_empty(), lane);
     softmax_tile(0, true);
     convert_p_fp8<T::kBlockN>(s, pa);
+    if constexpr (kBlockDescale) {
+      float r;
+      if (bd.on && !v_units(0, r)) zero_p();
+    }
   }
   for (int i = 1; i < n_tiles; ++i) {  // S_i and O += P_{i-1} V_{i-1} in flight, then the softmax of S_i
     const RingSlot<T> k_slot(kv_iter + i), v_slot(kv_iter + i - 1);
@@ -181,9 +213,11 @@ __device__ __forceinline__ void consume_tile_fp8(const SmemMap<T>& sm, const Pin
     release(sm.k_empty(k_slot.stage), lane);
     if (i == n_tiles - 1) release(sm.q_empty(), lane);
     bool raised = softmax_tile(i, kWindowed);
-    if constexpr (kBlockDescale) {  // O from v_d(i - 1) units to v_d(i) units before P_i V_i is added
+    bool adds = true;
+    if constexpr (kBlockDescale) {  // O from the previous units to tile i's before P_i V_i is added
       if (bd.on) {
-        const float r = bd.v_at(range.end - i) / bd.v_at(range.end - 1 - i);
+        float r;
+        adds = v_units(i, r);
         alpha[0] *= r;
         alpha[1] *= r;
         raised |= r != 1.f;
@@ -194,6 +228,7 @@ __device__ __forceinline__ void consume_tile_fp8(const SmemMap<T>& sm, const Pin
     release(sm.v_empty(v_slot.stage), lane);
     if (__any_sync(0xffffffffu, raised)) rescale_o<T::kHeadDim>(o, alpha);
     convert_p_fp8<T::kBlockN>(s, pa);
+    if (!adds) zero_p();
   }
   {  // O += P_last V_last.
     const RingSlot<T> v_slot(kv_iter + n_tiles - 1);
@@ -281,9 +316,9 @@ __device__ void fp8_consumer_loop(const AttnParams& p, const SmemMap<T>& sm, con
     // modifier copy of the key loop); otherwise the descale joins scale_log2.
     const bool real_scores = mods.any() || block.on;
     const float scale_log2 = real_scores ? p.scale_log2 : p.scale_log2 * descale.qk;
-    // O's units at the end (fp8_consumer.cuh's header): per block, the last tile visited is key block range.begin
-    // (none without keys: O is 0, and a descale tensor of no blocks has no entry to read).
-    const float v_descale = block.on ? (n_tiles > 0 ? block.v_at(range.begin) : 1.f) : descale.v;
+    // O's units at the end (fp8_consumer.cuh's header): per block, the v descale of the last visited tile whose
+    // descale is not 0 (v_unit; none without keys: O is 0, and a descale tensor of no blocks has no entry to read).
+    const float v_descale = block.on ? block.v_unit(range.begin, range.end) : descale.v;
 
     float o[T::kORegs];  // (64, kHeadDim) fp32 output accumulator of this warpgroup
 #pragma unroll
