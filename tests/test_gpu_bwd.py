@@ -13,6 +13,7 @@ oracle's.
 from __future__ import annotations
 
 import math
+import threading
 
 import pytest
 import torch
@@ -134,6 +135,35 @@ def test_varlen(generation, causal, dropout):
             philox_keep_mask(seed, offset, 1, h, lq, lk, p, batch_index=i)[0].cuda()
             for i, (lq, lk) in enumerate(zip(lens_q, lens_k))])
     check_grads(generation, f"varlen causal={causal} dropout={dropout}", q, k, v, **kw)
+
+
+def test_a_thread_without_a_current_context(generation):
+    """The forward and backward launched from a new thread, where no CUDA runtime call has bound a context yet
+    (autograd's device thread is one when a process's first backward work is flashgen's): v3 encodes its TMA maps by
+    a driver call, which failed there with CUDA_ERROR_INVALID_CONTEXT (201) until check_sm90 bound the device's
+    primary context (v3_hopper/tma_host.h; session 39's host_overhead.py run). Same results as on this thread."""
+    need(generation, "bf16", 128, "backward", "causal")
+    q, k, v, dout = (randn(1, 128, 2, 128, dtype=torch.bfloat16) for _ in range(4))
+    kw = dict(softmax_scale=0.1, window_size=(-1, 0))
+    want_out, want_lse, _ = _ops.forward(generation, q, k, v, **kw)
+    want = [want_out, want_lse, *_ops.backward(generation, dout, q, k, v, want_out, want_lse, **kw)]
+    torch.cuda.synchronize()
+    got, errors = [], []
+
+    def work():
+        try:
+            out, lse, _ = _ops.forward(generation, q, k, v, **kw)
+            got.extend([out, lse, *_ops.backward(generation, dout, q, k, v, out, lse, **kw)])
+            torch.cuda.synchronize()
+        except Exception as e:  # noqa: BLE001 (re-raised below, on the test's thread)
+            errors.append(e)
+
+    thread = threading.Thread(target=work)
+    thread.start()
+    thread.join()
+    assert not errors, f"{generation} on a new thread: {errors[0]!r}"
+    for name, a, b in zip(("out", "lse", "dq", "dk", "dv"), got, want):
+        torch.testing.assert_close(a, b, atol=2e-2, rtol=2e-2, msg=lambda m, n=name: f"{n}: {m}")
 
 
 @pytest.mark.parametrize("head_dim", [64, 128, 256])

@@ -78,10 +78,13 @@ inline Status encode_map_4d(CUtensorMap* map, const TmaElement& e, const char* n
   return Status::ok();
 }
 
-// The current device is sm_90 (v3 is compiled for sm_90a only); its SM count into num_sms.
+// The current device is sm_90 (v3 is compiled for sm_90a only); its SM count into num_sms. It also makes the
+// device's primary context current on the calling thread (cudaSetDevice): cuTensorMapEncodeTiled is a driver call and
+// fails with CUDA_ERROR_INVALID_CONTEXT (201) on a thread where no runtime call has bound one yet, which autograd's
+// device thread is when a process's first backward work is v3's (session 39: a script of flashgen calls alone).
 inline Status check_sm90(int* num_sms, const char* what) {
   int device = 0, major = 0, minor = 0;
-  if (cudaGetDevice(&device) != cudaSuccess ||
+  if (cudaGetDevice(&device) != cudaSuccess || cudaSetDevice(device) != cudaSuccess ||
       cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess ||
       cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device) != cudaSuccess ||
       cudaDeviceGetAttribute(num_sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess) {
