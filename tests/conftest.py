@@ -101,21 +101,6 @@ _DEVICE_LIMITS = [
 ]
 
 
-@pytest.fixture
-def v3_reads_pages(request, monkeypatch):
-    """v3's paged forward (v3_hopper/producer.cuh load_paged_tile: pages, and a left pad where each sequence reads
-    one page, the API's form of a left-padded dense cache) runs in the paged tests while dispatch.GENERATIONS does not
-    list it: added to v3's entry for a test's duration until it has passed the GPU tier on a device, then it moves
-    into the table and this fixture goes. Tests of what auto picks today (test_auto_runs_*) keep the table."""
-    if request.node.name.startswith("test_auto_runs"):
-        return
-    import dataclasses
-    spec = dispatch.GENERATIONS["v3"]
-    monkeypatch.setitem(dispatch.GENERATIONS, "v3", dataclasses.replace(
-        spec, implements=spec.implements | {"paged_kv", "cache_leftpad"},
-        not_together=spec.not_together | {frozenset({"paged_kv", "cache_leftpad"})}))
-
-
 def need(generation: str, dtype: str, head_dim: int, *features: str) -> None:
     """Skip unless `generation` runs this problem on this device (dispatch.explain: arch, dtype, head dim compiled,
     every feature in dispatch.FEATURES implemented; "backward" also needs the bwd instance)."""

@@ -59,9 +59,14 @@ def test_sm90_runs_v3_forward_and_v2_for_what_v3_lacks():
     built = _build(generations=("v2", "v3"), kinds=("fwd", "bwd"))
     assert choose(_cuda((9, 0)), built).generation == "v3"
     assert choose(_cuda((9, 0), features={"backward", "causal", "gqa"}), built).generation == "v3"
-    for features in ({"dropout"}, {"kvcache", "decode"}, {"kvcache", "paged_kv"}, {"kvcache", "cache_leftpad"},
-                     {"return_probs"}):
+    for features in ({"dropout"}, {"kvcache", "decode"}, {"kvcache", "paged_kv", "cache_leftpad"},
+                     {"kvcache", "paged_kv", "unaligned_pages"}, {"return_probs"}):
         assert choose(_cuda((9, 0), features=features), built).generation == "v2", features
+    # Pages (of multiples of 8 rows) or a left pad, one at a time, run on v3 from DECODE_MAX_SEQLEN_Q rows.
+    for features in ({"kvcache", "paged_kv"}, {"kvcache", "cache_leftpad"}, {"varlen", "paged_kv", "gqa"}):
+        assert choose(_cuda((9, 0), features=features), built).generation == "v3", features
+    assert explain(_cuda((9, 0), features={"kvcache", "paged_kv", "cache_leftpad"}), built)["v3"] == [
+        "cache_leftpad with paged_kv together is not implemented in v3 yet"]
     # A KV-cache call with DECODE_MAX_SEQLEN_Q query rows or more (chunked prefill into a dense cache) runs on v3.
     assert choose(_cuda((9, 0), features={"kvcache", "gqa", "causal"}), built).generation == "v3"
     assert explain(_cuda((9, 0), features={"kvcache", "decode"}), built)["v3"] == [
@@ -151,7 +156,7 @@ def test_sm75_runs_v1_fp16_only(v1_v3_implemented):
         choose(_cuda((7, 5), dtype="bf16"), built, "v1")
 
 
-_V1_NOT_IMPLEMENTED = {"paged_kv", "cache_leftpad", "unaligned_pages"}  # v1 reads dense K/V only; pages: v2
+_V1_NOT_IMPLEMENTED = {"paged_kv", "cache_leftpad", "unaligned_pages", "short_paged"}  # v1: dense K/V only
 
 
 @pytest.mark.parametrize("feature", sorted(ALL_FEATURES - _V1_NOT_IMPLEMENTED))
@@ -167,12 +172,27 @@ def test_v1_implements_every_feature(feature):
 
 def test_unaligned_pages_are_v2s():
     """A paged cache whose page size is not a multiple of 8 rows is refused by v3 with its reason (v1 reads no pages
-    at all); auto picks v2 for it on sm_90."""
+    at all); auto picks v2 for it on sm_90, v3 for a page of 16 rows."""
     built = _build(generations=("v2", "v3"), kinds=("fwd",), archs=("80", "90a"))
     problem = _cuda((9, 0), features={"kvcache", "paged_kv", "unaligned_pages"})
     reasons = explain(problem, built)
     assert any("unaligned_pages" in r and "8-row" in r for r in reasons["v3"]), reasons["v3"]
     assert reasons["v2"] == [] and choose(problem, built).generation == "v2"
+    assert choose(_cuda((9, 0), features={"kvcache", "paged_kv"}), built).generation == "v3"
+
+
+def test_short_paged_calls_prefer_v2_on_sm90():
+    """A paged call of few query rows on pages that are not multiples of 128 rows ("short_paged"): every generation
+    that reads pages runs it, and auto prefers v2 on sm_90 (v3's tiles of such pages are several TMA boxes, slower
+    there); v3 runs it when asked; other archs keep their order."""
+    built = _build(generations=("v2", "v3"), kinds=("fwd",), archs=("80", "90a"))
+    short = _cuda((9, 0), features={"kvcache", "paged_kv", "short_paged"})
+    assert explain(short, built)["v3"] == [] and explain(short, built)["v2"] == []
+    choice = choose(short, built)
+    assert choice.generation == "v2" and "several TMA boxes" in choice.why
+    assert choose(short, built, "v3").generation == "v3"
+    assert choose(_cuda((9, 0), features={"kvcache", "paged_kv"}), built).generation == "v3"
+    assert choose(_cuda((8, 0), features={"kvcache", "paged_kv", "short_paged"}), built).generation == "v2"
 
 
 def test_sm75_refuses_v2():

@@ -143,7 +143,6 @@ def test_kv_cache_append_values(generation, case):
             f"{case}: the append wrote outside {name}"
 
 
-@pytest.mark.usefixtures("v3_reads_pages")  # v3's paged forward too (conftest.py)
 @pytest.mark.parametrize("case", ["keys_decreasing", "keys_past_pages", "entries_past", "queries_past"])
 def test_paged_varlen_values(generation, case):
     """flash_attn_varlen_func over pages with unchecked CUDA values: key counts (cu_seqlens_k's differences, the

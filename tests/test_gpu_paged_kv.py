@@ -15,7 +15,7 @@ import dataclasses
 import pytest
 import torch
 
-pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("v3_reads_pages")]  # v3's paged forward: conftest.py
+pytestmark = pytest.mark.gpu
 
 if not torch.cuda.is_available():
     pytest.skip("GPU paged KV tests need a CUDA device", allow_module_level=True)
@@ -328,13 +328,19 @@ def test_paged_varlen_writes_every_output(generation, head_dim, page):
     check_lse("poisoned", lse.cpu(), want["ref_lse"])
 
 
-def test_auto_runs_paged_varlen_on_v2():
-    """v3 and v1 read no paged cache: auto sends a paged varlen call to v2 on every GPU it runs on."""
+@pytest.mark.parametrize("lens_q, page, want", [((130, 200, 1), 16, "v3"), ((5, 17, 1), 128, "v3"),
+                                                 ((5, 17, 1), 16, "v2"), ((130, 200, 1), 8 + 5, "v2")],
+                         ids=["long-rows-page16", "short-rows-page128", "short-rows-page16", "unaligned-page"])
+def test_auto_runs_paged_varlen_on_v3_for_aligned_pages(lens_q, page, want):
+    """On sm_90 with v3 compiled auto sends a paged varlen call to v3 where the page size is a multiple of 8 rows,
+    except a short one ("short_paged": fewer than 128 query rows on pages not a multiple of 128 rows, where v2 is
+    faster), and to v2 otherwise (v3's TMA boxes are whole 8-row swizzle atoms); elsewhere to v2 (v1 reads no pages)."""
     need("v2", "bf16", 128, "varlen", "paged_kv")
-    case = dataclasses.replace(pv.with_page(pv.SCENARIOS[0], 16), head_dim=128)
+    case = dataclasses.replace(pv.with_page(pv.SCENARIOS[0], page), head_dim=128, lens_q=lens_q)
     inputs = pv.build(case, "cuda", torch.bfloat16)
     e = flashgen.explain(inputs["q"], inputs["k"], inputs["v"], cu_seqlens_q=inputs["cu_seqlens_q"],
                          cu_seqlens_k=inputs["cu_seqlens_k"], max_seqlen_q=max(case.lens_q),
                          max_seqlen_k=max(case.lens_k), block_table=inputs["block_table"])
-    assert e.generation == "v2", str(e)
+    on_v3 = not dispatch.explain(e.problem, _native.build_info())["v3"]
+    assert e.generation == (want if on_v3 else "v2"), str(e)
 

@@ -93,9 +93,25 @@ def test_no_keys_anywhere():
     assert torch.equal(out, torch.zeros_like(out)) and bool(torch.isinf(lse).all() and (lse > 0).all())
 
 
+@pytest.mark.parametrize("rows, page, short", [(64, 16, True), (127, 64, True), (128, 16, False), (64, 256, False),
+                                                (16, 128, False)])
+def test_short_paged_feature(rows, page, short):
+    """"short_paged" (dispatch.PAGED_SHORT_MAX_SEQLEN_Q, PAGED_ONE_BOX_ROWS): fewer than 128 query rows per sequence
+    on pages that are not a multiple of 128 rows, for a cache call (q's rows) and a varlen call (max_seqlen_q)."""
+    q = torch.randn(2, rows, 4, 64)
+    pages = torch.randn(8, page, 2, 64)
+    table = torch.arange(8, dtype=torch.int32).view(2, 4)
+    e = flashgen.explain(q, pages, pages, kvcache=True, block_table=table)
+    assert ("short_paged" in e.problem.features) == short, e.problem.features
+    cu_q, cu_k = (torch.tensor([0, n, 2 * n], dtype=torch.int32) for n in (rows, 8))
+    e = flashgen.explain(q.view(2 * rows, 4, 64), pages, pages, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k,
+                         max_seqlen_q=rows, max_seqlen_k=8, block_table=table)
+    assert ("short_paged" in e.problem.features) == short, e.problem.features
+
+
 def test_explain_names_the_paged_generations():
     """explain(..., block_table=...) describes the paged call: the CPU backend runs it; on a GPU, auto's choice
-    has paged_kv (v3 and v1 read no paged cache)."""
+    has paged_kv (v3 reads pages of multiples of 8 rows, v2 any, v1 none)."""
     case = with_page(SCENARIOS[0], 16)
     inputs = build(case, "cpu", torch.bfloat16)
     e = flashgen.explain(inputs["q"], inputs["k"], inputs["v"], cu_seqlens_q=inputs["cu_seqlens_q"],

@@ -25,7 +25,7 @@ from ._native import BUCKET_SPAN, BuildInfo
 # Every optional feature a call can use. The plain dense forward is always part of a problem.
 FEATURES: Tuple[str, ...] = (
     "causal", "window", "softcap", "alibi", "dropout", "gqa", "varlen", "kvcache", "paged_kv", "cache_leftpad",
-    "block_sparse", "return_probs", "backward", "deterministic", "decode", "unaligned_pages",
+    "block_sparse", "return_probs", "backward", "deterministic", "decode", "unaligned_pages", "short_paged",
 )
 
 # A paged KV cache whose page size is not a multiple of this many rows is "unaligned_pages" as well as "paged_kv":
@@ -40,6 +40,15 @@ PAGE_ROWS_MULTIPLE = 8
 # bf16 d128, 32/8 heads, batch 4, caches of 2k and 8k rows): at 1 row v3 takes 1.4-1.8x v2's time, at 16 and 64 rows
 # 0.89-1.01x, from 127 rows 0.43-0.64x.
 DECODE_MAX_SEQLEN_Q = 16
+
+# A paged call of fewer query rows per sequence than PAGED_SHORT_MAX_SEQLEN_Q whose page size is not a multiple of
+# PAGED_ONE_BOX_ROWS is "short_paged" as well: every generation that reads pages runs it, and auto prefers v2 for it
+# on sm_90. v3 loads a K / V tile of such pages in several TMA boxes (one per page piece), which costs more than its
+# larger tile gains while the query block is mostly empty. Measured (v3_hopper/tools/time_kvcache.py, bf16 d128 causal,
+# 32/8 heads, batch 4, caches of 2k and 8k, bench/results/v3-dev/2026-12-05-s39-kvcache-paged*-short.jsonl): pages of
+# 16 at 16-64 rows 1.16-1.35x v2's time, from 128 rows 0.55-0.78x; pages of 256 (one box) at 16-64 rows 0.68-1.04x.
+PAGED_SHORT_MAX_SEQLEN_Q = 128
+PAGED_ONE_BOX_ROWS = 128
 
 # What a refusal says for a feature whose name alone does not explain it (default: "<feature> is not implemented in
 # <generation> yet").
@@ -109,7 +118,8 @@ class _Table(dict):
 
 GENERATIONS: Dict[str, GenerationSpec] = _Table({
     "v1": GenerationSpec("v1", "cuda", frozenset({"fp16", "bf16"}),
-                         frozenset({"forward"}) | (frozenset(FEATURES) - {"paged_kv", "cache_leftpad", "unaligned_pages"}),
+                         frozenset({"forward"}) | (frozenset(FEATURES) - {"paged_kv", "cache_leftpad", "unaligned_pages",
+                                                                       "short_paged"}),
                          min_capability=(7, 5), min_capability_by_dtype={"bf16": (8, 0)},
                          not_together=frozenset({frozenset({"varlen", "return_probs"})}),
                          head_dim_multiple=_GPU_HEAD_DIM_MULTIPLE, alignment_bytes=_GPU_ALIGNMENT_BYTES),
@@ -117,9 +127,13 @@ GENERATIONS: Dict[str, GenerationSpec] = _Table({
                          frozenset({"forward"}) | frozenset(FEATURES),
                          min_capability=(8, 0),
                          head_dim_multiple=_GPU_HEAD_DIM_MULTIPLE, alignment_bytes=_GPU_ALIGNMENT_BYTES),
+    # v3 reads a paged cache (pages of multiples of 8 rows) or a left-padded dense one (v3_hopper/producer.cuh
+    # load_paged_tile), not both at once; measured against v2 in session 39 (bench/results/v3-dev/
+    # 2026-12-05-s39-kvcache-paged*.jsonl, 128-2048 rows: 0.45-0.76 of v2's time at pages of 16, 64 and 256 rows).
     "v3": GenerationSpec("v3", "cuda", frozenset({"fp16", "bf16", "e4m3"}),
                          frozenset({"forward", "causal", "window", "softcap", "alibi", "gqa", "varlen", "kvcache",
-                                    "backward"}),
+                                    "paged_kv", "cache_leftpad", "short_paged", "backward"}),
+                         not_together=frozenset({frozenset({"paged_kv", "cache_leftpad"})}),
                          min_capability=(9, 0),
                          max_capability=(9, 0), head_dim_multiple=_GPU_HEAD_DIM_MULTIPLE,
                          alignment_bytes=_GPU_ALIGNMENT_BYTES,
@@ -256,6 +270,10 @@ def preference(problem: Problem) -> Tuple[Tuple[str, ...], str]:
     cap = tuple(cap)
     # v1 last on sm_80+: it runs what v2 and v3 do not implement (block-sparse while v2's is opt-in, FA1 Sec. 3.3).
     if cap == (9, 0):
+        if "short_paged" in problem.features:
+            return ("v2", "v3", "v1"), (f"sm_90, a paged call of fewer than {PAGED_SHORT_MAX_SEQLEN_Q} query rows on "
+                                        f"pages that are not multiples of {PAGED_ONE_BOX_ROWS} rows: v2 (v3 loads "
+                                        "those tiles in several TMA boxes), else v3, else v1")
         return ("v3", "v2", "v1"), "sm_90: v3 (Hopper) where it supports the request, else v2, else v1"
     if cap > (9, 0):
         return ("v2", "v1"), f"{_sm(cap)} is newer than sm_90: v2 (portable code, PTX), else v1"

@@ -62,7 +62,9 @@ def _capability(device: torch.device) -> Optional[Tuple[int, int]]:
 
 def _features(q, k, *, causal, window_size, softcap, alibi_slopes, dropout_p, return_probs, varlen=False,
               kvcache=False, block_mask=None, tensors=(), paged_kv=False, cache_leftpad=False,
-              deterministic=False) -> frozenset:
+              deterministic=False, rows=None) -> frozenset:
+    """The dispatch features of a call. rows: query rows per sequence where q's shape does not say (paged varlen:
+    max_seqlen_q); else q.shape[-3]."""
     used = []
     if causal:
         used.append("causal")
@@ -86,6 +88,9 @@ def _features(q, k, *, causal, window_size, softcap, alibi_slopes, dropout_p, re
         used.append("paged_kv")
         if k.shape[1] % dispatch.PAGE_ROWS_MULTIPLE:
             used.append("unaligned_pages")
+        if (q.shape[-3] if rows is None else rows) < dispatch.PAGED_SHORT_MAX_SEQLEN_Q and \
+                k.shape[1] % dispatch.PAGED_ONE_BOX_ROWS:
+            used.append("short_paged")
     if cache_leftpad:
         used.append("cache_leftpad")
     if block_mask is not None:
@@ -346,7 +351,8 @@ def _paged_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_
     validate.check_alibi(alibi_slopes, q, batch)
     # No "backward" feature: the choice is the forward's (the backward is refused whichever runs).
     features = _features(q, k, causal=causal, window_size=window_size, softcap=softcap, alibi_slopes=alibi_slopes,
-                         dropout_p=dropout_p, return_probs=return_probs, varlen=True, paged_kv=True)
+                         dropout_p=dropout_p, return_probs=return_probs, varlen=True, paged_kv=True,
+                         rows=max_seqlen_q)
     choice = _choose(q, features, version)
     if _args.no_work(q, k, rows_k=max_seqlen_k):  # no query rows, no heads, or no sequence with a key
         probs_shape = _ops.probs_shape(q, k, cu_seqlens_q, max_seqlen_q, max_seqlen_k, block_table) \
@@ -653,7 +659,7 @@ def explain(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, window_siz
     features = _features(q, k, causal=causal, window_size=window_size, softcap=softcap, alibi_slopes=alibi_slopes,
                          dropout_p=dropout_p, return_probs=return_attn_probs, varlen=varlen, kvcache=kvcache,
                          block_mask=block_mask, tensors=() if paged else (q, k, v), paged_kv=paged,
-                         deterministic=deterministic)
+                         deterministic=deterministic, rows=max_seqlen_q if varlen else None)
     if backward is not None and not paged:
         features = features | {"backward"} if backward else features - {"backward"}
     problem = _problem(q, features)
