@@ -10,6 +10,7 @@
 #include <string>
 
 #include "bindings/kv_append_cuda.h"
+#include "bindings/vector_bytes.h"
 #include "common/kv_append.h"
 
 namespace flashgen {
@@ -61,21 +62,13 @@ __global__ void __launch_bounds__(kThreads) append_kv_kernel(const __grid_consta
 // The widest vector dividing every byte quantity a thread's address is built from.
 int vector_bytes(const KvAppendParams& a) {
   const int64_t eb = a.elem_bytes;
-  const int64_t quantities[] = {
-      static_cast<int64_t>(a.head_dim) * eb,
-      a.kc_batch_stride * eb, a.kc_row_stride * eb, a.kc_head_stride * eb,
-      a.vc_batch_stride * eb, a.vc_row_stride * eb, a.vc_head_stride * eb,
-      a.kn_batch_stride * eb, a.kn_row_stride * eb, a.kn_head_stride * eb,
-      a.vn_batch_stride * eb, a.vn_row_stride * eb, a.vn_head_stride * eb,
-      static_cast<int64_t>(reinterpret_cast<uintptr_t>(a.k_cache)),
-      static_cast<int64_t>(reinterpret_cast<uintptr_t>(a.v_cache)),
-      static_cast<int64_t>(reinterpret_cast<uintptr_t>(a.k_new)),
-      static_cast<int64_t>(reinterpret_cast<uintptr_t>(a.v_new))};
-  int bytes = 16;
-  for (int64_t q : quantities) {
-    while (bytes > 1 && q % bytes != 0) bytes /= 2;
-  }
-  return bytes;
+  return widest_vector_bytes({static_cast<int64_t>(a.head_dim) * eb,
+                              a.kc_batch_stride * eb, a.kc_row_stride * eb, a.kc_head_stride * eb,
+                              a.vc_batch_stride * eb, a.vc_row_stride * eb, a.vc_head_stride * eb,
+                              a.kn_batch_stride * eb, a.kn_row_stride * eb, a.kn_head_stride * eb,
+                              a.vn_batch_stride * eb, a.vn_row_stride * eb, a.vn_head_stride * eb,
+                              address_of(a.k_cache), address_of(a.v_cache), address_of(a.k_new),
+                              address_of(a.v_new)});
 }
 
 template <int kBytes>

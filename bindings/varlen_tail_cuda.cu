@@ -11,6 +11,7 @@
 #include <string>
 
 #include "bindings/varlen_tail_cuda.h"
+#include "bindings/vector_bytes.h"
 #include "common/config.h"
 
 namespace flashgen {
@@ -74,16 +75,6 @@ __global__ void __launch_bounds__(kThreads) fill_tails_kernel(const __grid_const
   }
 }
 
-int widest_vector(const void* base, int64_t row_bytes, int64_t row_stride, int64_t head_stride) {
-  const int64_t quantities[] = {row_bytes, row_stride, head_stride,
-                                static_cast<int64_t>(reinterpret_cast<uintptr_t>(base))};
-  int bytes = 16;
-  for (int64_t q : quantities) {
-    while (bytes > 1 && q % bytes != 0) bytes /= 2;
-  }
-  return bytes;
-}
-
 // Adds rows [*end, total) of a (total, heads, head_dim) tensor of `elem` bytes, strides in elements.
 void add_rows(TailJobs& j, void* base, const int* end, int64_t total, int64_t row_stride, int64_t head_stride,
               int heads, int head_dim, int elem) {
@@ -96,7 +87,7 @@ void add_rows(TailJobs& j, void* base, const int* end, int64_t total, int64_t ro
   r.head_stride = head_stride * elem;
   r.heads = heads;
   r.row_bytes = head_dim * elem;
-  r.vec = widest_vector(base, r.row_bytes, r.row_stride, r.head_stride);
+  r.vec = widest_vector_bytes({r.row_bytes, r.row_stride, r.head_stride, address_of(base)});
 }
 
 Status launch(const TailJobs& j, void* stream) {
