@@ -45,6 +45,7 @@ def test_fa3_argument_order():
                                       "q_descale", "k_descale", "v_descale", "softmax_scale", "causal", "window_size",
                                       "attention_chunk", "softcap", "rotary_interleaved", "scheduler_metadata",
                                       "num_splits", "pack_gqa", "sm_margin", "return_softmax_lse"],
+        fa3.flash_attn_combine: ["out_partial", "lse_partial", "out", "out_dtype"],
     }
     for fn, expected in names.items():
         positional = [p.name for p in inspect.signature(fn).parameters.values()
@@ -172,3 +173,78 @@ def test_refusals_name_the_argument(name, call, error):
     q = rand(1, 8, 2, 16)
     with pytest.raises(error, match=name):
         call(q)
+
+
+def split_partials(q, k, v, bounds):
+    """FA3-layout partials of attention over the key ranges [bounds[i], bounds[i + 1]): out_partial (splits, b, s,
+    h, d) and lse_partial (splits, b, s, h), fp32. An empty range gets FA3's empty partial: lse -inf and, standing for
+    whatever the split left there, finite garbage in its out."""
+    outs, lses = [], []
+    for lo, hi in zip(bounds[:-1], bounds[1:]):
+        if hi == lo:
+            outs.append(torch.randn(q.shape) * 1e6)
+            lses.append(torch.full((q.shape[0], q.shape[1], q.shape[2]), -float("inf")))
+            continue
+        out, lse, _ = flashgen.flash_attn_func(q, k[:, lo:hi], v[:, lo:hi], return_attn_probs=True)
+        outs.append(out.float())
+        lses.append(lse.transpose(1, 2))
+    return torch.stack(outs), torch.stack(lses)
+
+
+def test_combine_is_attention_over_all_splits():
+    """Partials over disjoint key ranges (one empty) combine into attention over all keys: fp32 inputs, so the
+    partials carry fp32 rounding only and the result is held to 1e-5 of the float64 oracle (out and lse)."""
+    q, k, v = torch.randn(2, 19, 3, 40), torch.randn(2, 70, 3, 40), torch.randn(2, 70, 3, 40)
+    out_partial, lse_partial = split_partials(q, k, v, [0, 9, 9, 40, 70])
+    out, lse = fa3.flash_attn_combine(out_partial, lse_partial)
+    ref, ref_lse = reference.attention_ref(q, k, v)
+    assert out.dtype == torch.float32 and out.shape == q.shape
+    assert lse.shape == (2, 19, 3) and lse.dtype == torch.float32
+    assert torch.allclose(out.double(), ref, atol=1e-5), (out.double() - ref).abs().max()
+    assert torch.allclose(lse.double(), ref_lse.transpose(1, 2), atol=1e-5)
+    # flashgen's (and flash_attn 2.x's) empty partial, lse +inf, counts for nothing as FA3's -inf does
+    lse_partial[1] = float("inf")
+    out2, lse2 = fa3.flash_attn_combine(out_partial, lse_partial)
+    assert torch.equal(out2, out) and torch.equal(lse2, lse)
+    # one split alone is its own result
+    one, one_lse = fa3.flash_attn_combine(out_partial[2:3], lse_partial[2:3])
+    assert torch.allclose(one, out_partial[2], atol=1e-6) and torch.equal(one_lse, lse_partial[2])
+
+
+def test_combine_rows_no_split_saw_and_out_argument():
+    q, k, v = (torch.randn(1, 6, 2, 16) for _ in range(3))
+    out_partial, lse_partial = split_partials(q, k, v, [0, 3, 6])
+    lse_partial[:, 0, 4, 1] = -float("inf")  # row 4 of head 1: no split saw a key
+    lse_partial[0, 0, 5, 0] = float("inf")
+    lse_partial[1, 0, 5, 0] = -float("inf")  # row 5 of head 0: the two conventions of an empty partial together
+    out = torch.full((1, 6, 2, 16), float("nan"), dtype=torch.bfloat16)
+    got, lse = fa3.flash_attn_combine(out_partial, lse_partial, out=out, out_dtype=torch.bfloat16)
+    assert got is out and not out.isnan().any()
+    assert torch.equal(out[0, 4, 1], torch.zeros(16, dtype=torch.bfloat16))
+    assert torch.equal(out[0, 5, 0], torch.zeros(16, dtype=torch.bfloat16))
+    assert lse[0, 4, 1] == float("inf") and lse[0, 5, 0] == float("inf")
+    full, _ = fa3.flash_attn_combine(out_partial, lse_partial)
+    assert torch.equal(out, full.to(torch.bfloat16))
+
+
+COMBINE_REFUSED = [
+    ("out_partial", lambda o, l: fa3.flash_attn_combine(o[0], l), ValueError),
+    ("lse_partial", lambda o, l: fa3.flash_attn_combine(o, l[..., 0]), ValueError),
+    ("out_partial", lambda o, l: fa3.flash_attn_combine(o.to(torch.bfloat16), l), TypeError),
+    ("lse_partial", lambda o, l: fa3.flash_attn_combine(o, l.double()), TypeError),
+    ("lse_partial", lambda o, l: fa3.flash_attn_combine(o, l[:, :, :3]), ValueError),
+    ("out_partial", lambda o, l: fa3.flash_attn_combine(o.expand(257, -1, -1, -1, -1),
+                                                        l.expand(257, -1, -1, -1)), ValueError),
+    ("out_dtype", lambda o, l: fa3.flash_attn_combine(o, l, out_dtype=torch.float64), TypeError),
+    ("out", lambda o, l: fa3.flash_attn_combine(o, l, out=torch.empty(1, 4, 2, 16)), ValueError),
+    ("out", lambda o, l: fa3.flash_attn_combine(o, l, out=torch.empty(1, 5, 2, 16, dtype=torch.bfloat16)),
+     ValueError),
+]
+
+
+@pytest.mark.parametrize("name,call,error", COMBINE_REFUSED,
+                         ids=[f"{r[0]}-{i}" for i, r in enumerate(COMBINE_REFUSED)])
+def test_combine_refusals_name_the_argument(name, call, error):
+    out_partial, lse_partial = torch.randn(1, 1, 5, 2, 16), torch.randn(1, 1, 5, 2)
+    with pytest.raises(error, match=name):
+        call(out_partial, lse_partial)

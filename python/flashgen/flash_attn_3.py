@@ -11,7 +11,8 @@ arguments that tune FA3's own schedule (`num_splits` of the non-cache calls, `pa
 bounds the KV cache's split-KV plan, as in flash_attn 2.x). What flashgen has no kernel for raises
 NotImplementedError naming the argument: `qv`, `attention_chunk` other than 0, `seqused_q` / `seqused_k` of the
 varlen call, and on the KV cache varlen queries (`cu_seqlens_q`), `cu_seqlens_k_new`, `rotary_seqlens` and FP8
-descales. Not provided: `flash_attn_combine`, `get_scheduler_metadata`.
+descales. `flash_attn_combine` merges split-KV partial results by their LSE (distributed.merge_partials, the
+split-KV combine of common/softmax.h, in torch ops). Not provided: `get_scheduler_metadata`.
 """
 
 from __future__ import annotations
@@ -117,4 +118,59 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, qv=None, rotary
                                         return_softmax_lse, version=version)
 
 
-__all__ = ["flash_attn_func", "flash_attn_qkvpacked_func", "flash_attn_varlen_func", "flash_attn_with_kvcache"]
+def _what(t) -> str:
+    """A tensor's shape and dtype for an error message, anything else's repr."""
+    return f"shape {tuple(t.shape)} {t.dtype}" if isinstance(t, torch.Tensor) else _args._describe(t)
+
+
+COMBINE_MAX_SPLITS = 256  # FA3's limit on num_splits (hopper/flash_api.cpp mha_combine)
+_COMBINE_OUT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+
+
+def flash_attn_combine(out_partial, lse_partial, out=None, out_dtype=None):
+    """FA3's flash_attn_combine: the attention of each query over the union of disjoint key sets, from each set's
+    normalized output and LSE (what a split-KV or cascade computation gives).
+
+    out_partial fp32 (num_splits, batch, seqlen, num_heads, head_dim), lse_partial fp32 (num_splits, batch, seqlen,
+    num_heads), natural-log units. A split that saw no key has lse -inf (FA3's partials) or +inf (flashgen's and
+    flash_attn 2.x's empty rows) and counts for nothing; a row no split saw gets out 0 and lse +inf. Returns
+    (out, softmax_lse): out (batch, seqlen, num_heads, head_dim) in out_dtype (fp32, fp16 or bf16; default
+    out_partial's), written into `out` when given, and softmax_lse fp32 (batch, seqlen, num_heads).
+    Runs as torch ops on any device (no kernel of its own); differentiable."""
+    if not isinstance(out_partial, torch.Tensor) or out_partial.dim() != 5:
+        raise ValueError("out_partial: expected a 5-D tensor (num_splits, batch, seqlen, num_heads, head_dim), got "
+                         f"{_what(out_partial)}")
+    if not isinstance(lse_partial, torch.Tensor) or lse_partial.dim() != 4:
+        raise ValueError("lse_partial: expected a 4-D tensor (num_splits, batch, seqlen, num_heads), got "
+                         f"{_what(lse_partial)}")
+    for name, t in (("out_partial", out_partial), ("lse_partial", lse_partial)):
+        if t.dtype != torch.float32:
+            raise TypeError(f"{name}: expected float32 (FA3's combine takes fp32 partials), got {t.dtype}")
+    splits, batch, seqlen, heads, head_dim = out_partial.shape
+    if tuple(lse_partial.shape) != (splits, batch, seqlen, heads):
+        raise ValueError(f"lse_partial: expected shape {(splits, batch, seqlen, heads)} to match out_partial "
+                         f"{tuple(out_partial.shape)}, got {tuple(lse_partial.shape)}")
+    if lse_partial.device != out_partial.device:
+        raise ValueError(f"lse_partial: expected on {out_partial.device} as out_partial, got {lse_partial.device}")
+    if not 1 <= splits <= COMBINE_MAX_SPLITS:
+        raise ValueError(f"out_partial: expected 1 to {COMBINE_MAX_SPLITS} splits (dim 0), got {splits}")
+    dtype = out_partial.dtype if out_dtype is None else out_dtype
+    if dtype not in _COMBINE_OUT_DTYPES:
+        raise TypeError(f"out_dtype: expected one of float32, float16, bfloat16, got {out_dtype}")
+    if out is not None:
+        if not isinstance(out, torch.Tensor) or tuple(out.shape) != (batch, seqlen, heads, head_dim):
+            raise ValueError(f"out: expected a tensor of shape {(batch, seqlen, heads, head_dim)}, got "
+                             f"{_what(out)}")
+        if out.dtype != dtype or out.device != out_partial.device:
+            raise ValueError(f"out: expected {dtype} on {out_partial.device}, got {out.dtype} on {out.device}")
+    from .distributed import merge_partials  # imports torch.distributed: only when a combine is asked for
+    merged, lse = merge_partials(list(out_partial.unbind(0)), [t.transpose(1, 2) for t in lse_partial.unbind(0)])
+    lse = lse.transpose(1, 2)  # (batch, seqlen, num_heads), a view of (batch, num_heads, seqlen) as FA3's
+    if out is None:
+        return merged.to(dtype), lse
+    out.copy_(merged)
+    return out, lse
+
+
+__all__ = ["COMBINE_MAX_SPLITS", "flash_attn_combine", "flash_attn_func", "flash_attn_qkvpacked_func",
+           "flash_attn_varlen_func", "flash_attn_with_kvcache"]
