@@ -57,6 +57,12 @@ FH_HD PagedBox paged_box(const AttnParams& p, const int* pages, int row, int las
   const int entry = (row < last_row ? row : last_row) / p.page_block_size;
   return {page_of(p.batch_k, pages[entry]), row - (row / p.page_block_size) * p.page_block_size};
 }
+// The same with the divisions by `div` (RowDivider::make(page_block_size); row, last_row >= 0): two signed divisions
+// were ~40 dependent instructions a box in v3's producer (bench/NOTES.md session 40).
+FH_HD PagedBox paged_box(const AttnParams& p, const RowDivider& div, const int* pages, int row, int last_row) {
+  const int entry = div.div(row < last_row ? row : last_row);
+  return {page_of(p.batch_k, pages[entry]), row - div.div(row) * p.page_block_size};
+}
 
 // Cache rows r, r + step, r + 2 step, ... of one sequence of a paged cache, for a loop that visits them in order (the
 // kernels' tile loads, each thread every step-th row): paged_kv_row_offset of each row without a division per row.

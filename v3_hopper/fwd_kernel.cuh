@@ -47,13 +47,17 @@ __global__ void __launch_bounds__(T::kNumThreads, 1)
   const SmemMap<T> sm{(raw + kSwizzleAtomBytes - 1) & ~static_cast<uint32_t>(kSwizzleAtomBytes - 1)};
   const int chunks = ceil_div(p.head_dim, kChunkCols);  // column chunks holding real columns
 
+  // The producer warps that load a paged cache's K / V tiles, each arming their full barriers (producer.cuh)
+  const int loader_warps = kWarpSpecialized && p.block_table != nullptr
+                               ? paged_loader_warps(p.page_block_size, p.seqlen_k, T::kBlockN)
+                               : 1;
   if (threadIdx.x == 0) {
     mbar_init(sm.q_full(), 1);
     mbar_init(sm.q_empty(), T::kConsumerArrivals);
     for (int s = 0; s < T::kStages; ++s) {
-      mbar_init(sm.k_full(s), 1);
+      mbar_init(sm.k_full(s), loader_warps);
       mbar_init(sm.k_empty(s), T::kConsumerArrivals);
-      mbar_init(sm.v_full(s), 1);
+      mbar_init(sm.v_full(s), loader_warps);
       mbar_init(sm.v_empty(s), T::kConsumerArrivals);
     }
     mbar_init_fence();
@@ -79,8 +83,9 @@ __global__ void __launch_bounds__(T::kNumThreads, 1)
     }
   } else if (warpgroup == 0) {
     setmaxnreg_dec<T::kProducerRegs>();
-    // A paged tile's boxes each read a table entry first: the warp reads them together (producer.cuh).
-    const int lanes = p.block_table != nullptr ? 32 : 1;
+    // A paged tile's boxes each read a table entry first: the loader warps read them together and share the issue
+    // (producer.cuh load_paged_tile).
+    const int lanes = p.block_table != nullptr ? loader_warps * kWarpSize : 1;
     if (threadIdx.x < lanes) {
       producer_loop<T>(p, FwdMaps{&map_q, &map_k, &map_v}, sm, sched, chunks, static_cast<int>(threadIdx.x), lanes);
     }

@@ -33,6 +33,14 @@ __device__ __forceinline__ void load_tile(uint32_t dst, const CUtensorMap* map, 
   }
 }
 
+// The boxes of a paged tile that warp `warp` of a Loader of `lanes` threads loads (load_paged_tile's deal): boxes
+// b < kBlockN / box_rows with b % warps == warp.
+template <typename T>
+__device__ __forceinline__ int paged_warp_boxes(int box_rows, int warp, int lanes) {
+  const int warps = lanes > kWarpSize ? lanes / kWarpSize : 1, boxes = T::kBlockN / box_rows;
+  return (boxes - warp + warps - 1) / warps;
+}
+
 // A K or V tile of a paged cache (common/kv_layout.h's rule), cache rows [key_row, key_row + kBlockN) of the sequence
 // whose block-table row is `pages`: box_rows rows per TMA box (the K / V maps' box, tile_config.h
 // paged_tile_box_rows: gcd(page_block_size, kBlockN), a multiple of the swizzle's 8 rows, each box inside one page;
@@ -41,15 +49,20 @@ __device__ __forceinline__ void load_tile(uint32_t dst, const CUtensorMap* map, 
 // Each box's page and row: common/kv_layout.h paged_box (rows past last_row, the sequence's last key, read its page
 // entry; those rows are masked and V's zeroed, consumer.cuh zero_v_rows; entries clamped to the
 // cache's pages by page_of, as v2 reads them).
-// Lane `lane` of `lanes` (the producer warp's 32, or 1 thread) loads boxes lane, lane + lanes, ...: the warp reads its
-// boxes' table entries at once, where one thread's loop waited on each entry's load before its copy (a tile of 16-row
-// pages is 8-11 boxes: session 39 measured v3 at 212 TFLOP/s on such pages against 589 on one box per tile).
+// Lane `lane` of `lanes` (the loader warps' threads, tile_config.h paged_loader_warps x 32, or 1 thread) loads boxes b, b + lanes,
+// ..., where b = (lane % 32) * warps + lane / 32 deals consecutive boxes to alternate warps: each warp reads its
+// boxes' table entries at once, where one thread's loop waited on each entry's load before its copy (a tile of
+// 16-row pages is 8-11 boxes: session 39 measured v3 at 212 TFLOP/s on such pages against 589 on one box per tile),
+// and the warps share the issue, whose TMAs go out one after another (one per box and 64 columns, each with its own
+// uniform operands): with one warp that issue was what the consumers waited on (ncu, bench/NOTES.md session 40).
+// The page divisions use p.page_div (v3_api.cu fwd made it).
 template <typename T>
 __device__ __forceinline__ void load_paged_tile(uint32_t dst, const CUtensorMap* map, uint32_t bar, int chunks,
                                                 const AttnParams& p, const int* pages, int key_row, int last_row,
                                                 int box_rows, int head_k, int lane, int lanes) {
-  for (int r = lane * box_rows; r < T::kBlockN; r += lanes * box_rows) {
-    const PagedBox box = paged_box(p, pages, key_row + r, last_row);
+  const int warps = lanes > kWarpSize ? lanes / kWarpSize : 1;
+  for (int r = (lane % kWarpSize * warps + lane / kWarpSize) * box_rows; r < T::kBlockN; r += lanes * box_rows) {
+    const PagedBox box = paged_box(p, p.page_div, pages, key_row + r, last_row);
 #pragma unroll
     for (int c = 0; c < T::kChunks; ++c) {
       if (c < chunks) {
@@ -86,9 +99,10 @@ struct Loader {
   int last_key = 0;            // paged cache: the cache row of the sequence's last key
   int box_rows = 0;            // paged cache: rows per TMA box of K / V (the maps' box, v3_api.cu)
   bool done = false;
-  // The threads that run this Loader in step: 1 (lane 0 alone), or the producer warp's 32 with a paged cache
-  // (producer_loop), every lane on the same sequence of steps; lane 0 alone arms the barriers and loads Q and dense
-  // tiles, and each lane loads its own boxes of a paged tile.
+  // The threads that run this Loader in step: 1 (lane 0 alone), or the loader warps with a paged cache
+  // (producer_loop), every lane on the same sequence of steps; lane 0 alone arms Q's and a dense tile's barrier and
+  // loads them, each loader warp's first lane arms a paged tile's barrier for its warp's boxes, and each lane loads
+  // its own boxes.
   int lane = 0, lanes = 1;
 
   // Moves to the next tile that has keys; false (and done) when this CTA has none left.
@@ -153,13 +167,18 @@ struct Loader {
         const uint32_t dst = is_k ? sm.k(slot.stage) : sm.v(slot.stage);
         const CUtensorMap* map = is_k ? maps.k : maps.v;
         const int key_row = (key_block_end - 1 - i) * T::kBlockN;
-        // a paged tile's boxes add up to the same bytes; the other lanes' copies go out once it is armed
-        if (lane == 0) mbar_arrive_expect_tx(full, chunks * T::kChunkBytesKV);
-        if (lanes > 1) __syncwarp();
         if (pages != nullptr) {
+          // each loading warp arms the buffer (its full barrier counts one arrival a warp, fwd_kernel.cuh) with the
+          // bytes of its own boxes, then its lanes copy them
+          if (lane % kWarpSize == 0) {
+            mbar_arrive_expect_tx(full, paged_warp_boxes<T>(box_rows, lane / kWarpSize, lanes) * chunks * box_rows *
+                                            kSwizzleBytes);
+          }
+          if (lanes > 1) __syncwarp();
           load_paged_tile<T>(dst, map, full, chunks, p, pages, first_key + key_row, last_key, box_rows, head_k, lane,
                              lanes);
         } else if (lane == 0) {
+          mbar_arrive_expect_tx(full, chunks * T::kChunkBytesKV);
           load_tile<T::kChunks>(dst, map, full, chunks, T::kChunkBytesKV, rows.k_row0 + key_row, head_k,
                                 rows.k_batch);
         }
@@ -202,7 +221,7 @@ struct InlineLoads {
   }
 };
 
-// The producer warpgroup's first thread, or with a paged cache its first warp (Loader::lanes; fwd_kernel.cuh): the
+// The producer warpgroup's first thread, or with a paged cache its loader warps (Loader::lanes; fwd_kernel.cuh): the
 // whole sequence, waiting for each buffer.
 template <typename T>
 __device__ void producer_loop(const AttnParams& p, const FwdMaps& maps, const SmemMap<T>& sm,

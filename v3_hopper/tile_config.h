@@ -9,6 +9,7 @@ namespace flashgen {
 namespace v3 {
 
 // ---- thread roles: warpgroup 0 produces (TMA), warpgroups 1..consumers consume (wgmma + softmax) ----
+constexpr int kWarpSize = 32;
 constexpr int kWarpgroupThreads = 128;   // wgmma is issued by 4 consecutive warps
 constexpr int kWarpgroupRows = 64;       // wgmma M: query rows per consumer warpgroup
 constexpr int kMaxConsumerWarpgroups = 3;
@@ -129,6 +130,18 @@ constexpr bool paged_box_ok(int page_block_size, int block_n) {
 FH_HD constexpr bool paged_one_page(int page_block_size, int seqlen_k) { return seqlen_k <= page_block_size; }
 FH_HD constexpr int paged_tile_box_rows(int page_block_size, int seqlen_k, int block_n) {
   return paged_one_page(page_block_size, seqlen_k) ? block_n : paged_box_rows(page_block_size, block_n);
+}
+// The producer warps that load a paged cache's K / V tiles (producer.cuh load_paged_tile deals a tile's boxes to
+// them): one per box, up to kMaxPagedLoaderWarps. With one warp, pages of 16 rows (8 boxes a tile, 16 TMAs at d128,
+// issued one after another) left the consumers waiting on K and V: 2.43 ms against 1.38 dense at 8k x 2048; with two
+// 2.04 against 1.36 (ncu, bench/NOTES.md session 40). One box a tile (pages of 128 rows and up) keeps one warp: a
+// second one there only added an arrival to each full barrier (1.59 -> 1.71 ms). The producer warpgroup has 4; more
+// than two is not measured yet.
+constexpr int kMaxPagedLoaderWarps = 2;
+static_assert(kMaxPagedLoaderWarps * kWarpSize <= kWarpgroupThreads, "loader warps are the producer warpgroup's");
+FH_HD constexpr int paged_loader_warps(int page_block_size, int seqlen_k, int block_n) {
+  const int boxes = block_n / paged_tile_box_rows(page_block_size, seqlen_k, block_n);
+  return boxes < kMaxPagedLoaderWarps ? boxes : kMaxPagedLoaderWarps;
 }
 
 // ---- ablation switches (FA3 paper Sec. 4.3): compile definitions, 1 (on) unless a measurement turns one off

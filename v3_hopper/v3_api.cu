@@ -183,8 +183,10 @@ TileOrder launch_tile_order(const AttnParams& p, int block_m, int element_bytes,
   return o;
 }
 
-Status fwd(const AttnParams& p, void* stream) {
-  if (p.dtype == DType::kFloat8E4M3) return fwd_fp8(p, stream);
+Status fwd(const AttnParams& caller_params, void* stream) {
+  if (caller_params.dtype == DType::kFloat8E4M3) return fwd_fp8(caller_params, stream);
+  AttnParams p = caller_params;
+  p.page_div = RowDivider::make(p.page_block_size);  // a paged cache's TMA boxes divide by it (producer.cuh)
   int bucket = 0;
   const int64_t q_rows = p.cu_seqlens_q ? p.total_q : p.seqlen_q;
   if (p.batch == 0 || p.seqlen_q == 0 || q_rows == 0) return Status::ok();  // no output row exists

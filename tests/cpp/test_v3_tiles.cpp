@@ -224,7 +224,7 @@ void test_query_row_shift() {
         query_row_shift(512, 192), query_row_shift(2048, 128), query_row_shift(1050, 128), query_row_shift(1000, 192));
 }
 
-// paged_box_rows / paged_box_ok: for every key tile of the table (tile_config, short_tile_config) and page sizes
+// paged_box_rows / paged_box_ok / paged_loader_warps: for every key tile of the table (tile_config, short_tile_config) and page sizes
 // 1-600, the box divides both the page and the tile (each box inside one page, a tile whole boxes); it is the largest
 // such; and v3 takes exactly the pages whose size is a multiple of 8 (python/flashgen/dispatch.py
 // PAGE_ROWS_MULTIPLE: the "unaligned_pages" feature is the rest).
@@ -253,6 +253,11 @@ void test_paged_boxes() {
         const int want = seqlen_k <= page ? block_n : box;
         CHECK(flashgen::v3::paged_tile_box_rows(page, seqlen_k, block_n) == want, "page %d keys %d block_n %d: %d",
               page, seqlen_k, block_n, flashgen::v3::paged_tile_box_rows(page, seqlen_k, block_n));
+        // loader warps: one per box of the tile, at most kMaxPagedLoaderWarps, at least 1
+        constexpr int kMax = flashgen::v3::kMaxPagedLoaderWarps;
+        const int warps = flashgen::v3::paged_loader_warps(page, seqlen_k, block_n), boxes = block_n / want;
+        CHECK(warps == (boxes < kMax ? boxes : kMax) && warps >= 1, "page %d keys %d block_n %d: %d loader warps",
+              page, seqlen_k, block_n, warps);
       }
     }
   }
