@@ -132,12 +132,11 @@ FH_HD constexpr int paged_tile_box_rows(int page_block_size, int seqlen_k, int b
   return paged_one_page(page_block_size, seqlen_k) ? block_n : paged_box_rows(page_block_size, block_n);
 }
 // The producer warps that load a paged cache's K / V tiles (producer.cuh load_paged_tile deals a tile's boxes to
-// them): one per box, up to kMaxPagedLoaderWarps. With one warp, pages of 16 rows (8 boxes a tile, 16 TMAs at d128,
-// issued one after another) left the consumers waiting on K and V: 2.43 ms against 1.38 dense at 8k x 2048; with two
-// 2.04 against 1.36 (ncu, bench/NOTES.md session 40). One box a tile (pages of 128 rows and up) keeps one warp: a
-// second one there only added an arrival to each full barrier (1.59 -> 1.71 ms). The producer warpgroup has 4; more
-// than two is not measured yet.
-constexpr int kMaxPagedLoaderWarps = 2;
+// them): one per box, up to the producer warpgroup's 4. With one warp, pages of 16 rows (8 boxes a tile, 16 TMAs at
+// d128, issued one after another) left the consumers waiting on K and V: 2.43 ms against 1.38 dense at 8k x 2048;
+// two warps 2.04-2.07, four 1.84 (ncu; time_kvcache 398 -> 460 -> 486 TFLOP/s; bench/NOTES.md session 40). A tile of
+// one box (pages of 128 rows and up) has one warp.
+constexpr int kMaxPagedLoaderWarps = 4;
 static_assert(kMaxPagedLoaderWarps * kWarpSize <= kWarpgroupThreads, "loader warps are the producer warpgroup's");
 FH_HD constexpr int paged_loader_warps(int page_block_size, int seqlen_k, int block_n) {
   const int boxes = block_n / paged_tile_box_rows(page_block_size, seqlen_k, block_n);

@@ -128,8 +128,8 @@ GENERATIONS: Dict[str, GenerationSpec] = _Table({
                          min_capability=(8, 0),
                          head_dim_multiple=_GPU_HEAD_DIM_MULTIPLE, alignment_bytes=_GPU_ALIGNMENT_BYTES),
     # v3 reads a paged cache (pages of multiples of 8 rows) or a left-padded dense one (v3_hopper/producer.cuh
-    # load_paged_tile), not both at once; measured against v2 in session 39 (bench/results/v3-dev/
-    # 2026-12-05-s39-kvcache-paged*.jsonl, 128-2048 rows: 0.45-0.78 of v2's time at pages of 16, 64 and 256 rows).
+    # load_paged_tile), not both at once; measured against v2 in session 40 (bench/results/v3-dev/
+    # 2026-12-05-s40-kvcache-paged*.jsonl, 128-2048 rows: 0.47-0.72 of v2's time at pages of 16, 64 and 256 rows).
     "v3": GenerationSpec("v3", "cuda", frozenset({"fp16", "bf16", "e4m3"}),
                          frozenset({"forward", "causal", "window", "softcap", "alibi", "gqa", "varlen", "kvcache",
                                     "paged_kv", "cache_leftpad", "short_paged", "backward"}),
