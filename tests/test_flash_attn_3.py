@@ -46,6 +46,11 @@ def test_fa3_argument_order():
                                       "attention_chunk", "softcap", "rotary_interleaved", "scheduler_metadata",
                                       "num_splits", "pack_gqa", "sm_margin", "return_softmax_lse"],
         fa3.flash_attn_combine: ["out_partial", "lse_partial", "out", "out_dtype"],
+        fa3.get_scheduler_metadata: ["batch_size", "max_seqlen_q", "max_seqlen_k", "num_heads_q", "num_heads_kv",
+                                     "headdim", "cache_seqlens", "qkv_dtype", "headdim_v", "cu_seqlens_q",
+                                     "cu_seqlens_k_new", "cache_leftpad", "page_size", "max_seqlen_k_new", "causal",
+                                     "window_size", "attention_chunk", "has_softcap", "num_splits", "pack_gqa",
+                                     "sm_margin"],
     }
     for fn, expected in names.items():
         positional = [p.name for p in inspect.signature(fn).parameters.values()
@@ -248,3 +253,39 @@ def test_combine_refusals_name_the_argument(name, call, error):
     out_partial, lse_partial = torch.randn(1, 1, 5, 2, 16), torch.randn(1, 1, 5, 2)
     with pytest.raises(error, match=name):
         call(out_partial, lse_partial)
+
+
+def test_scheduler_metadata_is_accepted_and_changes_nothing():
+    """FA3's plan-ahead call (vLLM's FA3 path): an int32 tensor on cache_seqlens's device that the KV-cache call takes
+    as scheduler_metadata, with the same result as without it."""
+    q, k_cache, v_cache = rand(2, 3, 4, 32), rand(2, 40, 2, 32), rand(2, 40, 2, 32)
+    seqlens = torch.tensor([17, 40], dtype=torch.int32)
+    meta = fa3.get_scheduler_metadata(2, 3, 40, 4, 2, 32, seqlens, torch.bfloat16, causal=True, page_size=None)
+    assert isinstance(meta, torch.Tensor) and meta.dtype == torch.int32 and meta.device == seqlens.device
+    out = fa3.flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=seqlens, causal=True,
+                                      scheduler_metadata=meta)
+    assert torch.equal(out, fa3.flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=seqlens, causal=True))
+
+
+SEQLENS = torch.tensor([3], dtype=torch.int32)
+METADATA_REFUSED = [
+    ("headdim_v", lambda: fa3.get_scheduler_metadata(1, 1, 8, 2, 2, 64, SEQLENS, headdim_v=128), NotImplementedError),
+    ("attention_chunk", lambda: fa3.get_scheduler_metadata(1, 1, 8, 2, 2, 64, SEQLENS, attention_chunk=4),
+     NotImplementedError),
+    ("cu_seqlens_q", lambda: fa3.get_scheduler_metadata(1, 1, 8, 2, 2, 64, SEQLENS, cu_seqlens_q=SEQLENS),
+     NotImplementedError),
+    ("batch_size", lambda: fa3.get_scheduler_metadata(-1, 1, 8, 2, 2, 64, SEQLENS), ValueError),
+    ("max_seqlen_k", lambda: fa3.get_scheduler_metadata(1, 1, 2.5, 2, 2, 64, SEQLENS), TypeError),
+    ("cache_seqlens", lambda: fa3.get_scheduler_metadata(1, 1, 8, 2, 2, 64, [3]), TypeError),
+    ("page_size", lambda: fa3.get_scheduler_metadata(1, 1, 8, 2, 2, 64, SEQLENS, page_size=0), ValueError),
+    ("num_splits", lambda: fa3.get_scheduler_metadata(1, 1, 8, 2, 2, 64, SEQLENS, num_splits=-1), ValueError),
+    ("window_size", lambda: fa3.get_scheduler_metadata(1, 1, 8, 2, 2, 64, SEQLENS, window_size=(1, 2, 3)),
+     TypeError),
+]
+
+
+@pytest.mark.parametrize("name,call,error", METADATA_REFUSED,
+                         ids=[f"{r[0]}-{i}" for i, r in enumerate(METADATA_REFUSED)])
+def test_scheduler_metadata_refusals_name_the_argument(name, call, error):
+    with pytest.raises(error, match=name):
+        call()

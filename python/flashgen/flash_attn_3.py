@@ -12,7 +12,8 @@ bounds the KV cache's split-KV plan, as in flash_attn 2.x). What flashgen has no
 NotImplementedError naming the argument: `qv`, `attention_chunk` other than 0, `seqused_q` / `seqused_k` of the
 varlen call, and on the KV cache varlen queries (`cu_seqlens_q`), `cu_seqlens_k_new`, `rotary_seqlens` and FP8
 descales. `flash_attn_combine` merges split-KV partial results by their LSE (distributed.merge_partials, the
-split-KV combine of common/softmax.h, in torch ops). Not provided: `get_scheduler_metadata`.
+split-KV combine of common/softmax.h, in torch ops). `get_scheduler_metadata` checks its arguments and returns a
+placeholder that `flash_attn_with_kvcache` accepts and ignores (flashgen plans its own schedule).
 """
 
 from __future__ import annotations
@@ -172,5 +173,37 @@ def flash_attn_combine(out_partial, lse_partial, out=None, out_dtype=None):
     return out, lse
 
 
+def get_scheduler_metadata(batch_size, max_seqlen_q, max_seqlen_k, num_heads_q, num_heads_kv, headdim,
+                           cache_seqlens: torch.Tensor, qkv_dtype=torch.bfloat16, headdim_v=None, cu_seqlens_q=None,
+                           cu_seqlens_k_new=None, cache_leftpad=None, page_size=None, max_seqlen_k_new=0, causal=False,
+                           window_size=(-1, -1), attention_chunk=0, has_softcap=False, num_splits=0, pack_gqa=None,
+                           sm_margin=0):
+    """FA3's get_scheduler_metadata, for code that plans a KV-cache call's schedule ahead (vLLM's FA3 path). FA3
+    precomputes its split plan into this tensor; flashgen plans inside each call, so what comes back is an empty
+    int32 tensor on cache_seqlens's device, which `flash_attn_with_kvcache(scheduler_metadata=...)` accepts and
+    ignores. The arguments are checked as the call they describe would check them: sizes are ints >= 0, and what
+    flashgen has no kernel for (`headdim_v` other than `headdim`, `attention_chunk` > 0, the varlen queries and
+    `cu_seqlens_k_new` of the KV cache) raises NotImplementedError by name."""
+    for name, value in (("batch_size", batch_size), ("max_seqlen_q", max_seqlen_q), ("max_seqlen_k", max_seqlen_k),
+                        ("num_heads_q", num_heads_q), ("num_heads_kv", num_heads_kv), ("headdim", headdim),
+                        ("max_seqlen_k_new", max_seqlen_k_new)):
+        if _args.as_int(name, value) < 0:
+            raise ValueError(f"{name}: expected an int >= 0, got {value}")
+    if not isinstance(cache_seqlens, torch.Tensor):
+        raise TypeError(f"cache_seqlens: expected a tensor (batch_size,), got {_what(cache_seqlens)}")
+    if headdim_v is not None and _args.as_int("headdim_v", headdim_v) != _args.as_int("headdim", headdim):
+        raise NotImplementedError(f"headdim_v: flashgen's kernels take V with q's head dim ({headdim}), got "
+                                  f"{headdim_v}; pass headdim_v=None")
+    if page_size is not None and _args.as_int("page_size", page_size) < 1:
+        raise ValueError(f"page_size: expected an int >= 1 or None, got {page_size}")
+    _args.as_bool("causal", causal)
+    _args.as_bool("has_softcap", has_softcap)
+    _args.as_pair("window_size", window_size, "(left, right)")
+    del qkv_dtype, cache_leftpad  # the call that uses the metadata checks its own tensors
+    _refuse(None, attention_chunk, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k_new=cu_seqlens_k_new)
+    _check_tuning(num_splits, pack_gqa, sm_margin)
+    return torch.empty(0, dtype=torch.int32, device=cache_seqlens.device)
+
+
 __all__ = ["COMBINE_MAX_SPLITS", "flash_attn_combine", "flash_attn_func", "flash_attn_qkvpacked_func",
-           "flash_attn_varlen_func", "flash_attn_with_kvcache"]
+           "flash_attn_varlen_func", "flash_attn_with_kvcache", "get_scheduler_metadata"]
