@@ -49,13 +49,13 @@ __device__ __forceinline__ int paged_warp_boxes(int box_rows, int warp, int lane
 // Each box's page and row: common/kv_layout.h paged_box (rows past last_row, the sequence's last key, read its page
 // entry; those rows are masked and V's zeroed, consumer.cuh zero_v_rows; entries clamped to the
 // cache's pages by page_of, as v2 reads them).
-// Lane `lane` of `lanes` (the loader warps' threads, tile_config.h paged_loader_warps x 32, or 1 thread) loads boxes b, b + lanes,
-// ..., where b = (lane % 32) * warps + lane / 32 deals consecutive boxes to alternate warps: each warp reads its
-// boxes' table entries at once, where one thread's loop waited on each entry's load before its copy (a tile of
-// 16-row pages is 8-11 boxes: session 39 measured v3 at 212 TFLOP/s on such pages against 589 on one box per tile),
-// and the warps share the issue, whose TMAs go out one after another (one per box and 64 columns, each with its own
-// uniform operands): with one warp that issue was what the consumers waited on (ncu, bench/NOTES.md session 40).
-// The page divisions use p.page_div (v3_api.cu fwd made it).
+// Lane `lane` of `lanes` (the loader warps' threads, tile_config.h paged_loader_warps x 32, or 1 thread) loads boxes b,
+// b + lanes, ..., where b = (lane % 32) * warps + lane / 32 deals consecutive boxes to alternate warps: each warp reads
+// its boxes' table entries at once, where one thread's loop waited on each entry's load before its copy (a tile of
+// 16-row pages is 8-11 boxes: session 39 measured v3 at 212 TFLOP/s on such pages against 589 on one box per tile), and
+// the warps share the issue, whose TMAs go out one after another (one per box and 64 columns, each with its own uniform
+// operands): with one warp that issue was what the consumers waited on (ncu, bench/NOTES.md session 40). The page
+// divisions use p.page_div (v3_api.cu fwd made it).
 template <typename T>
 __device__ __forceinline__ void load_paged_tile(uint32_t dst, const CUtensorMap* map, uint32_t bar, int chunks,
                                                 const AttnParams& p, const int* pages, int key_row, int last_row,
