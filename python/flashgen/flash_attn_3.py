@@ -22,7 +22,7 @@ from typing import Optional
 
 import torch
 
-from . import _args
+from . import _args, validate
 from . import interface as _fa2
 
 
@@ -119,11 +119,6 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, qv=None, rotary
                                         return_softmax_lse, version=version)
 
 
-def _what(t) -> str:
-    """A tensor's shape and dtype for an error message, anything else's repr."""
-    return f"shape {tuple(t.shape)} {t.dtype}" if isinstance(t, torch.Tensor) else _args._describe(t)
-
-
 COMBINE_MAX_SPLITS = 256  # FA3's limit on num_splits (hopper/flash_api.cpp mha_combine)
 _COMBINE_OUT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
@@ -138,12 +133,10 @@ def flash_attn_combine(out_partial, lse_partial, out=None, out_dtype=None):
     (out, softmax_lse): out (batch, seqlen, num_heads, head_dim) in out_dtype (fp32, fp16 or bf16; default
     out_partial's), written into `out` when given, and softmax_lse fp32 (batch, seqlen, num_heads).
     Runs as torch ops on any device (no kernel of its own); differentiable."""
-    if not isinstance(out_partial, torch.Tensor) or out_partial.dim() != 5:
-        raise ValueError("out_partial: expected a 5-D tensor (num_splits, batch, seqlen, num_heads, head_dim), got "
-                         f"{_what(out_partial)}")
-    if not isinstance(lse_partial, torch.Tensor) or lse_partial.dim() != 4:
-        raise ValueError("lse_partial: expected a 4-D tensor (num_splits, batch, seqlen, num_heads), got "
-                         f"{_what(lse_partial)}")
+    validate._rank("out_partial", validate._tensor("out_partial", out_partial), 5,
+                   "(num_splits, batch, seqlen, num_heads, head_dim)")
+    validate._rank("lse_partial", validate._tensor("lse_partial", lse_partial), 4,
+                   "(num_splits, batch, seqlen, num_heads)")
     for name, t in (("out_partial", out_partial), ("lse_partial", lse_partial)):
         if t.dtype != torch.float32:
             raise TypeError(f"{name}: expected float32 (FA3's combine takes fp32 partials), got {t.dtype}")
@@ -151,19 +144,18 @@ def flash_attn_combine(out_partial, lse_partial, out=None, out_dtype=None):
     if tuple(lse_partial.shape) != (splits, batch, seqlen, heads):
         raise ValueError(f"lse_partial: expected shape {(splits, batch, seqlen, heads)} to match out_partial "
                          f"{tuple(out_partial.shape)}, got {tuple(lse_partial.shape)}")
-    if lse_partial.device != out_partial.device:
-        raise ValueError(f"lse_partial: expected on {out_partial.device} as out_partial, got {lse_partial.device}")
+    validate._same_device("lse_partial", lse_partial, out_partial, "out_partial")
     if not 1 <= splits <= COMBINE_MAX_SPLITS:
         raise ValueError(f"out_partial: expected 1 to {COMBINE_MAX_SPLITS} splits (dim 0), got {splits}")
     dtype = out_partial.dtype if out_dtype is None else out_dtype
     if dtype not in _COMBINE_OUT_DTYPES:
         raise TypeError(f"out_dtype: expected one of float32, float16, bfloat16, got {out_dtype}")
     if out is not None:
-        if not isinstance(out, torch.Tensor) or tuple(out.shape) != (batch, seqlen, heads, head_dim):
-            raise ValueError(f"out: expected a tensor of shape {(batch, seqlen, heads, head_dim)}, got "
-                             f"{_what(out)}")
-        if out.dtype != dtype or out.device != out_partial.device:
-            raise ValueError(f"out: expected {dtype} on {out_partial.device}, got {out.dtype} on {out.device}")
+        if tuple(validate._tensor("out", out).shape) != (batch, seqlen, heads, head_dim):
+            raise ValueError(f"out: expected shape {(batch, seqlen, heads, head_dim)}, got {tuple(out.shape)}")
+        validate._same_device("out", out, out_partial, "out_partial")
+        if out.dtype != dtype:
+            raise ValueError(f"out: expected {dtype} (out_dtype), got {out.dtype}")
     from .distributed import merge_partials  # imports torch.distributed: only when a combine is asked for
     merged, lse = merge_partials(list(out_partial.unbind(0)), [t.transpose(1, 2) for t in lse_partial.unbind(0)])
     lse = lse.transpose(1, 2)  # (batch, seqlen, num_heads), a view of (batch, num_heads, seqlen) as FA3's
@@ -189,8 +181,7 @@ def get_scheduler_metadata(batch_size, max_seqlen_q, max_seqlen_k, num_heads_q, 
                         ("max_seqlen_k_new", max_seqlen_k_new)):
         if _args.as_int(name, value) < 0:
             raise ValueError(f"{name}: expected an int >= 0, got {value}")
-    if not isinstance(cache_seqlens, torch.Tensor):
-        raise TypeError(f"cache_seqlens: expected a tensor (batch_size,), got {_what(cache_seqlens)}")
+    validate._tensor("cache_seqlens", cache_seqlens)
     if headdim_v is not None and _args.as_int("headdim_v", headdim_v) != _args.as_int("headdim", headdim):
         raise NotImplementedError(f"headdim_v: flashgen's kernels take V with q's head dim ({headdim}), got "
                                   f"{headdim_v}; pass headdim_v=None")
