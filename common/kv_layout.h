@@ -49,16 +49,12 @@ FH_HD int64_t paged_kv_row_offset(const AttnParams& p, int b, int r, int64_t pag
 // is a multiple of it: v3's TMA boxes, v3_hopper/producer.cuh): its page (page_of's clamp) and first row in that
 // page. Rows past last_row (the sequence's last row read) take last_row's table entry instead of one further on,
 // whose slot may not exist; the caller masks those rows. tests/cpp/test_kv_layout.cpp checks it against the rule.
+// The divisions by page_block_size go through `div` (RowDivider::make(page_block_size); row, last_row >= 0): two
+// signed divisions were ~40 dependent instructions a box in v3's producer (bench/NOTES.md session 40).
 struct PagedBox {
   int page;
   int row_in_page;
 };
-FH_HD PagedBox paged_box(const AttnParams& p, const int* pages, int row, int last_row) {
-  const int entry = (row < last_row ? row : last_row) / p.page_block_size;
-  return {page_of(p.batch_k, pages[entry]), row - (row / p.page_block_size) * p.page_block_size};
-}
-// The same with the divisions by `div` (RowDivider::make(page_block_size); row, last_row >= 0): two signed divisions
-// were ~40 dependent instructions a box in v3's producer (bench/NOTES.md session 40).
 FH_HD PagedBox paged_box(const AttnParams& p, const RowDivider& div, const int* pages, int row, int last_row) {
   const int entry = div.div(row < last_row ? row : last_row);
   return {page_of(p.batch_k, pages[entry]), row - div.div(row) * p.page_block_size};
