@@ -112,6 +112,145 @@ def test_varlen_against_oracle():
     check_oracle("fa3 varlen", out, lse, q, k, v, causal=True, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k)
 
 
+def seqused_ref(q, k, v, cu_q, cu_k, used_q, used_k, dtype, **kw):
+    """The oracle of FA3's seqused_q / seqused_k, built independently of flashgen's stacking: sequence b is attention
+    over rows cu_q[b] .. + used_q[b] of q and cu_k[b] .. + used_k[b] of k / v alone; every other row of q gets
+    out 0 and lse +inf. Differentiable (autograd through attention_ref)."""
+    rows, lses = [], []
+    heads = q.shape[1]
+    for b in range(len(cu_q) - 1):
+        q0, k0, nq, nk, seg = cu_q[b], cu_k[b], used_q[b], used_k[b], cu_q[b + 1] - cu_q[b]
+        if nq and nk:
+            out, lse = reference.attention_ref(q[None, q0:q0 + nq], k[None, k0:k0 + nk], v[None, k0:k0 + nk],
+                                               dtype=dtype, **kw)
+            rows.append(out[0])
+            lses.append(torch.where(torch.isfinite(lse[0]), lse[0], torch.inf))
+        elif nq:
+            rows.append(q.new_zeros(nq, heads, v.shape[-1], dtype=dtype))
+            lses.append(torch.full((heads, nq), torch.inf, dtype=torch.float64))
+        rows.append(q.new_zeros(seg - nq, heads, v.shape[-1], dtype=dtype))
+        lses.append(torch.full((heads, seg - nq), torch.inf, dtype=torch.float64))
+    rows.append(q.new_zeros(q.shape[0] - cu_q[-1], heads, v.shape[-1], dtype=dtype))  # rows past the sequences
+    lses.append(torch.full((heads, q.shape[0] - cu_q[-1]), torch.inf, dtype=torch.float64))
+    return torch.cat(rows), torch.cat(lses, dim=1)
+
+
+SEQUSED = {"q": ([5, 0, 23, 2], None), "k": (None, [12, 3, 10, 0]), "both": ([5, 0, 23, 2], [12, 3, 10, 0])}
+
+
+@pytest.mark.parametrize("which", SEQUSED)
+@pytest.mark.parametrize("causal,window", [(False, (-1, -1)), (True, (-1, -1)), (False, (4, 2))])
+def test_varlen_seqused_against_oracle(which, causal, window):
+    """FA3's seqused_q / seqused_k: only the first seqused[b] rows of each sequence take part, the masks see those
+    lengths; rows past them give out 0 / lse +inf, and their gradients are 0. Forward and backward against the
+    float64 oracle of the used rows alone (FA rule; 3x for the gradients)."""
+    torch.manual_seed(3)
+    lens_q, lens_k = [9, 0, 23, 5], [12, 7, 30, 4]
+    used_q, used_k = SEQUSED[which]
+    cu_q, cu_k = (torch.tensor([0, *torch.tensor(n).cumsum(0).tolist()], dtype=torch.int32) for n in (lens_q, lens_k))
+    q = rand(sum(lens_q) + 3, 4, 32, grad=True)  # 3 rows past the last sequence
+    k, v = rand(sum(lens_k), 2, 32, grad=True), rand(sum(lens_k), 2, 32, grad=True)
+    seqused = {name: None if u is None else torch.tensor(u, dtype=torch.int32)
+               for name, u in (("seqused_q", used_q), ("seqused_k", used_k))}
+    out, lse = fa3.flash_attn_varlen_func(q, k, v, cu_q, cu_k, 23, 30, **seqused, softmax_scale=0.2, causal=causal,
+                                          window_size=window, return_attn_probs=True)
+    dout = rand(*out.shape)
+    out.backward(dout)
+    got = [t.grad for t in (q, k, v)]
+    uq, uk = used_q or lens_q, used_k or lens_k
+    kw = dict(softmax_scale=0.2, causal=causal, window_size=window)
+    ref_grads = {}
+    for dtype in (torch.float64, DTYPE):
+        leaves = [t.detach().to(dtype).requires_grad_() for t in (q, k, v)]
+        ref, ref_lse = seqused_ref(*leaves, cu_q.tolist(), cu_k.tolist(), uq, uk, dtype, **kw)
+        if dtype == torch.float64:
+            ref64, ref_lse64 = ref.detach(), ref_lse
+        else:
+            naive = ref.detach()
+        (ref * dout.to(dtype)).sum().backward()
+        ref_grads[dtype] = [t.grad for t in leaves]
+    testing.check_fa_rule(f"seqused {which} out", out, ref64, naive)
+    assert torch.equal(torch.isinf(lse), torch.isinf(ref_lse64)), "lse +inf exactly on the rows no used key reaches"
+    finite = torch.isfinite(ref_lse64)
+    assert torch.allclose(lse.double()[finite], ref_lse64[finite], atol=1e-4, rtol=1e-4)
+    unused_q = torch.ones(q.shape[0], dtype=torch.bool)
+    for b in range(4):
+        unused_q[cu_q[b]:cu_q[b] + uq[b]] = False
+    assert bool((out[unused_q] == 0).all()) and bool((got[0][unused_q] == 0).all()), "unused query rows: out, dq 0"
+    for b in range(4):
+        rest = slice(cu_k[b] + uk[b], cu_k[b + 1])
+        assert bool((got[1][rest] == 0).all()) and bool((got[2][rest] == 0).all()), f"unused keys of {b}: dk, dv 0"
+    for label, g, ref, naive in zip(("dq", "dk", "dv"), got, ref_grads[torch.float64], ref_grads[DTYPE]):
+        testing.check_fa_rule(f"seqused {which} {label}", g, ref, naive, factor=3.0,
+                              floor=testing.grad_floor(g, ref, 30))
+
+
+def test_varlen_seqused_fp8_descales_follow_their_sequence():
+    """FP8 with (batch, num_heads_k) descales and seqused_k: the descales stay with their sequence (repeated for the
+    sequences the unused rows become), so the result is the call on the used keys alone, bit for bit."""
+    from flashgen import fp8
+    lens, used = [6, 17, 9], [6, 4, 0]
+    cu = torch.tensor([0, 6, 23, 32], dtype=torch.int32)
+    x = rand(32, 2, 32)
+    qq = fp8.quantize_qkv(x[None], x[None], x[None], "head")
+    descale = torch.tensor([[0.5, 1.0], [2.0, 0.25], [1.5, 3.0]])  # one per (sequence, kv head), distinct
+    q, k, v = qq.q[0], qq.k[0], qq.v[0]
+    out = fa3.flash_attn_varlen_func(q, k, v, cu, cu, 17, 17, seqused_k=torch.tensor(used, dtype=torch.int32),
+                                     q_descale=descale, k_descale=descale, v_descale=descale)
+    keep = torch.cat([torch.arange(c, c + u) for c, u in zip(cu[:-1].tolist(), used)])
+    cu_k = torch.tensor([0, 6, 10, 10], dtype=torch.int32)
+    want = flashgen.flash_attn_varlen_func(q, k[keep], v[keep], cu, cu_k, 17, 17, q_descale=descale,
+                                           k_descale=descale, v_descale=descale)
+    assert sum(lens) == q.shape[0] and torch.equal(out, want)
+
+
+def test_varlen_seqused_unread_values_are_clamped(monkeypatch):
+    """Where the counts are not read (CUDA tensors without FLASHGEN_CHECK_INDICES=1, torch.compile), hostile ones are
+    clamped into their sequence on the device: the same result as the clamped counts, nothing read past a segment."""
+    q, k, v = rand(12, 2, 16), rand(12, 2, 16), rand(12, 2, 16)
+    cu = torch.tensor([0, 5, 12], dtype=torch.int32)
+    want = fa3.flash_attn_varlen_func(q, k, v, cu, cu, 7, 7, seqused_q=torch.tensor([5, 0], dtype=torch.int32),
+                                      seqused_k=torch.tensor([2, 7], dtype=torch.int32), causal=True)
+    monkeypatch.setattr(fa3.validate, "indices_readable", lambda t: False)
+    got = fa3.flash_attn_varlen_func(q, k, v, cu, cu, 7, 7, seqused_q=torch.tensor([100, -3], dtype=torch.int32),
+                                     seqused_k=torch.tensor([2, 2 ** 31 - 1], dtype=torch.int32), causal=True)
+    assert torch.equal(got, want)
+
+
+def test_varlen_seqused_under_torch_compile():
+    """One graph (fullgraph=True): the counts clamped by torch ops, no value read on the host."""
+    q, k, v = rand(12, 2, 16), rand(12, 2, 16), rand(12, 2, 16)
+    cu = torch.tensor([0, 5, 12], dtype=torch.int32)
+    used = torch.tensor([3, 6], dtype=torch.int32)
+
+    def f(q, k, v):
+        return fa3.flash_attn_varlen_func(q, k, v, cu, cu, 7, 7, seqused_q=used, seqused_k=used, causal=True)
+
+    assert torch.equal(torch.compile(f, backend="aot_eager", fullgraph=True)(q, k, v), f(q, k, v))
+
+
+def test_varlen_seqused_refusals_name_the_value():
+    q = rand(12, 2, 16)
+    cu = torch.tensor([0, 5, 12], dtype=torch.int32)
+    cases = [(dict(seqused_q=torch.tensor([5, 7])), TypeError, "seqused_q: expected dtype torch.int32"),
+             (dict(seqused_k=torch.tensor([1], dtype=torch.int32)), ValueError, r"seqused_k: expected shape \(2,\)"),
+             (dict(seqused_q=torch.tensor([5, 8], dtype=torch.int32)), ValueError,
+              r"seqused_q: expected seqused_q\[1\] in \[0, 7\]"),
+             (dict(seqused_k=torch.tensor([-1, 0], dtype=torch.int32)), ValueError,
+              r"seqused_k: expected seqused_k\[0\] in \[0, 5\]"),
+             (dict(seqused_q=torch.tensor([1, 1], dtype=torch.int32), q_descale=torch.ones(3, 2)), ValueError,
+              "q_descale"),
+             (dict(seqused_q=[5, 7]), TypeError, "seqused_q")]
+    with pytest.raises(TypeError, match="q: expected a torch.Tensor"):
+        fa3.flash_attn_varlen_func(None, q, q, cu, cu, 7, 7, seqused_q=torch.tensor([1, 1], dtype=torch.int32))
+    for kw, error, match in cases:
+        with pytest.raises(error, match=match):
+            fa3.flash_attn_varlen_func(q, q, q, cu, cu, 7, 7, **kw)
+    bad_cu = torch.tensor([0, 9, 5], dtype=torch.int32)  # the offsets are named before the counts are read
+    with pytest.raises(ValueError, match="cu_seqlens_q"):
+        fa3.flash_attn_varlen_func(q, q, q, bad_cu, cu, 7, 7, seqused_q=torch.tensor([1, 1], dtype=torch.int32))
+
+
 def test_kvcache_page_table_is_the_block_table():
     batch, heads, heads_k, d, page, pages = 2, 4, 2, 64, 16, 9
     q = rand(batch, 1, heads, d)
@@ -155,12 +294,6 @@ REFUSED = [
     ("sm_margin", lambda q: fa3.flash_attn_func(q, q, q, sm_margin=1.5), TypeError),
     ("pack_gqa", lambda q: fa3.flash_attn_func(q, q, q, pack_gqa="yes"), TypeError),
     ("return_attn_probs", lambda q: fa3.flash_attn_func(q, q, q, return_attn_probs=2), TypeError),
-    ("seqused_q", lambda q: fa3.flash_attn_varlen_func(q[0], q[0], q[0], CU, CU, 8, 8,
-                                                       seqused_q=torch.ones(1, dtype=torch.int32)),
-     NotImplementedError),
-    ("seqused_k", lambda q: fa3.flash_attn_varlen_func(q[0], q[0], q[0], CU, CU, 8, 8,
-                                                       seqused_k=torch.ones(1, dtype=torch.int32)),
-     NotImplementedError),
     ("cu_seqlens_q", lambda q: fa3.flash_attn_with_kvcache(q, q, q, cu_seqlens_q=CU), NotImplementedError),
     ("cu_seqlens_k_new", lambda q: fa3.flash_attn_with_kvcache(q, q, q, cu_seqlens_k_new=CU), NotImplementedError),
     ("rotary_seqlens", lambda q: fa3.flash_attn_with_kvcache(q, q, q, rotary_seqlens=CU), NotImplementedError),

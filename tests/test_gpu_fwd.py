@@ -317,3 +317,42 @@ def test_fa3_api_on_the_device(generation):
     # the same backward; its dQ additions are unordered (not deterministic mode), so within a few bf16 ulps
     for got, want in zip(grads, torch.autograd.grad(ref, (q, k, v), torch.ones_like(ref))):
         torch.testing.assert_close(got, want, rtol=2e-2, atol=2e-2 * float(want.abs().max()))
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_fa3_varlen_seqused_on_the_device(generation, causal):
+    """FA3's seqused_q / seqused_k (flash_attn_3.flash_attn_varlen_func runs them as more stacked sequences): the used
+    rows against the oracle of the used rows alone, the rest out 0 / lse +inf, and the backward: the used rows'
+    gradients as the call on the used rows alone, the unused rows' exactly 0."""
+    from flashgen import flash_attn_3
+    need(generation, "bf16", 128, "varlen", "gqa", "backward", *(["causal"] if causal else []))
+    torch.manual_seed(9)
+    lens_q, lens_k, used_q, used_k = [130, 0, 257, 9], [200, 40, 300, 7], [77, 0, 257, 9], [200, 13, 129, 0]
+    q = randn(sum(lens_q), 8, 128, dtype=torch.bfloat16).requires_grad_()
+    k, v = (randn(sum(lens_k), 2, 128, dtype=torch.bfloat16).requires_grad_() for _ in range(2))
+    cu_q, cu_k = cu_seqlens(lens_q), cu_seqlens(lens_k)
+    seqused = dict(seqused_q=torch.tensor(used_q, dtype=torch.int32, device="cuda"),
+                   seqused_k=torch.tensor(used_k, dtype=torch.int32, device="cuda"))
+    out, lse = flash_attn_3.flash_attn_varlen_func(q, k, v, cu_q, cu_k, max(lens_q), max(lens_k), **seqused,
+                                                   causal=causal, return_attn_probs=True, version=generation)
+    rows_q = torch.cat([torch.arange(c, c + u) for c, u in zip(cu_q[:-1].tolist(), used_q)]).cuda()
+    rows_k = torch.cat([torch.arange(c, c + u) for c, u in zip(cu_k[:-1].tolist(), used_k)]).cuda()
+    qc, kc, vc = (t.detach()[r].requires_grad_() for t, r in ((q, rows_q), (k, rows_k), (v, rows_k)))
+    cu_qc, cu_kc = cu_seqlens(used_q), cu_seqlens(used_k)
+    check_out_and_lse(f"fa3 seqused causal={causal}", out.detach()[rows_q], lse.detach()[:, rows_q], qc.detach(),
+                      kc.detach(), vc.detach(), causal=causal, cu_seqlens_q=cu_qc, cu_seqlens_k=cu_kc)
+    unused_q = torch.ones(q.shape[0], dtype=torch.bool, device="cuda")
+    unused_q[rows_q] = False
+    unused_k = torch.ones(k.shape[0], dtype=torch.bool, device="cuda")
+    unused_k[rows_k] = False
+    assert bool((out[unused_q] == 0).all()) and bool(torch.isinf(lse[:, unused_q]).all())
+    dout = torch.randn_like(out)
+    grads = torch.autograd.grad(out, (q, k, v), dout)
+    ref = flashgen.flash_attn_varlen_func(qc, kc, vc, cu_qc, cu_kc, max(used_q), max(used_k), causal=causal,
+                                          version=generation)
+    want = torch.autograd.grad(ref, (qc, kc, vc), dout[rows_q])
+    for name, got, rows, unused, w in zip(("dq", "dk", "dv"), grads, (rows_q, rows_k, rows_k),
+                                          (unused_q, unused_k, unused_k), want):
+        assert bool((got[unused] == 0).all()), f"{name} of unused rows must be exactly 0"
+        torch.testing.assert_close(got[rows], w, rtol=2e-2, atol=2e-2 * float(w.abs().max()),
+                                   msg=lambda m, n=name: f"{n}: {m}")

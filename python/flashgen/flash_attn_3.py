@@ -9,11 +9,12 @@ takes FA3's `q_descale` / `k_descale` / `v_descale` ((batch, num_heads_k) fp32; 
 arguments that tune FA3's own schedule (`num_splits` of the non-cache calls, `pack_gqa`, `sm_margin`,
 `scheduler_metadata`) are checked and leave the result as it is; flashgen picks its schedule itself (`num_splits`
 bounds the KV cache's split-KV plan, as in flash_attn 2.x). What flashgen has no kernel for raises
-NotImplementedError naming the argument: `qv`, `attention_chunk` other than 0, `seqused_q` / `seqused_k` of the
-varlen call, and on the KV cache varlen queries (`cu_seqlens_q`), `cu_seqlens_k_new`, `rotary_seqlens` and FP8
-descales. `flash_attn_combine` merges split-KV partial results by their LSE (distributed.merge_partials, the
-split-KV combine of common/softmax.h, in torch ops). `get_scheduler_metadata` checks its arguments and returns a
-placeholder that `flash_attn_with_kvcache` accepts and ignores (flashgen plans its own schedule).
+NotImplementedError naming the argument: `qv`, `attention_chunk` other than 0, and on the KV cache varlen queries
+(`cu_seqlens_q`), `cu_seqlens_k_new`, `rotary_seqlens` and FP8 descales. The varlen call's `seqused_q` / `seqused_k`
+(the rows of each sequence's segment that are used) run as more stacked sequences, forward and backward.
+`flash_attn_combine` merges split-KV partial results by their LSE (distributed.merge_partials, the split-KV combine
+of common/softmax.h, in torch ops). `get_scheduler_metadata` checks its arguments and returns a placeholder that
+`flash_attn_with_kvcache` accepts and ignores (flashgen plans its own schedule).
 """
 
 from __future__ import annotations
@@ -81,17 +82,72 @@ def flash_attn_qkvpacked_func(qkv, softmax_scale=None, causal=False, q_descale=N
                            version=version)
 
 
+def _used_rows(name: str, used, cu: torch.Tensor, cu_name: str, q: torch.Tensor, batch: int) -> torch.Tensor:
+    """seqused_q / seqused_k: int32 (batch,), entry b in [0, cu[b + 1] - cu[b]] (the rows of sequence b that are
+    used; a larger one would reach into the next sequence's rows). Checked where the values are readable
+    (validate.indices_readable: CPU tensors, FLASHGEN_CHECK_INDICES=1), else clamped into that range on the device."""
+    validate.check_index(name, used, q, batch)
+    lengths = cu[1:] - cu[:-1]
+    if not validate.indices_readable(used):
+        return torch.minimum(used.clamp_min(0), lengths.clamp_min(0))
+    for b, (u, n) in enumerate(zip(used.tolist(), lengths.tolist())):
+        if not 0 <= u <= n:
+            raise ValueError(f"{name}: expected {name}[{b}] in [0, {n}] (sequence {b}'s rows, {cu_name}[{b + 1}] - "
+                             f"{cu_name}[{b}]), got {u}")
+    return used
+
+
+def _seqused_as_sequences(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_q, seqused_k,
+                          descales):
+    """FA3's seqused_q / seqused_k (sequence b uses rows cu_seqlens[b] .. cu_seqlens[b] + seqused[b] - 1 of its
+    segment) as offsets flashgen's varlen kernels already take: each sequence becomes two or three stacked ones, the
+    used queries against the used keys, then the unused queries against no keys (out 0, lse +inf, dq 0: rows of a
+    sequence with no key), then no queries against the unused keys (dk = dv = 0). Built with torch ops on the
+    offsets' device (no synchronization); the masks see the used lengths, as FA3's. Returns (cu_seqlens_q,
+    cu_seqlens_k, descales repeated for the new sequences)."""
+    validate.check_qkv(q, k, v, varlen=True)
+    max_seqlen_q = _args.max_seqlen("max_seqlen_q", max_seqlen_q)
+    max_seqlen_k = _args.max_seqlen("max_seqlen_k", max_seqlen_k)
+    batch = validate.check_varlen(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, q)
+    validate.check_varlen_values(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, q, k)  # names them first
+    start_q, end_q, start_k, end_k = cu_seqlens_q[:-1], cu_seqlens_q[1:], cu_seqlens_k[:-1], cu_seqlens_k[1:]
+    if seqused_q is not None:
+        mid_q = start_q + _used_rows("seqused_q", seqused_q, cu_seqlens_q, "cu_seqlens_q", q, batch)
+    if seqused_k is not None:
+        mid_k = start_k + _used_rows("seqused_k", seqused_k, cu_seqlens_k, "cu_seqlens_k", q, batch)
+    if seqused_q is not None and seqused_k is not None:
+        starts_q, starts_k = (start_q, mid_q, end_q), (start_k, mid_k, mid_k)
+    elif seqused_q is not None:
+        starts_q, starts_k = (start_q, mid_q), (start_k, end_k)
+    else:
+        starts_q, starts_k = (start_q, end_q), (start_k, mid_k)
+    given = [(name, t) for name, t in zip(("q_descale", "k_descale", "v_descale"), descales) if t is not None]
+    if given:  # checked against the caller's batch before they are repeated for the new sequences
+        validate.check_descales(given, q, batch, k.shape[-2], varlen=True)
+    parts = len(starts_q)
+    descales = tuple(None if t is None else t.repeat_interleave(parts, dim=0) for t in descales)
+    cu_q = torch.cat([torch.stack(starts_q, dim=1).flatten(), cu_seqlens_q[-1:]])
+    cu_k = torch.cat([torch.stack(starts_k, dim=1).flatten(), cu_seqlens_k[-1:]])
+    return cu_q, cu_k, descales
+
+
 def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_q=None,
                            seqused_k=None, softmax_scale=None, causal=False, qv=None, q_descale=None, k_descale=None,
                            v_descale=None, window_size=(-1, -1), attention_chunk=0, softcap=0.0, num_splits=1,
                            pack_gqa=None, deterministic=False, sm_margin=0, return_attn_probs=False, *,
                            version: Optional[str] = None):
     """FA3's flash_attn_varlen_func: q (total_q, num_heads, head_dim), k / v (total_k, num_heads_k, head_dim), int32
-    cu_seqlens_q / cu_seqlens_k (batch + 1), Python-int max_seqlen_q / max_seqlen_k. Returns out, or (out,
-    softmax_lse (num_heads, total_q) fp32) with return_attn_probs."""
-    _refuse(qv, attention_chunk, seqused_q=seqused_q, seqused_k=seqused_k)
+    cu_seqlens_q / cu_seqlens_k (batch + 1), Python-int max_seqlen_q / max_seqlen_k. seqused_q / seqused_k: int32
+    (batch,), sequence b then uses the first seqused[b] rows of its segment only (the masks see those lengths);
+    query rows past them get out 0, lse +inf and dq 0, key rows past them dk = dv = 0 (FA3 leaves such rows
+    unwritten). Returns out, or (out, softmax_lse (num_heads, total_q) fp32) with return_attn_probs."""
+    _refuse(qv, attention_chunk)
     _check_tuning(num_splits, pack_gqa, sm_margin)
     return_lse = _args.as_bool("return_attn_probs", return_attn_probs)
+    if seqused_q is not None or seqused_k is not None:
+        cu_seqlens_q, cu_seqlens_k, (q_descale, k_descale, v_descale) = _seqused_as_sequences(
+            q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_q, seqused_k,
+            (q_descale, k_descale, v_descale))
     out, lse, _ = _fa2.flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, 0.0,
                                               softmax_scale, causal, window_size, softcap, None, deterministic, True,
                                               version=version, q_descale=q_descale, k_descale=k_descale,
