@@ -274,6 +274,133 @@ def test_kvcache_page_table_is_the_block_table():
     assert torch.equal(out, flashgen.flash_attn_with_kvcache(q, dense_k, dense_v, cache_seqlens=seqlens))
 
 
+def varlen_kvcache_ref(q, keys, values, cu_q, dtype=torch.float64, **kw):
+    """The oracle of varlen queries over a cache: sequence b's rows of q against keys[b] / values[b] (its cache rows
+    in use, (n_b, heads_k, d)) alone; rows with no key (and rows past the sequences) out 0, lse +inf."""
+    heads, d = q.shape[1], q.shape[-1]
+    outs = torch.zeros(q.shape[0], heads, d, dtype=dtype)
+    lses = torch.full((heads, q.shape[0]), torch.inf, dtype=torch.float64)
+    for b in range(len(cu_q) - 1):
+        lo, hi = cu_q[b], cu_q[b + 1]
+        if hi > lo and keys[b].shape[0]:
+            out, lse = reference.attention_ref(q[None, lo:hi], keys[b][None], values[b][None], dtype=dtype, **kw)
+            outs[lo:hi] = out[0]
+            lses[:, lo:hi] = torch.where(torch.isfinite(lse[0]), lse[0], torch.inf)
+    return outs, lses
+
+
+def check_varlen_kvcache(name, out, lse, q, keys, values, cu_q, **kw):
+    ref, ref_lse = varlen_kvcache_ref(q, keys, values, cu_q, **kw)
+    naive, _ = varlen_kvcache_ref(q, keys, values, cu_q, dtype=DTYPE, **kw)
+    testing.check_fa_rule(name, out, ref, naive)
+    assert torch.equal(torch.isinf(lse), torch.isinf(ref_lse)), f"{name}: lse +inf on the rows without keys"
+    finite = torch.isfinite(ref_lse)
+    assert torch.allclose(lse.double()[finite], ref_lse[finite], atol=1e-4, rtol=1e-4), name
+
+
+@pytest.mark.parametrize("causal,window,softcap", [(True, (-1, -1), 0.0), (False, (-1, -1), 0.0),
+                                                   (False, (6, 2), 15.0)])
+def test_kvcache_varlen_queries_over_pages(causal, window, softcap):
+    """FA3's flash_attn_with_kvcache with cu_seqlens_q, as SGLang's FA3 backend calls it (the cache already holds
+    the new keys; cu_seqlens_k_new without k is ignored, as in FA3): sequence b's stacked queries against its first
+    cache_seqlens[b] cache rows, bottom-right causal per sequence. Against the oracle, and bit for bit the paged
+    flash_attn_varlen_func over the same pages (the same kernel path)."""
+    torch.manual_seed(4)
+    heads, heads_k, d, page = 4, 2, 32, 16
+    lens_q, seqlens = [5, 3, 9, 0], [20, 0, 57, 11]
+    cu_q = torch.tensor([0, 5, 8, 17, 17], dtype=torch.int32)
+    q = rand(sum(lens_q) + 2, heads, d)  # 2 rows past the last sequence
+    k_cache, v_cache = rand(12, page, heads_k, d), rand(12, page, heads_k, d)
+    table = torch.tensor([[3, 0, 7, 1], [5, 5, 5, 5], [2, 9, 11, 4], [8, 6, 10, 0]], dtype=torch.int32)
+    cache_seqlens = torch.tensor(seqlens, dtype=torch.int32)
+    kw = dict(softmax_scale=0.3, causal=causal, window_size=window, softcap=softcap)
+    out, lse = fa3.flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=cache_seqlens, page_table=table,
+                                           cu_seqlens_q=cu_q, cu_seqlens_k_new=cu_q, max_seqlen_q=9,
+                                           return_softmax_lse=True, **kw)
+    assert out.shape == q.shape and lse.shape == (heads, q.shape[0])
+    dense_k, dense_v = reference.pages_to_dense(k_cache, table), reference.pages_to_dense(v_cache, table)
+    keys, values = [dense_k[b, :n] for b, n in enumerate(seqlens)], [dense_v[b, :n] for b, n in enumerate(seqlens)]
+    check_varlen_kvcache("fa3 varlen kvcache paged", out, lse, q, keys, values, cu_q.tolist(), **kw)
+    cu_k = torch.tensor([0, *torch.tensor(seqlens).cumsum(0).tolist()], dtype=torch.int32)
+    want, want_lse, _ = flashgen.flash_attn_varlen_func(q, k_cache, v_cache, cu_q, cu_k, 9, 64, block_table=table,
+                                                        return_attn_probs=True, **kw)
+    assert torch.equal(out, want) and torch.equal(lse, want_lse)
+
+
+def test_kvcache_varlen_queries_dense_cache_batch_idx_and_leftpad():
+    """A dense cache: sequence b reads entry cache_batch_idx[b] (default b), rows [cache_leftpad[b],
+    cache_seqlens[b]); cache_seqlens an int or None (the capacity) too."""
+    torch.manual_seed(5)
+    heads, heads_k, d, capacity = 4, 1, 32, 40
+    cu_q = torch.tensor([0, 4, 11, 12], dtype=torch.int32)
+    q = rand(12, heads, d)
+    k_cache, v_cache = rand(5, capacity, heads_k, d), rand(5, capacity, heads_k, d)
+    idx, pad = torch.tensor([2, 0, 4], dtype=torch.int32), torch.tensor([3, 0, 10], dtype=torch.int32)
+    seqlens = torch.tensor([20, 7, 40], dtype=torch.int32)
+    out, lse = fa3.flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=seqlens, cache_batch_idx=idx,
+                                           cache_leftpad=pad, cu_seqlens_q=cu_q, max_seqlen_q=7, causal=True,
+                                           return_softmax_lse=True)
+    keys = [k_cache[e, p:n] for e, p, n in zip(idx.tolist(), pad.tolist(), seqlens.tolist())]
+    values = [v_cache[e, p:n] for e, p, n in zip(idx.tolist(), pad.tolist(), seqlens.tolist())]
+    check_varlen_kvcache("fa3 varlen kvcache dense", out, lse, q, keys, values, cu_q.tolist(), causal=True)
+    k3, v3 = k_cache[:3], v_cache[:3]
+    for given, n in ((None, capacity), (25, 25)):
+        out, lse = fa3.flash_attn_with_kvcache(q, k3, v3, cache_seqlens=given, cu_seqlens_q=cu_q, max_seqlen_q=7,
+                                               causal=True, return_softmax_lse=True)
+        check_varlen_kvcache(f"fa3 varlen kvcache seqlens={given}", out, lse, q, [k3[b, :n] for b in range(3)],
+                             [v3[b, :n] for b in range(3)], cu_q.tolist(), causal=True)
+
+
+def test_kvcache_varlen_queries_refusals_and_no_backward():
+    q, pages = rand(6, 2, 16), rand(4, 8, 2, 16)
+    table = torch.tensor([[0, 1], [2, 3]], dtype=torch.int32)
+    cu = torch.tensor([0, 2, 6], dtype=torch.int32)
+    seqlens = torch.tensor([9, 16], dtype=torch.int32)
+    kw = dict(cache_seqlens=seqlens, page_table=table, cu_seqlens_q=cu, max_seqlen_q=4)
+    cases = [
+        (dict(k=q, v=q), NotImplementedError, "k: appending"),
+        (dict(rotary_cos=torch.ones(16, 4, dtype=DTYPE), rotary_sin=torch.ones(16, 4, dtype=DTYPE)),
+         NotImplementedError, "rotary_cos"),
+        (dict(max_seqlen_q=None), TypeError, "max_seqlen_q"),
+        (dict(max_seqlen_q=3), ValueError, "max_seqlen_q: expected at least the longest sequence"),
+        (dict(cache_seqlens=torch.tensor([9, 17], dtype=torch.int32)), ValueError, "cache_seqlens: entry 1 is 17"),
+        (dict(cache_seqlens=torch.tensor([9], dtype=torch.int32)), ValueError, r"cache_seqlens: expected shape \(2,\)"),
+        (dict(cache_leftpad=torch.tensor([10, 0], dtype=torch.int32)), ValueError, "cache_leftpad: entry 0 is 10"),
+        (dict(cache_batch_idx=torch.tensor([0, 1], dtype=torch.int32)), ValueError,
+         "cache_batch_idx: cannot be combined with block_table"),
+        (dict(page_table=torch.tensor([[0, 1], [2, 4]], dtype=torch.int32)), ValueError,
+         r"block_table: entry \[1, 1\] is 4"),
+        (dict(cu_seqlens_q=torch.tensor([0, 3, 7], dtype=torch.int32)), IndexError, "cu_seqlens_q"),
+    ]
+    for extra, error, match in cases:
+        with pytest.raises(error, match=match):
+            fa3.flash_attn_with_kvcache(q, pages, pages, **{**kw, **extra})
+    dense = rand(3, 16, 2, 16)
+    with pytest.raises(ValueError, match="k_cache: expected batch 2"):
+        fa3.flash_attn_with_kvcache(q, dense, dense, cu_seqlens_q=cu, max_seqlen_q=4)
+    with pytest.raises(IndexError, match=r"cache_batch_idx: cache_batch_idx\[1\] = 3"):
+        fa3.flash_attn_with_kvcache(q, dense, dense, cu_seqlens_q=cu, max_seqlen_q=4,
+                                    cache_batch_idx=torch.tensor([0, 3], dtype=torch.int32))
+    with pytest.raises(ValueError, match="cache_seqlens: expected an int in"):
+        fa3.flash_attn_with_kvcache(q, dense[:2], dense[:2], cu_seqlens_q=cu, max_seqlen_q=4, cache_seqlens=17)
+    qg = q.clone().requires_grad_()
+    out = fa3.flash_attn_with_kvcache(qg, pages, pages, **kw)
+    with pytest.raises(NotImplementedError, match="inference only"):
+        out.sum().backward()
+
+
+def test_kvcache_varlen_queries_under_torch_compile():
+    q, pages = rand(6, 2, 16), rand(4, 8, 2, 16)
+    table, cu = torch.tensor([[0, 1], [2, 3]], dtype=torch.int32), torch.tensor([0, 2, 6], dtype=torch.int32)
+    seqlens = torch.tensor([9, 16], dtype=torch.int32)
+
+    def f(q):
+        return fa3.flash_attn_with_kvcache(q, pages, pages, cache_seqlens=seqlens, page_table=table, cu_seqlens_q=cu,
+                                           max_seqlen_q=4, causal=True)
+
+    assert torch.equal(torch.compile(f, backend="aot_eager", fullgraph=True)(q), f(q))
+
+
 def test_fp8_descales_as_fa3_names_them():
     from flashgen import fp8
     q, k, v = rand(2, 40, 4, 64), rand(2, 40, 2, 64), rand(2, 40, 2, 64)
@@ -294,8 +421,8 @@ REFUSED = [
     ("sm_margin", lambda q: fa3.flash_attn_func(q, q, q, sm_margin=1.5), TypeError),
     ("pack_gqa", lambda q: fa3.flash_attn_func(q, q, q, pack_gqa="yes"), TypeError),
     ("return_attn_probs", lambda q: fa3.flash_attn_func(q, q, q, return_attn_probs=2), TypeError),
-    ("cu_seqlens_q", lambda q: fa3.flash_attn_with_kvcache(q, q, q, cu_seqlens_q=CU), NotImplementedError),
-    ("cu_seqlens_k_new", lambda q: fa3.flash_attn_with_kvcache(q, q, q, cu_seqlens_k_new=CU), NotImplementedError),
+    ("cu_seqlens_k_new", lambda q: fa3.flash_attn_with_kvcache(q, q, q, q, q, cache_seqlens=0, cu_seqlens_k_new=CU),
+     NotImplementedError),
     ("rotary_seqlens", lambda q: fa3.flash_attn_with_kvcache(q, q, q, rotary_seqlens=CU), NotImplementedError),
     ("k_descale", lambda q: fa3.flash_attn_with_kvcache(q, q, q, k_descale=torch.ones(1, 2)), NotImplementedError),
     ("num_heads_q", lambda q: fa3.flash_attn_qkvpacked_func(torch.randn(1, 8, 6, 16, dtype=DTYPE)), ValueError),

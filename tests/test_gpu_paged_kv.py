@@ -344,3 +344,44 @@ def test_auto_runs_paged_varlen_on_v3_for_aligned_pages(lens_q, page, want):
     on_v3 = not dispatch.explain(e.problem, _native.build_info())["v3"]
     assert e.generation == (want if on_v3 else "v2"), str(e)
 
+
+
+@pytest.mark.parametrize("page", [16, 256])
+@pytest.mark.parametrize("leftpad", [False, True], ids=["", "leftpad"])
+def test_fa3_kvcache_varlen_queries(generation, page, leftpad):
+    """FA3's flash_attn_with_kvcache with cu_seqlens_q (flashgen.flash_attn_3; SGLang's FA3 backend calls it so):
+    stacked queries of each sequence against its cache rows [cache_leftpad, cache_seqlens) through page_table, on
+    the generation; against the float64 oracle of each sequence alone, on the CPU."""
+    from flashgen import flash_attn_3
+    from flashgen.reference import pages_to_dense
+    need(generation, "bf16", 128, "varlen", "paged_kv", "causal", "gqa", *(["cache_leftpad"] if leftpad else []))
+    torch.manual_seed(11)
+    lens_q, seqlens, pads = [130, 1, 0, 77], [3000, 1, 0, 500], [0, 0, 0, 0]
+    if leftpad:
+        pads = [1000, 0, 0, 123]
+    per_seq = -(-max(seqlens) // page)
+    num_pages = per_seq * len(lens_q) + 3
+    table = torch.randperm(num_pages, dtype=torch.int32)[: per_seq * len(lens_q)].view(len(lens_q), per_seq)
+    q = torch.randn(sum(lens_q), 8, 128, dtype=torch.bfloat16)
+    kc, vc = (torch.randn(num_pages, page, 2, 128, dtype=torch.bfloat16) for _ in range(2))
+    cu_q = cu_seqlens(lens_q, device="cpu")
+    out, lse = flash_attn_3.flash_attn_with_kvcache(
+        q.cuda(), kc.cuda(), vc.cuda(), cache_seqlens=torch.tensor(seqlens, dtype=torch.int32, device="cuda"),
+        cache_leftpad=torch.tensor(pads, dtype=torch.int32, device="cuda") if leftpad else None,
+        page_table=table.cuda(), cu_seqlens_q=cu_q.cuda(), max_seqlen_q=max(lens_q), causal=True,
+        return_softmax_lse=True, version=generation)
+    dense_k, dense_v = pages_to_dense(kc, table), pages_to_dense(vc, table)
+    for dtype, name in ((torch.float64, "ref"), (torch.bfloat16, "naive")):
+        outs = torch.zeros(q.shape, dtype=dtype)
+        lses = torch.full((8, q.shape[0]), float("inf"), dtype=torch.float64)
+        for b, (lo, hi) in enumerate(zip(cu_q[:-1].tolist(), cu_q[1:].tolist())):
+            if hi > lo and seqlens[b] > pads[b]:
+                o, l_ = attention_ref(q[None, lo:hi], dense_k[b:b + 1, pads[b]:seqlens[b]],
+                                      dense_v[b:b + 1, pads[b]:seqlens[b]], causal=True, dtype=dtype)
+                outs[lo:hi], lses[:, lo:hi] = o[0], l_[0]
+        if name == "ref":
+            ref, ref_lse = outs, lses
+        else:
+            naive = outs
+    testing.check_fa_rule(f"fa3 varlen kvcache page {page}", out.cpu(), ref, naive)
+    check_lse(f"fa3 varlen kvcache page {page}", lse.cpu(), ref_lse)

@@ -9,9 +9,10 @@ takes FA3's `q_descale` / `k_descale` / `v_descale` ((batch, num_heads_k) fp32; 
 arguments that tune FA3's own schedule (`num_splits` of the non-cache calls, `pack_gqa`, `sm_margin`,
 `scheduler_metadata`) are checked and leave the result as it is; flashgen picks its schedule itself (`num_splits`
 bounds the KV cache's split-KV plan, as in flash_attn 2.x). What flashgen has no kernel for raises
-NotImplementedError naming the argument: `qv`, `attention_chunk` other than 0, and on the KV cache varlen queries
-(`cu_seqlens_q`), `cu_seqlens_k_new`, `rotary_seqlens` and FP8 descales. The varlen call's `seqused_q` / `seqused_k`
-(the rows of each sequence's segment that are used) run as more stacked sequences, forward and backward.
+NotImplementedError naming the argument: `qv`, `attention_chunk` other than 0, and on the KV cache new keys stacked by
+sequence (`cu_seqlens_k_new` with `k`), appending with varlen queries, `rotary_seqlens` and FP8 descales. The varlen
+call's `seqused_q` / `seqused_k` (the rows of each sequence's segment that are used) run as more stacked sequences,
+forward and backward; the KV cache's varlen queries (`cu_seqlens_q`) as a paged varlen call.
 `flash_attn_combine` merges split-KV partial results by their LSE (distributed.merge_partials, the split-KV combine
 of common/softmax.h, in torch ops). `get_scheduler_metadata` checks its arguments and returns a placeholder that
 `flash_attn_with_kvcache` accepts and ignores (flashgen plans its own schedule).
@@ -164,10 +165,28 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, qv=None, rotary
                             return_softmax_lse=False, *, version: Optional[str] = None):
     """FA3's flash_attn_with_kvcache: flashgen.flash_attn_with_kvcache with page_table as its block_table (a paged
     cache (num_pages, page_block_size, num_heads_k, head_dim), any page size). k / v are appended in place at
-    cache_seqlens first; inference only. Returns out, or (out, softmax_lse) with return_softmax_lse."""
-    _refuse(qv, attention_chunk, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k_new=cu_seqlens_k_new,
-            rotary_seqlens=rotary_seqlens, q_descale=q_descale, k_descale=k_descale, v_descale=v_descale)
-    del max_seqlen_q, scheduler_metadata  # FA3 reads max_seqlen_q with cu_seqlens_q only; the metadata is a schedule
+    cache_seqlens first; inference only. With cu_seqlens_q (and max_seqlen_q), q is (total_q, num_heads, head_dim)
+    stacked by sequence, as SGLang's FA3 backend calls it: sequence b's queries against its cache rows
+    [cache_leftpad[b], cache_seqlens[b]) (interface._varlen_kvcache); new k / v and rotary with them are refused there,
+    and cu_seqlens_k_new is read with k only (FA3 ignores it without). Returns out, or (out, softmax_lse) with
+    return_softmax_lse ((num_heads, total_q) with cu_seqlens_q)."""
+    _refuse(qv, attention_chunk, rotary_seqlens=rotary_seqlens, q_descale=q_descale, k_descale=k_descale,
+            v_descale=v_descale)
+    del scheduler_metadata  # a schedule; flashgen plans its own
+    if k is not None and cu_seqlens_k_new is not None:
+        raise NotImplementedError("cu_seqlens_k_new: new keys stacked by sequence have no flashgen path; pass k / v "
+                                  "as (batch, seqlen_new, num_heads_k, head_dim) without it")
+    if cu_seqlens_q is not None:
+        for name, value in (("k", k), ("v", v), ("rotary_cos", rotary_cos), ("rotary_sin", rotary_sin)):
+            if value is not None:
+                raise NotImplementedError(f"{name}: appending (and rotating) new keys with varlen queries "
+                                          "(cu_seqlens_q) has no flashgen path; write them into the cache first and "
+                                          f"pass {name}=None")
+        _check_tuning(num_splits, pack_gqa, sm_margin)
+        return _fa2._varlen_kvcache(q, k_cache, v_cache, cache_seqlens, cache_batch_idx, cache_leftpad, page_table,
+                                    cu_seqlens_q, max_seqlen_q, softmax_scale, causal, window_size, softcap,
+                                    return_softmax_lse, version=version)
+    del max_seqlen_q  # FA3 reads it with cu_seqlens_q only
     _check_tuning(0, pack_gqa, sm_margin)
     return _fa2.flash_attn_with_kvcache(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens,
                                         cache_batch_idx, cache_leftpad, page_table, softmax_scale, causal,

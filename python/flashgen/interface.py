@@ -323,12 +323,14 @@ def flash_attn_kvpacked_func(q, kv, dropout_p=0.0, softmax_scale=None, causal=Fa
 
 def _paged_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, block_table, *, dropout_p,
                   softmax_scale, causal, window_size, softcap, alibi_slopes, deterministic, return_probs, version,
-                  descales, probs_without_dropout=False):
+                  descales, probs_without_dropout=False, cache_seqlens=None, cache_leftpad=None):
     """flash_attn_varlen_func with a block_table (flash_attn 2.6's paged prefill, as serving engines call it): q
     (total_q, num_heads, head_dim) stacked by cu_seqlens_q; k/v pages (num_pages, page_block_size, num_heads_k,
     head_dim); sequence b's keys are cache rows 0 .. n_b - 1 of the pages block_table[b] names, n_b =
     cu_seqlens_k[b + 1] - cu_seqlens_k[b]. The kernels read them as a KV cache (seqused_k = n_b, common/kv_layout.h).
-    A forward only: a backward through it is refused by name (_library._grads), where flash_attn's fails."""
+    The KV-cache form (_varlen_kvcache; cu_seqlens_k None): the keys are rows [cache_leftpad[b], cache_seqlens[b])
+    instead, max_seqlen_k the capacity. A forward only: a backward through it is refused by name (_library._grads),
+    where flash_attn's fails."""
     dropout_p, softmax_scale, causal, window_size, softcap, deterministic, return_probs = _args.scalars(
         dropout_p, softmax_scale, causal, window_size, softcap, deterministic, return_probs)
     return_probs = _probs_wanted(return_probs, dropout_p, probs_without_dropout)
@@ -340,11 +342,17 @@ def _paged_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_
                            softcap=softcap, deterministic=deterministic, head_dim=q.shape[-1])
     max_seqlen_q = _args.max_seqlen("max_seqlen_q", max_seqlen_q)
     max_seqlen_k = _args.max_seqlen("max_seqlen_k", max_seqlen_k)
-    batch = validate.check_varlen(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, q)
-    validate.check_block_table(block_table, q, k, None, batch=batch)
+    if cache_seqlens is None:
+        batch = validate.check_varlen(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, q)
+        validate.check_block_table(block_table, q, k, None, batch=batch)
+        covered = validate.check_paged_varlen_values(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, q, k,
+                                                     block_table)
+        seqused_k = cu_seqlens_k[1:] - cu_seqlens_k[:-1]  # int32; seq_info clamps
+    else:
+        batch, covered = validate.check_kvcache_varlen(cu_seqlens_q, cache_seqlens, cache_leftpad, max_seqlen_q, q,
+                                                       k, block_table)
+        seqused_k = cache_seqlens if cache_leftpad is None else (cache_seqlens - cache_leftpad).to(torch.int32)
     total_q = None  # as _attention: rows of q past the last sequence come back as out 0, lse +inf
-    covered = validate.check_paged_varlen_values(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, q, k,
-                                                 block_table)
     if covered is not None and covered < q.shape[0]:
         total_q, q = q.shape[0], q[:covered]
     window_size = validate.clamp_window(window_size, max_seqlen_q, max_seqlen_k)  # bounded at launch, as _attention
@@ -352,7 +360,7 @@ def _paged_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_
     # No "backward" feature: the choice is the forward's (the backward is refused whichever runs).
     features = _features(q, k, causal=causal, window_size=window_size, softcap=softcap, alibi_slopes=alibi_slopes,
                          dropout_p=dropout_p, return_probs=return_probs, varlen=True, paged_kv=True,
-                         rows=max_seqlen_q)
+                         cache_leftpad=cache_leftpad is not None, rows=max_seqlen_q)
     choice = _choose(q, features, version)
     if _args.no_work(q, k, rows_k=max_seqlen_k):  # no query rows, no heads, or no sequence with a key
         probs_shape = _ops.probs_shape(q, k, cu_seqlens_q, max_seqlen_q, max_seqlen_k, block_table) \
@@ -364,8 +372,8 @@ def _paged_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_
         generation=choice.generation, softmax_scale=float(softmax_scale), window_left=int(window_left),
         window_right=int(window_right), softcap=float(softcap), alibi_slopes=alibi_slopes, dropout_p=float(dropout_p),
         rng_state=_dropout_rng(dropout_p), cu_seqlens_q=cu_seqlens_q, max_seqlen_q=int(max_seqlen_q),
-        max_seqlen_k=int(max_seqlen_k), seqused_k=cu_seqlens_k[1:] - cu_seqlens_k[:-1],  # int32; seq_info clamps
-        block_table=block_table, return_probs=bool(return_probs), deterministic=bool(deterministic))
+        max_seqlen_k=int(max_seqlen_k), seqused_k=seqused_k, block_table=block_table, cache_leftpad=cache_leftpad,
+        return_probs=bool(return_probs), deterministic=bool(deterministic))
     # The backward is refused whichever runs (_library._grads); the graph is kept so that a backward gets there.
     grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
     return _launch(q, k, v, choice, grad, total_q, args)
@@ -596,6 +604,51 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
                    t.requires_grad]
         if wanting:  # inference only: a backward through out / lse raises instead of treating these as constants
             out, lse = _library.ForwardOnly.apply(KVCACHE_NO_BACKWARD, out, lse, *wanting)
+    return (out, lse) if return_softmax_lse else out
+
+
+def _varlen_kvcache(q, k_cache, v_cache, cache_seqlens, cache_batch_idx, cache_leftpad, block_table, cu_seqlens_q,
+                    max_seqlen_q, softmax_scale, causal, window_size, softcap, return_softmax_lse, *, version=None):
+    """A KV cache read by varlen queries (FA3's flash_attn_with_kvcache with cu_seqlens_q, as SGLang's FA3 backend
+    calls it): q (total_q, num_heads, head_dim) stacked by cu_seqlens_q (batch + 1) with max_seqlen_q; sequence b's
+    keys are cache rows [cache_leftpad[b], cache_seqlens[b]) (default: 0 and the capacity) of its pages
+    (block_table) or, in a dense cache (batch_cache, seqlen_cache, num_heads_k, head_dim), of entry
+    cache_batch_idx[b] (default b); the masks' bottom-right corner is each sequence's last query and key. Runs as
+    _paged_varlen's KV-cache form: a dense cache is one page per sequence (a zero-copy view, as the left pad of
+    flash_attn_with_kvcache). Inference only. Returns out (total_q, ...), or (out, softmax_lse (num_heads, total_q))
+    with return_softmax_lse."""
+    compiling = torch.compiler.is_compiling()
+    return_softmax_lse = _args.as_bool("return_softmax_lse", return_softmax_lse)
+    validate.check_qkv(q, k_cache, v_cache, varlen=True, paged_kv=True, names=("q", "k_cache", "v_cache"))
+    batch = validate.check_varlen_q(cu_seqlens_q, q)
+    if block_table is None:  # a dense cache: the table names each sequence's entry
+        if cache_batch_idx is None:
+            if k_cache.shape[0] != batch:
+                raise ValueError(f"k_cache: expected batch {batch} (cu_seqlens_q's) without cache_batch_idx, "
+                                 f"got {k_cache.shape[0]}")
+            cache_batch_idx = torch.arange(batch, device=q.device, dtype=validate.INDEX_DTYPE)
+        else:
+            validate.check_index("cache_batch_idx", cache_batch_idx, q, batch)
+            validate.check_kvcache_values(k_cache, None, None, cache_batch_idx)
+        block_table = cache_batch_idx.view(batch, 1)
+    elif cache_batch_idx is not None:
+        validate.check_block_table(block_table, q, k_cache, cache_batch_idx, batch=batch)  # refuses the pair by name
+    capacity = validate.kv_capacity(k_cache, block_table)
+    if cache_seqlens is None or not isinstance(cache_seqlens, torch.Tensor):
+        n = capacity if cache_seqlens is None else _args.as_int("cache_seqlens", cache_seqlens)
+        if not 0 <= n <= capacity:
+            raise ValueError(f"cache_seqlens: expected an int in [0, {capacity}] (the cache capacity) or an int32 "
+                             f"tensor, got {cache_seqlens!r}")
+        cache_seqlens = torch.full((batch,), n, dtype=validate.INDEX_DTYPE, device=q.device)
+    wanting = [t for t in (q, k_cache, v_cache) if t.requires_grad]
+    with torch.no_grad():
+        out, lse, _ = _paged_varlen(
+            q, k_cache, v_cache, cu_seqlens_q, None, max_seqlen_q, capacity, block_table, dropout_p=0.0,
+            softmax_scale=softmax_scale, causal=causal, window_size=window_size, softcap=softcap, alibi_slopes=None,
+            deterministic=False, return_probs=False, version=version, descales=(None, None, None),
+            cache_seqlens=cache_seqlens, cache_leftpad=cache_leftpad)
+    if wanting and not compiling and torch.is_grad_enabled():  # a backward through out / lse raises by name
+        out, lse = _library.ForwardOnly.apply(KVCACHE_NO_BACKWARD, out, lse, *wanting)
     return (out, lse) if return_softmax_lse else out
 
 

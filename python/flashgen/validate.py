@@ -204,13 +204,18 @@ def _max_seqlen(name: str, value) -> None:
                         f"the device), got {value!r}")
 
 
-def check_varlen(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, q: torch.Tensor) -> int:
-    """cu_seqlens_q/k int32 (batch + 1) on the device of q; max_seqlen_q/k Python ints. Returns batch (0 with a
-    cu_seqlens of one entry)."""
+def check_varlen_q(cu_seqlens_q, q: torch.Tensor) -> int:
+    """cu_seqlens_q int32 (batch + 1) on the device of q. Returns batch (0 with a cu_seqlens of one entry)."""
     check_index("cu_seqlens_q", cu_seqlens_q, q)
     if cu_seqlens_q.shape[0] < 1:
         raise ValueError(f"cu_seqlens_q: expected shape (batch + 1,), got {tuple(cu_seqlens_q.shape)}")
-    check_index("cu_seqlens_k", cu_seqlens_k, q, cu_seqlens_q.shape[0])
+    return cu_seqlens_q.shape[0] - 1
+
+
+def check_varlen(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, q: torch.Tensor) -> int:
+    """cu_seqlens_q/k int32 (batch + 1) on the device of q; max_seqlen_q/k Python ints. Returns batch (0 with a
+    cu_seqlens of one entry)."""
+    check_index("cu_seqlens_k", cu_seqlens_k, q, check_varlen_q(cu_seqlens_q, q) + 1)
     _max_seqlen("max_seqlen_q", max_seqlen_q)
     _max_seqlen("max_seqlen_k", max_seqlen_k)
     return cu_seqlens_q.shape[0] - 1
@@ -284,6 +289,27 @@ def check_paged_varlen_values(cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int, max
     check_kvcache_indices(torch.tensor(lengths, dtype=torch.int64, device="cpu"), None, block_table, capacity=capacity,
                           seqlen_new=0, num_pages=k_cache.shape[0])
     return used_q
+
+
+def check_kvcache_varlen(cu_seqlens_q, cache_seqlens, cache_leftpad, max_seqlen_q: int, q: torch.Tensor,
+                         k_cache: torch.Tensor, block_table: torch.Tensor) -> Tuple[int, Optional[int]]:
+    """A KV cache read by varlen queries (FA3's flash_attn_with_kvcache with cu_seqlens_q): cu_seqlens_q int32 (batch
+    + 1), cache_seqlens and cache_leftpad int32 (batch,), block_table (batch, max_blocks_per_seq) over the pages of
+    k_cache. The values where they are read (indices_readable): the offsets as check_varlen_values', the key counts,
+    pads and the pages read as check_kvcache_indices'. Returns (batch, rows of q the sequences cover, or None where
+    the values are not read)."""
+    batch = check_varlen_q(cu_seqlens_q, q)
+    check_index("cache_seqlens", cache_seqlens, q, batch)
+    if cache_leftpad is not None:
+        check_index("cache_leftpad", cache_leftpad, q, batch)
+    check_block_table(block_table, q, k_cache, None, batch=batch)
+    if not all(indices_readable(t) for t in (cu_seqlens_q, cache_seqlens, cache_leftpad, block_table)
+               if t is not None):
+        return batch, None
+    covered = _offsets("cu_seqlens_q", cu_seqlens_q.tolist(), q.shape[0], "q", max_seqlen_q, "max_seqlen_q")
+    check_kvcache_indices(cache_seqlens, cache_leftpad, block_table, capacity=kv_capacity(k_cache, block_table),
+                          seqlen_new=0, num_pages=k_cache.shape[0])
+    return batch, covered
 
 
 def check_block_mask(block_mask, block_size, q: torch.Tensor, k: torch.Tensor) -> None:
