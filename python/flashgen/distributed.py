@@ -64,7 +64,7 @@ from . import _args, _library, _native, dispatch, nvtx, validate
 from .interface import VERSION_ENV
 
 __all__ = ["LAYOUTS", "Block", "LoopbackComm", "RingComm", "allgather_blocks", "allgather_flash_attn_func",
-           "merge_partials", "ring_blocks", "ring_flash_attn_func", "shard_chunks", "shard_sequence",
+           "merge_partials", "merge_weights", "ring_blocks", "ring_flash_attn_func", "shard_chunks", "shard_sequence",
            "unshard_sequence", "zigzag_shard", "zigzag_unshard"]
 
 LAYOUTS = ("zigzag", "contiguous")
@@ -165,13 +165,18 @@ def merge_partials(outs: Sequence[torch.Tensor], lses: Sequence[torch.Tensor]) -
     """
     if len(outs) != len(lses) or not outs:
         raise ValueError(f"merge_partials: expected as many outs as lses (at least one), got {len(outs)}, {len(lses)}")
-    lses = [lse.float() for lse in lses]
-    log_weights = torch.stack([torch.where(lse == _INF, -_INF, lse) for lse in lses])   # partial_log_weight
-    m = log_weights.amax(0)
-    total = sum(_merge_weight(lse, m) for lse in lses)
-    merged = torch.where(m == -_INF, _INF, m + torch.log(total))                      # merged_lse
-    out = sum(_merge_weight(lse, merged).transpose(1, 2).unsqueeze(-1) * o.float() for o, lse in zip(outs, lses))
+    weights, merged = merge_weights(torch.stack([lse.float() for lse in lses]))
+    out = sum(w.transpose(1, 2).unsqueeze(-1) * o.float() for o, w in zip(outs, weights))
     return out, merged
+
+
+def merge_weights(lses: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+    """The merge of partials stacked on dim 0 (any layout after it, element by element): lses fp32 (splits, ...).
+    Returns (weights, lse): weights (splits, ...) = merge_weight(lse_i, lse), the factor of partial i's out in the
+    merged out (merge_partials' formula), and the merged lse (...)."""
+    m = torch.where(lses == _INF, -_INF, lses).amax(0)                                 # max partial_log_weight
+    merged = torch.where(m == -_INF, _INF, m + torch.log(_merge_weight(lses, m).sum(0)))  # merged_lse
+    return _merge_weight(lses, merged), merged
 
 
 def _merge_into(acc_out: torch.Tensor, acc_lse: torch.Tensor, rows: slice, out: torch.Tensor,

@@ -13,7 +13,7 @@ NotImplementedError naming the argument: `qv`, `attention_chunk` other than 0, a
 sequence (`cu_seqlens_k_new` with `k`), appending with varlen queries, `rotary_seqlens` and FP8 descales. The varlen
 call's `seqused_q` / `seqused_k` (the rows of each sequence's segment that are used) run as more stacked sequences,
 forward and backward; the KV cache's varlen queries (`cu_seqlens_q`) as a paged varlen call.
-`flash_attn_combine` merges split-KV partial results by their LSE (distributed.merge_partials, the split-KV combine
+`flash_attn_combine` merges split-KV partial results by their LSE (distributed.merge_weights, the split-KV combine
 of common/softmax.h, in torch ops). `get_scheduler_metadata` checks its arguments and returns a placeholder that
 `flash_attn_with_kvcache` accepts and ignores (flashgen plans its own schedule).
 """
@@ -231,9 +231,10 @@ def flash_attn_combine(out_partial, lse_partial, out=None, out_dtype=None):
         validate._same_device("out", out, out_partial, "out_partial")
         if out.dtype != dtype:
             raise ValueError(f"out: expected {dtype} (out_dtype), got {out.dtype}")
-    from .distributed import merge_partials  # imports torch.distributed: only when a combine is asked for
-    merged, lse = merge_partials(list(out_partial.unbind(0)), [t.transpose(1, 2) for t in lse_partial.unbind(0)])
-    lse = lse.transpose(1, 2)  # (batch, seqlen, num_heads), a view of (batch, num_heads, seqlen) as FA3's
+    from .distributed import merge_weights  # imports torch.distributed: only when a combine is asked for
+    weights, lse = merge_weights(lse_partial.transpose(2, 3))  # (splits, batch, num_heads, seqlen): no loop over splits
+    merged = (weights.transpose(2, 3).unsqueeze(-1) * out_partial).sum(0)
+    lse = lse.contiguous().transpose(1, 2)  # (batch, seqlen, num_heads), a view of (batch, num_heads, seqlen) as FA3's
     if out is None:
         return merged.to(dtype), lse
     out.copy_(merged)
