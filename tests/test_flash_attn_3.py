@@ -251,6 +251,97 @@ def test_varlen_seqused_refusals_name_the_value():
         fa3.flash_attn_varlen_func(q, q, q, bad_cu, cu, 7, 7, seqused_q=torch.tensor([1, 1], dtype=torch.int32))
 
 
+def test_oracle_chunk_mask_by_hand():
+    """reference.visible_mask's attention_chunk, written out: query i's diagonal key p = i + seqlen_k - seqlen_q,
+    its chunk [floor(p / C) * C, + C); rows with p < 0 see nothing."""
+    got = reference.visible_mask(3, 6, causal=True, attention_chunk=4).int().tolist()
+    assert got == [[1, 1, 1, 1, 0, 0], [0, 0, 0, 0, 1, 0], [0, 0, 0, 0, 1, 1]]
+    got = reference.visible_mask(4, 2, attention_chunk=2).int().tolist()
+    assert got == [[0, 0], [0, 0], [1, 1], [1, 1]]
+    got = reference.visible_mask(2, 7, window_size=(1, 1), attention_chunk=3).int().tolist()  # p = 5, 6
+    assert got == [[0, 0, 0, 0, 1, 1, 0], [0, 0, 0, 0, 0, 0, 1]]
+
+
+CHUNK_CASES = [  # (seqlen_q, seqlen_k, chunk, causal, window, softcap)
+    (37, 53, 16, True, (-1, -1), 0.0), (37, 53, 16, False, (-1, -1), 0.0), (53, 53, 8, False, (5, 3), 0.0),
+    (53, 53, 24, True, (-1, -1), 20.0), (40, 20, 16, False, (-1, -1), 0.0), (40, 20, 16, True, (-1, -1), 0.0),
+    (29, 29, 64, True, (-1, -1), 0.0), (29, 29, 64, False, (-1, -1), 0.0), (1, 53, 16, True, (-1, -1), 0.0),
+    (40, 12, 16, False, (-1, -1), 0.0)]
+
+
+@pytest.mark.parametrize("case", CHUNK_CASES, ids=lambda c: "q{}-k{}-c{}-causal{}-w{}-s{}".format(*c))
+def test_attention_chunk_dense_against_oracle(case):
+    """FA3's attention_chunk (Llama 4's chunked attention) on flash_attn_func: keys in the query's chunk only,
+    with causal, window and softcap; more queries than keys (rows before key 0 see no key); one chunk holding every
+    key. Forward and backward against the float64 oracle of the definition (FA rule; 3x for the gradients)."""
+    sq, sk, chunk, causal, window, softcap = case
+    torch.manual_seed(sq * 7 + sk)
+    q = rand(2, sq, 4, 32, grad=True)
+    k, v = rand(2, sk, 2, 32, grad=True), rand(2, sk, 2, 32, grad=True)
+    out, lse = fa3.flash_attn_func(q, k, v, 0.2, causal, window_size=window, attention_chunk=chunk, softcap=softcap,
+                                   return_attn_probs=True)
+    assert out.shape == q.shape and lse.shape == (2, 4, sq) and lse.is_contiguous()
+    dout = rand(*out.shape)
+    got = torch.autograd.grad(out, (q, k, v), dout)
+    refs = {}
+    for dtype in (torch.float64, DTYPE):
+        leaves = [t.detach().to(dtype).requires_grad_() for t in (q, k, v)]
+        ref, ref_lse = reference.attention_ref(*leaves, softmax_scale=0.2, causal=causal, window_size=window,
+                                               softcap=softcap, attention_chunk=chunk, dtype=dtype)
+        refs[dtype] = (ref.detach(), ref_lse, torch.autograd.grad(ref, leaves, dout.to(dtype)))
+    name = f"chunk {case}"
+    testing.check_fa_rule(name, out, refs[torch.float64][0], refs[DTYPE][0])
+    ref_lse = refs[torch.float64][1]
+    assert torch.equal(torch.isinf(lse), torch.isinf(ref_lse)), name
+    assert torch.allclose(lse.double()[torch.isfinite(ref_lse)], ref_lse[torch.isfinite(ref_lse)], atol=1e-4,
+                          rtol=1e-4), name
+    for label, g, ref, naive in zip(("dq", "dk", "dv"), got, refs[torch.float64][2], refs[DTYPE][2]):
+        testing.check_fa_rule(f"{name} {label}", g, ref, naive, factor=3.0, floor=testing.grad_floor(g, ref, sk))
+
+
+def test_attention_chunk_varlen_and_seqused_against_oracle():
+    """attention_chunk on stacked sequences (lengths around and across chunk boundaries, an empty one, more queries
+    than keys), alone and with seqused_k: each sequence's used rows against the oracle of the definition."""
+    torch.manual_seed(12)
+    lens_q, lens_k, chunk = [17, 0, 40, 9, 30], [17, 5, 64, 40, 12], 16
+    cu_q, cu_k = (torch.tensor([0, *torch.tensor(n).cumsum(0).tolist()], dtype=torch.int32) for n in (lens_q, lens_k))
+    q, k, v = rand(sum(lens_q), 4, 32), rand(sum(lens_k), 2, 32), rand(sum(lens_k), 2, 32)
+    for used_k in (None, [10, 5, 33, 40, 0]):
+        kw = {} if used_k is None else dict(seqused_k=torch.tensor(used_k, dtype=torch.int32))
+        for causal in (False, True):
+            out, lse = fa3.flash_attn_varlen_func(q, k, v, cu_q, cu_k, 40, 64, causal=causal, attention_chunk=chunk,
+                                                  return_attn_probs=True, **kw)
+            ref_kw = dict(causal=causal, attention_chunk=chunk, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, **kw)
+            ref, ref_lse = reference.attention_ref(q, k, v, **ref_kw)
+            naive, _ = reference.attention_ref(q, k, v, dtype=DTYPE, **ref_kw)
+            name = f"varlen chunk causal={causal} seqused_k={used_k is not None}"
+            testing.check_fa_rule(name, out, ref, naive)
+            assert torch.equal(torch.isinf(lse), torch.isinf(ref_lse)), name
+
+
+def test_attention_chunk_fp8_descales_follow_their_sequence():
+    """FP8 with (batch, num_heads_k) descales under attention_chunk: each piece keeps its sequence's descales, so the
+    result is the bf16 computation on the dequantized inputs within FP8's rounding."""
+    from flashgen import fp8
+    x = rand(2, 48, 2, 32)
+    qq = fp8.quantize_qkv(x, x, x, "head")
+    out = fa3.flash_attn_func(qq.q, qq.k, qq.v, causal=True, attention_chunk=16, q_descale=qq.q_descale,
+                              k_descale=qq.k_descale, v_descale=qq.v_descale)
+    deq = [(t.float() * s.view(2, 1, 2, 1)).to(DTYPE) for t, s in ((qq.q, qq.q_descale), (qq.k, qq.k_descale),
+                                                                 (qq.v, qq.v_descale))]
+    want = fa3.flash_attn_func(*deq, causal=True, attention_chunk=16)
+    assert (out.float() - want.float()).abs().max() < 0.1
+
+
+def test_attention_chunk_under_torch_compile():
+    q, k, v = rand(1, 40, 2, 16), rand(1, 40, 2, 16), rand(1, 40, 2, 16)
+
+    def f(q, k, v):
+        return fa3.flash_attn_func(q, k, v, causal=True, attention_chunk=16)
+
+    assert torch.equal(torch.compile(f, backend="aot_eager", fullgraph=True)(q, k, v), f(q, k, v))
+
+
 def test_kvcache_page_table_is_the_block_table():
     batch, heads, heads_k, d, page, pages = 2, 4, 2, 64, 16, 9
     q = rand(batch, 1, heads, d)
@@ -415,7 +506,8 @@ def test_fp8_descales_as_fa3_names_them():
 
 REFUSED = [
     ("qv", lambda q: fa3.flash_attn_func(q, q, q, qv=q), NotImplementedError),
-    ("attention_chunk", lambda q: fa3.flash_attn_func(q, q, q, attention_chunk=8), NotImplementedError),
+    ("attention_chunk", lambda q: fa3.flash_attn_with_kvcache(q, q, q, attention_chunk=8), NotImplementedError),
+    ("attention_chunk", lambda q: fa3.flash_attn_func(q, q, q, attention_chunk=2 ** 31), ValueError),
     ("attention_chunk", lambda q: fa3.flash_attn_func(q, q, q, attention_chunk=-1), ValueError),
     ("num_splits", lambda q: fa3.flash_attn_func(q, q, q, num_splits=-2), ValueError),
     ("sm_margin", lambda q: fa3.flash_attn_func(q, q, q, sm_margin=1.5), TypeError),
@@ -525,14 +617,19 @@ def test_scheduler_metadata_is_accepted_and_changes_nothing():
     out = fa3.flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=seqlens, causal=True,
                                       scheduler_metadata=meta)
     assert torch.equal(out, fa3.flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=seqlens, causal=True))
+    # vLLM's form: varlen queries (cu_seqlens_q), then the KV-cache call with them
+    cu_q = torch.tensor([0, 1, 3], dtype=torch.int32)
+    meta = fa3.get_scheduler_metadata(2, 2, 40, 4, 2, 32, seqlens, torch.bfloat16, cu_seqlens_q=cu_q, causal=True)
+    args = (q.flatten(0, 1)[:3], k_cache, v_cache)
+    kw = dict(cache_seqlens=seqlens, cu_seqlens_q=cu_q, max_seqlen_q=2, causal=True)
+    assert torch.equal(fa3.flash_attn_with_kvcache(*args, scheduler_metadata=meta, **kw),
+                       fa3.flash_attn_with_kvcache(*args, **kw))
 
 
 SEQLENS = torch.tensor([3], dtype=torch.int32)
 METADATA_REFUSED = [
     ("headdim_v", lambda: fa3.get_scheduler_metadata(1, 1, 8, 2, 2, 64, SEQLENS, headdim_v=128), NotImplementedError),
     ("attention_chunk", lambda: fa3.get_scheduler_metadata(1, 1, 8, 2, 2, 64, SEQLENS, attention_chunk=4),
-     NotImplementedError),
-    ("cu_seqlens_q", lambda: fa3.get_scheduler_metadata(1, 1, 8, 2, 2, 64, SEQLENS, cu_seqlens_q=SEQLENS),
      NotImplementedError),
     ("batch_size", lambda: fa3.get_scheduler_metadata(-1, 1, 8, 2, 2, 64, SEQLENS), ValueError),
     ("max_seqlen_k", lambda: fa3.get_scheduler_metadata(1, 1, 2.5, 2, 2, 64, SEQLENS), TypeError),

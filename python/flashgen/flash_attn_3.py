@@ -9,10 +9,11 @@ takes FA3's `q_descale` / `k_descale` / `v_descale` ((batch, num_heads_k) fp32; 
 arguments that tune FA3's own schedule (`num_splits` of the non-cache calls, `pack_gqa`, `sm_margin`,
 `scheduler_metadata`) are checked and leave the result as it is; flashgen picks its schedule itself (`num_splits`
 bounds the KV cache's split-KV plan, as in flash_attn 2.x). What flashgen has no kernel for raises
-NotImplementedError naming the argument: `qv`, `attention_chunk` other than 0, and on the KV cache new keys stacked by
-sequence (`cu_seqlens_k_new` with `k`), appending with varlen queries, `rotary_seqlens` and FP8 descales. The varlen
-call's `seqused_q` / `seqused_k` (the rows of each sequence's segment that are used) run as more stacked sequences,
-forward and backward; the KV cache's varlen queries (`cu_seqlens_q`) as a paged varlen call.
+NotImplementedError naming the argument: `qv`, and on the KV cache `attention_chunk` other than 0, new keys stacked
+by sequence (`cu_seqlens_k_new` with `k`), appending with varlen queries, `rotary_seqlens` and FP8 descales. The
+varlen call's `seqused_q` / `seqused_k` (the rows of each sequence's segment that are used) and `attention_chunk`
+(keys in the query's chunk only) run as more stacked sequences, forward and backward; the KV cache's varlen queries
+(`cu_seqlens_q`) as a paged varlen call.
 `flash_attn_combine` merges split-KV partial results by their LSE (distributed.merge_weights, the split-KV combine
 of common/softmax.h, in torch ops). `get_scheduler_metadata` checks its arguments and returns a placeholder that
 `flash_attn_with_kvcache` accepts and ignores (flashgen plans its own schedule).
@@ -38,20 +39,45 @@ def _check_tuning(num_splits, pack_gqa, sm_margin) -> None:
         raise ValueError(f"sm_margin: expected an int >= 0, got {sm_margin}")
 
 
-def _refuse(qv=None, attention_chunk=0, **unsupported) -> None:
+def _refuse(qv=None, **unsupported) -> None:
     """NotImplementedError naming the first FA3 feature a call asks for that flashgen has no kernel for."""
     if qv is not None:
         raise NotImplementedError("qv: FA3's extra query-value term (MLA-style attention) has no flashgen kernel; "
                                   "pass qv=None")
-    chunk = _args.as_int("attention_chunk", attention_chunk)
-    if chunk < 0:
-        raise ValueError(f"attention_chunk: expected an int >= 0 (0 = off), got {chunk}")
-    if chunk > 0:
-        raise NotImplementedError(f"attention_chunk: chunked attention (keys within the query's chunk of {chunk}) "
-                                  "has no flashgen kernel; pass attention_chunk=0")
     for name, value in unsupported.items():
         if value is not None:
             raise NotImplementedError(f"{name}: not supported by flashgen's FA3 interface; pass {name}=None")
+
+
+def _chunk_size(attention_chunk) -> int:
+    """attention_chunk: an int in [0, 2^31 - 1], 0 = off."""
+    chunk = _args.as_int("attention_chunk", attention_chunk)
+    if not 0 <= chunk <= _args.INT32_MAX:
+        raise ValueError(f"attention_chunk: expected an int in [0, {_args.INT32_MAX}] (0 = off), got {chunk}")
+    return chunk
+
+
+def _chunked_offsets(cu_q, cu_k, max_seqlen_q: int, max_seqlen_k: int, chunk: int, before: int):
+    """FA3's attention_chunk as varlen offsets: sequence b's keys cut at multiples of `chunk`, and its queries by the
+    chunk of their bottom-right-aligned key position p = row + seqlen_k - seqlen_q, each piece a stacked sequence of
+    its own. A piece's last query is its last key (or it has no key), so bottom-right causal, the window and the
+    key positions inside a piece are the call's. Queries with p < 0 fall in chunks before key 0: pieces without keys
+    (out 0, lse +inf; `before` such chunks, enough for max_seqlen_q - min seqlen_k rows). Torch ops on the offsets'
+    device, no synchronization. Returns (cu_seqlens_q, cu_seqlens_k, pieces per sequence, max_seqlen_q, max_seqlen_k).
+    """
+    after = max(1, -(-max_seqlen_k // chunk))
+    starts = torch.arange(-before, after, device=cu_q.device, dtype=torch.int64) * chunk  # (pieces,) key positions
+    lens_q, lens_k = (cu_q[1:] - cu_q[:-1]).long(), (cu_k[1:] - cu_k[:-1]).long()
+    rows_q = torch.minimum((starts - (lens_k - lens_q).view(-1, 1)).clamp_min(0), lens_q.view(-1, 1))
+    rows_k = torch.minimum(starts.clamp_min(0).view(1, -1), lens_k.view(-1, 1))
+    cu_q = torch.cat([(cu_q[:-1].view(-1, 1) + rows_q).flatten(), cu_q[-1:].long()]).to(torch.int32)
+    cu_k = torch.cat([(cu_k[:-1].view(-1, 1) + rows_k).flatten(), cu_k[-1:].long()]).to(torch.int32)
+    return cu_q, cu_k, before + after, min(max_seqlen_q, chunk), min(max_seqlen_k, chunk)
+
+
+def _repeat_descales(descales, parts: int):
+    """(batch, num_heads_k) descales for a call whose sequences became `parts` stacked ones each."""
+    return tuple(None if t is None else t.repeat_interleave(parts, dim=0) for t in descales)
 
 
 def flash_attn_func(q, k, v, softmax_scale=None, causal=False, qv=None, q_descale=None, k_descale=None,
@@ -59,9 +85,33 @@ def flash_attn_func(q, k, v, softmax_scale=None, causal=False, qv=None, q_descal
                     deterministic=False, sm_margin=0, return_attn_probs=False, *, version: Optional[str] = None):
     """FA3's flash_attn_func: q (batch, seqlen_q, num_heads, head_dim), k / v (batch, seqlen_k, num_heads_k,
     head_dim). Returns out, or (out, softmax_lse (batch, num_heads, seqlen_q) fp32) with return_attn_probs."""
-    _refuse(qv, attention_chunk)
+    _refuse(qv)
+    chunk = _chunk_size(attention_chunk)
     _check_tuning(num_splits, pack_gqa, sm_margin)
     return_lse = _args.as_bool("return_attn_probs", return_attn_probs)
+    if chunk:
+        validate.check_qkv(q, k, v)
+        (batch, seqlen_q), seqlen_k = q.shape[:2], k.shape[1]
+    if chunk and not (seqlen_k <= chunk and (seqlen_q <= seqlen_k or _args.as_bool("causal", causal))):
+        # stacked pieces of one chunk each (_chunked_offsets); where one chunk holds every key the plain call is it
+        descales = (q_descale, k_descale, v_descale)
+        if any(t is not None for t in descales):
+            validate.check_descales([(n, t) for n, t in zip(("q_descale", "k_descale", "v_descale"), descales)],
+                                    q, batch, k.shape[2], varlen=True)  # (batch, num_heads_k) only
+        if batch * max(seqlen_q, seqlen_k) > _args.INT32_MAX:
+            raise ValueError(f"attention_chunk: the pieces are stacked by int32 offsets, and batch x seqlen "
+                             f"{batch} x {max(seqlen_q, seqlen_k)} rows exceed 2^31 - 1")
+        cu_q, cu_k = (torch.arange(batch + 1, device=q.device, dtype=torch.int32) * n for n in (seqlen_q, seqlen_k))
+        cu_q, cu_k, pieces, max_q, max_k = _chunked_offsets(cu_q, cu_k, seqlen_q, seqlen_k, chunk,
+                                                            -(-max(0, seqlen_q - seqlen_k) // chunk))
+        q_descale, k_descale, v_descale = _repeat_descales(descales, pieces)
+        out, lse, _ = _fa2.flash_attn_varlen_func(
+            q.flatten(0, 1), k.flatten(0, 1), v.flatten(0, 1), cu_q, cu_k, max_q, max_k, 0.0, softmax_scale, causal,
+            window_size, softcap, None, deterministic, True, version=version, q_descale=q_descale,
+            k_descale=k_descale, v_descale=v_descale)
+        out = out.unflatten(0, (batch, seqlen_q))
+        lse = lse.unflatten(1, (batch, seqlen_q)).transpose(0, 1).contiguous()  # (batch, num_heads, seqlen_q)
+        return (out, lse) if return_lse else out
     out, lse, _ = _fa2.flash_attn_func(q, k, v, 0.0, softmax_scale, causal, window_size, softcap, None, deterministic,
                                        True, version=version, q_descale=q_descale, k_descale=k_descale,
                                        v_descale=v_descale)
@@ -100,12 +150,12 @@ def _used_rows(name: str, used, cu: torch.Tensor, cu_name: str, q: torch.Tensor,
 
 def _seqused_as_sequences(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_q, seqused_k,
                           descales):
-    """FA3's seqused_q / seqused_k (sequence b uses rows cu_seqlens[b] .. cu_seqlens[b] + seqused[b] - 1 of its
-    segment) as offsets flashgen's varlen kernels already take: each sequence becomes two or three stacked ones, the
-    used queries against the used keys, then the unused queries against no keys (out 0, lse +inf, dq 0: rows of a
-    sequence with no key), then no queries against the unused keys (dk = dv = 0). Built with torch ops on the
-    offsets' device (no synchronization); the masks see the used lengths, as FA3's. Returns (cu_seqlens_q,
-    cu_seqlens_k, descales repeated for the new sequences)."""
+    """The varlen call's checks, then FA3's seqused_q / seqused_k where given (sequence b uses rows cu_seqlens[b] ..
+    cu_seqlens[b] + seqused[b] - 1 of its segment) as offsets flashgen's varlen kernels already take: each sequence
+    becomes two or three stacked ones, the used queries against the used keys, then the unused queries against no
+    keys (out 0, lse +inf, dq 0: rows of a sequence with no key), then no queries against the unused keys (dk = dv =
+    0). Built with torch ops on the offsets' device (no synchronization); the masks see the used lengths, as FA3's.
+    Returns (cu_seqlens_q, cu_seqlens_k, descales repeated for the new sequences)."""
     validate.check_qkv(q, k, v, varlen=True)
     max_seqlen_q = _args.max_seqlen("max_seqlen_q", max_seqlen_q)
     max_seqlen_k = _args.max_seqlen("max_seqlen_k", max_seqlen_k)
@@ -116,20 +166,20 @@ def _seqused_as_sequences(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max
         mid_q = start_q + _used_rows("seqused_q", seqused_q, cu_seqlens_q, "cu_seqlens_q", q, batch)
     if seqused_k is not None:
         mid_k = start_k + _used_rows("seqused_k", seqused_k, cu_seqlens_k, "cu_seqlens_k", q, batch)
+    given = [(name, t) for name, t in zip(("q_descale", "k_descale", "v_descale"), descales) if t is not None]
+    if given:  # checked against the caller's batch before they are repeated for the new sequences
+        validate.check_descales(given, q, batch, k.shape[-2], varlen=True)
     if seqused_q is not None and seqused_k is not None:
         starts_q, starts_k = (start_q, mid_q, end_q), (start_k, mid_k, mid_k)
     elif seqused_q is not None:
         starts_q, starts_k = (start_q, mid_q), (start_k, end_k)
-    else:
+    elif seqused_k is not None:
         starts_q, starts_k = (start_q, end_q), (start_k, mid_k)
-    given = [(name, t) for name, t in zip(("q_descale", "k_descale", "v_descale"), descales) if t is not None]
-    if given:  # checked against the caller's batch before they are repeated for the new sequences
-        validate.check_descales(given, q, batch, k.shape[-2], varlen=True)
-    parts = len(starts_q)
-    descales = tuple(None if t is None else t.repeat_interleave(parts, dim=0) for t in descales)
+    else:  # checked only (attention_chunk's pieces come next)
+        return cu_seqlens_q, cu_seqlens_k, descales
     cu_q = torch.cat([torch.stack(starts_q, dim=1).flatten(), cu_seqlens_q[-1:]])
     cu_k = torch.cat([torch.stack(starts_k, dim=1).flatten(), cu_seqlens_k[-1:]])
-    return cu_q, cu_k, descales
+    return cu_q, cu_k, _repeat_descales(descales, len(starts_q))
 
 
 def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_q=None,
@@ -142,13 +192,20 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     (batch,), sequence b then uses the first seqused[b] rows of its segment only (the masks see those lengths);
     query rows past them get out 0, lse +inf and dq 0, key rows past them dk = dv = 0 (FA3 leaves such rows
     unwritten). Returns out, or (out, softmax_lse (num_heads, total_q) fp32) with return_attn_probs."""
-    _refuse(qv, attention_chunk)
+    _refuse(qv)
+    chunk = _chunk_size(attention_chunk)
     _check_tuning(num_splits, pack_gqa, sm_margin)
     return_lse = _args.as_bool("return_attn_probs", return_attn_probs)
-    if seqused_q is not None or seqused_k is not None:
+    if seqused_q is not None or seqused_k is not None or chunk:
         cu_seqlens_q, cu_seqlens_k, (q_descale, k_descale, v_descale) = _seqused_as_sequences(
             q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_q, seqused_k,
             (q_descale, k_descale, v_descale))
+        max_seqlen_q, max_seqlen_k = int(max_seqlen_q), int(max_seqlen_k)  # checked there
+    if chunk and not (max_seqlen_k <= chunk and _args.as_bool("causal", causal)):
+        # _chunked_offsets; where one chunk holds every key, causal rows see the same keys without the pieces
+        cu_seqlens_q, cu_seqlens_k, pieces, max_seqlen_q, max_seqlen_k = _chunked_offsets(
+            cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, chunk, -(-max_seqlen_q // chunk))
+        q_descale, k_descale, v_descale = _repeat_descales((q_descale, k_descale, v_descale), pieces)
     out, lse, _ = _fa2.flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, 0.0,
                                               softmax_scale, causal, window_size, softcap, None, deterministic, True,
                                               version=version, q_descale=q_descale, k_descale=k_descale,
@@ -170,8 +227,10 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, qv=None, rotary
     [cache_leftpad[b], cache_seqlens[b]) (interface._varlen_kvcache); new k / v and rotary with them are refused there,
     and cu_seqlens_k_new is read with k only (FA3 ignores it without). Returns out, or (out, softmax_lse) with
     return_softmax_lse ((num_heads, total_q) with cu_seqlens_q)."""
-    _refuse(qv, attention_chunk, rotary_seqlens=rotary_seqlens, q_descale=q_descale, k_descale=k_descale,
-            v_descale=v_descale)
+    _refuse(qv, rotary_seqlens=rotary_seqlens, q_descale=q_descale, k_descale=k_descale, v_descale=v_descale)
+    if _chunk_size(attention_chunk):
+        raise NotImplementedError("attention_chunk: chunked attention over a KV cache has no flashgen path; pass "
+                                  "attention_chunk=0 (flash_attn_func / flash_attn_varlen_func take it)")
     del scheduler_metadata  # a schedule; flashgen plans its own
     if k is not None and cu_seqlens_k_new is not None:
         raise NotImplementedError("cu_seqlens_k_new: new keys stacked by sequence have no flashgen path; pass k / v "
@@ -250,8 +309,8 @@ def get_scheduler_metadata(batch_size, max_seqlen_q, max_seqlen_k, num_heads_q, 
     precomputes its split plan into this tensor; flashgen plans inside each call, so what comes back is an empty
     int32 tensor on cache_seqlens's device, which `flash_attn_with_kvcache(scheduler_metadata=...)` accepts and
     ignores. The arguments are checked as the call they describe would check them: sizes are ints >= 0, and what
-    flashgen has no kernel for (`headdim_v` other than `headdim`, `attention_chunk` > 0, the varlen queries and
-    `cu_seqlens_k_new` of the KV cache) raises NotImplementedError by name."""
+    flashgen has no path for (`headdim_v` other than `headdim`, `attention_chunk` > 0 on a KV cache) raises
+    NotImplementedError by name; `cu_seqlens_q` and `cu_seqlens_k_new` are the call's to check."""
     for name, value in (("batch_size", batch_size), ("max_seqlen_q", max_seqlen_q), ("max_seqlen_k", max_seqlen_k),
                         ("num_heads_q", num_heads_q), ("num_heads_kv", num_heads_kv), ("headdim", headdim),
                         ("max_seqlen_k_new", max_seqlen_k_new)):
@@ -266,8 +325,10 @@ def get_scheduler_metadata(batch_size, max_seqlen_q, max_seqlen_k, num_heads_q, 
     _args.as_bool("causal", causal)
     _args.as_bool("has_softcap", has_softcap)
     _args.as_pair("window_size", window_size, "(left, right)")
-    del qkv_dtype, cache_leftpad  # the call that uses the metadata checks its own tensors
-    _refuse(None, attention_chunk, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k_new=cu_seqlens_k_new)
+    del qkv_dtype, cache_leftpad, cu_seqlens_q, cu_seqlens_k_new  # the call using the metadata checks its tensors
+    if _chunk_size(attention_chunk):
+        raise NotImplementedError("attention_chunk: chunked attention over a KV cache has no flashgen path; pass "
+                                  "attention_chunk=0")
     _check_tuning(num_splits, pack_gqa, sm_margin)
     return torch.empty(0, dtype=torch.int32, device=cache_seqlens.device)
 

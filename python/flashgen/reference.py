@@ -3,8 +3,8 @@
 Every mask semantic flashgen implements is spelled out here independently of the kernels and of common/:
 bottom-right causal for any seqlen_q/seqlen_k, sliding window (left, right) inclusive, GQA/MQA, varlen
 (cu_seqlens), KV-cache lengths (seqused_k) and left pads (cache_leftpad), paged KV caches (block_table: the pages
-gathered into a dense cache first), softcap, ALiBi, block-sparse layouts, and dropout from a given keep-mask. Fully
-masked rows give out = 0 and lse = +inf (flash_attn 2.x's convention).
+gathered into a dense cache first), softcap, ALiBi, block-sparse layouts, FA3's chunked attention, and dropout from a
+given keep-mask. Fully masked rows give out = 0 and lse = +inf (flash_attn 2.x's convention).
 
 `philox_keep_mask` re-derives the dropout keep-mask from the documented keying in numpy, as a spec that the
 C++ header and the kernels are tested against.
@@ -22,8 +22,10 @@ __all__ = ["attention_ref", "visible_mask", "philox_keep_mask", "alibi_bias", "p
 
 
 def visible_mask(seqlen_q: int, seqlen_k: int, window_size: Tuple[int, int] = (-1, -1), causal: bool = False,
-                 device=None) -> torch.Tensor:
-    """(seqlen_q, seqlen_k) bool: True where query i may attend key j (bottom-right aligned)."""
+                 device=None, attention_chunk: int = 0) -> torch.Tensor:
+    """(seqlen_q, seqlen_k) bool: True where query i may attend key j (bottom-right aligned). attention_chunk C > 0
+    (FA3's chunked attention): also only keys in query i's chunk, [floor(p / C) * C, floor(p / C) * C + C) with p
+    the key column on its diagonal (so rows with p < 0 see no key)."""
     left, right = window_size
     if causal:
         right = 0
@@ -35,6 +37,9 @@ def visible_mask(seqlen_q: int, seqlen_k: int, window_size: Tuple[int, int] = (-
         ok &= j >= diag - left
     if right >= 0:
         ok &= j <= diag + right
+    if attention_chunk > 0:
+        first = torch.div(diag, attention_chunk, rounding_mode="floor") * attention_chunk
+        ok &= (j >= first) & (j < first + attention_chunk)
     return ok
 
 
@@ -47,7 +52,7 @@ def alibi_bias(slopes: torch.Tensor, seqlen_q: int, seqlen_k: int) -> torch.Tens
 
 
 def _dense(q, k, v, *, softmax_scale, causal, window_size, softcap, alibi_slopes, keep_mask, dropout_p,
-           block_mask, block_size, dtype):
+           block_mask, block_size, dtype, attention_chunk=0):
     """One batch of dense attention. q (b, sq, h, d), k/v (b, sk, hk, d); returns out (b, sq, h, d), lse (b, h, sq)."""
     b, sq, h, d = q.shape
     sk, hk = k.shape[1], k.shape[2]
@@ -64,7 +69,7 @@ def _dense(q, k, v, *, softmax_scale, causal, window_size, softcap, alibi_slopes
         if slopes.dim() == 1:
             slopes = slopes.unsqueeze(0).expand(b, h)
         scores = scores + alibi_bias(slopes.reshape(-1), sq, sk).view(b, h, sq, sk)
-    ok = visible_mask(sq, sk, window_size, causal, device=q.device).view(1, 1, sq, sk)
+    ok = visible_mask(sq, sk, window_size, causal, device=q.device, attention_chunk=attention_chunk).view(1, 1, sq, sk)
     if block_mask is not None:
         bm, bn = block_size
         rows = torch.arange(sq, device=q.device) // bm
@@ -116,7 +121,7 @@ def attention_ref(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, softmax_
                   cu_seqlens_k: Optional[torch.Tensor] = None, seqused_k: Optional[torch.Tensor] = None,
                   block_mask: Optional[torch.Tensor] = None, block_size: Sequence[int] = (128, 128),
                   cache_leftpad: Optional[torch.Tensor] = None, block_table: Optional[torch.Tensor] = None,
-                  dtype: torch.dtype = torch.float64) -> Tuple[torch.Tensor, torch.Tensor]:
+                  attention_chunk: int = 0, dtype: torch.dtype = torch.float64) -> Tuple[torch.Tensor, torch.Tensor]:
     """Attention in `dtype` (float64 by default), returning (out, lse).
 
     Dense: q (b, sq, h, d), k/v (b, sk, hk, d) -> out (b, sq, h, d) in `dtype`, lse (b, h, sq).
@@ -129,12 +134,14 @@ def attention_ref(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, softmax_
     pages_to_dense into the cache (b, max_blocks * page_block_size, hk, d) first.
     keep_mask: bool (b, h, sq, sk) (dense) or a list of (h, sq_i, sk_i) (varlen), True = kept; scaled by 1/(1-p).
     block_mask: bool (heads or 1, ceil(sq / bm), ceil(sk / bn)) with block_size (bm, bn).
+    attention_chunk (FA3's): keys in the query's chunk only (visible_mask), per sequence.
     """
     d = q.shape[-1]
     if softmax_scale is None:
         softmax_scale = 1.0 / math.sqrt(d)
     kw = dict(softmax_scale=softmax_scale, causal=causal, window_size=tuple(window_size), softcap=softcap,
-              dropout_p=dropout_p, block_mask=block_mask, block_size=tuple(block_size), dtype=dtype)
+              dropout_p=dropout_p, block_mask=block_mask, block_size=tuple(block_size), dtype=dtype,
+              attention_chunk=attention_chunk)
     if cu_seqlens_q is None:
         if block_table is not None:
             k, v = pages_to_dense(k, block_table), pages_to_dense(v, block_table)
