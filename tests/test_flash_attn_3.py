@@ -442,6 +442,56 @@ def test_kvcache_varlen_queries_dense_cache_batch_idx_and_leftpad():
                              [v3[b, :n] for b in range(3)], cu_q.tolist(), causal=True)
 
 
+def test_kvcache_varlen_decode_step_is_flash_attn_with_kvcache():
+    """SGLang's decode step: cu_seqlens_q with max_seqlen_q 1 (one query per sequence, or none). It runs as
+    flash_attn_with_kvcache on the (batch, 1, ...) gather of the rows (its decode path), bit for bit that call, and
+    against the oracle; a sequence without a query, rows past the last one and a call with no row at all write
+    nothing but out 0 / lse +inf; num_splits reaches the decode path."""
+    torch.manual_seed(6)
+    heads, heads_k, d, page = 4, 2, 32, 16
+    k_cache, v_cache = rand(10, page, heads_k, d), rand(10, page, heads_k, d)
+    table = torch.tensor([[3, 0, 7], [5, 8, 1], [2, 9, 4]], dtype=torch.int32)
+    seqlens = torch.tensor([20, 41, 7], dtype=torch.int32)
+    q = rand(3, heads, d)
+    cu = torch.arange(4, dtype=torch.int32)
+    kw = dict(cache_seqlens=seqlens, page_table=table, causal=True, return_softmax_lse=True)
+    out, lse = fa3.flash_attn_with_kvcache(q, k_cache, v_cache, cu_seqlens_q=cu, max_seqlen_q=1, num_splits=2, **kw)
+    want, want_lse = flashgen.flash_attn_with_kvcache(q[:, None], k_cache, v_cache, cache_seqlens=seqlens,
+                                                      block_table=table, causal=True, num_splits=2,
+                                                      return_softmax_lse=True)
+    assert torch.equal(out, want[:, 0]) and torch.equal(lse, want_lse[:, :, 0].t())
+    dense_k, dense_v = reference.pages_to_dense(k_cache, table), reference.pages_to_dense(v_cache, table)
+    keys = [dense_k[b, :n] for b, n in enumerate(seqlens.tolist())]
+    values = [dense_v[b, :n] for b, n in enumerate(seqlens.tolist())]
+    check_varlen_kvcache("fa3 decode step", out, lse, q, keys, values, cu.tolist(), causal=True)
+    # sequence 2 has no query (its start is a row past the last sequence's); two rows past the last sequence
+    cu = torch.tensor([0, 1, 2, 2], dtype=torch.int32)
+    q4 = rand(4, heads, d)
+    out, lse = fa3.flash_attn_with_kvcache(q4, k_cache, v_cache, cu_seqlens_q=cu, max_seqlen_q=1, **kw)
+    check_varlen_kvcache("fa3 decode step, gaps", out, lse, q4, keys, values, cu.tolist(), causal=True)
+    assert bool((out[2:] == 0).all()) and bool(torch.isinf(lse[:, 2:]).all())
+    out, lse = fa3.flash_attn_with_kvcache(q4[:0], k_cache, v_cache, cu_seqlens_q=torch.zeros(4, dtype=torch.int32),
+                                           max_seqlen_q=1, **kw)
+    assert out.shape == (0, heads, d) and lse.shape == (heads, 0)
+    # a dense cache read through cache_batch_idx from a left pad
+    dense_k, dense_v = rand(5, 48, heads_k, d), rand(5, 48, heads_k, d)
+    idx, pad = torch.tensor([4, 0, 2], dtype=torch.int32), torch.tensor([5, 0, 3], dtype=torch.int32)
+    out, lse = fa3.flash_attn_with_kvcache(q, dense_k, dense_v, cache_seqlens=seqlens, cache_batch_idx=idx,
+                                           cache_leftpad=pad, cu_seqlens_q=torch.arange(4, dtype=torch.int32),
+                                           max_seqlen_q=1, return_softmax_lse=True)
+    keys = [dense_k[e, p:n] for e, p, n in zip(idx.tolist(), pad.tolist(), seqlens.tolist())]
+    values = [dense_v[e, p:n] for e, p, n in zip(idx.tolist(), pad.tolist(), seqlens.tolist())]
+    check_varlen_kvcache("fa3 decode step, dense", out, lse, q, keys, values, [0, 1, 2, 3])
+    qg = q.clone().requires_grad_()
+    got = fa3.flash_attn_with_kvcache(qg, k_cache, v_cache, cu_seqlens_q=torch.arange(4, dtype=torch.int32),
+                                      max_seqlen_q=1, cache_seqlens=seqlens, page_table=table)
+    with pytest.raises(NotImplementedError, match="inference only"):
+        got.sum().backward()
+    with pytest.raises(ValueError, match="max_seqlen_q: expected at least the longest sequence"):
+        fa3.flash_attn_with_kvcache(q4, k_cache, v_cache, cu_seqlens_q=torch.tensor([0, 2, 2, 3], dtype=torch.int32),
+                                    max_seqlen_q=1, **kw)
+
+
 def test_kvcache_varlen_queries_refusals_and_no_backward():
     q, pages = rand(6, 2, 16), rand(4, 8, 2, 16)
     table = torch.tensor([[0, 1], [2, 3]], dtype=torch.int32)

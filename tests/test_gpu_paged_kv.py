@@ -385,3 +385,29 @@ def test_fa3_kvcache_varlen_queries(generation, page, leftpad):
             naive = outs
     testing.check_fa_rule(f"fa3 varlen kvcache page {page}", out.cpu(), ref, naive)
     check_lse(f"fa3 varlen kvcache page {page}", lse.cpu(), ref_lse)
+
+
+@pytest.mark.parametrize("page", [16, 256])
+def test_fa3_kvcache_decode_step(generation, page):
+    """SGLang's decode step through FA3's API (cu_seqlens_q = arange, max_seqlen_q 1, a sequence without a query):
+    the rows gathered into flash_attn_with_kvcache's (batch, 1, ...) decode call and put back; the same bits as that
+    call on the device."""
+    from flashgen import flash_attn_3
+    need(generation, "bf16", 128, "kvcache", "decode", "paged_kv", "gqa", "causal")
+    torch.manual_seed(12)
+    seqlens = [3000, 1, 700, 4096]
+    per_seq = -(-max(seqlens) // page)
+    table = torch.randperm(per_seq * 4 + 5, dtype=torch.int32)[: per_seq * 4].view(4, per_seq).cuda()
+    kc, vc = (torch.randn(per_seq * 4 + 5, page, 2, 128, dtype=torch.bfloat16, device="cuda") for _ in range(2))
+    q = torch.randn(4, 8, 128, dtype=torch.bfloat16, device="cuda")
+    cache_seqlens = torch.tensor(seqlens, dtype=torch.int32, device="cuda")
+    cu = torch.tensor([0, 1, 2, 2, 3], dtype=torch.int32, device="cuda")  # sequence 2 has no query
+    out, lse = flash_attn_3.flash_attn_with_kvcache(q, kc, vc, cache_seqlens=cache_seqlens, page_table=table,
+                                                    cu_seqlens_q=cu, max_seqlen_q=1, causal=True,
+                                                    return_softmax_lse=True, version=generation)
+    rows = q[[0, 1, 2, 2]].unsqueeze(1)
+    want, want_lse = flashgen.flash_attn_with_kvcache(rows, kc, vc, cache_seqlens=cache_seqlens, block_table=table,
+                                                      causal=True, return_softmax_lse=True, version=generation)
+    assert torch.equal(out[:2], want[:2, 0]) and torch.equal(out[2], want[3, 0])
+    assert torch.equal(lse[:, :2], want_lse[:2, :, 0].t()) and torch.equal(lse[:, 2], want_lse[3, :, 0])
+    assert bool((out[3] == 0).all()) and bool(torch.isinf(lse[:, 3]).all())  # the row past the last sequence

@@ -244,7 +244,7 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, qv=None, rotary
         _check_tuning(num_splits, pack_gqa, sm_margin)
         return _fa2._varlen_kvcache(q, k_cache, v_cache, cache_seqlens, cache_batch_idx, cache_leftpad, page_table,
                                     cu_seqlens_q, max_seqlen_q, softmax_scale, causal, window_size, softcap,
-                                    return_softmax_lse, version=version)
+                                    return_softmax_lse, _args.as_int("num_splits", num_splits), version=version)
     del max_seqlen_q  # FA3 reads it with cu_seqlens_q only
     _check_tuning(0, pack_gqa, sm_margin)
     return _fa2.flash_attn_with_kvcache(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens,

@@ -608,19 +608,28 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
 
 
 def _varlen_kvcache(q, k_cache, v_cache, cache_seqlens, cache_batch_idx, cache_leftpad, block_table, cu_seqlens_q,
-                    max_seqlen_q, softmax_scale, causal, window_size, softcap, return_softmax_lse, *, version=None):
+                    max_seqlen_q, softmax_scale, causal, window_size, softcap, return_softmax_lse, num_splits=0, *,
+                    version=None):
     """A KV cache read by varlen queries (FA3's flash_attn_with_kvcache with cu_seqlens_q, as SGLang's FA3 backend
     calls it): q (total_q, num_heads, head_dim) stacked by cu_seqlens_q (batch + 1) with max_seqlen_q; sequence b's
     keys are cache rows [cache_leftpad[b], cache_seqlens[b]) (default: 0 and the capacity) of its pages
     (block_table) or, in a dense cache (batch_cache, seqlen_cache, num_heads_k, head_dim), of entry
     cache_batch_idx[b] (default b); the masks' bottom-right corner is each sequence's last query and key. Runs as
     _paged_varlen's KV-cache form: a dense cache is one page per sequence (a zero-copy view, as the left pad of
-    flash_attn_with_kvcache). Inference only. Returns out (total_q, ...), or (out, softmax_lse (num_heads, total_q))
-    with return_softmax_lse."""
+    flash_attn_with_kvcache). With max_seqlen_q 1 (a decode step: at most one query per sequence) the queries are
+    gathered into (batch, 1, ...) for flash_attn_with_kvcache instead, whose decode path splits the keys (num_splits
+    bounds it there), and their rows put back. Inference only. Returns out (total_q, ...), or (out, softmax_lse
+    (num_heads, total_q)) with return_softmax_lse."""
     compiling = torch.compiler.is_compiling()
     return_softmax_lse = _args.as_bool("return_softmax_lse", return_softmax_lse)
     validate.check_qkv(q, k_cache, v_cache, varlen=True, paged_kv=True, names=("q", "k_cache", "v_cache"))
     batch = validate.check_varlen_q(cu_seqlens_q, q)
+    if _args.max_seqlen("max_seqlen_q", max_seqlen_q) == 1:
+        validate.check_varlen_q_values(cu_seqlens_q, 1, q)
+        out, lse = _one_query_each(q, k_cache, v_cache, cache_seqlens, cache_batch_idx, cache_leftpad, block_table,
+                                   cu_seqlens_q, batch, softmax_scale, causal, window_size, softcap, num_splits,
+                                   version)
+        return (out, lse) if return_softmax_lse else out
     if block_table is None:  # a dense cache: the table names each sequence's entry
         if cache_batch_idx is None:
             if k_cache.shape[0] != batch:
@@ -650,6 +659,27 @@ def _varlen_kvcache(q, k_cache, v_cache, cache_seqlens, cache_batch_idx, cache_l
     if wanting and not compiling and torch.is_grad_enabled():  # a backward through out / lse raises by name
         out, lse = _library.ForwardOnly.apply(KVCACHE_NO_BACKWARD, out, lse, *wanting)
     return (out, lse) if return_softmax_lse else out
+
+
+def _one_query_each(q, k_cache, v_cache, cache_seqlens, cache_batch_idx, cache_leftpad, block_table, cu_seqlens_q,
+                    batch, softmax_scale, causal, window_size, softcap, num_splits, version):
+    """_varlen_kvcache's decode step: sequence b's query (row cu_seqlens_q[b], if it has one) as row b of a (batch, 1,
+    ...) call of flash_attn_with_kvcache, then the rows put back by index_copy_ (sequences without a query write a
+    spare row past the end). Rows no sequence holds get out 0, lse +inf."""
+    total, heads = q.shape[0], q.shape[1]
+    starts = cu_seqlens_q[:-1].long()
+    rows = q.index_select(0, starts.clamp(0, max(total - 1, 0))) if total else \
+        q.new_zeros(batch, *q.shape[1:])  # no query row at all: every sequence writes the spare row
+    got, got_lse = flash_attn_with_kvcache(
+        rows.unsqueeze(1), k_cache, v_cache, cache_seqlens=cache_seqlens, cache_batch_idx=cache_batch_idx,
+        cache_leftpad=cache_leftpad, block_table=block_table, softmax_scale=softmax_scale, causal=causal,
+        window_size=window_size, softcap=softcap, num_splits=num_splits, return_softmax_lse=True, version=version)
+    dest = torch.where(cu_seqlens_q[1:].long() > starts, starts, total)
+    out = got.new_zeros(total + 1, *got.shape[2:])
+    out.index_copy_(0, dest, got[:, 0])
+    lse = got_lse.new_full((total + 1, heads), float("inf"))
+    lse.index_copy_(0, dest, got_lse[:, :, 0])
+    return out[:total], lse[:total].t().contiguous()
 
 
 KVCACHE_NO_BACKWARD = ("flash_attn_with_kvcache: inference only (no backward, as in flash_attn); run it under "

@@ -212,6 +212,14 @@ def check_varlen_q(cu_seqlens_q, q: torch.Tensor) -> int:
     return cu_seqlens_q.shape[0] - 1
 
 
+def check_varlen_q_values(cu_seqlens_q, max_seqlen_q: int, q: torch.Tensor) -> Optional[int]:
+    """cu_seqlens_q's values as check_varlen_values reads them; the rows of q they cover, or None where they are not
+    read (indices_readable)."""
+    if not indices_readable(cu_seqlens_q):
+        return None
+    return _offsets("cu_seqlens_q", cu_seqlens_q.tolist(), q.shape[0], "q", max_seqlen_q, "max_seqlen_q")
+
+
 def check_varlen(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, q: torch.Tensor) -> int:
     """cu_seqlens_q/k int32 (batch + 1) on the device of q; max_seqlen_q/k Python ints. Returns batch (0 with a
     cu_seqlens of one entry)."""
@@ -306,7 +314,7 @@ def check_kvcache_varlen(cu_seqlens_q, cache_seqlens, cache_leftpad, max_seqlen_
     if not all(indices_readable(t) for t in (cu_seqlens_q, cache_seqlens, cache_leftpad, block_table)
                if t is not None):
         return batch, None
-    covered = _offsets("cu_seqlens_q", cu_seqlens_q.tolist(), q.shape[0], "q", max_seqlen_q, "max_seqlen_q")
+    covered = check_varlen_q_values(cu_seqlens_q, max_seqlen_q, q)
     check_kvcache_indices(cache_seqlens, cache_leftpad, block_table, capacity=kv_capacity(k_cache, block_table),
                           seqlen_new=0, num_pages=k_cache.shape[0])
     return batch, covered
