@@ -628,7 +628,7 @@ def _varlen_kvcache(q, k_cache, v_cache, cache_seqlens, cache_batch_idx, cache_l
         validate.check_varlen_q_values(cu_seqlens_q, 1, q)
         out, lse = _one_query_each(q, k_cache, v_cache, cache_seqlens, cache_batch_idx, cache_leftpad, block_table,
                                    cu_seqlens_q, batch, softmax_scale, causal, window_size, softcap, num_splits,
-                                   version)
+                                   return_softmax_lse, version)
         return (out, lse) if return_softmax_lse else out
     if block_table is None:  # a dense cache: the table names each sequence's entry
         if cache_batch_idx is None:
@@ -662,23 +662,28 @@ def _varlen_kvcache(q, k_cache, v_cache, cache_seqlens, cache_batch_idx, cache_l
 
 
 def _one_query_each(q, k_cache, v_cache, cache_seqlens, cache_batch_idx, cache_leftpad, block_table, cu_seqlens_q,
-                    batch, softmax_scale, causal, window_size, softcap, num_splits, version):
+                    batch, softmax_scale, causal, window_size, softcap, num_splits, return_softmax_lse, version):
     """_varlen_kvcache's decode step: sequence b's query (row cu_seqlens_q[b], if it has one) as row b of a (batch, 1,
-    ...) call of flash_attn_with_kvcache, then the rows put back by index_copy_ (sequences without a query write a
-    spare row past the end). Rows no sequence holds get out 0, lse +inf."""
+    ...) call of flash_attn_with_kvcache, then the rows put back (sequences without a query write a spare row past
+    the end). Rows no sequence holds get out 0, lse +inf. Six small ops beside the call (int32 indices, no lse
+    unless asked for)."""
     total, heads = q.shape[0], q.shape[1]
-    starts = cu_seqlens_q[:-1].long()
+    starts, ends = cu_seqlens_q[:-1], cu_seqlens_q[1:]
     rows = q.index_select(0, starts.clamp(0, max(total - 1, 0))) if total else \
         q.new_zeros(batch, *q.shape[1:])  # no query row at all: every sequence writes the spare row
-    got, got_lse = flash_attn_with_kvcache(
+    got = flash_attn_with_kvcache(
         rows.unsqueeze(1), k_cache, v_cache, cache_seqlens=cache_seqlens, cache_batch_idx=cache_batch_idx,
         cache_leftpad=cache_leftpad, block_table=block_table, softmax_scale=softmax_scale, causal=causal,
-        window_size=window_size, softcap=softcap, num_splits=num_splits, return_softmax_lse=True, version=version)
-    dest = torch.where(cu_seqlens_q[1:].long() > starts, starts, total)
+        window_size=window_size, softcap=softcap, num_splits=num_splits, return_softmax_lse=return_softmax_lse,
+        version=version)
+    got, got_lse = got if return_softmax_lse else (got, None)
+    dest = torch.where(ends > starts, starts, total)
     out = got.new_zeros(total + 1, *got.shape[2:])
-    out.index_copy_(0, dest, got[:, 0])
+    out.index_put_((dest,), got[:, 0])
+    if not return_softmax_lse:
+        return out[:total], None
     lse = got_lse.new_full((total + 1, heads), float("inf"))
-    lse.index_copy_(0, dest, got_lse[:, :, 0])
+    lse.index_put_((dest,), got_lse[:, :, 0])
     return out[:total], lse[:total].t().contiguous()
 
 
