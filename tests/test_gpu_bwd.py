@@ -296,3 +296,25 @@ def test_v2_dq_accum_smaller_than_its_layout_is_refused(monkeypatch):
     monkeypatch.setattr(_native.C, "bwd_workspaces", one_float_short)
     with pytest.raises(ValueError, match="dq_accum: v2 needs"):
         _ops.backward("v2", out, q, q, q, out, lse, softmax_scale=0.1)
+
+
+def test_private_forward_backward_on_the_device(generation, monkeypatch):
+    """flashgen.flash_attn_interface's _flash_attn_forward / _flash_attn_backward (flash_attn's private pair, as
+    ring attention calls it) with FLASHGEN_VERSION naming the generation: the forward the same bits as the public
+    call's, the gradients written into the caller's buffers within the unordered dQ additions of the public call's."""
+    from flashgen import flash_attn_interface as fai
+    need(generation, "bf16", 128, "causal", "gqa", "backward")
+    monkeypatch.setenv("FLASHGEN_VERSION", generation)
+    torch.manual_seed(14)
+    q = randn(2, 333, 8, 128, dtype=torch.bfloat16)
+    k, v = (randn(2, 517, 2, 128, dtype=torch.bfloat16) for _ in range(2))
+    out, lse, _, rng = fai._flash_attn_forward(q, k, v, 0.0, None, True, -1, -1, 0.0, None, False)
+    leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+    want, want_lse, _ = flashgen.flash_attn_func(*leaves, causal=True, return_attn_probs=True, version=generation)
+    assert torch.equal(out, want.detach()) and torch.equal(lse, want_lse.detach())
+    dout = torch.randn_like(out)
+    grads = [torch.full_like(t, float("nan")) for t in (q, k, v)]
+    fai._flash_attn_backward(dout, q, k, v, out, lse, *grads, 0.0, None, True, -1, -1, 0.0, None, False, rng)
+    for name, got, w in zip(("dq", "dk", "dv"), grads, torch.autograd.grad(want, leaves, dout)):
+        torch.testing.assert_close(got, w, rtol=2e-2, atol=2e-2 * float(w.abs().max()),
+                                   msg=lambda m, n=name: f"{n}: {m}")

@@ -135,8 +135,10 @@ def _pad_qkv(q, k, v, multiple: int):
 def _attention(q, k, v, *, dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes, deterministic,
                return_probs, version, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None, max_seqlen_k=None,
                probs_without_dropout=False,
-               block_mask=None, block_size=(128, 128), q_descale=None, k_descale=None, v_descale=None):
-    """Validate, dispatch, pad and launch. Returns (out, lse, probs-or-None) with out at the caller's head_dim."""
+               block_mask=None, block_size=(128, 128), q_descale=None, k_descale=None, v_descale=None,
+               rng_state=None):
+    """Validate, dispatch, pad and launch. Returns (out, lse, probs-or-None) with out at the caller's head_dim.
+    rng_state: dropout's (seed, offset) when the caller keeps it (_raw_forward), else drawn here."""
     varlen = cu_seqlens_q is not None or cu_seqlens_k is not None
     dropout_p, softmax_scale, causal, window_size, softcap, deterministic, return_probs = _args.scalars(
         dropout_p, softmax_scale, causal, window_size, softcap, deterministic, return_probs)
@@ -195,7 +197,8 @@ def _attention(q, k, v, *, dropout_p, softmax_scale, causal, window_size, softca
     args = _library.FwdArgs(
         generation=choice.generation, softmax_scale=float(softmax_scale), window_left=int(window_left),
         window_right=int(window_right), softcap=float(softcap), alibi_slopes=alibi_slopes, dropout_p=float(dropout_p),
-        rng_state=_dropout_rng(dropout_p), cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
+        rng_state=_dropout_rng(dropout_p) if rng_state is None else rng_state, cu_seqlens_q=cu_seqlens_q,
+        cu_seqlens_k=cu_seqlens_k,
         # max_seqlen: varlen only (0 otherwise: int() of a traced size would pin it under torch.compile / export)
         max_seqlen_q=int(max_seqlen_q) if varlen else 0, max_seqlen_k=int(max_seqlen_k) if varlen else 0,
         block_mask=block_mask,
