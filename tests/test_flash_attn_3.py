@@ -319,6 +319,23 @@ def test_attention_chunk_varlen_and_seqused_against_oracle():
             assert torch.equal(torch.isinf(lse), torch.isinf(ref_lse)), name
 
 
+def test_attention_chunk_pieces_before_key_0_bound_three_ways(monkeypatch):
+    """The chunks before key 0 (rows with more queries than keys) counted three ways give the same result: exact
+    from readable offsets, none for one offsets tensor passed twice (self-attention), and ceil(max_seqlen_q /
+    chunk) where the offsets are not read (a CUDA tensor)."""
+    torch.manual_seed(15)
+    cu = torch.tensor([0, 20, 21, 60], dtype=torch.int32)
+    q, k, v = rand(60, 2, 16), rand(60, 2, 16), rand(60, 2, 16)
+    want = fa3.flash_attn_varlen_func(q, k, v, cu, cu.clone(), 39, 39, attention_chunk=8)
+    assert torch.equal(fa3.flash_attn_varlen_func(q, k, v, cu, cu, 39, 39, attention_chunk=8), want)
+    cu_k = torch.tensor([0, 5, 30, 60], dtype=torch.int32)  # sequence 0: 20 queries, 5 keys
+    want = fa3.flash_attn_varlen_func(q, k, v, cu, cu_k, 39, 30, attention_chunk=8)
+    assert fa3._chunks_before_key_0(cu, cu_k, 39, 8) == 2
+    monkeypatch.setattr(fa3.validate, "indices_readable", lambda t: False)
+    assert fa3._chunks_before_key_0(cu, cu_k, 39, 8) == 5
+    assert torch.equal(fa3.flash_attn_varlen_func(q, k, v, cu, cu_k, 39, 30, attention_chunk=8), want)
+
+
 def test_attention_chunk_fp8_descales_follow_their_sequence():
     """FP8 with (batch, num_heads_k) descales under attention_chunk: each piece keeps its sequence's descales, so the
     result is the bf16 computation on the dequantized inputs within FP8's rounding."""

@@ -75,6 +75,19 @@ def _chunked_offsets(cu_q, cu_k, max_seqlen_q: int, max_seqlen_k: int, chunk: in
     return cu_q, cu_k, before + after, min(max_seqlen_q, chunk), min(max_seqlen_k, chunk)
 
 
+def _chunks_before_key_0(cu_q, cu_k, max_seqlen_q: int, chunk: int) -> int:
+    """How many chunks before key 0 _chunked_offsets gives each sequence for its queries with p < 0 (more queries
+    than keys): none for self-attention's one offsets tensor (packed training passes the same cu_seqlens twice),
+    the exact need where the offsets are read (validate.indices_readable), else enough for max_seqlen_q rows. Each
+    is an empty piece of the grid, so the bound matters: it doubles the pieces of a packed batch."""
+    if cu_q is cu_k:
+        return 0
+    if validate.indices_readable(cu_q) and validate.indices_readable(cu_k):
+        extra = ((cu_q[1:] - cu_q[:-1]) - (cu_k[1:] - cu_k[:-1])).clamp_min(0)
+        return -(-int(extra.max()) // chunk) if extra.numel() else 0
+    return -(-max_seqlen_q // chunk)
+
+
 def _repeat_descales(descales, parts: int):
     """(batch, num_heads_k) descales for a call whose sequences became `parts` stacked ones each."""
     return tuple(None if t is None else t.repeat_interleave(parts, dim=0) for t in descales)
@@ -204,7 +217,8 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     if chunk and not (max_seqlen_k <= chunk and _args.as_bool("causal", causal)):
         # _chunked_offsets; where one chunk holds every key, causal rows see the same keys without the pieces
         cu_seqlens_q, cu_seqlens_k, pieces, max_seqlen_q, max_seqlen_k = _chunked_offsets(
-            cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, chunk, -(-max_seqlen_q // chunk))
+            cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, chunk,
+            _chunks_before_key_0(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, chunk))
         q_descale, k_descale, v_descale = _repeat_descales((q_descale, k_descale, v_descale), pieces)
     out, lse, _ = _fa2.flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, 0.0,
                                               softmax_scale, causal, window_size, softcap, None, deterministic, True,
