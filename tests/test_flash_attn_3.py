@@ -499,6 +499,14 @@ def test_kvcache_varlen_decode_step_is_flash_attn_with_kvcache():
     keys = [dense_k[e, p:n] for e, p, n in zip(idx.tolist(), pad.tolist(), seqlens.tolist())]
     values = [dense_v[e, p:n] for e, p, n in zip(idx.tolist(), pad.tolist(), seqlens.tolist())]
     check_varlen_kvcache("fa3 decode step, dense", out, lse, q, keys, values, [0, 1, 2, 3])
+    # offsets nobody read (a CUDA tensor without FLASHGEN_CHECK_INDICES): a start outside q goes to the spare row
+    # (index_put_ past the rows would be a device-side assert on a GPU, a negative one another row); only sequence
+    # 1's start (row 1) is inside q
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(flashgen.validate, "indices_readable", lambda t: False)
+        out, lse = fa3.flash_attn_with_kvcache(q4, k_cache, v_cache, max_seqlen_q=1, **kw,
+                                               cu_seqlens_q=torch.tensor([-3, 1, 7, 9], dtype=torch.int32))
+    assert out.shape == q4.shape and bool((out[[0, 2, 3]] == 0).all()) and bool(torch.isinf(lse[:, [0, 2, 3]]).all())
     qg = q.clone().requires_grad_()
     got = fa3.flash_attn_with_kvcache(qg, k_cache, v_cache, cu_seqlens_q=torch.arange(4, dtype=torch.int32),
                                       max_seqlen_q=1, cache_seqlens=seqlens, page_table=table)

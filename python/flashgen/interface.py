@@ -680,7 +680,8 @@ def _one_query_each(q, k_cache, v_cache, cache_seqlens, cache_batch_idx, cache_l
         window_size=window_size, softcap=softcap, num_splits=num_splits, return_softmax_lse=return_softmax_lse,
         version=version)
     got, got_lse = got if return_softmax_lse else (got, None)
-    dest = torch.where(ends > starts, starts, total)
+    # a sequence's row, or the spare row for none (and for offsets outside q, which unread CUDA values may hold)
+    dest = torch.where((ends > starts) & (starts >= 0) & (starts < total), starts, total)
     out = got.new_zeros(total + 1, *got.shape[2:])
     out.index_put_((dest,), got[:, 0])
     if not return_softmax_lse:
