@@ -691,6 +691,48 @@ def empty_under_torch_compile():
     assert out.shape == x.shape and x.grad is not None and x.grad.shape == x.shape
 
 
+# -- FA3's API (flashgen.flash_attn_3) and flash_attn's private pair: their own index tensors and scalars --
+
+@case((ValueError, ["seqused_k", "seqused_k[1]", "[0, 6]", "7"]))
+def fa3_seqused_past_its_sequence():
+    from flashgen import flash_attn_3
+    x = _varlen_x()
+    flash_attn_3.flash_attn_varlen_func(x, x, x, _cu(0, 4, 10), _cu(0, 4, 10), 6, 6, seqused_k=_cu(4, 7))
+
+
+@case((ValueError, ["cache_seqlens", "entry 1", "17"]))
+def fa3_kvcache_varlen_cache_seqlens_past_the_pages():
+    from flashgen import flash_attn_3
+    pages = torch.randn(4, 8, 2, 16)
+    flash_attn_3.flash_attn_with_kvcache(_varlen_x(6), pages, pages, cache_seqlens=_cu(9, 17),
+                                         page_table=_cu(0, 1, 2, 3).view(2, 2), cu_seqlens_q=_cu(0, 2, 6),
+                                         max_seqlen_q=4)
+
+
+@case((ValueError, ["cu_seqlens_q", "non-decreasing"]))
+def fa3_kvcache_varlen_decode_cu_seqlens_decreasing():
+    from flashgen import flash_attn_3
+    pages = torch.randn(4, 8, 2, 16)
+    flash_attn_3.flash_attn_with_kvcache(_varlen_x(2), pages, pages, cache_seqlens=_cu(9, 16),
+                                         page_table=_cu(0, 1, 2, 3).view(2, 2), cu_seqlens_q=_cu(0, 1, 0),
+                                         max_seqlen_q=1)
+
+
+@case((ValueError, ["attention_chunk", "-8"]))
+def fa3_attention_chunk_negative():
+    from flashgen import flash_attn_3
+    x = _rand(1, 8, 2, 16)
+    flash_attn_3.flash_attn_func(x, x, x, attention_chunk=-8)
+
+
+@case((ValueError, ["rng_state"]))
+def private_backward_dropout_without_rng_state():
+    from flashgen import flash_attn_interface as fai
+    x = _rand(1, 8, 2, 16)
+    out, lse = torch.zeros_like(x), torch.zeros(1, 2, 8)  # a forward's shapes (its launch would count here)
+    fai._flash_attn_backward(x, x, x, x, out, lse, None, None, None, 0.5, None, False, -1, -1, 0.0, None, False)
+
+
 # ---- the child: run cases, print one result line each ----
 
 _UNRECORDED: Dict[str, Callable] = {}  # the real launchers, for cases that call them on purpose
