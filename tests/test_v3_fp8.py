@@ -185,6 +185,35 @@ def test_fp8_wide_tile(seqlen_q, seqlen_k, window, softcap, head_dim):
            *_naive_fp8(q, k, v, qd, kd, vd, scale, window_size=window, softcap=softcap))
 
 
+@pytest.mark.parametrize("head_dim", [128, 256])
+@pytest.mark.parametrize("seqlen_q,seqlen_k", [(300, 1000), (129, 4500)])
+@pytest.mark.parametrize("descale", [1.0, 4.0])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_fp8_running_max_raised_late_in_the_loop(head_dim, seqlen_q, seqlen_k, descale, causal):
+    """The key loop visits a row block's key blocks last to first, so keys 0-63, made here to score far above the
+    rest, raise each row's running max in the loop's later steps: ternary q and k with q[..., 0] = 1 and k[:64, :, 0]
+    = 96 (every score an exact small integer). Measured on this construction (d128, 300 x 1000, float64): the rise
+    over the running max is 9.1-14.2 log2 units at descale 1 (past the lazy threshold, 8) and 145-228 at descale 4
+    (past what an exponential against the old max holds in fp32, 2^128, with rows' maxima either side of the exact-
+    exponent bound 256): the raise, and a speculative step's recompute (fwd_softmax.cuh softmax_step_speculative)
+    where it is built. 4500 keys: d128's 224-key tile. Every row against the oracle."""
+    _need(head_dim)
+    gen = torch.Generator(device="cuda").manual_seed(21)
+    b, h, hk = 2, 4, 2
+    q = torch.randint(-1, 2, (b, seqlen_q, h, head_dim), device="cuda", generator=gen).float()
+    k = torch.randint(-1, 2, (b, seqlen_k, hk, head_dim), device="cuda", generator=gen).float()
+    q[..., 0], k[..., 0] = 1.0, 0.0
+    k[:, :64, :, 0] = 96.0
+    q, k, v = q.to(E4M3), k.to(E4M3), _fp8(b, seqlen_k, hk, head_dim, gen=gen)
+    d = torch.full((b, hk), descale, device="cuda")
+    window = (-1, 0) if causal else (-1, -1)
+    out, lse = _run(q, k, v, d, d, d, window_size=window)
+    scale = 1.0 / math.sqrt(head_dim)
+    ref, ref_lse = attention_ref(_deq(q, d, h // hk), _deq(k, d), _deq(v, d), causal=causal, softmax_scale=scale)
+    _check(f"late raise d{head_dim} {seqlen_q}x{seqlen_k} descale {descale} causal={causal}", out, lse, ref, ref_lse,
+           *_naive_fp8(q, k, v, d, d, d, scale, causal=causal))
+
+
 @pytest.mark.parametrize("window", [(64, 0), (100, 37), (-1, 5)])
 def test_fp8_window_gqa_mqa(window):
     _need(128)
