@@ -3,6 +3,7 @@ causal, GQA with odd sizes, d96, a two-sided window, softcap, 113 x 203), to sho
 order left the arithmetic alone:
     PYTHONPATH=<base package> python3 v3_hopper/tools/fwd_bitwise.py /tmp/ref.pt save
     PYTHONPATH=<new package> python3 v3_hopper/tools/fwd_bitwise.py /tmp/ref.pt compare
+A third argument `fp8` runs the same calls on the FP8 forward (the inputs cast to e4m3, descales 1).
 """
 
 import math
@@ -24,21 +25,27 @@ CASES = [
 ]
 
 
-def outputs():
+def outputs(fp8: bool = False):
     res = []
     for i, (b, sq, sk, h, hk, d, window, softcap, q_scale) in enumerate(CASES):
         g = torch.Generator(device="cuda").manual_seed(1234 + i)
         q = torch.randn(b, sq, h, d, device="cuda", dtype=torch.bfloat16, generator=g) * q_scale
         k = torch.randn(b, sk, hk, d, device="cuda", dtype=torch.bfloat16, generator=g)
         v = torch.randn(b, sk, hk, d, device="cuda", dtype=torch.bfloat16, generator=g)
-        o, lse, _ = _ops.forward("v3", q, k, v, softmax_scale=1 / math.sqrt(d), window_size=window, softcap=softcap)
+        kw = {}
+        if fp8:
+            q, k, v = (t.to(torch.float8_e4m3fn) for t in (q, k, v))
+            ones = torch.ones(b, hk, device="cuda")
+            kw = dict(q_descale=ones, k_descale=ones, v_descale=ones)
+        o, lse, _ = _ops.forward("v3", q, k, v, softmax_scale=1 / math.sqrt(d), window_size=window, softcap=softcap,
+                                 **kw)
         res.append((o.cpu(), lse.cpu()))
     return res
 
 
 def main() -> int:
     path, mode = sys.argv[1], sys.argv[2]
-    res = outputs()
+    res = outputs(fp8=sys.argv[3:4] == ["fp8"])
     if mode == "save":
         torch.save(res, path)
         print("saved", len(res))
