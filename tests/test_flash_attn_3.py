@@ -564,7 +564,14 @@ def test_kvcache_varlen_queries_under_torch_compile():
         return fa3.flash_attn_with_kvcache(q, pages, pages, cache_seqlens=seqlens, page_table=table, cu_seqlens_q=cu,
                                            max_seqlen_q=4, causal=True)
 
+    def decode(q):  # max_seqlen_q 1: the gather into flash_attn_with_kvcache's decode call and the scatter back
+        return fa3.flash_attn_with_kvcache(q, pages, pages, cache_seqlens=seqlens, page_table=table,
+                                           cu_seqlens_q=torch.tensor([0, 1, 2], dtype=torch.int32), max_seqlen_q=1,
+                                           causal=True, return_softmax_lse=True)
+
     assert torch.equal(torch.compile(f, backend="aot_eager", fullgraph=True)(q), f(q))
+    got, want = torch.compile(decode, backend="aot_eager", fullgraph=True)(q[:2]), decode(q[:2])
+    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
 
 
 def test_fp8_descales_as_fa3_names_them():
