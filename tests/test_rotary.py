@@ -122,3 +122,75 @@ def test_tables_are_the_usual_frequencies():
     cos, sin = rotary_tables(4, 3, base=100.0)
     assert math.isclose(float(cos[2, 1]), math.cos(2 * 100.0 ** -0.5), rel_tol=1e-6)
     assert math.isclose(float(sin[1, 0]), math.sin(1.0), rel_tol=1e-6)
+
+
+def definition_tables(dim, seqlen, base=10000.0, scale_base=None):
+    """float64 tables of flash_attn's RotaryEmbedding from its definition: angle p * base^(-2i / dim); with
+    scale_base, q's tables times s_i^((p - seqlen // 2) / scale_base), k's divided by it, s_i = (2i + 0.4 dim) /
+    (1.4 dim). Returns (cos, sin, cos_k, sin_k)."""
+    i = torch.arange(0, dim, 2, dtype=torch.float64)
+    p = torch.arange(seqlen, dtype=torch.float64).view(-1, 1)
+    angles = p * base ** (-i / dim)
+    cos, sin = angles.cos(), angles.sin()
+    if scale_base is None:
+        return cos, sin, cos, sin
+    scale = ((i + 0.4 * dim) / (1.4 * dim)) ** ((p - seqlen // 2) / scale_base)
+    return cos * scale, sin * scale, cos / scale, sin / scale
+
+
+@pytest.mark.parametrize("interleaved", [False, True])
+@pytest.mark.parametrize("scale_base", [None, 64.0])
+def test_rotary_embedding_module(interleaved, scale_base):
+    """flash_attn's RotaryEmbedding: qkv rotated in place (q and k, v untouched) by the tables of its definition, at
+    positions seqlen_offset + i; XPos scales q's and k's apart; the (q, kv) form; a 4-D GQA qkv."""
+    dim, seqlen, offset = 16, 9, 3
+    emb = rotary.RotaryEmbedding(dim, interleaved=interleaved, scale_base=scale_base)
+    qkv = torch.randn(2, seqlen, 3, 4, 32)
+    before = qkv.clone()
+    assert emb(qkv, seqlen_offset=offset) is qkv
+    cos, sin, cos_k, sin_k = definition_tables(dim, seqlen + offset, scale_base=scale_base)
+    pos = torch.arange(seqlen).expand(2, seqlen) + offset
+    close(qkv[:, :, 0], naive(before[:, :, 0], cos, sin, pos, interleaved), torch.float32)
+    close(qkv[:, :, 1], naive(before[:, :, 1], cos_k, sin_k, pos, interleaved), torch.float32)
+    assert torch.equal(qkv[:, :, 2], before[:, :, 2])
+    q, kv = before[:, :, 0].clone(), before[:, :, 1:].clone()
+    got_q, got_kv = emb(q, kv, seqlen_offset=offset)
+    assert got_q is q and got_kv is kv
+    assert torch.equal(q, qkv[:, :, 0]) and torch.equal(kv[:, :, 0], qkv[:, :, 1])
+    gqa = torch.randn(2, seqlen, 4 + 2 * 2, 32)  # 4 query heads, 2 kv heads
+    want_q = naive(gqa[:, :, :4], cos, sin, pos, interleaved)
+    want_k = naive(gqa[:, :, 4:6], cos_k, sin_k, pos, interleaved)
+    want_v = gqa[:, :, 6:].clone()
+    emb(gqa, seqlen_offset=offset, num_heads_q=4)
+    close(gqa[:, :, :4], want_q, torch.float32)
+    close(gqa[:, :, 4:6], want_k, torch.float32)
+    assert torch.equal(gqa[:, :, 6:], want_v)
+
+
+def test_rotary_embedding_tables_grow_and_follow_dtype():
+    """The tables grow with a longer sequence, follow the input's dtype, and a tensor of offsets takes max_seqlen
+    (positions past it are left as they are); gradients flow through the in-place rotation."""
+    emb = rotary.RotaryEmbedding(8)
+    emb(torch.randn(1, 5, 3, 2, 8))
+    assert emb._seq_len_cached == 5 and emb._cos_cached.dtype == torch.float32
+    emb(torch.randn(1, 12, 3, 2, 8, dtype=torch.bfloat16))
+    assert emb._seq_len_cached == 12 and emb._cos_cached.dtype == torch.bfloat16
+    offsets = torch.tensor([0, 7])
+    x = torch.randn(2, 4, 3, 2, 8)
+    before = x.clone()
+    emb(x, seqlen_offset=offsets, max_seqlen=9)
+    cos, sin, _, _ = definition_tables(8, 9)
+    pos = torch.arange(4).view(1, -1) + offsets.view(-1, 1)  # sequence 1's last rows fall past the 9-row tables
+    close(x[:, :, 0], naive(before[:, :, 0], cos, sin, pos, False), torch.float32)
+    assert torch.equal(x[1, 2:, 0], before[1, 2:, 0])
+    leaf = torch.randn(1, 6, 3, 2, 8, requires_grad=True)
+    out = emb(leaf.clone())
+    out[:, :, 0].sum().backward()
+    assert leaf.grad is not None and bool(leaf.grad[:, :, 0].abs().sum() > 0)
+
+
+def test_rotary_embedding_refusals():
+    with pytest.raises(ValueError, match="dim: expected an even int"):
+        rotary.RotaryEmbedding(7)
+    with pytest.raises(ValueError, match="max_seqlen"):
+        rotary.RotaryEmbedding(8)(torch.randn(1, 4, 3, 2, 8), seqlen_offset=torch.tensor([1]))

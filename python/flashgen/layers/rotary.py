@@ -7,8 +7,9 @@ Triton kernel) and differentiable; and `rotate`, the one rotation flashgen's KV 
 As flash_attn: the first rotary_dim = 2 * cos.shape[1] channels of each head are rotated, interleaved pairs (0, 1),
 (2, 3), ... (GPT-J) or halves (0, rotary_dim / 2), ... (GPT-NeoX, Llama); a position at or past the tables' rows
 (seqlen_offsets push it there) is left as it is (flash_attn's kernel reads cos 1 and sin 0 there). Varlen rows that
-belong to no sequence of cu_seqlens are left as they are too (flash_attn leaves them unwritten). flash_attn's
-RotaryEmbedding module is not provided (flashgen.nn.rotary_tables makes the tables).
+belong to no sequence of cu_seqlens are left as they are too (flash_attn leaves them unwritten). `RotaryEmbedding` is
+flash_attn's module over them: its tables (fp32 math, cast to the input's dtype, grown as longer sequences come,
+XPos scaling with scale_base), applied in place to qkv, or to q and kv.
 """
 
 from __future__ import annotations
@@ -145,4 +146,77 @@ def apply_rotary_emb_kv_(kv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
     return kv
 
 
-__all__ = ["apply_rotary_emb", "apply_rotary_emb_func", "apply_rotary_emb_kv_", "apply_rotary_emb_qkv_", "rotate"]
+class RotaryEmbedding(torch.nn.Module):
+    """flash_attn.layers.rotary.RotaryEmbedding: rotary position embeddings (RoFormer) over the first `dim` channels
+    of each head, GPT-NeoX halves or GPT-J interleaved pairs; with scale_base, XPos (q's tables times scale^power, k's
+    divided by it, power = (position - seqlen // 2) / scale_base per frequency's scale (2i + 0.4 dim) / (1.4 dim)).
+    The tables are made in fp32 from an fp32 inv_freq (a non-persistent buffer, remade in fp32 if the module was cast)
+    and cached in the input's dtype; they are remade when a longer sequence, another device or dtype, or training
+    after inference-mode tables comes."""
+
+    def __init__(self, dim: int, base=10000.0, interleaved=False, scale_base=None, device=None):
+        super().__init__()
+        self.dim = _args.as_int("dim", dim)
+        if self.dim <= 0 or self.dim % 2:
+            raise ValueError(f"dim: expected an even int > 0 (the rotated channels of a head), got {dim}")
+        self.base = _args.as_float("base", base)
+        self.interleaved = _args.as_bool("interleaved", interleaved)
+        self.scale_base = scale_base
+        self.register_buffer("inv_freq", self._inv_freq(device), persistent=False)
+        self.register_buffer("scale", None if scale_base is None else self._scale(device), persistent=False)
+        self._seq_len_cached = 0
+        self._cos_cached = self._sin_cached = self._cos_k_cached = self._sin_k_cached = None
+
+    def _inv_freq(self, device=None) -> torch.Tensor:
+        return 1.0 / self.base ** (torch.arange(0, self.dim, 2, device=device, dtype=torch.float32) / self.dim)
+
+    def _scale(self, device=None) -> torch.Tensor:
+        return (torch.arange(0, self.dim, 2, device=device, dtype=torch.float32) + 0.4 * self.dim) / (1.4 * self.dim)
+
+    def _update_cos_sin_cache(self, seqlen: int, device=None, dtype=None) -> None:
+        cached = self._cos_cached
+        if (seqlen <= self._seq_len_cached and cached is not None and cached.device == device and
+                cached.dtype == dtype and not (self.training and cached.is_inference())):
+            return
+        self._seq_len_cached = seqlen
+        inv_freq = self.inv_freq if self.inv_freq.dtype == torch.float32 else self._inv_freq(device)
+        freqs = torch.outer(torch.arange(seqlen, device=device, dtype=torch.float32), inv_freq.to(device))
+        cos, sin = torch.cos(freqs), torch.sin(freqs)
+        if self.scale is None:
+            self._cos_cached, self._sin_cached = cos.to(dtype), sin.to(dtype)
+            return
+        scale = self.scale if self.scale.dtype == torch.float32 else self._scale(self.scale.device)
+        power = (torch.arange(seqlen, dtype=torch.float32, device=device) - seqlen // 2) / self.scale_base
+        scale = scale.to(device) ** power.view(-1, 1)
+        self._cos_cached, self._sin_cached = (cos * scale).to(dtype), (sin * scale).to(dtype)
+        self._cos_k_cached, self._sin_k_cached = (cos / scale).to(dtype), (sin / scale).to(dtype)
+
+    def forward(self, qkv: torch.Tensor, kv: Optional[torch.Tensor] = None,
+                seqlen_offset: Union[int, torch.Tensor] = 0, max_seqlen: Optional[int] = None,
+                num_heads_q: Optional[int] = None):
+        """qkv (batch, seqlen, 3, nheads, headdim), or (batch, seqlen, num_heads_q + 2 * num_heads_k, headdim) with
+        num_heads_q; or, with kv (batch, seqlen, 2, nheads_k, headdim), q (batch, seqlen, nheads, headdim). Row i of
+        sequence b at position seqlen_offset (+ [b]) + i; with a tensor of offsets, max_seqlen sizes the tables
+        (positions past them are left as they are). Rotates in place; returns qkv, or (q, kv)."""
+        if not isinstance(qkv, torch.Tensor):
+            raise TypeError(f"qkv: expected a torch.Tensor, got {type(qkv).__name__}")
+        if max_seqlen is not None:
+            self._update_cos_sin_cache(_args.as_int("max_seqlen", max_seqlen), qkv.device, qkv.dtype)
+        elif not isinstance(seqlen_offset, torch.Tensor):
+            self._update_cos_sin_cache(qkv.shape[1] + _args.as_int("seqlen_offset", seqlen_offset), qkv.device,
+                                       qkv.dtype)
+        elif self._cos_cached is None:
+            raise ValueError("max_seqlen: expected an int with a tensor of seqlen_offset (it sizes the tables)")
+        xpos = self.scale is not None
+        if kv is None:
+            return apply_rotary_emb_qkv_(qkv, self._cos_cached, self._sin_cached,
+                                         self._cos_k_cached if xpos else None, self._sin_k_cached if xpos else None,
+                                         self.interleaved, seqlen_offset, num_heads_q)
+        q = apply_rotary_emb(qkv, self._cos_cached, self._sin_cached, self.interleaved, True, seqlen_offset)
+        kv = apply_rotary_emb_kv_(kv, self._cos_k_cached if xpos else self._cos_cached,
+                                  self._sin_k_cached if xpos else self._sin_cached, self.interleaved, seqlen_offset)
+        return q, kv
+
+
+__all__ = ["RotaryEmbedding", "apply_rotary_emb", "apply_rotary_emb_func", "apply_rotary_emb_kv_",
+           "apply_rotary_emb_qkv_", "rotate"]
