@@ -14,7 +14,8 @@ to a multiple of 8); `S_dmask` is flashgen's fp32 probabilities (dropped entries
 `rng_state` is dropout's (seed, offset) as an int64 CPU tensor (the backward reads it with no synchronization);
 `softmax_d` (the backward's result) is rowsum(dout * out) per row, (batch, num_heads, seqlen_q) or (num_heads,
 total_q), not padded; the varlen forward's `leftpad_k` / `seqused_k` raise NotImplementedError by name, and with a
-`block_table` it is a forward only (as flashgen's paged varlen call).
+`block_table` it is a forward only (as flashgen's paged varlen call). Both trace under torch.compile: the forward
+through flashgen::fwd, the backward through flashgen::bwd with its gradients copied into the caller's buffers.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from typing import Optional, Tuple
 
 import torch
 
-from . import _args, _ops, validate
+from . import _args, _library, _ops, validate
 from .interface import (
     _attention,
     _choose,
@@ -101,12 +102,14 @@ def _raw_backward(dout, q, k, v, out, softmax_lse, dq, dk, dv, *, dropout_p, sof
                          f"{softmax_lse.dtype} of {tuple(softmax_lse.shape)}")
     dq, dk, dv = (_grad_buffer(n, g, t, tn) for n, g, t, tn in (("dq", dq, q, "q"), ("dk", dk, k, "k"),
                                                                 ("dv", dv, v, "v")))
+    compiling = torch.compiler.is_compiling()
     seed, offset = _NO_RNG
     if dropout_p > 0:
         if not isinstance(rng_state, torch.Tensor) or rng_state.numel() != 2:
             raise ValueError("rng_state: expected the forward's rng_state (an int64 tensor of 2) to replay its "
                              f"dropout, got {rng_state!r}")
-        seed, offset = (int(x) for x in rng_state.tolist())  # the forward's is on the CPU: no synchronization
+        if not compiling:  # flashgen::bwd reads it inside the op where traced
+            seed, offset = (int(x) for x in rng_state.tolist())  # the forward's is on the CPU: no synchronization
     if varlen:
         max_seqlen_q = _args.max_seqlen("max_seqlen_q", max_seqlen_q)
         max_seqlen_k = _args.max_seqlen("max_seqlen_k", max_seqlen_k)
@@ -132,14 +135,23 @@ def _raw_backward(dout, q, k, v, out, softmax_lse, dq, dk, dv, *, dropout_p, sof
     padded = head_dim % multiple != 0 or any(t.stride(-1) != 1 for t in (dout, q, k, v, out))
     run = [_pad(validate.last_dim_contiguous(t), multiple) for t in (dout, q, k, v, out)] if padded else \
         [dout, q, k, v, out]
-    grads = [torch.empty_like(t) for t in run[1:4]] if padded else [dq, dk, dv]
-    _ops.backward(choice.generation, *run, softmax_lse, softmax_scale=float(softmax_scale),
-                  window_size=(int(window_left), int(window_right)), softcap=float(softcap),
-                  alibi_slopes=alibi_slopes, dropout_p=float(dropout_p), seed=seed, offset=offset,
-                  cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
-                  max_seqlen_q=int(max_seqlen_q) if varlen else None,
-                  max_seqlen_k=int(max_seqlen_k) if varlen else None, deterministic=deterministic, dq=grads[0],
-                  dk=grads[1], dv=grads[2])
+    if compiling:  # flashgen::bwd, the op torch.compile traces (new gradients, copied into the caller's below)
+        padded = True
+        grads = list(_library.bwd(*run, softmax_lse, *_library.BwdArgs(
+            generation=choice.generation, softmax_scale=float(softmax_scale), window_left=int(window_left),
+            window_right=int(window_right), softcap=float(softcap), alibi_slopes=alibi_slopes,
+            dropout_p=float(dropout_p), rng_state=rng_state if dropout_p > 0 else None, cu_seqlens_q=cu_seqlens_q,
+            cu_seqlens_k=cu_seqlens_k, max_seqlen_q=int(max_seqlen_q) if varlen else 0,
+            max_seqlen_k=int(max_seqlen_k) if varlen else 0, deterministic=bool(deterministic))))
+    else:
+        grads = [torch.empty_like(t) for t in run[1:4]] if padded else [dq, dk, dv]
+        _ops.backward(choice.generation, *run, softmax_lse, softmax_scale=float(softmax_scale),
+                      window_size=(int(window_left), int(window_right)), softcap=float(softcap),
+                      alibi_slopes=alibi_slopes, dropout_p=float(dropout_p), seed=seed, offset=offset,
+                      cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
+                      max_seqlen_q=int(max_seqlen_q) if varlen else None,
+                      max_seqlen_k=int(max_seqlen_k) if varlen else None, deterministic=deterministic, dq=grads[0],
+                      dk=grads[1], dv=grads[2])
     if padded:
         for mine, got in zip((dq, dk, dv), grads):
             mine.copy_(got[..., :head_dim])
