@@ -82,7 +82,9 @@ function(flashgen_cuda_library target archs)
   flashgen_gencode_flags(gencode "${archs}")
   set_target_properties(${target} PROPERTIES CUDA_ARCHITECTURES OFF CUDA_SEPARABLE_COMPILATION OFF)
   target_compile_options(${target} PRIVATE
-    $<$<COMPILE_LANGUAGE:CUDA>:${gencode} --expt-relaxed-constexpr -lineinfo -O3 --use_fast_math>)
+    $<$<COMPILE_LANGUAGE:CUDA>:${gencode} --expt-relaxed-constexpr -lineinfo -O3 --use_fast_math>
+    # host-side warnings as the CPU backend has them (the device side's come from cudafe / ptxas by default)
+    $<$<COMPILE_LANGUAGE:CUDA>:-Xcompiler=-Wall,-Wextra>)
   target_include_directories(${target} PUBLIC ${CMAKE_SOURCE_DIR} ${CMAKE_BINARY_DIR}/generated)
   target_link_libraries(${target} PUBLIC flashgen_common CUDA::cudart_static)
   if(DEFINED ENV{FLASHGEN_PTXAS_VERBOSE})
