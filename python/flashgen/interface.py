@@ -110,9 +110,11 @@ def _problem(q: torch.Tensor, features: frozenset) -> dispatch.Problem:
 
 
 def _choose(q: torch.Tensor, features: frozenset, version: Optional[str]) -> dispatch.Choice:
-    """dispatch.choose for this call (memoized there on plain values)."""
-    return dispatch.choose_for(q.device.type, _capability(q.device), validate.DTYPE_NAMES[q.dtype], q.shape[-1],
-                               features, _BUILD, _requested(version))
+    """dispatch.choose for this call (memoized there on plain values). A torch.compile trace calls the function
+    under the memo: dynamo traces through an lru_cache anyway, and warns of it on every compiled call."""
+    choose = dispatch.choose_for.__wrapped__ if torch.compiler.is_compiling() else dispatch.choose_for
+    return choose(q.device.type, _capability(q.device), validate.DTYPE_NAMES[q.dtype], q.shape[-1], features, _BUILD,
+                  _requested(version))
 
 
 def _pad(t: Optional[torch.Tensor], multiple: int) -> Optional[torch.Tensor]:
