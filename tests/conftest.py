@@ -148,7 +148,7 @@ def check_lse(name: str, lse, ref_lse, atol: float = LSE_ATOL) -> None:
     assert torch.equal(torch.isinf(lse), inf), f"{name}: lse +inf positions differ from the oracle's empty rows"
     assert bool((lse[inf] > 0).all()), f"{name}: empty rows must have lse = +inf"
     if (~inf).any():
-        err = float((lse[~inf].double() - ref_lse[~inf]).abs().max())
+        err = float((lse[~inf].detach().double() - ref_lse[~inf]).abs().max())
         allowed = atol * max(1.0, float(ref_lse[~inf].abs().max()))
         assert err <= allowed, f"{name}: max|lse - ref| = {err:.3e} > allowed {allowed:.1e}"
 

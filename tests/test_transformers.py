@@ -31,6 +31,11 @@ PAD = 5          # padding tokens in row 0
 WINDOW = 5       # sliding window (Mistral, Qwen2, Gemma 2): < SEQLEN, so it masks
 
 
+def _eager_experts(cfg):
+    cfg._experts_implementation = "eager"
+    return cfg
+
+
 def _configs():
     common = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
                   num_key_value_heads=2, max_position_embeddings=64)
@@ -43,6 +48,12 @@ def _configs():
         # softcap 2.0 bites (raw scores here are O(1-5)); layers alternate sliding / full
         "gemma2": transformers.Gemma2Config(**common, head_dim=16, query_pre_attn_scalar=16, sliding_window=WINDOW,
                                             attn_logit_softcapping=2.0),
+        # attention sinks (s_aux, one learnable logit per head; set to bite in _models), layers alternate sliding /
+        # full; the experts in plain torch (the grouped-mm kernel takes no float64)
+        "gpt_oss": _eager_experts(transformers.GptOssConfig(**common, head_dim=16, sliding_window=WINDOW,
+                                                            num_local_experts=4, num_experts_per_tok=2,
+                                                            rope_parameters=dict(rope_type="default",
+                                                                                 rope_theta=10000.0))),
         "gpt2": transformers.GPT2Config(vocab_size=VOCAB, n_positions=64, n_embd=64, n_layer=2, n_head=4,
                                         attn_pdrop=0.0, embd_pdrop=0.0, resid_pdrop=0.0, bos_token_id=2,
                                         eos_token_id=1),
@@ -59,6 +70,10 @@ def _models(family: str, **overrides):
         setattr(cfg, k, v)
     torch.manual_seed(0)
     eager = transformers.AutoModelForCausalLM.from_config(copy.deepcopy(cfg), attn_implementation="eager")
+    if family == "gpt_oss":  # sinks initialised ~N(0, 0.02): ones that weigh like the keys (-2..3 + layer) show
+        with torch.no_grad():
+            for i, layer in enumerate(eager.model.layers):
+                layer.self_attn.sinks.copy_(torch.linspace(-2.0, 3.0, layer.self_attn.sinks.numel()) + i)
     fg = transformers.AutoModelForCausalLM.from_config(copy.deepcopy(cfg), attn_implementation=fg_tf.NAME)
     fg.load_state_dict(eager.state_dict())
     ref = copy.deepcopy(eager).double()
@@ -164,6 +179,24 @@ def test_static_cache_generation_matches_eager(family, padding, calls):
     # Gemma 2's sliding layers keep a window-sized rolling buffer: once full (the prompt is longer than the window)
     # transformers passes no mask for them and they run dense over the buffer, as its flash_attention_2 path does.
     assert used == full_layers if family == "llama" else used == full_layers | {"flash_attn_func"}
+
+
+@pytest.mark.parametrize("cache", ["dynamic", "static"])
+@pytest.mark.parametrize("padding", [None, "left"])
+def test_sinks_generation_matches_eager(padding, cache):
+    """gpt-oss's attention sinks on every path of a generation: the prompt dense or varlen, the steps through a
+    dynamic cache (dense) or a static one (flash_attn_with_kvcache over the buffers, its lse taken with it)."""
+    fg, eager, ref = _models("gpt_oss")
+    ids, mask, _ = _batch(padding)
+    kw = dict(attention_mask=mask, max_new_tokens=5, do_sample=False, pad_token_id=0, return_dict_in_generate=True,
+              output_scores=True)
+    if cache == "static":
+        kw["cache_implementation"] = "static"
+    got, naive, want = (m.generate(ids, **kw) for m in (fg, eager, ref))
+    assert torch.equal(got.sequences, naive.sequences) and torch.equal(got.sequences, want.sequences)
+    # the steps' logits too (a sink left out moves them by ~1e-2, not always enough to change a greedy token)
+    check_fa_rule(f"padding={padding} {cache} cache: step logits", torch.stack(got.scores), torch.stack(want.scores),
+                  torch.stack(naive.scores))
 
 
 def test_what_reaches_the_kernels(calls):

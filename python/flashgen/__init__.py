@@ -18,9 +18,10 @@ from .interface import (
     flash_attn_varlen_qkvpacked_func,
     flash_attn_with_kvcache,
 )
+from .sinks import attention_sink
 
 __all__ = [
-    "BuildInfo", "Explanation", "block_sparse_attn_func", "build_info", "explain", "flash_attn_func",
+    "BuildInfo", "Explanation", "attention_sink", "block_sparse_attn_func", "build_info", "explain", "flash_attn_func",
     "flash_attn_kvpacked_func", "flash_attn_qkvpacked_func", "flash_attn_varlen_func",
     "flash_attn_varlen_kvpacked_func", "flash_attn_varlen_qkvpacked_func", "flash_attn_with_kvcache",
 ]

@@ -41,7 +41,9 @@ Host syncs. transformers' own flash_attention_2 path synchronizes twice per laye
 The mask builder checks the mask function the model asks for: causal, bidirectional, sliding window and packed
 sequences are expressible; anything else (chunked attention, or_mask/and_mask overlays such as bidirectional image
 tokens, block_sequence_ids) raises NotImplementedError naming it, where transformers' flash_attention_2 path would
-silently drop it. Attention sinks (s_aux) and output_attentions=True are refused the same way.
+silently drop it. output_attentions=True is refused the same way. Attention sinks (gpt-oss's `s_aux`, one learnable
+logit per head) run through every path above: flashgen's lse of the same call and flashgen.attention_sink fold them
+in exactly, gradients to the sinks included.
 
 Name: "FlashGen", capitalised, because transformers 5.x takes any name containing the lower-case "flash" for a
 flash-attn kernel to load (see NAME below). So transformers does not treat it as a flash-attention flavour: its
@@ -62,6 +64,7 @@ from transformers import AttentionInterface, AttentionMaskInterface
 from transformers import masking_utils
 
 import flashgen
+from flashgen import interface as fg_interface
 
 __all__ = ["NAME", "attention_forward", "attention_mask", "register", "unpad_data"]
 
@@ -273,6 +276,21 @@ def _compute_dtype(query: torch.Tensor) -> Optional[torch.dtype]:
     return None
 
 
+def _attend(sink: Optional[torch.Tensor], q, k, v, varlen: Optional[tuple], **kw) -> torch.Tensor:
+    """flashgen.flash_attn_func, or flash_attn_varlen_func with varlen = (cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+    max_seqlen_k); with attention sinks (gpt-oss's s_aux, one logit per head), the same attention's lse taken with it
+    (the forward always makes it: asking for it costs nothing, and no probabilities are computed under dropout) and
+    the sink folded in by flashgen.attention_sink, differentiable in q, k, v and the sinks."""
+    if sink is None:
+        return flashgen.flash_attn_func(q, k, v, **kw) if varlen is None else \
+            flashgen.flash_attn_varlen_func(q, k, v, *varlen, **kw)
+    offsets = {} if varlen is None else dict(zip(("cu_seqlens_q", "cu_seqlens_k", "max_seqlen_q", "max_seqlen_k"),
+                                                 varlen))
+    out, lse, _ = fg_interface._attention(q, k, v, alibi_slopes=None, deterministic=False, return_probs=False,
+                                          version=None, **offsets, **kw)
+    return flashgen.attention_sink(out, lse, sink)[0]
+
+
 def attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                       attention_mask: Optional[torch.Tensor], dropout: float = 0.0, scaling: Optional[float] = None,
                       sliding_window: Optional[int] = None, softcap: Optional[float] = None,
@@ -282,9 +300,6 @@ def attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.T
     if kwargs.get("output_attentions", False):
         raise NotImplementedError("flashgen does not return attention weights (output_attentions=True); use "
                                   "attn_implementation='eager' for them")
-    if s_aux is not None:
-        raise NotImplementedError("flashgen does not implement attention sinks (s_aux); use "
-                                  "attn_implementation='eager' or 'sdpa' for this model")
     batch, _, seqlen_q, head_dim = query.shape
     causal = bool(is_causal if is_causal is not None else getattr(module, "is_causal", True))
     window = (-1, -1) if not sliding_window else (int(sliding_window) - 1, int(sliding_window) - 1)
@@ -305,12 +320,11 @@ def attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.T
 
     if cu_q is not None and cu_k is not None:
         # Padding-free batches (DataCollatorWithFlattening): the caller's offsets over the flattened tokens.
-        out = flashgen.flash_attn_varlen_func(
-            q.reshape(-1, *q.shape[2:]), k.reshape(-1, *k.shape[2:]), v.reshape(-1, *v.shape[2:]),
-            cu_q.to(torch.int32), cu_k.to(torch.int32), _max_len(kwargs["max_length_q"]),
-            _max_len(kwargs["max_length_k"]), **kw).view(batch, seqlen_q, *q.shape[2:])
+        out = _attend(s_aux, q.reshape(-1, *q.shape[2:]), k.reshape(-1, *k.shape[2:]), v.reshape(-1, *v.shape[2:]),
+                      (cu_q.to(torch.int32), cu_k.to(torch.int32), _max_len(kwargs["max_length_q"]),
+                       _max_len(kwargs["max_length_k"])), **kw).view(batch, seqlen_q, *q.shape[2:])
     elif attention_mask is None:
-        out = flashgen.flash_attn_func(q, k, v, **kw)
+        out = _attend(s_aux, q, k, v, None, **kw)
     elif attention_mask.dim() == 1:
         # A static cache's written lengths (attention_mask() above): keys [0, lengths[b]) of the buffers, the queries
         # the last seqlen_q of them. Inference reads the buffers in place through flash_attn_with_kvcache; a call that
@@ -320,19 +334,21 @@ def attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.T
         needs_grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
         if not needs_grad and kw["dropout_p"] == 0.0:
             out = flashgen.flash_attn_with_kvcache(q, k, v, cache_seqlens=lengths, softmax_scale=kw["softmax_scale"],
-                                                   causal=causal, window_size=window, softcap=kw["softcap"])
+                                                   causal=causal, window_size=window, softcap=kw["softcap"],
+                                                   return_softmax_lse=s_aux is not None)
+            if s_aux is not None:
+                out = flashgen.attention_sink(*out, s_aux)[0]
         else:
             n = int(lengths.max())
-            out = flashgen.flash_attn_func(q, k[:, :n], v[:, :n], **kw)
+            out = _attend(s_aux, q, k[:, :n], v[:, :n], None, **kw)
     elif attention_mask.dim() == 2 and attention_mask.dtype == torch.bool:
         mask = attention_mask
         if k.shape[1] > mask.shape[1]:                               # a static cache longer than what was seen
             k, v = k[:, :mask.shape[1]], v[:, :mask.shape[1]]
         rows_q, cu_seqlens_q, rows_k, cu_seqlens_k = _CACHE.get(mask, ("pad", seqlen_q),
                                                                 lambda: unpad_data(mask, seqlen_q))
-        out = flashgen.flash_attn_varlen_func(
-            _gather(q, rows_q), _gather(k, rows_k), _gather(v, rows_k), cu_seqlens_q, cu_seqlens_k,
-            seqlen_q, mask.shape[1], **kw)                           # padded lengths: upper bounds, no sync
+        out = _attend(s_aux, _gather(q, rows_q), _gather(k, rows_k), _gather(v, rows_k),
+                      (cu_seqlens_q, cu_seqlens_k, seqlen_q, mask.shape[1]), **kw)  # padded lengths: bounds, no sync
         out = _scatter(out, rows_q, batch, seqlen_q)
     elif attention_mask.dim() == 2 and not attention_mask.is_floating_point():
         ids = attention_mask                                         # packed sequences (attention_mask() above)
@@ -340,8 +356,7 @@ def attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.T
             raise ValueError(f"flashgen: packed-sequence ids of shape {tuple(ids.shape)} need seqlen_q == seqlen_k "
                              f"== {tuple(ids.shape)[1]}, got {seqlen_q} and {k.shape[1]}")
         rows, cu = _CACHE.get(ids, ("packed",), lambda: _packed_data(ids))
-        out = flashgen.flash_attn_varlen_func(_gather(q, rows), _gather(k, rows), _gather(v, rows), cu, cu,
-                                              seqlen_q, seqlen_q, **kw)
+        out = _attend(s_aux, _gather(q, rows), _gather(k, rows), _gather(v, rows), (cu, cu, seqlen_q, seqlen_q), **kw)
         out = _scatter(out, rows, batch, seqlen_q)
     else:
         raise NotImplementedError(

@@ -1,0 +1,98 @@
+"""flashgen.attention_sink (gpt-oss's learnable sinks) on the CPU backend: flashgen's attention and lse with the sink
+folded in, against an oracle written here from the definition (the sink as one more logit column of the softmax,
+its probability dropped, as transformers' eager gpt-oss does), forward and gradients (q, k, v and the sinks), dense
+and varlen, rows that see no key; under the FlashAttention rule with the same oracle in fp32 as the naive side."""
+import pytest
+import torch
+
+import flashgen
+from flashgen.reference import visible_mask
+from flashgen.testing import check_fa_rule, grad_floor
+
+
+def sink_oracle(q, k, v, sink, *, causal=False, window=(-1, -1), dtype=torch.float64):
+    """(out, lse) of softmax over [scale * q k^T (masked), sink_h] with the sink's column dropped before P V; q (b, sq,
+    h, d), k / v (b, sk, hk, d), GQA by repeating heads."""
+    q, k, v, sink = (t.to(dtype) for t in (q, k, v, sink))
+    groups = q.shape[2] // k.shape[2]
+    k, v = k.repeat_interleave(groups, dim=2), v.repeat_interleave(groups, dim=2)
+    scores = torch.einsum("bqhd,bkhd->bhqk", q, k) * q.shape[-1] ** -0.5
+    seen = visible_mask(q.shape[1], k.shape[1], window, causal, device=q.device)
+    scores = scores.masked_fill(~seen, float("-inf"))
+    column = sink.view(1, -1, 1, 1).expand(q.shape[0], -1, q.shape[1], 1)
+    logits = torch.cat([scores, column], dim=-1)
+    lse = torch.logsumexp(logits, dim=-1)
+    probs = torch.softmax(logits, dim=-1)[..., :-1]
+    return torch.einsum("bhqk,bkhd->bqhd", probs, v), lse
+
+
+CASES = {
+    "plain": dict(sq=33, sk=47, h=4, hk=4),
+    "causal-gqa": dict(sq=33, sk=47, h=4, hk=2, causal=True),
+    "window-more-queries": dict(sq=40, sk=17, h=2, hk=1, causal=True, window=(5, 0)),  # top rows see no key
+}
+
+
+@pytest.mark.parametrize("device, dtype", [("cpu", torch.float32),
+                                           pytest.param("cuda", torch.bfloat16, marks=pytest.mark.gpu)])
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_dense_forward_and_gradients(case, device, dtype):
+    """The naive side is the oracle in the kernels' dtype (fp32 on the CPU backend, bf16 on a GPU)."""
+    if device == "cuda" and not torch.cuda.is_available():
+        pytest.skip("no CUDA device")
+    c = dict(CASES[case])
+    causal, window = c.pop("causal", False), c.pop("window", (-1, -1))
+    q, k, v = (torch.randn(2, n, h, 32, device=device, dtype=dtype).requires_grad_()
+               for n, h in ((c["sq"], c["h"]), (c["sk"], c["hk"]), (c["sk"], c["hk"])))
+    sink = torch.linspace(-2, 3, c["h"], device=device).requires_grad_()
+    out, lse, _ = flashgen.flash_attn_func(q, k, v, causal=causal, window_size=window, return_attn_probs=True)
+    out, lse = flashgen.attention_sink(out, lse, sink)
+    want, want_lse = sink_oracle(q, k, v, sink, causal=causal, window=window)
+    naive, naive_lse = sink_oracle(q, k, v, sink, causal=causal, window=window, dtype=dtype)
+    check_fa_rule(f"{case} out", out, want, naive)
+    check_fa_rule(f"{case} lse", lse, want_lse, naive_lse)
+    if window != (-1, -1):
+        empty = ~visible_mask(c["sq"], c["sk"], window, causal, device=device).any(dim=1)
+        assert empty.any()  # the case has rows that see no key: all their weight is the sink's
+        assert torch.equal(out[:, empty], torch.zeros_like(out[:, empty]))
+        assert torch.equal(lse[:, :, empty], sink.detach().view(1, -1, 1).expand(2, -1, int(empty.sum())))
+    dout = torch.randn_like(out)
+    grads = torch.autograd.grad((out * dout).sum() + lse.sum(), (q, k, v, sink))
+
+    def oracle_grads(dtype):
+        o, l = sink_oracle(q, k, v, sink, causal=causal, window=window, dtype=dtype)
+        return torch.autograd.grad((o * dout.to(dtype)).sum() + l.sum(), (q, k, v, sink))
+
+    want_g, naive_g = oracle_grads(torch.float64), oracle_grads(dtype)
+    for name, got, w, n in zip(("dq", "dk", "dv", "dsink"), grads, want_g, naive_g):
+        check_fa_rule(f"{case} {name}", got, w, n, factor=3, floor=grad_floor(got, w, max(c["sq"], c["sk"])))
+
+
+def test_varlen_with_an_empty_sequence():
+    lens_q, lens_k = [5, 3, 9], [7, 0, 12]
+    cu_q = torch.tensor([0, 5, 8, 17], dtype=torch.int32)
+    cu_k = torch.tensor([0, 7, 7, 19], dtype=torch.int32)
+    q, k, v = torch.randn(17, 4, 16), torch.randn(19, 2, 16), torch.randn(19, 2, 16)
+    sink = torch.tensor([0.5, -1.0, 2.0, 4.0])
+    out, lse, _ = flashgen.flash_attn_varlen_func(q, k, v, cu_q, cu_k, 9, 12, causal=True, return_attn_probs=True)
+    out, lse = flashgen.attention_sink(out, lse, sink)
+    for b in range(3):
+        rq, rk = slice(int(cu_q[b]), int(cu_q[b + 1])), slice(int(cu_k[b]), int(cu_k[b + 1]))
+        args = (q[rq][None], k[rk][None], v[rk][None], sink)
+        want, want_lse = sink_oracle(*args, causal=True)
+        naive, naive_lse = sink_oracle(*args, causal=True, dtype=torch.float32)
+        check_fa_rule(f"sequence {b} out", out[rq][None], want, naive)
+        check_fa_rule(f"sequence {b} lse", lse[:, rq][None], want_lse, naive_lse)
+    assert torch.equal(out[5:8], torch.zeros(3, 4, 16)) and torch.equal(lse[:, 5:8], sink.view(4, 1).expand(4, 3))
+
+
+def test_refusals():
+    out, lse = torch.randn(2, 5, 4, 8), torch.randn(2, 4, 5)
+    with pytest.raises(ValueError, match="sink"):
+        flashgen.attention_sink(out, lse, torch.zeros(3))
+    with pytest.raises(ValueError, match="lse"):
+        flashgen.attention_sink(out, lse.transpose(1, 2), torch.zeros(4))
+    with pytest.raises(ValueError, match="sink"):
+        flashgen.attention_sink(out, lse, torch.zeros(4, dtype=torch.int64))
+    with pytest.raises(ValueError, match="out"):
+        flashgen.attention_sink(out[0, 0], lse, torch.zeros(4))
