@@ -71,6 +71,25 @@ def _fp32_slopes(module: nn.Module) -> Optional[torch.Tensor]:
     return slopes
 
 
+def _flash_settings(module: nn.Module, causal, softmax_scale, attention_dropout, window_size, alibi_slopes,
+                    deterministic) -> None:
+    module.causal = causal
+    module.softmax_scale = softmax_scale
+    module.drop = nn.Dropout(attention_dropout)
+    module.register_buffer("alibi_slopes", alibi_slopes, persistent=False)
+    module.window_size = window_size
+    module.deterministic = deterministic
+
+
+def _flash_call(module: nn.Module, causal):
+    """(dropout_p, the keyword arguments of flashgen's call) for a forward of FlashSelf/CrossAttention: causal
+    overrides the module's when given, dropout in training mode only."""
+    common = dict(softmax_scale=module.softmax_scale, causal=module.causal if causal is None else causal,
+                  alibi_slopes=_fp32_slopes(module), window_size=module.window_size,
+                  deterministic=module.deterministic)
+    return (module.drop.p if module.training else 0.0), common
+
+
 def _need_max_seqlen(name: str, value, cu_name: str) -> None:
     if value is None:
         raise ValueError(f"{name}: expected an int (the longest sequence) with {cu_name}, got None")
@@ -84,18 +103,10 @@ class FlashSelfAttention(nn.Module):
     def __init__(self, causal=False, softmax_scale=None, attention_dropout=0.0, window_size=(-1, -1),
                  alibi_slopes=None, deterministic=False):
         super().__init__()
-        self.causal = causal
-        self.softmax_scale = softmax_scale
-        self.drop = nn.Dropout(attention_dropout)
-        self.register_buffer("alibi_slopes", alibi_slopes, persistent=False)
-        self.window_size = window_size
-        self.deterministic = deterministic
+        _flash_settings(self, causal, softmax_scale, attention_dropout, window_size, alibi_slopes, deterministic)
 
     def forward(self, qkv, causal=None, cu_seqlens=None, max_seqlen=None):
-        causal = self.causal if causal is None else causal
-        dropout_p = self.drop.p if self.training else 0.0
-        common = dict(softmax_scale=self.softmax_scale, causal=causal, alibi_slopes=_fp32_slopes(self),
-                      window_size=self.window_size, deterministic=self.deterministic)
+        dropout_p, common = _flash_call(self, causal)
         if cu_seqlens is None:
             return interface.flash_attn_qkvpacked_func(qkv, dropout_p, **common)
         _need_max_seqlen("max_seqlen", max_seqlen, "cu_seqlens")
@@ -108,20 +119,12 @@ class FlashCrossAttention(nn.Module):
     bottom-right); varlen with cu_seqlens / max_seqlen for q and cu_seqlens_k / max_seqlen_k for kv."""
 
     def __init__(self, causal=False, softmax_scale=None, attention_dropout=0.0, alibi_slopes=None,
-                 window_size=(-1, -1), deterministic=False):
+                 window_size=(-1, -1), deterministic=False):  # flash_attn's order: alibi_slopes before window_size
         super().__init__()
-        self.causal = causal
-        self.softmax_scale = softmax_scale
-        self.drop = nn.Dropout(attention_dropout)
-        self.register_buffer("alibi_slopes", alibi_slopes, persistent=False)
-        self.window_size = window_size
-        self.deterministic = deterministic
+        _flash_settings(self, causal, softmax_scale, attention_dropout, window_size, alibi_slopes, deterministic)
 
     def forward(self, q, kv, causal=None, cu_seqlens=None, max_seqlen=None, cu_seqlens_k=None, max_seqlen_k=None):
-        causal = self.causal if causal is None else causal
-        dropout_p = self.drop.p if self.training else 0.0
-        common = dict(softmax_scale=self.softmax_scale, causal=causal, alibi_slopes=_fp32_slopes(self),
-                      window_size=self.window_size, deterministic=self.deterministic)
+        dropout_p, common = _flash_call(self, causal)
         if cu_seqlens is None:
             if cu_seqlens_k is not None:
                 raise ValueError("cu_seqlens_k: given without cu_seqlens (varlen needs both, or neither)")
