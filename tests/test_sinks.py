@@ -1,29 +1,33 @@
-"""flashgen.attention_sink (gpt-oss's learnable sinks) on the CPU backend: flashgen's attention and lse with the sink
-folded in, against an oracle written here from the definition (the sink as one more logit column of the softmax,
-its probability dropped, as transformers' eager gpt-oss does), forward and gradients (q, k, v and the sinks), dense
-and varlen, rows that see no key; under the FlashAttention rule with the same oracle in fp32 as the naive side."""
+"""flashgen.attention_sink (gpt-oss's learnable sinks): flashgen's attention and lse with the sink folded in, against
+the float64 oracle's sink (flashgen.reference: one more logit column of the softmax, its probability dropped, as
+transformers' eager gpt-oss does; checked by hand here), forward and gradients (q, k, v and the sinks), dense and
+varlen, rows that see no key; under the FlashAttention rule with the same oracle in the kernels' dtype as the naive
+side."""
+import math
+
 import pytest
 import torch
 
 import flashgen
-from flashgen.reference import visible_mask
+from flashgen.reference import attention_ref, visible_mask
 from flashgen.testing import check_fa_rule, grad_floor
 
 
 def sink_oracle(q, k, v, sink, *, causal=False, window=(-1, -1), dtype=torch.float64):
-    """(out, lse) of softmax over [scale * q k^T (masked), sink_h] with the sink's column dropped before P V; q (b, sq,
-    h, d), k / v (b, sk, hk, d), GQA by repeating heads."""
-    q, k, v, sink = (t.to(dtype) for t in (q, k, v, sink))
-    groups = q.shape[2] // k.shape[2]
-    k, v = k.repeat_interleave(groups, dim=2), v.repeat_interleave(groups, dim=2)
-    scores = torch.einsum("bqhd,bkhd->bhqk", q, k) * q.shape[-1] ** -0.5
-    seen = visible_mask(q.shape[1], k.shape[1], window, causal, device=q.device)
-    scores = scores.masked_fill(~seen, float("-inf"))
-    column = sink.view(1, -1, 1, 1).expand(q.shape[0], -1, q.shape[1], 1)
-    logits = torch.cat([scores, column], dim=-1)
-    lse = torch.logsumexp(logits, dim=-1)
-    probs = torch.softmax(logits, dim=-1)[..., :-1]
-    return torch.einsum("bhqk,bkhd->bqhd", probs, v), lse
+    return attention_ref(q, k, v, causal=causal, window_size=window, sink=sink, dtype=dtype)
+
+
+def test_the_oracles_sink_by_hand():
+    """One key scoring 0 beside a sink of 0: each takes half (out = v / 2, lse = log 2); no key: the sink takes all
+    (out 0, lse = the sink); a sink of log 3 against two keys scoring 0: the keys take 2 / 5."""
+    q, k = torch.zeros(1, 1, 1, 4, dtype=torch.float64), torch.zeros(1, 2, 1, 4, dtype=torch.float64)
+    v = torch.full((1, 2, 1, 4), 3.0, dtype=torch.float64)
+    out, lse = attention_ref(q, k[:, :1], v[:, :1], sink=torch.zeros(1))
+    assert torch.allclose(out, torch.full_like(out, 1.5)) and float(lse) == pytest.approx(math.log(2.0))
+    out, lse = attention_ref(q, k[:, :0], v[:, :0], sink=torch.tensor([0.25]))
+    assert torch.equal(out, torch.zeros_like(out)) and float(lse) == 0.25
+    out, lse = attention_ref(q, k, v, sink=torch.tensor([math.log(3.0)]))
+    assert torch.allclose(out, torch.full_like(out, 3.0 * 2 / 5)) and float(lse) == pytest.approx(math.log(5.0))
 
 
 CASES = {

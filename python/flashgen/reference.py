@@ -52,8 +52,9 @@ def alibi_bias(slopes: torch.Tensor, seqlen_q: int, seqlen_k: int) -> torch.Tens
 
 
 def _dense(q, k, v, *, softmax_scale, causal, window_size, softcap, alibi_slopes, keep_mask, dropout_p,
-           block_mask, block_size, dtype, attention_chunk=0):
-    """One batch of dense attention. q (b, sq, h, d), k/v (b, sk, hk, d); returns out (b, sq, h, d), lse (b, h, sq)."""
+           block_mask, block_size, dtype, attention_chunk=0, sink=None):
+    """One batch of dense attention. q (b, sq, h, d), k/v (b, sk, hk, d); returns out (b, sq, h, d), lse (b, h, sq).
+    sink (h,): one more logit per head in every row's softmax, whose probability multiplies no value."""
     b, sq, h, d = q.shape
     sk, hk = k.shape[1], k.shape[2]
     if (hk == 0 and h != 0) or (hk != 0 and h % hk != 0):
@@ -80,7 +81,9 @@ def _dense(q, k, v, *, softmax_scale, causal, window_size, softcap, alibi_slopes
         elem = layout[:, rows][:, :, cols]  # (heads or 1, sq, sk)
         ok = ok & elem.unsqueeze(0)
     scores = scores.masked_fill(~ok, float("-inf"))
-    if sk == 0:  # no keys at all (e.g. seqused_k 0): every row is empty; amax refuses a zero-size dim
+    if sink is not None:  # the sink as a last column of logits (its probability dropped below)
+        scores = torch.cat([scores, sink.to(dtype).view(1, h, 1, 1).expand(b, h, sq, 1)], dim=-1)
+    if scores.shape[-1] == 0:  # no keys at all (e.g. seqused_k 0): every row is empty; amax refuses a zero-size dim
         row_max = scores.new_full((*scores.shape[:-1], 1), float("-inf"))
     else:
         row_max = scores.amax(dim=-1, keepdim=True)
@@ -92,6 +95,8 @@ def _dense(q, k, v, *, softmax_scale, causal, window_size, softcap, alibi_slopes
     lse = torch.where(empty.squeeze(-1), torch.full_like(lse, float("inf")), lse)
     # Empty rows (sum 0) give 0; a NaN row (NaN in q, k or v) stays NaN.
     attn = torch.where(row_sum == 0, torch.zeros_like(p), p / row_sum.clamp_min(torch.finfo(dtype).tiny))
+    if sink is not None:
+        attn = attn[..., :-1]
     if keep_mask is not None and dropout_p > 0:
         attn = attn * keep_mask.to(attn.device) / (1.0 - dropout_p)
     out = torch.einsum("bhij,bjhd->bihd", attn, vf)
@@ -121,7 +126,8 @@ def attention_ref(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, softmax_
                   cu_seqlens_k: Optional[torch.Tensor] = None, seqused_k: Optional[torch.Tensor] = None,
                   block_mask: Optional[torch.Tensor] = None, block_size: Sequence[int] = (128, 128),
                   cache_leftpad: Optional[torch.Tensor] = None, block_table: Optional[torch.Tensor] = None,
-                  attention_chunk: int = 0, dtype: torch.dtype = torch.float64) -> Tuple[torch.Tensor, torch.Tensor]:
+                  attention_chunk: int = 0, sink: Optional[torch.Tensor] = None,
+                  dtype: torch.dtype = torch.float64) -> Tuple[torch.Tensor, torch.Tensor]:
     """Attention in `dtype` (float64 by default), returning (out, lse).
 
     Dense: q (b, sq, h, d), k/v (b, sk, hk, d) -> out (b, sq, h, d) in `dtype`, lse (b, h, sq).
@@ -135,13 +141,15 @@ def attention_ref(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, softmax_
     keep_mask: bool (b, h, sq, sk) (dense) or a list of (h, sq_i, sk_i) (varlen), True = kept; scaled by 1/(1-p).
     block_mask: bool (heads or 1, ceil(sq / bm), ceil(sk / bn)) with block_size (bm, bn).
     attention_chunk (FA3's): keys in the query's chunk only (visible_mask), per sequence.
+    sink (num_heads,): attention sinks (gpt-oss): one more logit per head in each row's softmax, in the scores' units,
+    carrying no value; a row that sees no key then has lse = sink and out 0.
     """
     d = q.shape[-1]
     if softmax_scale is None:
         softmax_scale = 1.0 / math.sqrt(d)
     kw = dict(softmax_scale=softmax_scale, causal=causal, window_size=tuple(window_size), softcap=softcap,
               dropout_p=dropout_p, block_mask=block_mask, block_size=tuple(block_size), dtype=dtype,
-              attention_chunk=attention_chunk)
+              attention_chunk=attention_chunk, sink=sink)
     if cu_seqlens_q is None:
         if block_table is not None:
             k, v = pages_to_dense(k, block_table), pages_to_dense(v, block_table)

@@ -48,7 +48,8 @@ from ..layers.rotary import RotaryEmbedding
 __all__ = ["CrossAttention", "FlashCrossAttention", "FlashSelfAttention", "MHA", "ParallelMHA", "SelfAttention",
            "get_alibi_slopes"]
 
-_MASKED_SCORE = -10000.0  # what flash_attn's torch path adds to a masked score (not -inf: a fully masked row is uniform)
+# What flash_attn's torch path adds to a masked score (not -inf: a fully masked row is uniform, not NaN or 0).
+_MASKED_SCORE = -10000.0
 
 
 def get_alibi_slopes(nheads) -> list:
