@@ -173,7 +173,9 @@ Status fwd(const AttnParams& p) {
     }
   }
   std::stable_sort(units.begin(), units.end(), [](const FwdUnit& a, const FwdUnit& b) { return a.cost > b.cost; });
-  const int workers = resolve_threads(p.num_threads, static_cast<int64_t>(units.size()));
+  int64_t tiles = 0;
+  for (const FwdUnit& u : units) tiles += std::max(1, u.cost);
+  const int workers = resolve_threads_for(p.num_threads, static_cast<int64_t>(units.size()), tiles);
   PackedKV kv(p);
   parallel_for(static_cast<int64_t>(p.batch) * p.num_heads_k, workers,
                [&](int64_t bh, int) { kv.pack(static_cast<int>(bh / p.num_heads_k), static_cast<int>(bh % p.num_heads_k)); });

@@ -173,7 +173,12 @@ Status bwd(const AttnBwdParams& p) {
 
   // Chunks per kv head: enough units to occupy every thread when batch * num_heads_k is small.
   const int64_t heads_total = static_cast<int64_t>(p.batch) * p.num_heads_k;
-  const int threads = resolve_threads(p.num_threads, INT32_MAX);
+  int64_t tiles = 0;  // query x key tiles over the heads, unmasked (a bound): what the threads share
+  for (int b = 0; b < p.batch; ++b) {
+    const SeqInfo seq = seq_info(p, b);
+    tiles += static_cast<int64_t>(ceil_div(seq.seqlen_k, kBlockN)) * ceil_div(seq.seqlen_q, kBlockM) * p.num_heads;
+  }
+  const int threads = resolve_threads_for(p.num_threads, INT32_MAX, tiles);
   const int max_n_blocks = std::max(1, ceil_div(p.seqlen_k, kBlockN));
   const int chunks = heads_total == 0 ? 1 : static_cast<int>(std::min<int64_t>(
                                                 max_n_blocks, std::max<int64_t>(1, (threads + heads_total - 1) / heads_total)));
@@ -187,7 +192,7 @@ Status bwd(const AttnBwdParams& p) {
       }
     }
   }
-  const int workers = resolve_threads(p.num_threads, static_cast<int64_t>(units.size()));
+  const int workers = resolve_threads_for(p.num_threads, static_cast<int64_t>(units.size()), tiles);
   std::vector<BwdScratch> scratch(workers, BwdScratch(p.head_dim, padded_dim(p.head_dim)));
   auto dq_size = [&](int b) { return static_cast<size_t>(group) * seq_info(p, b).seqlen_q * padded_dim(p.head_dim); };
 
