@@ -3,8 +3,9 @@
 // (params.num_threads, 0 = all cores), heaviest first. Each unit streams over the key tiles n_block_range allows
 // (skipping block-sparse tiles that are off), keeping O (kBlockM, padded head_dim) fp32 and one RowState per row.
 // Invariant after key tile t: O_r = sum_{j < end of t} dropout(exp(s_rj - m_r)) v_j and l_r = sum exp(s_rj - m_r)
-// (undropped), so O / l is the output and m + log l the LSE. Memory: K and V once in fp32 (PackedKV) plus
-// O(kBlockM * kBlockN + kBlockM * head_dim) per worker; no (seqlen_q, seqlen_k) buffer (p_out is the caller's).
+// (undropped), so O / l is the output and m + log l the LSE. Memory: K and V once in fp32 where KVTiles packs them
+// (none where units load their own), plus O(kBlockM * kBlockN + kBlockN * head_dim) per worker; no (seqlen_q,
+// seqlen_k) buffer (p_out is the caller's).
 #include <algorithm>
 #include <vector>
 
@@ -17,20 +18,29 @@ namespace flashgen::cpu {
 namespace {
 
 struct FwdScratch {
-  std::vector<float> q, s, o, keep;
-  explicit FwdScratch(int ld) : q(kBlockM * ld), s(kBlockM * kBlockN), o(kBlockM * ld), keep(kBlockN) {}
+  std::vector<float> q, s, o, keep, row, kt, v;  // kt / v: the unit's own key tile (KVTiles streamed)
+  FwdScratch(int head_dim, int ld, bool streamed)
+      : q(kBlockM * ld), s(kBlockM * kBlockN), o(kBlockM * ld), keep(kBlockN), row(streamed ? head_dim : 0),
+        kt(streamed ? kBlockN * ld : 0), v(streamed ? kBlockN * ld : 0) {}
 };
 
 struct FwdUnit {
   int batch, head, m_block, cost;
 };
 
-// K and V of every (batch, kv head) converted to fp32 once, before the units run (each key tile is read by every
-// query tile, so converting per unit cost more than the GEMMs at head_dim 64): K as K^T tiles (head_dim, kBlockN),
-// V as rows (kBlockN, padded_dim), both zero-padded to whole tiles. O(total keys * head_dim), never seqlen_q x seqlen_k.
-class PackedKV {
+// K and V tiles of one (batch, kv head) in fp32: K as K^T tiles (head_dim, kBlockN), V as rows (kBlockN,
+// padded_dim), both zero-padded to whole tiles, read through common/kv_layout.h's rule (dense, varlen, left-padded or
+// paged caches alike). Packed: all of them converted once before the units run, since every query tile of a head reads
+// every key tile and converting per unit cost more than the GEMMs at head_dim 64 (O(total keys * head_dim), never
+// seqlen_q x seqlen_k). Streamed: each unit loads the tile it reads into its own scratch, where each key tile is read
+// by one query tile of each head (seqlen_q <= kBlockM: decoding, short prompts) and packing cost a buffer of all of K
+// and V, allocated, faulted in and written for one read (4 x 1 query x 4096 keys, 8 heads, fp32 d64: 53 ms packed,
+// SDPA 1.8 ms). The same loads either way, so the results are the same bits.
+class KVTiles {
  public:
-  explicit PackedKV(const AttnParams& p) : p_(p), tile_elems_(static_cast<int64_t>(kBlockN) * padded_dim(p.head_dim)) {
+  KVTiles(const AttnParams& p, bool packed)
+      : p_(p), packed_(packed), tile_elems_(static_cast<int64_t>(kBlockN) * padded_dim(p.head_dim)) {
+    if (!packed) return;
     int64_t tiles = 0;
     for (int b = 0; b < p.batch; ++b) {
       first_tile_.push_back(tiles);
@@ -39,33 +49,48 @@ class PackedKV {
     kt_.resize(tiles * tile_elems_);
     v_.resize(tiles * tile_elems_);
   }
-  // Keys of sequence b through common/kv_layout.h's rule (dense, varlen, left-padded or paged caches alike).
+  bool packed() const { return packed_; }
   void pack(int b, int head_k) {
-    const SeqInfo seq = seq_info(p_, b);
     std::vector<float> row(p_.head_dim);
-    const int64_t k_head = head_k * p_.k_head_stride, v_head = head_k * p_.v_head_stride;
-    for (int n_block = 0; n_block < ceil_div(seq.seqlen_k, kBlockN); ++n_block) {
-      const int n0 = n_block * kBlockN;
-      const int valid = std::min(kBlockN, seq.seqlen_k - n0);
-      load_rows_t(p_.k, p_.dtype,
-                  [&](int j) { return kv_row_offset(p_, b, n0 + j, p_.k_batch_stride, p_.k_row_stride) + k_head; },
-                  valid, p_.head_dim, row.data(), kt_mut(b, head_k, n_block));
-      load_rows(p_.v, p_.dtype,
-                [&](int j) { return kv_row_offset(p_, b, n0 + j, p_.v_batch_stride, p_.v_row_stride) + v_head; },
-                kBlockN, valid, p_.head_dim, padded_dim(p_.head_dim), v_mut(b, head_k, n_block));
+    for (int n_block = 0; n_block < ceil_div(seq_info(p_, b).seqlen_k, kBlockN); ++n_block) {
+      load_kt(b, head_k, n_block, row.data(), kt_.data() + offset(b, head_k, n_block));
+      load_v(b, head_k, n_block, v_.data() + offset(b, head_k, n_block));
     }
   }
-  const float* kt(int b, int head_k, int n_block) const { return kt_.data() + offset(b, head_k, n_block); }
-  const float* v(int b, int head_k, int n_block) const { return v_.data() + offset(b, head_k, n_block); }
+  const float* kt(int b, int head_k, int n_block, FwdScratch& w) const {
+    if (packed_) return kt_.data() + offset(b, head_k, n_block);
+    load_kt(b, head_k, n_block, w.row.data(), w.kt.data());
+    return w.kt.data();
+  }
+  const float* v(int b, int head_k, int n_block, FwdScratch& w) const {
+    if (packed_) return v_.data() + offset(b, head_k, n_block);
+    load_v(b, head_k, n_block, w.v.data());
+    return w.v.data();
+  }
 
  private:
-  float* kt_mut(int b, int head_k, int n_block) { return kt_.data() + offset(b, head_k, n_block); }
-  float* v_mut(int b, int head_k, int n_block) { return v_.data() + offset(b, head_k, n_block); }
+  void load_kt(int b, int head_k, int n_block, float* row, float* dst) const {
+    const int n0 = n_block * kBlockN;
+    const int valid = std::min(kBlockN, seq_info(p_, b).seqlen_k - n0);
+    const int64_t head = head_k * p_.k_head_stride;
+    load_rows_t(p_.k, p_.dtype,
+                [&](int j) { return kv_row_offset(p_, b, n0 + j, p_.k_batch_stride, p_.k_row_stride) + head; },
+                valid, p_.head_dim, row, dst);
+  }
+  void load_v(int b, int head_k, int n_block, float* dst) const {
+    const int n0 = n_block * kBlockN;
+    const int valid = std::min(kBlockN, seq_info(p_, b).seqlen_k - n0);
+    const int64_t head = head_k * p_.v_head_stride;
+    load_rows(p_.v, p_.dtype,
+              [&](int j) { return kv_row_offset(p_, b, n0 + j, p_.v_batch_stride, p_.v_row_stride) + head; },
+              kBlockN, valid, p_.head_dim, padded_dim(p_.head_dim), dst);
+  }
   int64_t offset(int b, int head_k, int n_block) const {
     const int n_blocks = ceil_div(seq_info(p_, b).seqlen_k, kBlockN);
     return (first_tile_[b] + static_cast<int64_t>(head_k) * n_blocks + n_block) * tile_elems_;
   }
   const AttnParams& p_;
+  bool packed_;
   int64_t tile_elems_;
   std::vector<int64_t> first_tile_;
   std::vector<float> kt_, v_;
@@ -73,7 +98,7 @@ class PackedKV {
 
 // p_out rows [m0, m0 + rows): normalized probabilities exp(logit - lse) of the undropped softmax, 0 where masked,
 // and the sign bit set wherever dropout drops (also on zeros), like flash_attn's return_attn_probs.
-FG_INLINE void write_probs(const AttnParams& p, const HeadProblem& hp, const PackedKV& kv, int m0, int rows,
+FG_INLINE void write_probs(const AttnParams& p, const HeadProblem& hp, const KVTiles& kv, int m0, int rows,
                            const RowState* st, FwdScratch& w) {
   const BlockRange nr = n_block_range(hp.mask, m0, m0 + rows, kBlockN);
   float* base = static_cast<float*>(p.p_out) + hp.batch * p.p_batch_stride + hp.head * p.p_head_stride;
@@ -84,7 +109,7 @@ FG_INLINE void write_probs(const AttnParams& p, const HeadProblem& hp, const Pac
     const SparseTile sparse = valid > 0 ? sparse_tile(p, hp.head, m0, m0 + rows, n0, n0 + valid) : SparseTile::kOff;
     const bool computed = n_block >= nr.begin && n_block < nr.end && sparse != SparseTile::kOff;
     if (computed) {
-      score_tile(p, hp, w.q.data(), kv.kt(hp.batch, hp.head_k, n_block), m0, rows, n0, sparse, w.s.data(), nullptr);
+      score_tile(p, hp, w.q.data(), kv.kt(hp.batch, hp.head_k, n_block, w), m0, rows, n0, sparse, w.s.data(), nullptr);
     }
     for (int r = 0; r < rows; ++r) {
       float* sr = w.s.data() + r * kBlockN;
@@ -105,7 +130,7 @@ FG_INLINE void write_probs(const AttnParams& p, const HeadProblem& hp, const Pac
 }
 
 // One work unit: query rows [m0, m0 + rows) of one (batch, head).
-FG_CPU_KERNEL void fwd_unit(const AttnParams& p, const PackedKV& kv, const FwdUnit& unit, FwdScratch& w) {
+FG_CPU_KERNEL void fwd_unit(const AttnParams& p, const KVTiles& kv, const FwdUnit& unit, FwdScratch& w) {
   const HeadProblem hp = head_problem(p, unit.batch, unit.head);
   const int d = p.head_dim;
   const int ld = padded_dim(d);
@@ -123,7 +148,7 @@ FG_CPU_KERNEL void fwd_unit(const AttnParams& p, const PackedKV& kv, const FwdUn
     const SparseTile sparse = sparse_tile(p, hp.head, m0, m0 + rows, n0, n0 + valid_keys);
     if (sparse == SparseTile::kOff) continue;
     // S = Q K^T with score modifiers and the mask.
-    score_tile(p, hp, w.q.data(), kv.kt(hp.batch, hp.head_k, n_block), m0, rows, n0, sparse, w.s.data(), nullptr);
+    score_tile(p, hp, w.q.data(), kv.kt(hp.batch, hp.head_k, n_block, w), m0, rows, n0, sparse, w.s.data(), nullptr);
     // Online softmax (RowState): raise m, rescale O and l, P = exp2(s * scale_log2 - m * scale_log2) (exactly 1 at
     // the row max, common/softmax.h prob_exponent).
     for (int r = 0; r < rows; ++r) {
@@ -141,7 +166,7 @@ FG_CPU_KERNEL void fwd_unit(const AttnParams& p, const PackedKV& kv, const FwdUn
       }
     }
     // O += P V.
-    gemm_p_v(w.s.data(), kv.v(hp.batch, hp.head_k, n_block), w.o.data(), rows, valid_keys, ld);
+    gemm_p_v(w.s.data(), kv.v(hp.batch, hp.head_k, n_block, w), w.o.data(), rows, valid_keys, ld);
   }
 
   // Epilogue: O / l (empty rows: 0), scaled by 1 / (1 - p_dropout); LSE in natural-log logit units.
@@ -176,10 +201,13 @@ Status fwd(const AttnParams& p) {
   int64_t tiles = 0;
   for (const FwdUnit& u : units) tiles += std::max(1, u.cost);
   const int workers = resolve_threads_for(p.num_threads, static_cast<int64_t>(units.size()), tiles);
-  PackedKV kv(p);
-  parallel_for(static_cast<int64_t>(p.batch) * p.num_heads_k, workers,
-               [&](int64_t bh, int) { kv.pack(static_cast<int>(bh / p.num_heads_k), static_cast<int>(bh % p.num_heads_k)); });
-  std::vector<FwdScratch> scratch(workers, FwdScratch(padded_dim(p.head_dim)));
+  KVTiles kv(p, /*packed=*/p.seqlen_q > kBlockM);  // p.seqlen_q bounds every sequence's (varlen: max_seqlen_q)
+  if (kv.packed()) {
+    parallel_for(static_cast<int64_t>(p.batch) * p.num_heads_k, workers, [&](int64_t bh, int) {
+      kv.pack(static_cast<int>(bh / p.num_heads_k), static_cast<int>(bh % p.num_heads_k));
+    });
+  }
+  std::vector<FwdScratch> scratch(workers, FwdScratch(p.head_dim, padded_dim(p.head_dim), !kv.packed()));
   parallel_for(static_cast<int64_t>(units.size()), workers,
                [&](int64_t u, int worker) { fwd_unit(p, kv, units[u], scratch[worker]); });
   return Status::ok();

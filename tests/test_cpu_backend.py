@@ -11,6 +11,7 @@ import math
 import pytest
 import torch
 
+import flashgen
 from flashgen import _ops
 from flashgen.reference import attention_ref, philox_keep_mask
 from flashgen.testing import check_fa_rule, grad_floor, poison_like
@@ -241,6 +242,23 @@ def test_varlen(causal, dropout):
             for i, (lq, lk) in enumerate(zip(lens_q, lens_k))])
     o, lse, _ = check_forward(f"varlen causal={causal} dropout={dropout}", q, k, v, **kw)
     check_backward(f"varlen causal={causal} dropout={dropout}", q, k, v, o, lse, **kw)
+
+
+@pytest.mark.parametrize("paged", [False, True])
+def test_streamed_and_packed_key_tiles_agree_bitwise(paged):
+    """The forward packs K / V into fp32 tiles once when a call has more query rows than one tile (max_seqlen_q >
+    kBlockM = 64), else each unit loads its own (decoding): the same loads, so the same bits. One call at the bound
+    64 and the same call at 65 (an upper bound, as a padded batch passes) take one path each."""
+    gen = torch.Generator().manual_seed(31)
+    lens_q, lens_k = [1, 64, 7], [200, 64, 131]
+    q, k, v, cu_q, cu_k = _varlen_inputs(lens_q, lens_k, 4, 2, 48, torch.bfloat16, gen)
+    kw = dict(causal=True, return_attn_probs=True)
+    if paged:  # the keys as pages of 16 rows in shuffled order
+        pages = -(-max(lens_k) // 16)
+        kw["block_table"] = torch.randperm(3 * pages, generator=gen).view(3, pages).to(torch.int32)
+        k, v = (torch.randn(3 * pages, 16, 2, 48, generator=gen).to(torch.bfloat16) for _ in range(2))
+    runs = [flashgen.flash_attn_varlen_func(q, k, v, cu_q, cu_k, m, max(lens_k), **kw)[:2] for m in (64, 65)]
+    assert torch.equal(runs[0][0], runs[1][0]) and torch.equal(runs[0][1], runs[1][1])
 
 
 # ---- KV cache ----
