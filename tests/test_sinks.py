@@ -100,3 +100,15 @@ def test_refusals():
         flashgen.attention_sink(out, lse, torch.zeros(4, dtype=torch.int64))
     with pytest.raises(ValueError, match="out"):
         flashgen.attention_sink(out[0, 0], lse, torch.zeros(4))
+
+
+def test_inference_and_autograd_paths_agree_bitwise():
+    """attention_sink writes out's dtype in one pass outside autograd and goes through fp32 inside it: the same
+    fp32 product rounded once, so the same bits."""
+    out, lse = torch.randn(2, 9, 4, 32).to(torch.bfloat16), torch.randn(2, 4, 9)
+    sink = torch.tensor([0.5, -1.0, 2.0, 4.0], requires_grad=True)
+    with torch.no_grad():
+        fast = flashgen.attention_sink(out, lse, sink)
+    graphed = flashgen.attention_sink(out, lse, sink)
+    assert graphed[0].requires_grad and not fast[0].requires_grad
+    assert torch.equal(fast[0], graphed[0].detach()) and torch.equal(fast[1], graphed[1].detach())

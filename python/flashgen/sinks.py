@@ -48,5 +48,9 @@ def attention_sink(out: torch.Tensor, lse: torch.Tensor, sink: torch.Tensor) -> 
     scale = torch.sigmoid(lse - t)                                   # Z / (Z + e^t); +inf lse (no key): 1, out is 0
     keys = torch.where(lse == float("inf"), float("-inf"), lse)     # log Z, -inf where no key is visible
     lse_out = torch.logaddexp(keys, t)
-    scale = scale.t() if varlen else scale.transpose(1, 2)          # to out's (rows, heads) order
-    return (out.float() * scale.unsqueeze(-1)).to(out.dtype), lse_out
+    scale = (scale.t() if varlen else scale.transpose(1, 2)).unsqueeze(-1)  # to out's (rows, heads, 1) order
+    # One pass over out, computed in fp32 and rounded once to out's dtype (torch promotes bf16 x fp32 to fp32).
+    # Outside autograd it writes out's dtype directly; inside, it goes through an fp32 product (a second pass).
+    if torch.is_grad_enabled() and (out.requires_grad or sink.requires_grad or lse.requires_grad):
+        return (out * scale).to(out.dtype), lse_out
+    return torch.mul(out, scale, out=torch.empty_like(out)), lse_out
