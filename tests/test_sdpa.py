@@ -152,3 +152,21 @@ def test_cuda_by_default():
     assert torch.equal(f32, TORCH_SDPA(q.float(), k.float(), v.float(), is_causal=True))
     counts = fsdpa.stats()
     assert counts.pop("flashgen") == 1 and len(counts) == 1 and next(iter(counts)).startswith("flashgen:"), counts
+
+
+def test_compiles_whole(on_cpu):
+    """Under torch.compile(fullgraph=True) both routes trace: flashgen's op, and torch's function for a masked call."""
+    q = torch.randn(2, 4, 16, 32, requires_grad=True)
+    mask = torch.ones(16, 16, dtype=torch.bool).tril()
+
+    def step(q):
+        return F.scaled_dot_product_attention(q, q, q, is_causal=True) + \
+            F.scaled_dot_product_attention(q, q, q, attn_mask=mask)
+
+    torch._dynamo.reset()
+    compiled = torch.compile(step, fullgraph=True, backend="aot_eager")(q)
+    (dq,) = torch.autograd.grad(compiled.sum(), q)
+    eager = step(q)
+    (dq_eager,) = torch.autograd.grad(eager.sum(), q)
+    torch.testing.assert_close(compiled, eager, rtol=0, atol=0)
+    torch.testing.assert_close(dq, dq_eager, rtol=0, atol=0)

@@ -32,7 +32,7 @@ from typing import Dict, Iterable, Optional
 import torch
 import torch.nn.functional as F
 
-from . import _native, interface
+from . import interface
 
 __all__ = ["patch", "patched", "reset_stats", "scaled_dot_product_attention", "stats", "unpatch"]
 
@@ -59,7 +59,7 @@ def _why_not(query, key, value, attn_mask, is_causal, enable_gqa) -> Optional[st
         return "key / value shapes (value's head dim differs, or batch / heads / seqlen)"
     if heads_k != heads and not (enable_gqa and heads_k > 0 and heads % heads_k == 0):
         return "heads differ without enable_gqa"
-    if head_dim > _native.build_info().max_head_dim or head_dim == 0:
+    if head_dim > interface._BUILD.max_head_dim or head_dim == 0:
         return "head_dim"
     if seqlen_k == 0:
         return "no keys (SDPA's softmax over nothing is NaN; flashgen's rows are 0)"
