@@ -377,6 +377,10 @@ REFUSALS = [
     (dict(use_flash_attn=True, layer_idx=0), dict(inference_params=InferenceParams(8, 1, seqlen_offset=2)),
      "no cache for layer_idx 0"),
     (dict(use_flash_attn=True, layer_idx=0, dwconv=True), dict(inference_params=InferenceParams(8, 1)), "dwconv"),
+    (dict(use_flash_attn=True, layer_idx=0),  # int64 lengths (flash_attn's kernel would fail on them too)
+     dict(inference_params=InferenceParams(8, 1, seqlen_offset=2, lengths_per_sample=torch.tensor([2]),
+                                           key_value_memory_dict={0: torch.zeros(1, 8, 2, 4, 16)})),
+     "lengths_per_sample: expected an int32"),
 ]
 
 

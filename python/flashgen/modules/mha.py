@@ -321,6 +321,11 @@ class MHA(nn.Module):
         rows = _batch_rows(inference_params, q.shape[0])
         cache = memory[self.layer_idx][rows]
         lengths = inference_params.lengths_per_sample
+        if lengths is not None and (not isinstance(lengths, torch.Tensor) or lengths.dtype != torch.int32 or
+                                    lengths.dim() != 1 or lengths.device != q.device):
+            raise ValueError(f"inference_params.lengths_per_sample: expected an int32 (max_batch_size,) tensor on "
+                             f"{q.device}, got {getattr(lengths, 'dtype', type(lengths).__name__)} "
+                             f"{tuple(getattr(lengths, 'shape', ()))} on {getattr(lengths, 'device', '?')}")
         cache_seqlens = inference_params.seqlen_offset if lengths is None else lengths[rows]
         cos = sin = None
         if rotate:
