@@ -42,7 +42,7 @@ def test_tiny_run_records_every_section(tmp_path):
                 gen = got[("generate", impl, f"llama-tiny {cache} cache prompt{plan.gen_prompt} "
                            f"new{plan.gen_new_tokens} b{batch}")]
                 assert gen["decode_tokens_per_s"] > 0 and gen["prefill_ms"] > 0 and gen["cache"] == cache
-    for impl in e2e.LONG_IMPLS:
+    for impl in [i for i in e2e.LONG_IMPLS if i not in e2e.EXTRA_IMPLS]:
         assert got[("long", impl, "longest context that trains")]["max_seqlen"] == max(plan.long_seqlens)
     # the run draws its plot next to the JSON (bench.plot.plot_e2e), one panel per section
     [png] = [f for f in os.listdir(tmp_path) if f.endswith(".png")]
@@ -93,3 +93,22 @@ def test_model_flops_formula():
     # 3 x forward, forward = 4 * b * h * d * s (s + 1) / 2 per layer
     assert e2e.attention_flops(cfg, 2, 10) == 3 * 3 * 4 * 2 * 4 * 16 * visible_pairs(10, 10, True) == \
         3 * 3 * 4 * 2 * 4 * 16 * 55
+
+
+def test_sdpa_flashgen_records_the_routed_calls(tmp_path):
+    """--impls sdpa-flashgen: transformers' sdpa model with its SDPA calls routed through flashgen.sdpa; every record
+    says how many calls flashgen took (training and the layer ladder: all of them; the static cache's masked decode
+    steps stay on torch, counted by reason)."""
+    assert e2e.main(["--tiny", "--out", str(tmp_path), "--device", "cpu", "--sections", "llama,generate,long",
+                     "--impls", "sdpa-flashgen"]) == 0
+    _, results = _read(tmp_path)
+    runs = [r for r in results if r["label"] != "longest context that trains"]
+    assert runs and all(r["status"] == "ok" and r["impl"] == "sdpa-flashgen" for r in runs), runs
+    for r in runs:
+        calls = r["sdpa_calls"]
+        assert calls.get("flashgen", 0) > 0, r
+        if r["section"] != "generate" or r["cache"] == "dynamic":
+            assert set(calls) == {"flashgen"}, r
+        else:
+            assert "attn_mask" in calls, r
+    assert e2e.main(["--tiny", "--out", str(tmp_path / "bad"), "--device", "cpu", "--impls", "sdpa-flash"]) == 2

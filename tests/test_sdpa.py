@@ -170,3 +170,17 @@ def test_compiles_whole(on_cpu):
     (dq_eager,) = torch.autograd.grad(eager.sum(), q)
     torch.testing.assert_close(compiled, eager, rtol=0, atol=0)
     torch.testing.assert_close(dq, dq_eager, rtol=0, atol=0)
+
+
+def test_autocast_casts_as_sdpa_does(on_cpu):
+    """Under autocast SDPA takes q / k / v in the autocast dtype; a fp32 q / k beside a bf16 v (rotary in fp32) runs
+    on flashgen in bf16, as torch's own call would compute it."""
+    q, k = torch.randn(1, 2, 12, 32), torch.randn(1, 2, 12, 32)
+    v = torch.randn(1, 2, 12, 32).to(torch.bfloat16)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        want_dtype = TORCH_SDPA(q, k, v, is_causal=True).dtype
+    assert fsdpa.stats() == {"flashgen": 1} and out.dtype == want_dtype == torch.bfloat16
+    qb, kb = q.to(torch.bfloat16), k.to(torch.bfloat16)
+    testing.check_fa_rule("autocast", out, sdpa_ref(qb, kb, v, is_causal=True),
+                          sdpa_ref(qb, kb, v, is_causal=True, dtype=torch.bfloat16))

@@ -15,8 +15,9 @@ top-left triangle (query i sees keys 0..i); flashgen's causal is bottom-right, s
 queries (SDPA's diagonal above flashgen's) stays on torch, and one with more queries than keys runs with the window
 that makes flashgen's mask SDPA's. Everything else goes to torch's own function, unchanged, and stats() counts it by
 reason. Dropout draws flashgen's Philox keep-mask, not torch's generator stream (the same distribution, other
-elements). The result is flashgen's (batch, seqlen, heads, head_dim) output seen as (batch, heads, seqlen,
-head_dim), a transposed view, as SDPA's flash backend returns it.
+elements). Under autocast, q / k / v are cast to its dtype first, as SDPA's autocast rule does. The result is
+flashgen's (batch, seqlen, heads, head_dim) output seen as (batch, heads, seqlen, head_dim), a transposed view, as
+SDPA's flash backend returns it.
 
 patch() takes the devices to route (default CUDA only: on a CPU, torch's SDPA is as fast as flashgen's CPU backend
 or faster, bench/NOTES.md). Code that bound the function before patch() (`from torch.nn.functional import
@@ -72,6 +73,12 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
                                  enable_gqa=False):
     """torch.nn.functional.scaled_dot_product_attention's signature and result, computed by flashgen where it can
     (see the module docstring), else by torch's function."""
+    if isinstance(query, torch.Tensor) and torch.is_autocast_enabled(query.device.type) and \
+            all(isinstance(t, torch.Tensor) and t.is_floating_point() for t in (query, key, value)):
+        # SDPA is on autocast's lower-precision list: torch's would take q, k, v in the autocast dtype (under
+        # autocast, rotary often leaves q / k in fp32 beside a bf16 v), so flashgen takes them so too
+        dtype = torch.get_autocast_dtype(query.device.type)
+        query, key, value = query.to(dtype), key.to(dtype), value.to(dtype)
     reason = _why_not(query, key, value, attn_mask, is_causal, enable_gqa)
     if reason is None:
         seqlen_q, seqlen_k = query.shape[2], key.shape[2]

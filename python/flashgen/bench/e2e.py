@@ -6,7 +6,8 @@
 Every model is built from a config (`from_config`: random weights, nothing downloaded) and fed random tokens.
 Attention implementations: `eager` (transformers' explicit softmax), `sdpa` (torch SDPA, its own backend choice; in
 `long`, `sdpa-math` forces the math backend), `flashgen` (attn_implementation="FlashGen", flashgen.integrations.
-transformers, generation "auto"). Sections:
+transformers, generation "auto"), and by name only `sdpa-flashgen` (the sdpa model with F.scaled_dot_product_attention
+routed through flashgen.sdpa: each record counts the calls flashgen took and why the others stayed). Sections:
 
 - `train`: GPT-2 small (124M), seqlen 1024, bf16 autocast over fp32 weights, AdamW: training tokens/s, model FLOPs
   utilization, peak memory.
@@ -48,7 +49,8 @@ from typing import Callable, List, Optional, Sequence, Tuple
 DEFAULT_OUT = os.path.join("bench", "results")
 SECTIONS = ("train", "llama", "generate", "long")
 IMPLS = ("eager", "sdpa", "flashgen")
-LONG_IMPLS = ("flashgen", "sdpa", "sdpa-math", "eager")
+EXTRA_IMPLS = ("sdpa-flashgen",)   # asked for by name (--impls): transformers' sdpa path under flashgen.sdpa.patched()
+LONG_IMPLS = ("flashgen", "sdpa", "sdpa-flashgen", "sdpa-math", "eager")
 FLASHGEN = "FlashGen"   # flashgen.integrations.transformers.NAME (not imported before transformers is)
 SPEC_BF16_TFLOPS = {"H100": 989.4, "H200": 989.4, "A100": 312.0}   # dense bf16 peaks, SXM parts
 BUDGET_S = {"quick": 170.0, "full": 540.0, "tiny": None}           # stop starting new work after this
@@ -131,7 +133,7 @@ def _peak_gib(device: str) -> Optional[float]:
 
 
 def _attn_name(impl: str) -> str:
-    return {"flashgen": FLASHGEN, "sdpa-math": "sdpa"}.get(impl, impl)
+    return {"flashgen": FLASHGEN, "sdpa-math": "sdpa", "sdpa-flashgen": "sdpa"}.get(impl, impl)
 
 
 def _build(kind: str, cfg_kwargs: dict, impl: str, device: str, dtype=None):
@@ -208,7 +210,14 @@ class Run:
         if self.out_of_time():
             return self.record(section, impl, label, "skipped", f"time budget of {self.budget_s:.0f} s spent", **size)
         try:
-            extra = fn()
+            if impl == "sdpa-flashgen":   # the model's SDPA calls through flashgen, and how many of them it took
+                import flashgen.sdpa
+                flashgen.sdpa.reset_stats()
+                with flashgen.sdpa.patched(devices=(self.device,)):
+                    extra = fn()
+                extra["sdpa_calls"] = flashgen.sdpa.stats()
+            else:
+                extra = fn()
             status, reason = "ok", ""
         except Exception as exc:   # noqa: BLE001 - every failure becomes a record
             status, reason, extra = "oom" if _is_oom(exc) else "error", _reason(exc), {}
@@ -481,7 +490,8 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     size.add_argument("--tiny", action="store_true", help="tiny models (CPU tests)")
     ap.add_argument("--out", default=DEFAULT_OUT, help=f"output folder (default {DEFAULT_OUT})")
     ap.add_argument("--sections", type=_csv, default=list(SECTIONS), help=f"subset of {','.join(SECTIONS)}")
-    ap.add_argument("--impls", type=_csv, default=list(IMPLS), help=f"subset of {','.join(IMPLS)}")
+    ap.add_argument("--impls", type=_csv, default=list(IMPLS),
+                    help=f"subset of {','.join(IMPLS + EXTRA_IMPLS)} (default {','.join(IMPLS)})")
     ap.add_argument("--device", choices=("auto", "cuda", "cpu"), default="auto")
     ap.add_argument("--time-budget-s", type=float, default=None,
                     help="stop starting new work after this many seconds (default: quick 170, full 540, tiny none)")
@@ -500,9 +510,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     from .report import JsonlWriter, slug
     from .runner import _git_sha, device_name
 
-    bad = [s for s in args.sections if s not in SECTIONS] + [i for i in args.impls if i not in IMPLS]
+    bad = [s for s in args.sections if s not in SECTIONS] + [i for i in args.impls if i not in IMPLS + EXTRA_IMPLS]
     if bad:
-        print(f"unknown sections/impls {bad}: sections {SECTIONS}, impls {IMPLS}", file=sys.stderr)
+        print(f"unknown sections/impls {bad}: sections {SECTIONS}, impls {IMPLS + EXTRA_IMPLS}", file=sys.stderr)
         return 2
     if args.device == "cuda" and not torch.cuda.is_available():
         print("--device cuda: no CUDA device is visible to torch", file=sys.stderr)
