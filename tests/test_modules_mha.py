@@ -360,6 +360,7 @@ def test_inner_modules_alone():
     check_fa_rule("CrossAttention", mha.CrossAttention(causal=True)(q, kv), want, naive)
 
 
+CACHE_1x8 = torch.zeros(1, 8, 2, HEADS, EMBED // HEADS)  # a layer's cache: batch 1, 8 positions
 REFUSALS = [
     (dict(num_heads_kv=3), {}, "num_heads_kv"),
     (dict(embed_dim=62), {}, "embed_dim"),
@@ -377,9 +378,12 @@ REFUSALS = [
     (dict(use_flash_attn=True, layer_idx=0), dict(inference_params=InferenceParams(8, 1, seqlen_offset=2)),
      "no cache for layer_idx 0"),
     (dict(use_flash_attn=True, layer_idx=0, dwconv=True), dict(inference_params=InferenceParams(8, 1)), "dwconv"),
+    (dict(use_flash_attn=True, layer_idx=0),  # a decode step past the cache
+     dict(inference_params=InferenceParams(8, 1, seqlen_offset=8, key_value_memory_dict={0: CACHE_1x8})),
+     r"seqlen_offset 8 \+ 4 new tokens exceed the cache's max_seqlen 8"),
     (dict(use_flash_attn=True, layer_idx=0),  # int64 lengths (flash_attn's kernel would fail on them too)
      dict(inference_params=InferenceParams(8, 1, seqlen_offset=2, lengths_per_sample=torch.tensor([2]),
-                                           key_value_memory_dict={0: torch.zeros(1, 8, 2, 4, 16)})),
+                                           key_value_memory_dict={0: CACHE_1x8})),
      "lengths_per_sample: expected an int32"),
 ]
 

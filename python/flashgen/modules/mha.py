@@ -326,6 +326,9 @@ class MHA(nn.Module):
             raise ValueError(f"inference_params.lengths_per_sample: expected an int32 (max_batch_size,) tensor on "
                              f"{q.device}, got {getattr(lengths, 'dtype', type(lengths).__name__)} "
                              f"{tuple(getattr(lengths, 'shape', ()))} on {getattr(lengths, 'device', '?')}")
+        if inference_params.seqlen_offset + q.shape[1] > cache.shape[1]:
+            raise ValueError(f"inference_params: seqlen_offset {inference_params.seqlen_offset} + {q.shape[1]} new "
+                             f"tokens exceed the cache's max_seqlen {cache.shape[1]}")
         cache_seqlens = inference_params.seqlen_offset if lengths is None else lengths[rows]
         cos = sin = None
         if rotate:
