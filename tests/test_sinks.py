@@ -112,3 +112,9 @@ def test_inference_and_autograd_paths_agree_bitwise():
     graphed = flashgen.attention_sink(out, lse, sink)
     assert graphed[0].requires_grad and not fast[0].requires_grad
     assert torch.equal(fast[0], graphed[0].detach()) and torch.equal(fast[1], graphed[1].detach())
+
+
+def test_return_lse_false_is_the_same_out():
+    out, lse, sink = torch.randn(3, 4, 16).to(torch.float16), torch.randn(4, 3), torch.randn(4)
+    assert torch.equal(flashgen.attention_sink(out, lse, sink, return_lse=False),
+                       flashgen.attention_sink(out, lse, sink)[0])

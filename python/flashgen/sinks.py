@@ -22,8 +22,9 @@ import torch
 __all__ = ["attention_sink"]
 
 
-def attention_sink(out: torch.Tensor, lse: torch.Tensor, sink: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
-    """(out', lse') of attention over the keys plus one sink logit per head, from flashgen's (out, lse) over the keys.
+def attention_sink(out: torch.Tensor, lse: torch.Tensor, sink: torch.Tensor, *, return_lse: bool = True):
+    """(out', lse') of attention over the keys plus one sink logit per head, from flashgen's (out, lse) over the keys
+    (out' alone with return_lse=False: three small kernels instead of six on a GPU, which a decode step notices).
 
     out (batch, seqlen_q, num_heads, head_dim) with lse fp32 (batch, num_heads, seqlen_q), or varlen out (total_q,
     num_heads, head_dim) with lse (num_heads, total_q); sink (num_heads,) in the scores' units (softmax_scale
@@ -46,11 +47,14 @@ def attention_sink(out: torch.Tensor, lse: torch.Tensor, sink: torch.Tensor) -> 
     t = sink.float().view(heads, 1) if varlen else sink.float().view(1, heads, 1)
     lse = lse.float()
     scale = torch.sigmoid(lse - t)                                   # Z / (Z + e^t); +inf lse (no key): 1, out is 0
-    keys = torch.where(lse == float("inf"), float("-inf"), lse)     # log Z, -inf where no key is visible
-    lse_out = torch.logaddexp(keys, t)
     scale = (scale.t() if varlen else scale.transpose(1, 2)).unsqueeze(-1)  # to out's (rows, heads, 1) order
     # One pass over out, computed in fp32 and rounded once to out's dtype (torch promotes bf16 x fp32 to fp32).
     # Outside autograd it writes out's dtype directly; inside, it goes through an fp32 product (a second pass).
     if torch.is_grad_enabled() and (out.requires_grad or sink.requires_grad or lse.requires_grad):
-        return (out * scale).to(out.dtype), lse_out
-    return torch.mul(out, scale, out=torch.empty_like(out)), lse_out
+        scaled = (out * scale).to(out.dtype)
+    else:
+        scaled = torch.mul(out, scale, out=torch.empty_like(out))
+    if not return_lse:
+        return scaled
+    keys = torch.where(lse == float("inf"), float("-inf"), lse)     # log Z, -inf where no key is visible
+    return scaled, torch.logaddexp(keys, t)

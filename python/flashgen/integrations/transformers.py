@@ -288,7 +288,7 @@ def _attend(sink: Optional[torch.Tensor], q, k, v, varlen: Optional[tuple], **kw
                                                  varlen))
     out, lse, _ = fg_interface._attention(q, k, v, alibi_slopes=None, deterministic=False, return_probs=False,
                                           version=None, **offsets, **kw)
-    return flashgen.attention_sink(out, lse, sink)[0]
+    return flashgen.attention_sink(out, lse, sink, return_lse=False)
 
 
 def attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
@@ -337,7 +337,7 @@ def attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.T
                                                    causal=causal, window_size=window, softcap=kw["softcap"],
                                                    return_softmax_lse=s_aux is not None)
             if s_aux is not None:
-                out = flashgen.attention_sink(*out, s_aux)[0]
+                out = flashgen.attention_sink(*out, s_aux, return_lse=False)
         else:
             n = int(lengths.max())
             out = _attend(s_aux, q, k[:, :n], v[:, :n], None, **kw)
