@@ -33,12 +33,14 @@ def test_imports_as_flash_attn_code_writes_them():
         from flash_attn.layers.rotary import RotaryEmbedding, apply_rotary_emb
         from flash_attn.modules.mha import MHA
         from flash_attn.utils.generation import InferenceParams
+        from flash_attn.ops.triton.rotary import apply_rotary
         from flash_attn.cute import flash_attn_func as fa4_func
         from flash_attn.cute.interface import flash_attn_varlen_func as fa4_varlen
         import flash_attn_interface
         import flash_attn.layers.rotary
         assert flash_attn_func is flashgen.flash_attn_func and flash_attn.flash_attn_func is flashgen.flash_attn_func
         assert flash_attn.layers.rotary.RotaryEmbedding is RotaryEmbedding
+        assert apply_rotary is flashgen.layers.rotary.apply_rotary
         assert flash_attn_interface.flash_attn_func is flashgen.flash_attn_3.flash_attn_func
         assert fa4_func is flashgen.flash_attn_4.flash_attn_func and fa4_varlen is flashgen.flash_attn_4.flash_attn_varlen_func
         assert flash_attn.__version__ == flashgen.compat.FLASH_ATTN_VERSION
@@ -59,7 +61,8 @@ def test_what_flashgen_does_not_provide_fails_by_name():
     out = run("""
         import flashgen.compat
         flashgen.compat.install()
-        for name in ("flash_attn.ops.fused_dense", "flash_attn.models.gpt", "flash_attn.losses.cross_entropy"):
+        for name in ("flash_attn.ops.fused_dense", "flash_attn.ops.triton.layer_norm", "flash_attn.models.gpt",
+                     "flash_attn.losses.cross_entropy"):
             try:
                 __import__(name)
             except ModuleNotFoundError as e:

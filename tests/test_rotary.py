@@ -194,3 +194,18 @@ def test_rotary_embedding_refusals():
         rotary.RotaryEmbedding(7)
     with pytest.raises(ValueError, match="max_seqlen"):
         rotary.RotaryEmbedding(8)(torch.randn(1, 4, 3, 2, 8), seqlen_offset=torch.tensor([1]))
+
+
+@pytest.mark.parametrize("interleaved", [False, True])
+def test_apply_rotary_and_its_conjugate(interleaved):
+    """flash_attn.ops.triton.rotary.apply_rotary's argument order; conjugate=True rotates by the negative angle (the
+    oracle with sin negated), so it undoes the rotation."""
+    cos, sin = rotary_tables(24, 40)
+    x = torch.randn(2, 9, 3, 40)
+    offsets = torch.tensor([3, 11])
+    got = rotary.apply_rotary(x, cos, sin, offsets, None, None, interleaved)
+    positions = (torch.arange(9).view(1, -1) + offsets.view(-1, 1))
+    close(got, naive(x, cos, sin, positions, interleaved), torch.float32)
+    back = rotary.apply_rotary(got, cos, sin, offsets, interleaved=interleaved, conjugate=True)
+    close(back, naive(got, cos, -sin, positions, interleaved), torch.float32)
+    close(back, x.double(), torch.float32)

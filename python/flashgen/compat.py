@@ -11,20 +11,24 @@ install() puts these names in sys.modules (nothing is written to disk; uninstall
 
 | imported as                                          | is                                            |
 |------------------------------------------------------|-----------------------------------------------|
-| flash_attn                                           | flashgen's flash_attn 2.x functions, and `__version__` FLASH_ATTN_VERSION (the flash_attn release whose signatures they follow: code that checks `flash_attn.__version__` before using a feature sees that release) |
+| flash_attn                                           | flashgen's flash_attn 2.x functions (1)       |
 | flash_attn.flash_attn_interface                      | flashgen.flash_attn_interface                 |
 | flash_attn.bert_padding                              | flashgen.bert_padding                         |
 | flash_attn.layers, flash_attn.layers.rotary          | flashgen.layers, flashgen.layers.rotary       |
 | flash_attn.modules, flash_attn.modules.mha           | flashgen.modules, flashgen.modules.mha        |
 | flash_attn.utils, flash_attn.utils.generation        | flashgen.utils, flashgen.utils.generation (InferenceParams) |
+| flash_attn.ops.triton.rotary                         | flashgen.layers.rotary (apply_rotary)         |
 | flash_attn.cute, flash_attn.cute.interface           | flashgen.flash_attn_4                         |
 | flash_attn_interface                                 | flashgen.flash_attn_3                         |
 
-What flashgen does not provide (flash_attn.ops' fused kernels, flash_attn.models, flash_attn.losses) still fails to
-import, by its name. `importlib.util.find_spec("flash_attn")` finds the alias; the installed-distribution metadata
-(`importlib.metadata.version("flash_attn")`, which transformers' is_flash_attn_2_available reads) does not exist, so
-such checks still say no: use flashgen.integrations.transformers there. A flash_attn already imported in the process
-is never replaced: install() raises instead.
+(1) With `__version__` = FLASH_ATTN_VERSION, the flash_attn release whose signatures flashgen's functions follow: code
+that checks `flash_attn.__version__` before using a feature sees that release.
+
+What flashgen does not provide (flash_attn.ops' other fused kernels, flash_attn.models, flash_attn.losses) still
+fails to import, by its name. `importlib.util.find_spec("flash_attn")` finds the alias; the installed-distribution
+metadata (`importlib.metadata.version("flash_attn")`, which transformers' is_flash_attn_2_available reads) does not
+exist, so such checks still say no: use flashgen.integrations.transformers there. A flash_attn already imported in
+the process is never replaced: install() raises instead.
 """
 
 from __future__ import annotations
@@ -48,6 +52,9 @@ _ALIASES = {
     "flash_attn.modules.mha": "flashgen.modules.mha",
     "flash_attn.utils": "flashgen.utils",
     "flash_attn.utils.generation": "flashgen.utils.generation",
+    "flash_attn.ops": None,           # a package of its own: only triton.rotary below is provided
+    "flash_attn.ops.triton": None,
+    "flash_attn.ops.triton.rotary": "flashgen.layers.rotary",   # apply_rotary
     "flash_attn.cute": "flashgen.flash_attn_4",
     "flash_attn.cute.interface": "flashgen.flash_attn_4",
     "flash_attn_interface": "flashgen.flash_attn_3",
@@ -57,7 +64,7 @@ _MARK = "__flashgen_alias__"  # set on the top-level module install() makes
 
 def _top_module() -> types.ModuleType:
     import flashgen
-    top = types.ModuleType("flash_attn", "flashgen's flash_attn 2.x functions under flash_attn's name (flashgen.compat)")
+    top = types.ModuleType("flash_attn", "flashgen's flash_attn 2.x functions under flash_attn's name (compat)")
     for name in flashgen.__all__:
         if name.startswith("flash_attn_"):
             setattr(top, name, getattr(flashgen, name))
@@ -67,6 +74,18 @@ def _top_module() -> types.ModuleType:
     top.__path__ = []  # a package: its submodules are the aliases in sys.modules
     setattr(top, _MARK, True)
     return top
+
+
+def _package(name: str) -> types.ModuleType:
+    """An empty package (for flash_attn.ops: its other submodules, fused kernels flashgen has not, fail by name)."""
+    module = sys.modules.get(name)
+    if module is not None and getattr(module, _MARK, False):
+        return module
+    module = types.ModuleType(name, f"{name}: only what flashgen.compat lists is provided")
+    module.__spec__ = importlib.machinery.ModuleSpec(name, None)
+    module.__path__ = []
+    setattr(module, _MARK, True)
+    return module
 
 
 def installed() -> bool:
@@ -86,12 +105,12 @@ def install() -> Dict[str, str]:
     if not installed():
         sys.modules["flash_attn"] = _top_module()
     for alias, target in _ALIASES.items():
-        module = importlib.import_module(target)
+        module = _package(alias) if target is None else importlib.import_module(target)
         sys.modules[alias] = module
         parent, _, child = alias.rpartition(".")
         if parent:  # flash_attn.layers.rotary is an attribute of flash_attn.layers, as after a real import
             setattr(sys.modules[parent], child, module)
-    return {"flash_attn": "flashgen", **_ALIASES}
+    return {"flash_attn": "flashgen", **{alias: target or "(empty package)" for alias, target in _ALIASES.items()}}
 
 
 def uninstall() -> None:

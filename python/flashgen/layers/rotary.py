@@ -96,8 +96,18 @@ def apply_rotary_emb(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, inte
     """flash_attn.layers.rotary.apply_rotary_emb: x (batch, seqlen, nheads, headdim), or (total_seqlen, nheads,
     headdim) with cu_seqlens (batch + 1,); cos, sin (seqlen_ro, rotary_dim / 2); row i of sequence b at position
     seqlen_offsets (+ [b]) + i. Returns the rotated x (x itself, written in place, with inplace=True)."""
+    return apply_rotary(x, cos, sin, seqlen_offsets, cu_seqlens, max_seqlen, interleaved, inplace)
+
+
+def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                 seqlen_offsets: Union[int, torch.Tensor] = 0, cu_seqlens: Optional[torch.Tensor] = None,
+                 max_seqlen: Optional[int] = None, interleaved: bool = False, inplace: bool = False,
+                 conjugate: bool = False) -> torch.Tensor:
+    """flash_attn.ops.triton.rotary.apply_rotary (its argument order): apply_rotary_emb, and with conjugate=True the
+    inverse rotation (sin negated: what the backward of a rotation is)."""
     interleaved = _args.as_bool("interleaved", interleaved)
     inplace = _args.as_bool("inplace", inplace)
+    conjugate = _args.as_bool("conjugate", conjugate)
     if not isinstance(seqlen_offsets, torch.Tensor):
         seqlen_offsets = _args.as_int("seqlen_offsets", seqlen_offsets)
     _check(x, cos, sin, cu_seqlens, max_seqlen, seqlen_offsets)
@@ -106,7 +116,7 @@ def apply_rotary_emb(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, inte
     safe = positions.clamp(0, cos.shape[0] - 1)
     c = torch.where(inside, cos[safe].unsqueeze(-2).float(), 1.0)  # outside the tables: cos 1, sin 0 (as flash_attn)
     s = torch.where(inside, sin[safe].unsqueeze(-2).float(), 0.0)
-    out = _rotated(x, c, s, interleaved)
+    out = _rotated(x, c, -s if conjugate else s, interleaved)
     return x.copy_(out) if inplace else out
 
 
@@ -218,5 +228,5 @@ class RotaryEmbedding(torch.nn.Module):
         return q, kv
 
 
-__all__ = ["RotaryEmbedding", "apply_rotary_emb", "apply_rotary_emb_func", "apply_rotary_emb_kv_",
+__all__ = ["RotaryEmbedding", "apply_rotary", "apply_rotary_emb", "apply_rotary_emb_func", "apply_rotary_emb_kv_",
            "apply_rotary_emb_qkv_", "rotate"]
