@@ -1,0 +1,144 @@
+#!/usr/bin/env python3
+"""Times two things session 42 added, on the device, so their notes' predictions meet numbers:
+
+1. sinks: flashgen's attention with and without flashgen.attention_sink after it (return_lse=False), at gpt-oss's
+   attention shape (64 query heads over 8 KV heads, head_dim 64, bf16): the prefill of one 8k sequence on a sliding
+   layer (window 128: (127, 0) causal) and on a full causal layer, and a decode step of 64 sequences against 4k of
+   cache (flash_attn_with_kvcache). The difference is the epilogue's price (bench/NOTES.md session 42 counted ~30 us
+   at 8k prefill against ~40 us of sliding-layer attention, and three small launches per decode step).
+2. the SDPA route: torch's F.scaled_dot_product_attention against the same call under flashgen.sdpa.patched(), causal
+   bf16, forward and forward + backward, at a long shape (2 x 32 heads x 4096, d128: what the route buys, predicted
+   ~1.6-1.9x on the H200 with v3) and a short one (1 x 8 heads x 128, d64: the wrapper's host cost).
+
+Median of eager calls (do_bench) and, for the forward-only rows, of CUDA-graph replays. Outputs checked first: the
+sink'd output against flashgen.reference with the sink, the patched SDPA against torch's. JSON lines to --out.
+--dry-run: the checks only, on the CPU backend at small sizes (runs anywhere).
+    python3 tools/time_sinks_sdpa.py [--out rows.jsonl] [--dry-run]
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import torch
+import torch.nn.functional as F
+
+import flashgen
+import flashgen.sdpa
+from flashgen import reference, testing
+
+
+def sink_calls(device: str, small: bool):
+    """{name: (plain, with_sink, check)} for the gpt-oss shapes."""
+    h, hk, d = (8, 2, 64) if small else (64, 8, 64)
+    seqlen, batch_dec, cache = (96, 3, 80) if small else (8192, 64, 4096)
+    dtype = torch.bfloat16
+    sink = torch.linspace(-1.0, 3.0, h, device=device)
+    q, k, v = (torch.randn(1, seqlen, n, d, device=device, dtype=dtype) for n in (h, hk, hk))
+    qd = torch.randn(batch_dec, 1, h, d, device=device, dtype=dtype)
+    kc, vc = (torch.randn(batch_dec, cache, hk, d, device=device, dtype=dtype) for _ in range(2))
+    lens = torch.full((batch_dec,), cache, dtype=torch.int32, device=device)
+    out = {}
+    for name, window in (("prefill_sliding", (127, 0)), ("prefill_full", (-1, -1))):
+        def plain(window=window):
+            return flashgen.flash_attn_func(q, k, v, causal=True, window_size=window, return_attn_probs=True)[:2]
+
+        def sunk(window=window, plain=plain):
+            o, lse = plain(window)
+            return flashgen.attention_sink(o, lse, sink, return_lse=False)
+
+        def check(window=window, sunk=sunk, name=name):
+            ref, _ = reference.attention_ref(q, k, v, causal=True, window_size=window, sink=sink)
+            naive, _ = reference.attention_ref(q, k, v, causal=True, window_size=window, sink=sink, dtype=dtype)
+            testing.check_fa_rule(name, sunk(window), ref, naive)
+        out[name] = (plain, sunk, check)
+
+    def dec_plain():
+        return flashgen.flash_attn_with_kvcache(qd, kc, vc, cache_seqlens=lens, causal=True, return_softmax_lse=True)
+
+    def dec_sunk():
+        return flashgen.attention_sink(*dec_plain(), sink, return_lse=False)
+
+    def dec_check():
+        ref, _ = reference.attention_ref(qd, kc, vc, causal=True, sink=sink)
+        naive, _ = reference.attention_ref(qd, kc, vc, causal=True, sink=sink, dtype=dtype)
+        testing.check_fa_rule("decode", dec_sunk(), ref, naive)
+    out["decode"] = (dec_plain, dec_sunk, dec_check)
+    return out
+
+
+def sdpa_calls(device: str, small: bool):
+    """{name: (torch's, routed, check, backward)} for the long and the short shape."""
+    shapes = {"long": (1, 4, 128, 64), "short": (1, 2, 32, 32)} if small else \
+        {"long": (2, 32, 4096, 128), "short": (1, 8, 128, 64)}
+    out = {}
+    for name, (b, h, s, d) in shapes.items():
+        q, k, v = (torch.randn(b, h, s, d, device=device, dtype=torch.bfloat16, requires_grad=True)
+                   for _ in range(3))
+        dout = torch.randn(b, h, s, d, device=device, dtype=torch.bfloat16)
+
+        def torch_fwd(q=q, k=k, v=v):
+            return flashgen.sdpa._TORCH_SDPA(q, k, v, is_causal=True)
+
+        def routed_fwd(q=q, k=k, v=v):
+            with flashgen.sdpa.patched(devices=(device,)):
+                return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+        def check(q=q, k=k, v=v, name=name, routed_fwd=routed_fwd, torch_fwd=torch_fwd):
+            flashgen.sdpa.reset_stats()
+            got = routed_fwd()
+            assert flashgen.sdpa.stats() == {"flashgen": 1}, flashgen.sdpa.stats()
+            want = flashgen.sdpa._TORCH_SDPA(q.double(), k.double(), v.double(), is_causal=True)
+            testing.check_fa_rule(f"sdpa {name}", got, want, torch_fwd())
+        out[name] = (torch_fwd, routed_fwd, check, (q, k, v, dout))
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--dry-run", action="store_true", help="CPU backend, small sizes, the checks only")
+    ap.add_argument("--out", default=None)
+    args = ap.parse_args()
+    device = "cpu" if args.dry_run else "cuda"
+    sinks, sdpa = sink_calls(device, args.dry_run), sdpa_calls(device, args.dry_run)
+    with torch.no_grad():
+        for name, (_, _, check) in sinks.items():
+            check()
+    for name, (_, _, check, _) in sdpa.items():
+        check()
+    if args.dry_run:
+        print("checks passed:", ", ".join(list(sinks) + [f"sdpa {n}" for n in sdpa]))
+        return
+    from triton.testing import do_bench
+
+    from flashgen.bench import measure
+    rows = []
+    with torch.no_grad():
+        for name, (plain, sunk, _) in sinks.items():
+            row = {"what": "sink", "shape": name, "plain_us": do_bench(plain, warmup=25, rep=100) * 1e3,
+                   "sink_us": do_bench(sunk, warmup=25, rep=100) * 1e3,
+                   "plain_graph_us": measure.graph_replay_ms(plain) * 1e3,
+                   "sink_graph_us": measure.graph_replay_ms(sunk) * 1e3}
+            rows.append(row)
+            print(f"sink {name:16s} plain {row['plain_us']:8.1f} us  +sink {row['sink_us']:8.1f} us   graphs "
+                  f"{row['plain_graph_us']:8.1f} / {row['sink_graph_us']:8.1f} us", flush=True)
+    for name, (torch_fwd, routed_fwd, _, (q, k, v, dout)) in sdpa.items():
+        def step(fwd):
+            return lambda: torch.autograd.grad(fwd(), (q, k, v), dout)
+        with torch.no_grad():
+            row = {"what": "sdpa", "shape": name, "torch_fwd_us": do_bench(torch_fwd, warmup=25, rep=100) * 1e3,
+                   "routed_fwd_us": do_bench(routed_fwd, warmup=25, rep=100) * 1e3}
+        row["torch_fwdbwd_us"] = do_bench(step(torch_fwd), warmup=10, rep=50) * 1e3
+        row["routed_fwdbwd_us"] = do_bench(step(routed_fwd), warmup=10, rep=50) * 1e3
+        rows.append(row)
+        print(f"sdpa {name:6s} fwd torch {row['torch_fwd_us']:8.1f} routed {row['routed_fwd_us']:8.1f} us ("
+              f"{row['torch_fwd_us'] / row['routed_fwd_us']:.2f}x)   fwd+bwd {row['torch_fwdbwd_us']:8.1f} / "
+              f"{row['routed_fwdbwd_us']:8.1f} us ({row['torch_fwdbwd_us'] / row['routed_fwdbwd_us']:.2f}x)",
+              flush=True)
+    if args.out:
+        from flashgen.bench import report
+        report.write_jsonl(args.out, rows)
+
+
+if __name__ == "__main__":
+    main()
