@@ -54,6 +54,11 @@ def _configs():
                                                             num_local_experts=4, num_experts_per_tok=2,
                                                             rope_parameters=dict(rope_type="default",
                                                                                  rope_theta=10000.0))),
+        # chunked attention (attention_chunk_size 3: PAD = 5 is not a multiple, so chunks start mid-way for padded
+        # rows) in layers 0-2, full attention in layer 3
+        "llama4": _eager_experts(transformers.Llama4TextConfig(**common, intermediate_size_mlp=96, head_dim=16,
+                                                               attention_chunk_size=3, num_local_experts=2,
+                                                               num_experts_per_tok=1, interleave_moe_layer_step=2)),
         "gpt2": transformers.GPT2Config(vocab_size=VOCAB, n_positions=64, n_embd=64, n_layer=2, n_head=4,
                                         attn_pdrop=0.0, embd_pdrop=0.0, resid_pdrop=0.0, bos_token_id=2,
                                         eos_token_id=1),
@@ -197,6 +202,34 @@ def test_sinks_generation_matches_eager(padding, cache):
     # the steps' logits too (a sink left out moves them by ~1e-2, not always enough to change a greedy token)
     check_fa_rule(f"padding={padding} {cache} cache: step logits", torch.stack(got.scores), torch.stack(want.scores),
                   torch.stack(naive.scores))
+
+
+@pytest.mark.parametrize("padding", [None, "left"])
+def test_chunked_attention_static_cache_matches_eager(padding):
+    """Llama 4's chunked layers with transformers' static cache (window-sized buffers for those layers): the same
+    tokens and step logits as eager."""
+    fg, eager, ref = _models("llama4")
+    ids, mask, _ = _batch(padding)
+    kw = dict(attention_mask=mask, max_new_tokens=5, do_sample=False, pad_token_id=0, cache_implementation="static",
+              return_dict_in_generate=True, output_scores=True)
+    got, naive, want = (m.generate(ids, **kw) for m in (fg, eager, ref))
+    assert torch.equal(got.sequences, naive.sequences) and torch.equal(got.sequences, want.sequences)
+    check_fa_rule(f"llama4 static padding={padding}", torch.stack(got.scores), torch.stack(want.scores),
+                  torch.stack(naive.scores))
+
+
+def test_chunked_attention_refusals():
+    """A chunked layer runs a whole prompt or one decode step: several new tokens against cached keys (a prompt
+    continued in pieces) and a padding mask with holes (they move the chunks) raise by name."""
+    chunked = transformers.masking_utils.chunked_causal_mask_function(3, torch.zeros(1, dtype=torch.long))
+    with pytest.raises(NotImplementedError, match="4 new tokens against 10 keys"):
+        fg_tf.attention_mask(1, 4, 10, q_offset=6, kv_offset=0, mask_function=chunked)
+    fg, _, _ = _models("llama4")
+    ids = _batch(None)[0]
+    holes = torch.ones(BATCH, SEQLEN, dtype=torch.long)
+    holes[0, 4] = 0
+    with torch.no_grad(), pytest.raises(NotImplementedError, match="holes"):
+        fg(ids, attention_mask=holes)
 
 
 def test_what_reaches_the_kernels(calls):

@@ -17,6 +17,8 @@ mask at all when nothing is padded, else the 2-D (batch, seqlen_k) padding mask.
 | packed sequences (position_ids restarting at 0)    | flash_attn_varlen_func, one sequence per restart           |
 | a 4-D mask equal to padding x causal/window        | the same as its 2-D padding mask                           |
 | a static cache (max_cache_len slots, some written) | flash_attn_with_kvcache over the buffers, in place         |
+| a chunked layer (Llama 4), prompt                  | flash_attn_3's attention_chunk (dense, or varlen unpadded) |
+| a chunked layer, one decode step                   | flash_attn_with_kvcache, cache_leftpad at the chunk start  |
 | any other mask                                     | NotImplementedError/ValueError naming the mask             |
 
 query/key/value arrive as (batch, num_heads, seqlen, head_dim) views and go to flashgen as (b, s, h, d) views (no
@@ -38,10 +40,14 @@ Host syncs. transformers' own flash_attention_2 path synchronizes twice per laye
 - static cache: none where transformers drops the all-ones mask (5.24: the written length stays on the device),
   one `.all()` per forward where it keeps it (5.17).
 
-The mask builder checks the mask function the model asks for: causal, bidirectional, sliding window and packed
-sequences are expressible; anything else (chunked attention, or_mask/and_mask overlays such as bidirectional image
+The mask builder checks the mask function the model asks for: causal, bidirectional, sliding window, packed
+sequences and chunked attention are expressible; anything else (or_mask/and_mask overlays such as bidirectional image
 tokens, block_sequence_ids) raises NotImplementedError naming it, where transformers' flash_attention_2 path would
-silently drop it. output_attentions=True is refused the same way. Attention sinks (gpt-oss's `s_aux`, one learnable
+silently drop it. Chunked layers (Llama 4's attention_chunk_size; transformers' flash_attention_2 refuses them past one
+chunk) count their chunks from each row's first real token, as transformers' mask does: a prompt runs as flash_attn_3's
+attention_chunk pieces, a decode step (whose window-sized cache no longer starts at position 0) over the keys of the
+query's chunk through cache_leftpad, with no host sync; several new tokens against cached keys, a padding mask with
+holes, packed sequences, dropout and sinks raise by name there. output_attentions=True is refused the same way. Attention sinks (gpt-oss's `s_aux`, one learnable
 logit per head) run through every path above: flashgen's lse of the same call and flashgen.attention_sink fold them
 in exactly, gradients to the sinks included.
 
@@ -82,6 +88,7 @@ _EXPRESSIBLE = frozenset({
     "and_masks",                               # an intersection: expressible when every part is
     "remap_positions_for_packed_sequence",     # packed sequences (transformers >= 5.2x wraps the causal mask) ...
     "packed_sequence_mask_function",           # ... and the sequence ids themselves
+    "chunked_overlay",                         # Llama 4's chunked layers (attention_chunk_size): see _Chunked
 })
 _WRAPPERS = frozenset({"and_masks", "remap_positions_for_packed_sequence", "packed_sequence_mask_function"})
 
@@ -90,6 +97,30 @@ def _maker(fn) -> str:
     """The name of a mask function, or of the function that built a closure."""
     qual = getattr(fn, "__qualname__", None) or repr(fn)
     return qual.split(".<locals>")[0]
+
+
+def _chunking(mask_function) -> Optional[Tuple[int, torch.Tensor]]:
+    """(chunk size, left padding per row) of a chunked_overlay part of `mask_function` (checked expressible by
+    _packed_ids), if it has one."""
+    name = _maker(mask_function)
+    free = inspect.getclosurevars(mask_function).nonlocals if name in _WRAPPERS | {"chunked_overlay"} else {}
+    if name == "chunked_overlay":
+        return int(free["chunk_size"]), free["left_padding"]
+    parts = free.get("mask_functions", []) if name == "and_masks" else \
+        [free["mask_function"]] if name == "remap_positions_for_packed_sequence" else []
+    return next((c for c in map(_chunking, parts) if c is not None), None)
+
+
+class _Chunked:
+    """What attention_mask() hands a chunked-attention layer (Llama 4's attention_chunk_size): its chunk size, each
+    row's left padding (the chunks start at a row's first real token, as transformers' mask counts them), the 2-D
+    padding mask of the layer's keys (or None) and the first query's position (q_offset, an int or a device tensor):
+    a decode step's window-sized cache no longer starts at position 0. attention_forward runs the prompt as
+    flash_attn_3's attention_chunk pieces and a decode step as flash_attn_with_kvcache over the keys of the query's
+    chunk (cache_leftpad)."""
+
+    def __init__(self, chunk: int, left_padding: torch.Tensor, padding: Optional[torch.Tensor], q_offset):
+        self.chunk, self.left_padding, self.padding, self.q_offset = chunk, left_padding, padding, q_offset
 
 
 def _packed_ids(mask_function) -> Optional[torch.Tensor]:
@@ -120,6 +151,10 @@ def attention_mask(batch_size: int, q_length: int, kv_length: int, q_offset: int
     if attention_mask is not None and attention_mask.dim() == 1:
         return attention_mask   # a static cache's lengths, made by this function for generate's step (see below)
     packed = _packed_ids(mask_function)
+    chunking = _chunking(mask_function)
+    if chunking is not None:
+        return _chunked_mask(chunking, packed, batch_size, q_length, kv_length, q_offset, kv_offset, mask_function,
+                             attention_mask, **kwargs)
     if packed is not None:
         if attention_mask is not None and not bool(attention_mask.all()):
             raise NotImplementedError("flashgen: packed sequences together with a padding mask are not supported; "
@@ -142,6 +177,28 @@ def attention_mask(batch_size: int, q_length: int, kv_length: int, q_offset: int
         return torch.full((batch_size,), attention_mask.shape[1], dtype=torch.int32, device=attention_mask.device)
     return masking_utils.flash_attention_mask(batch_size, q_length, kv_length, q_offset, kv_offset, mask_function,
                                               attention_mask, **kwargs)
+
+
+def _chunked_mask(chunking, packed, batch_size, q_length, kv_length, q_offset, kv_offset, mask_function,
+                  attention_mask, **kwargs) -> _Chunked:
+    """attention_mask() for a chunked layer: the prompt (all keys new, none cached before) or one decode step; the
+    other cases raise by name."""
+    what = "flashgen: chunked attention (attention_chunk_size)"
+    if packed is not None:
+        raise NotImplementedError(f"{what} with packed sequences is not supported; use attn_implementation='sdpa'")
+    if q_length not in (1, kv_length) or (q_length == kv_length and not _is_zero(kv_offset)):
+        raise NotImplementedError(f"{what} runs a whole prompt or one decode step; {q_length} new tokens against "
+                                  f"{kv_length} keys from position {kv_offset} (a prompt continued in pieces, or "
+                                  "several tokens a step) is not supported: use attn_implementation='sdpa'")
+    padding = masking_utils.flash_attention_mask(batch_size, q_length, kv_length, q_offset, kv_offset, mask_function,
+                                                 attention_mask, **kwargs)
+    return _Chunked(chunking[0], chunking[1], padding, q_offset)
+
+
+def _is_zero(x) -> bool:
+    return (not isinstance(x, torch.Tensor) and x == 0) or (isinstance(x, torch.Tensor) and
+                                                             not torch.compiler.is_compiling() and
+                                                             x.device.type == "cpu" and int(x) == 0)
 
 
 # ---- unpadding ----
@@ -291,6 +348,47 @@ def _attend(sink: Optional[torch.Tensor], q, k, v, varlen: Optional[tuple], **kw
     return flashgen.attention_sink(out, lse, sink, return_lse=False)
 
 
+def _contiguous_rows(mask: torch.Tensor) -> bool:
+    """Whether each row's real tokens are one run (left or right padding, no holes). One host sync."""
+    starts = mask.int().diff(dim=1, prepend=mask.new_zeros(mask.shape[0], 1).int()) > 0
+    return bool((starts.sum(dim=1) <= 1).all())
+
+
+def _chunked_attention(info: _Chunked, q, k, v, sink, packed_kwargs: bool, *, dropout_p, softmax_scale, causal,
+                       window_size, softcap):
+    """A chunked layer's attention (see _Chunked): keys in the query's chunk of attention_chunk_size positions only,
+    counted from each row's first real token as transformers' chunked mask counts them."""
+    from flashgen import flash_attn_3
+    what = "flashgen: chunked attention (attention_chunk_size)"
+    if dropout_p > 0.0 or packed_kwargs or sink is not None:
+        raise NotImplementedError(f"{what} with attention dropout, cu_seq_lens kwargs or sinks is not supported; use "
+                                  "attn_implementation='sdpa' or 'eager'")
+    batch, seqlen_q = q.shape[:2]
+    seqlen_k = k.shape[1]
+    common = dict(softmax_scale=softmax_scale, causal=causal, window_size=window_size, softcap=softcap)
+    mask = info.padding
+    if mask is not None and not _CACHE.get(mask, ("contiguous",), lambda: _contiguous_rows(mask)):
+        raise NotImplementedError(f"{what}: a padding mask with holes (real tokens in more than one run per row) moves "
+                                  "the chunks; use attn_implementation='sdpa' or 'eager'")
+    if seqlen_q == 1 and seqlen_k > 1:
+        # One decode step: the query at position p sees the keys of its chunk, which starts at row b's first real
+        # token lp_b plus a multiple of the chunk: the last (p - lp_b) mod chunk + 1 keys of the cache, which ends at
+        # the query (any padding lies before them). cache_leftpad skips the rest, no sync.
+        pos = info.q_offset.reshape(-1)[:1] if isinstance(info.q_offset, torch.Tensor) else info.q_offset
+        lp = info.left_padding.to(device=q.device, dtype=torch.int64).reshape(-1)
+        behind = torch.remainder(pos - lp, info.chunk)
+        first = (seqlen_k - 1 - behind).clamp_min(0).to(torch.int32).expand(batch).contiguous()
+        lengths = torch.full((batch,), seqlen_k, dtype=torch.int32, device=q.device)
+        return flashgen.flash_attn_with_kvcache(q, k, v, cache_seqlens=lengths, cache_leftpad=first, **common)
+    if mask is None:
+        return flash_attn_3.flash_attn_func(q, k, v, attention_chunk=info.chunk, **common)
+    rows_q, cu_seqlens_q, rows_k, cu_seqlens_k = _CACHE.get(mask, ("pad", seqlen_q), lambda: unpad_data(mask, seqlen_q))
+    out = flash_attn_3.flash_attn_varlen_func(_gather(q, rows_q), _gather(k, rows_k), _gather(v, rows_k),
+                                              cu_seqlens_q, cu_seqlens_k, seqlen_q, mask.shape[1],
+                                              attention_chunk=info.chunk, **common)
+    return _scatter(out, rows_q, batch, seqlen_q)
+
+
 def attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                       attention_mask: Optional[torch.Tensor], dropout: float = 0.0, scaling: Optional[float] = None,
                       sliding_window: Optional[int] = None, softcap: Optional[float] = None,
@@ -314,6 +412,9 @@ def attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.T
         q, k, v = q.to(dtype), k.to(dtype), v.to(dtype)
 
     cu_q, cu_k = kwargs.get("cu_seq_lens_q"), kwargs.get("cu_seq_lens_k")
+    if isinstance(attention_mask, _Chunked):
+        out = _chunked_attention(attention_mask, q, k, v, s_aux, cu_q is not None, **kw)
+        return (out[..., :v_head_dim] if v_head_dim != head_dim else out), None
     if attention_mask is not None and attention_mask.dim() == 4:
         attention_mask = _CACHE.get(attention_mask, ("4d", seqlen_q, k.shape[1], causal, window),
                                     lambda: _padding_from_4d(attention_mask, seqlen_q, k.shape[1], causal, window))
