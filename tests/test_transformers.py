@@ -224,6 +224,8 @@ def test_chunked_attention_refusals():
     chunked = transformers.masking_utils.chunked_causal_mask_function(3, torch.zeros(1, dtype=torch.long))
     with pytest.raises(NotImplementedError, match="4 new tokens against 10 keys"):
         fg_tf.attention_mask(1, 4, 10, q_offset=6, kv_offset=0, mask_function=chunked)
+    with pytest.raises(NotImplementedError, match="4 new tokens against 4 keys from position 5"):  # a window's keys
+        fg_tf.attention_mask(1, 4, 4, q_offset=torch.tensor([5]), kv_offset=torch.tensor(5), mask_function=chunked)
     fg, _, _ = _models("llama4")
     ids = _batch(None)[0]
     holes = torch.ones(BATCH, SEQLEN, dtype=torch.long)

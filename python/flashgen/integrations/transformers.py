@@ -186,7 +186,9 @@ def _chunked_mask(chunking, packed, batch_size, q_length, kv_length, q_offset, k
     what = "flashgen: chunked attention (attention_chunk_size)"
     if packed is not None:
         raise NotImplementedError(f"{what} with packed sequences is not supported; use attn_implementation='sdpa'")
-    if q_length not in (1, kv_length) or (q_length == kv_length and not _is_zero(kv_offset)):
+    # A prompt's chunks are counted from key 0: its keys must start at position 0 (read from a device tensor where a
+    # static cache gives one: one host sync per forward, on the prompt only)
+    if q_length not in (1, kv_length) or (q_length == kv_length and (_position(kv_offset) or _position(q_offset))):
         raise NotImplementedError(f"{what} runs a whole prompt or one decode step; {q_length} new tokens against "
                                   f"{kv_length} keys from position {kv_offset} (a prompt continued in pieces, or "
                                   "several tokens a step) is not supported: use attn_implementation='sdpa'")
@@ -195,10 +197,8 @@ def _chunked_mask(chunking, packed, batch_size, q_length, kv_length, q_offset, k
     return _Chunked(chunking[0], chunking[1], padding, q_offset)
 
 
-def _is_zero(x) -> bool:
-    return (not isinstance(x, torch.Tensor) and x == 0) or (isinstance(x, torch.Tensor) and
-                                                             not torch.compiler.is_compiling() and
-                                                             x.device.type == "cpu" and int(x) == 0)
+def _position(x) -> int:
+    return int(x.reshape(-1)[0]) if isinstance(x, torch.Tensor) else int(x)
 
 
 # ---- unpadding ----
