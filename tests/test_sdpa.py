@@ -184,3 +184,18 @@ def test_autocast_casts_as_sdpa_does(on_cpu):
     qb, kb = q.to(torch.bfloat16), k.to(torch.bfloat16)
     testing.check_fa_rule("autocast", out, sdpa_ref(qb, kb, v, is_causal=True),
                           sdpa_ref(qb, kb, v, is_causal=True, dtype=torch.bfloat16))
+
+
+def test_torch_multihead_attention_under_the_patch(on_cpu):
+    """torch's own nn.MultiheadAttention (training mode, need_weights=False: F.multi_head_attention_forward calls
+    SDPA) and a causal nn.TransformerEncoderLayer run their attention on flashgen; against float64 torch."""
+    torch.manual_seed(0)
+    layer = torch.nn.TransformerEncoderLayer(64, 4, dim_feedforward=96, dropout=0.0, batch_first=True)
+    x = torch.randn(2, 21, 64)
+    mask = torch.nn.Transformer.generate_square_subsequent_mask(21)
+    got = layer(x, src_mask=mask, is_causal=True)
+    assert fsdpa.stats() == {"flashgen": 1}, fsdpa.stats()
+    with fsdpa.patched(devices=()):  # torch's own SDPA for the references
+        want = copy.deepcopy(layer).double()(x.double(), src_mask=mask.double(), is_causal=True)
+        naive = layer(x, src_mask=mask, is_causal=True)
+    testing.check_fa_rule("TransformerEncoderLayer", got, want, naive)
