@@ -5,7 +5,9 @@
    attention shape (64 query heads over 8 KV heads, head_dim 64, bf16): the prefill of one 8k sequence on a sliding
    layer (window 128: (127, 0) causal) and on a full causal layer, and a decode step of 64 sequences against 4k of
    cache (flash_attn_with_kvcache). The difference is the epilogue's price (bench/NOTES.md session 42 counted ~30 us
-   at 8k prefill against ~40 us of sliding-layer attention, and three small launches per decode step).
+   at 8k prefill against ~40 us of sliding-layer attention, and three small launches per decode step), and, where
+   FlashAttention-4's wheels were carried (flash_attn.cute), its learnable_sink at the same shapes: the peer that
+   computes the sink in the kernel.
 2. the SDPA route: torch's F.scaled_dot_product_attention against the same call under flashgen.sdpa.patched(), causal
    bf16, forward and forward + backward, at a long shape (2 x 32 heads x 4096, d128: what the route buys, predicted
    ~1.6-1.9x on the H200 with v3) and a short one (1 x 8 heads x 128, d64: the wrapper's host cost).
@@ -67,6 +69,30 @@ def sink_calls(device: str, small: bool):
     return out
 
 
+def fa4_calls(device: str):
+    """FlashAttention-4 (flash_attn.cute, where its wheels were carried) with its learnable_sink at the same shapes:
+    the peer that computes sinks in the kernel. {} where it does not import."""
+    try:
+        import flash_attn.cute as cute
+    except Exception:   # noqa: BLE001 - the peer is optional
+        return {}
+    h, hk, d, seqlen, batch_dec, cache = 64, 8, 64, 8192, 64, 4096
+    dtype = torch.bfloat16
+    sink = torch.linspace(-1.0, 3.0, h, device=device)
+    q, k, v = (torch.randn(1, seqlen, n, d, device=device, dtype=dtype) for n in (h, hk, hk))
+    qd = torch.randn(batch_dec, h, d, device=device, dtype=dtype)
+    kc, vc = (torch.randn(batch_dec, cache, hk, d, device=device, dtype=dtype) for _ in range(2))
+    lens = torch.full((batch_dec,), cache, dtype=torch.int32, device=device)
+    cu = torch.arange(batch_dec + 1, dtype=torch.int32, device=device)
+    return {
+        "prefill_sliding": lambda: cute.flash_attn_func(q, k, v, causal=True, window_size=(127, 0),
+                                                        learnable_sink=sink),
+        "prefill_full": lambda: cute.flash_attn_func(q, k, v, causal=True, learnable_sink=sink),
+        "decode": lambda: cute.flash_attn_varlen_func(qd, kc, vc, cu_seqlens_q=cu, seqused_k=lens, max_seqlen_q=1,
+                                                      causal=True, learnable_sink=sink),
+    }
+
+
 def sdpa_calls(device: str, small: bool):
     """{name: (torch's, routed, check, backward)} for the long and the short shape."""
     shapes = {"long": (1, 4, 128, 64), "short": (1, 2, 32, 32)} if small else \
@@ -113,15 +139,23 @@ def main() -> None:
 
     from flashgen.bench import measure
     rows = []
+    peers = fa4_calls(device)
     with torch.no_grad():
         for name, (plain, sunk, _) in sinks.items():
             row = {"what": "sink", "shape": name, "plain_us": do_bench(plain, warmup=25, rep=100) * 1e3,
                    "sink_us": do_bench(sunk, warmup=25, rep=100) * 1e3,
                    "plain_graph_us": measure.graph_replay_ms(plain) * 1e3,
                    "sink_graph_us": measure.graph_replay_ms(sunk) * 1e3}
+            fa4 = peers.get(name)
+            if fa4 is not None:
+                try:
+                    row["fa4_sink_us"] = do_bench(fa4, warmup=25, rep=100) * 1e3
+                except Exception as exc:   # noqa: BLE001 - an API it does not have is a note, not a failure
+                    row["fa4_error"] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}"
             rows.append(row)
             print(f"sink {name:16s} plain {row['plain_us']:8.1f} us  +sink {row['sink_us']:8.1f} us   graphs "
-                  f"{row['plain_graph_us']:8.1f} / {row['sink_graph_us']:8.1f} us", flush=True)
+                  f"{row['plain_graph_us']:8.1f} / {row['sink_graph_us']:8.1f} us   fa4+sink "
+                  f"{row.get('fa4_sink_us', float('nan')):8.1f} us {row.get('fa4_error', '')}", flush=True)
     for name, (torch_fwd, routed_fwd, _, (q, k, v, dout)) in sdpa.items():
         def step(fwd):
             return lambda: torch.autograd.grad(fwd(), (q, k, v), dout)
