@@ -42,7 +42,8 @@ def test_imports_as_flash_attn_code_writes_them():
         assert flash_attn.layers.rotary.RotaryEmbedding is RotaryEmbedding
         assert apply_rotary is flashgen.layers.rotary.apply_rotary
         assert flash_attn_interface.flash_attn_func is flashgen.flash_attn_3.flash_attn_func
-        assert fa4_func is flashgen.flash_attn_4.flash_attn_func and fa4_varlen is flashgen.flash_attn_4.flash_attn_varlen_func
+        assert fa4_func is flashgen.flash_attn_4.flash_attn_func
+        assert fa4_varlen is flashgen.flash_attn_4.flash_attn_varlen_func
         assert flash_attn.__version__ == flashgen.compat.FLASH_ATTN_VERSION
         assert importlib.util.find_spec("flash_attn") is not None
         q = torch.randn(1, 5, 2, 16)

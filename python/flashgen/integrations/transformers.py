@@ -40,16 +40,17 @@ Host syncs. transformers' own flash_attention_2 path synchronizes twice per laye
 - static cache: none where transformers drops the all-ones mask (5.24: the written length stays on the device),
   one `.all()` per forward where it keeps it (5.17).
 
-The mask builder checks the mask function the model asks for: causal, bidirectional, sliding window, packed
-sequences and chunked attention are expressible; anything else (or_mask/and_mask overlays such as bidirectional image
-tokens, block_sequence_ids) raises NotImplementedError naming it, where transformers' flash_attention_2 path would
-silently drop it. Chunked layers (Llama 4's attention_chunk_size; transformers' flash_attention_2 refuses them past one
-chunk) count their chunks from each row's first real token, as transformers' mask does: a prompt runs as flash_attn_3's
+The mask builder checks the mask function the model asks for: causal, bidirectional, sliding window, packed sequences
+and chunked attention are expressible; anything else (or_mask/and_mask overlays such as bidirectional image tokens,
+block_sequence_ids) raises NotImplementedError naming it, where transformers' flash_attention_2 path would silently
+drop it. Chunked layers (Llama 4's attention_chunk_size; transformers' flash_attention_2 refuses them past one chunk)
+count their chunks from each row's first real token, as transformers' mask does: a prompt runs as flash_attn_3's
 attention_chunk pieces, a decode step (whose window-sized cache no longer starts at position 0) over the keys of the
 query's chunk through cache_leftpad, with no host sync; several new tokens against cached keys, a padding mask with
-holes, packed sequences, dropout and sinks raise by name there. output_attentions=True is refused the same way. Attention sinks (gpt-oss's `s_aux`, one learnable
-logit per head) run through every path above: flashgen's lse of the same call and flashgen.attention_sink fold them
-in exactly, gradients to the sinks included.
+holes, packed sequences, dropout and sinks raise by name there. output_attentions=True is refused the same way.
+Attention sinks (gpt-oss's `s_aux`, one learnable logit per head) run through every path above but the chunked
+layers': flashgen's lse of the same call and flashgen.attention_sink fold them in exactly, gradients to the sinks
+included.
 
 Name: "FlashGen", capitalised, because transformers 5.x takes any name containing the lower-case "flash" for a
 flash-attn kernel to load (see NAME below). So transformers does not treat it as a flash-attention flavour: its
