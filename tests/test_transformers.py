@@ -365,3 +365,26 @@ def test_register_is_idempotent_and_named():
     fg.set_attn_implementation("eager")
     fg.set_attn_implementation(fg_tf.NAME)
     assert fg.config._attn_implementation == fg_tf.NAME
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+@pytest.mark.parametrize("padding", [None, "left"])
+@pytest.mark.parametrize("family", ["llama", "gpt_oss", "llama4"])
+def test_forward_in_the_kernels_dtype(family, padding, device):
+    """The models in the kernels' dtype (bf16 on a GPU, auto's generation: v3 on sm_90; fp32 on the CPU backend):
+    logits at real tokens against float64 eager on the CPU, one row at a time on its real tokens, by the FlashAttention
+    rule with eager in the same dtype and device as the naive run (dense, varlen, sinks and chunked paths)."""
+    if device == "cuda" and not torch.cuda.is_available():
+        pytest.skip("no CUDA device")
+    dtype = torch.bfloat16 if device == "cuda" else torch.float32
+    fg, eager, ref = _models(family)
+    fg, eager = fg.to(device, dtype), eager.to(device, dtype)
+    ids, mask, real = _batch(padding)
+    kw = dict(attention_mask=None if mask is None else mask.to(device),
+              position_ids=POSITIONS.expand(BATCH, -1).to(device))
+    with torch.no_grad():
+        got = fg(ids.to(device), **kw).logits.float().cpu()
+        naive = eager(ids.to(device), **kw).logits.float().cpu()
+        want = torch.cat([ref(ids[b:b + 1, real[b]], position_ids=POSITIONS[real[b]].view(1, -1)).logits[0]
+                          for b in range(BATCH)])
+    check_fa_rule(f"{family} padding={padding} {device} {dtype}", got[real], want, naive[real])
