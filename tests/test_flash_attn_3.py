@@ -597,7 +597,9 @@ REFUSED = [
     ("return_attn_probs", lambda q: fa3.flash_attn_func(q, q, q, return_attn_probs=2), TypeError),
     ("cu_seqlens_k_new", lambda q: fa3.flash_attn_with_kvcache(q, q, q, q, q, cache_seqlens=0, cu_seqlens_k_new=CU),
      NotImplementedError),
-    ("rotary_seqlens", lambda q: fa3.flash_attn_with_kvcache(q, q, q, rotary_seqlens=CU), NotImplementedError),
+    ("rotary_seqlens", lambda q: fa3.flash_attn_with_kvcache(q, q, q, q[:, :1], q[:, :1], rotary_cos=COS,
+                                                             rotary_sin=COS, cache_seqlens=2, rotary_seqlens=AT_6),
+     ValueError),
     ("k_descale", lambda q: fa3.flash_attn_with_kvcache(q, q, q, k_descale=torch.ones(1, 2)), NotImplementedError),
     ("num_heads_q", lambda q: fa3.flash_attn_qkvpacked_func(torch.randn(1, 8, 6, 16, dtype=DTYPE)), ValueError),
     ("num_heads_q", lambda q: fa3.flash_attn_qkvpacked_func(torch.randn(1, 8, 6, 16, dtype=DTYPE), num_heads_q=3),
@@ -605,6 +607,8 @@ REFUSED = [
     ("qkv", lambda q: fa3.flash_attn_qkvpacked_func(torch.randn(1, 8, 2, 2, 16, dtype=DTYPE)), ValueError),
 ]
 CU = torch.tensor([0, 8], dtype=torch.int32)
+COS = torch.ones(6, 4, dtype=DTYPE)  # 6 rotary positions: rotary_seqlens 6 is past them
+AT_6 = torch.tensor([6], dtype=torch.int32)
 
 
 @pytest.mark.parametrize("name,call,error", REFUSED, ids=[f"{r[0]}-{i}" for i, r in enumerate(REFUSED)])
@@ -728,3 +732,37 @@ METADATA_REFUSED = [
 def test_scheduler_metadata_refusals_name_the_argument(name, call, error):
     with pytest.raises(error, match=name):
         call()
+
+
+@pytest.mark.parametrize("causal", [True, False])
+def test_kvcache_rotary_seqlens(causal):
+    """FA3's rotary_seqlens: appended keys rotated at rotary_seqlens[b] + j and queries at rotary_seqlens[b] (+ i
+    with causal) instead of from cache_seqlens. Equal to cache_seqlens it is the plain call, bit for bit; elsewhere the
+    call equals q and k rotated there first (flash_attn.layers.rotary's apply_rotary_emb with those offsets) and
+    appended without rotary."""
+    from flashgen.layers.rotary import apply_rotary_emb
+    from flashgen.nn import rotary_tables
+    gen = torch.Generator().manual_seed(5)
+    b, cap, h, hk, d, new = 3, 40, 4, 2, 32, 3
+    q = torch.randn(b, new, h, d, generator=gen).to(DTYPE)
+    k, v = (torch.randn(b, new, hk, d, generator=gen).to(DTYPE) for _ in range(2))
+    cache = [torch.randn(b, cap, hk, d, generator=gen).to(DTYPE) for _ in range(2)]
+    cos, sin = (t.to(DTYPE) for t in rotary_tables(16, 64))
+    seqlens = torch.tensor([5, 0, 17], dtype=torch.int32)
+    kw = dict(rotary_cos=cos, rotary_sin=sin, cache_seqlens=seqlens, causal=causal, rotary_interleaved=False)
+
+    def run(q_, k_, **extra):
+        kc, vc = (c.clone() for c in cache)
+        return fa3.flash_attn_with_kvcache(q_, kc, vc, k_, v, **{**kw, **extra}), kc
+
+    plain, plain_kc = run(q, k)
+    same, same_kc = run(q, k, rotary_seqlens=seqlens.clone())
+    assert torch.equal(plain, same) and torch.equal(plain_kc, same_kc)
+    starts = seqlens + torch.tensor([7, 30, 2], dtype=torch.int32)
+    got, got_kc = run(q, k, rotary_seqlens=starts)
+    q_rot = apply_rotary_emb(q, cos, sin, seqlen_offsets=starts) if causal else \
+        torch.stack([apply_rotary_emb(q[:, i:i + 1], cos, sin, seqlen_offsets=starts)[:, 0] for i in range(new)], 1)
+    k_rot = apply_rotary_emb(k, cos, sin, seqlen_offsets=starts)
+    want, want_kc = run(q_rot, k_rot, rotary_cos=None, rotary_sin=None)
+    assert torch.equal(got, want) and torch.equal(got_kc, want_kc)
+    assert not torch.equal(got, plain)

@@ -10,7 +10,8 @@ arguments that tune FA3's own schedule (`num_splits` of the non-cache calls, `pa
 `scheduler_metadata`) are checked and leave the result as it is; flashgen picks its schedule itself (`num_splits`
 bounds the KV cache's split-KV plan, as in flash_attn 2.x). What flashgen has no kernel for raises
 NotImplementedError naming the argument: `qv`, and on the KV cache `attention_chunk` other than 0, new keys stacked
-by sequence (`cu_seqlens_k_new` with `k`), appending with varlen queries, `rotary_seqlens` and FP8 descales. The
+by sequence (`cu_seqlens_k_new` with `k`), appending with varlen queries and FP8 descales. `rotary_seqlens` (the
+rotary positions of appended keys and of the queries, instead of cache_seqlens) rotates them before the call. The
 varlen call's `seqused_q` / `seqused_k` (the rows of each sequence's segment that are used) and `attention_chunk`
 (keys in the query's chunk only) run as more stacked sequences, forward and backward; the KV cache's varlen queries
 (`cu_seqlens_q`) as a paged varlen call.
@@ -27,6 +28,7 @@ import torch
 
 from . import _args, validate
 from . import interface as _fa2
+from .layers.rotary import rotate
 
 
 def _check_tuning(num_splits, pack_gqa, sm_margin) -> None:
@@ -241,7 +243,7 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, qv=None, rotary
     [cache_leftpad[b], cache_seqlens[b]) (interface._varlen_kvcache); new k / v and rotary with them are refused there,
     and cu_seqlens_k_new is read with k only (FA3 ignores it without). Returns out, or (out, softmax_lse) with
     return_softmax_lse ((num_heads, total_q) with cu_seqlens_q)."""
-    _refuse(qv, rotary_seqlens=rotary_seqlens, q_descale=q_descale, k_descale=k_descale, v_descale=v_descale)
+    _refuse(qv, q_descale=q_descale, k_descale=k_descale, v_descale=v_descale)
     if _chunk_size(attention_chunk):
         raise NotImplementedError("attention_chunk: chunked attention over a KV cache has no flashgen path; pass "
                                   "attention_chunk=0 (flash_attn_func / flash_attn_varlen_func take it)")
@@ -261,10 +263,37 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, qv=None, rotary
                                     return_softmax_lse, _args.as_int("num_splits", num_splits), version=version)
     del max_seqlen_q  # FA3 reads it with cu_seqlens_q only
     _check_tuning(0, pack_gqa, sm_margin)
+    if rotary_seqlens is not None and rotary_cos is not None and all(
+            isinstance(t, torch.Tensor) and t.dim() == 4 for t in (q, k)):  # else the call below names what is wrong
+        q, k = _rotate_from(rotary_seqlens, q, k, rotary_cos, rotary_sin, rotary_interleaved, causal, window_size)
+        rotary_cos = rotary_sin = None
     return _fa2.flash_attn_with_kvcache(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens,
                                         cache_batch_idx, cache_leftpad, page_table, softmax_scale, causal,
                                         window_size, softcap, rotary_interleaved, None, num_splits,
                                         return_softmax_lse, version=version)
+
+
+def _rotate_from(rotary_seqlens, q, k, rotary_cos, rotary_sin, interleaved, causal, window_size):
+    """FA3's rotary_seqlens: the appended keys rotated at positions rotary_seqlens[b] + j and the queries at
+    rotary_seqlens[b] (+ i when causal or local) instead of from cache_seqlens (FA3 reads it only when appending).
+    Positions past the tables: refused by name where the values are readable, clamped into them on a device."""
+    validate.check_index("rotary_seqlens", rotary_seqlens, q, q.shape[0])
+    validate.check_rotary(rotary_cos, rotary_sin, q, k, 0)
+    seqlen_q, seqlen_new = q.shape[1], k.shape[1]
+    local = _args.as_bool("causal", causal) or tuple(_args.as_pair("window_size", window_size, "(left, right) ints, "
+                                                                   "-1 = unbounded")) != (-1, -1)
+    rows_q = seqlen_q if local else 1
+    if validate.indices_readable(rotary_seqlens) and rotary_seqlens.numel():
+        lowest, last = int(rotary_seqlens.min()), int(rotary_seqlens.max()) + max(rows_q, seqlen_new) - 1
+        if lowest < 0 or last >= rotary_cos.shape[0]:
+            raise ValueError(f"rotary_seqlens: positions from {lowest} to {last} must be rows of rotary_cos (it has "
+                             f"{rotary_cos.shape[0]})")
+    start = rotary_seqlens.long().view(-1, 1)
+    table = rotary_cos.shape[0] - 1
+    q_pos = (start + torch.arange(seqlen_q, device=q.device)) if local else start.expand(-1, seqlen_q)
+    k_pos = start + torch.arange(seqlen_new, device=q.device)
+    return (rotate(q, rotary_cos, rotary_sin, q_pos.clamp(0, table), interleaved),
+            rotate(k, rotary_cos, rotary_sin, k_pos.clamp(0, table), interleaved))
 
 
 COMBINE_MAX_SPLITS = 256  # FA3's limit on num_splits (hopper/flash_api.cpp mha_combine)
