@@ -715,8 +715,8 @@ def test_scheduler_metadata_is_accepted_and_changes_nothing():
 SEQLENS = torch.tensor([3], dtype=torch.int32)
 METADATA_REFUSED = [
     ("headdim_v", lambda: fa3.get_scheduler_metadata(1, 1, 8, 2, 2, 64, SEQLENS, headdim_v=128), NotImplementedError),
-    ("attention_chunk", lambda: fa3.get_scheduler_metadata(1, 1, 8, 2, 2, 64, SEQLENS, attention_chunk=4),
-     NotImplementedError),
+    ("attention_chunk", lambda: fa3.get_scheduler_metadata(1, 1, 8, 2, 2, 64, SEQLENS, attention_chunk=-4),
+     ValueError),
     ("batch_size", lambda: fa3.get_scheduler_metadata(-1, 1, 8, 2, 2, 64, SEQLENS), ValueError),
     ("max_seqlen_k", lambda: fa3.get_scheduler_metadata(1, 1, 2.5, 2, 2, 64, SEQLENS), TypeError),
     ("cache_seqlens", lambda: fa3.get_scheduler_metadata(1, 1, 8, 2, 2, 64, [3]), TypeError),
@@ -766,3 +766,39 @@ def test_kvcache_rotary_seqlens(causal):
     want, want_kc = run(q_rot, k_rot, rotary_cos=None, rotary_sin=None)
     assert torch.equal(got, want) and torch.equal(got_kc, want_kc)
     assert not torch.equal(got, plain)
+
+
+@pytest.mark.parametrize("route", ["dense-append", "varlen-paged"])
+def test_kvcache_attention_chunk_decode(route):
+    """attention_chunk on the KV cache for decode steps: each sequence's query sees the keys of its last key's chunk,
+    counted from its first key (cache_leftpad), as the oracle's chunk mask over rows [cache_leftpad, cache_seqlens)."""
+    gen = torch.Generator().manual_seed(9)
+    b, cap, h, hk, d, chunk = 4, 64, 4, 2, 32, 8
+    lens = torch.tensor([0, 9, 37, 63], dtype=torch.int32)
+    pads = torch.tensor([0, 3, 5, 0], dtype=torch.int32)
+    q = torch.randn(b, 1, h, d, generator=gen).to(DTYPE)
+    kc, vc = (torch.randn(b, cap, hk, d, generator=gen).to(DTYPE) for _ in range(2))
+    kw = dict(causal=True, attention_chunk=chunk, return_softmax_lse=True)
+    if route == "dense-append":
+        k, v = (torch.randn(b, 1, hk, d, generator=gen).to(DTYPE) for _ in range(2))
+        out, lse = fa3.flash_attn_with_kvcache(q, kc, vc, k, v, cache_seqlens=lens, cache_leftpad=pads, **kw)
+        used = lens + 1
+        keys, values = kc, vc  # appended in place
+    else:
+        page = 16
+        table = torch.randperm(b * cap // page, generator=gen).view(b, cap // page).to(torch.int32)
+        pages_k, pages_v = (torch.empty(b * cap // page, page, hk, d, dtype=DTYPE) for _ in range(2))
+        for src, dst in ((kc, pages_k), (vc, pages_v)):
+            dst[table.flatten().long()] = src.reshape(b * cap // page, page, hk, d)
+        cu = torch.arange(b + 1, dtype=torch.int32)
+        out, lse = fa3.flash_attn_with_kvcache(q[:, 0], pages_k, pages_v, cache_seqlens=lens, cache_leftpad=pads,
+                                               page_table=table, cu_seqlens_q=cu, max_seqlen_q=1, **kw)
+        out, lse = out[:, None], lse.t()[:, :, None]
+        used, keys, values = lens, kc, vc
+    ref_kw = dict(causal=True, attention_chunk=chunk, seqused_k=used, cache_leftpad=pads)
+    ref, ref_lse = reference.attention_ref(q, keys, values, **ref_kw)
+    naive, _ = reference.attention_ref(q, keys, values, dtype=DTYPE, **ref_kw)
+    testing.check_fa_rule(route, out, ref, naive)
+    finite = torch.isfinite(ref_lse)
+    assert torch.equal(torch.isfinite(lse), finite)
+    assert torch.allclose(lse[finite].double(), ref_lse[finite], atol=1e-4, rtol=1e-4)

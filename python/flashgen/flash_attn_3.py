@@ -9,8 +9,9 @@ takes FA3's `q_descale` / `k_descale` / `v_descale` ((batch, num_heads_k) fp32; 
 arguments that tune FA3's own schedule (`num_splits` of the non-cache calls, `pack_gqa`, `sm_margin`,
 `scheduler_metadata`) are checked and leave the result as it is; flashgen picks its schedule itself (`num_splits`
 bounds the KV cache's split-KV plan, as in flash_attn 2.x). What flashgen has no kernel for raises
-NotImplementedError naming the argument: `qv`, and on the KV cache `attention_chunk` other than 0, new keys stacked
-by sequence (`cu_seqlens_k_new` with `k`), appending with varlen queries and FP8 descales. `rotary_seqlens` (the
+NotImplementedError naming the argument: `qv`, and on the KV cache `attention_chunk` with more than one query per
+sequence (decode steps take it), new keys stacked by sequence (`cu_seqlens_k_new` with `k`), appending with varlen
+queries and FP8 descales. `rotary_seqlens` (the
 rotary positions of appended keys and of the queries, instead of cache_seqlens) rotates them before the call. The
 varlen call's `seqused_q` / `seqused_k` (the rows of each sequence's segment that are used) and `attention_chunk`
 (keys in the query's chunk only) run as more stacked sequences, forward and backward; the KV cache's varlen queries
@@ -241,12 +242,14 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, qv=None, rotary
     cache_seqlens first; inference only. With cu_seqlens_q (and max_seqlen_q), q is (total_q, num_heads, head_dim)
     stacked by sequence, as SGLang's FA3 backend calls it: sequence b's queries against its cache rows
     [cache_leftpad[b], cache_seqlens[b]) (interface._varlen_kvcache); new k / v and rotary with them are refused there,
-    and cu_seqlens_k_new is read with k only (FA3 ignores it without). Returns out, or (out, softmax_lse) with
-    return_softmax_lse ((num_heads, total_q) with cu_seqlens_q)."""
+    and cu_seqlens_k_new is read with k only (FA3 ignores it without). attention_chunk on decode steps (one query
+    per sequence) moves cache_leftpad to the start of the query's chunk (_chunk_start). Returns out, or (out,
+    softmax_lse) with return_softmax_lse ((num_heads, total_q) with cu_seqlens_q)."""
     _refuse(qv, q_descale=q_descale, k_descale=k_descale, v_descale=v_descale)
-    if _chunk_size(attention_chunk):
-        raise NotImplementedError("attention_chunk: chunked attention over a KV cache has no flashgen path; pass "
-                                  "attention_chunk=0 (flash_attn_func / flash_attn_varlen_func take it)")
+    chunk = _chunk_size(attention_chunk)
+    if chunk:
+        cache_leftpad = _chunk_start(chunk, q, k_cache, k, cache_seqlens, cache_leftpad, page_table, cu_seqlens_q,
+                                     max_seqlen_q)
     del scheduler_metadata  # a schedule; flashgen plans its own
     if k is not None and cu_seqlens_k_new is not None:
         raise NotImplementedError("cu_seqlens_k_new: new keys stacked by sequence have no flashgen path; pass k / v "
@@ -271,6 +274,34 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, qv=None, rotary
                                         cache_batch_idx, cache_leftpad, page_table, softmax_scale, causal,
                                         window_size, softcap, rotary_interleaved, None, num_splits,
                                         return_softmax_lse, version=version)
+
+
+def _chunk_start(chunk, q, k_cache, k, cache_seqlens, cache_leftpad, page_table, cu_seqlens_q, max_seqlen_q):
+    """attention_chunk on the KV cache, for decode steps: each sequence's one query is its last key (bottom-right), so
+    its chunk is that key's, counted from the sequence's first key (cache_leftpad, as FA3 counts it): the call's
+    cache_leftpad moved to the chunk's start (torch ops, no sync). Several queries a sequence would span chunks: refused
+    by name (flash_attn_func / flash_attn_varlen_func take attention_chunk with any number)."""
+    if not all(isinstance(t, torch.Tensor) for t in (q, k_cache)) or \
+            not (cache_leftpad is None or isinstance(cache_leftpad, torch.Tensor)):
+        return cache_leftpad  # the call names what is wrong
+    one_each = _args.max_seqlen("max_seqlen_q", max_seqlen_q) == 1 if cu_seqlens_q is not None else \
+        isinstance(q, torch.Tensor) and q.dim() == 4 and q.shape[1] == 1
+    if not one_each:
+        raise NotImplementedError("attention_chunk: on the KV cache flashgen runs decode steps (one query per "
+                                  "sequence: q of seqlen 1, or max_seqlen_q 1 with cu_seqlens_q); several queries a "
+                                  "sequence span chunks there: pass them to flash_attn_varlen_func with "
+                                  "attention_chunk")
+    batch = cu_seqlens_q.shape[0] - 1 if cu_seqlens_q is not None else q.shape[0]
+    appended = k.shape[1] if isinstance(k, torch.Tensor) and k.dim() == 4 else 0
+    if cache_seqlens is None:
+        total = torch.full((batch,), validate.kv_capacity(k_cache, page_table), dtype=torch.int64, device=q.device)
+    elif isinstance(cache_seqlens, torch.Tensor):
+        total = cache_seqlens.to(torch.int64)
+    else:
+        total = torch.full((batch,), _args.as_int("cache_seqlens", cache_seqlens), dtype=torch.int64, device=q.device)
+    first = 0 if cache_leftpad is None else cache_leftpad.to(torch.int64)
+    keys = total + appended - first
+    return (first + torch.div((keys - 1).clamp_min(0), chunk, rounding_mode="floor") * chunk).to(torch.int32)
 
 
 def _rotate_from(rotary_seqlens, q, k, rotary_cos, rotary_sin, interleaved, causal, window_size):
@@ -351,8 +382,8 @@ def get_scheduler_metadata(batch_size, max_seqlen_q, max_seqlen_k, num_heads_q, 
     """FA3's get_scheduler_metadata, for code that plans a KV-cache call's schedule ahead (vLLM's FA3 path). FA3
     precomputes its split plan into this tensor; flashgen plans inside each call, so what comes back is an empty
     int32 tensor on cache_seqlens's device, which `flash_attn_with_kvcache(scheduler_metadata=...)` accepts and
-    ignores. The arguments are checked as the call they describe would check them: sizes are ints >= 0, and what
-    flashgen has no path for (`headdim_v` other than `headdim`, `attention_chunk` > 0 on a KV cache) raises
+    ignores. The arguments are checked as the call they describe would check them: sizes are ints >= 0,
+    attention_chunk in [0, 2^31 - 1], and what flashgen has no path for (`headdim_v` other than `headdim`) raises
     NotImplementedError by name; `cu_seqlens_q` and `cu_seqlens_k_new` are the call's to check."""
     for name, value in (("batch_size", batch_size), ("max_seqlen_q", max_seqlen_q), ("max_seqlen_k", max_seqlen_k),
                         ("num_heads_q", num_heads_q), ("num_heads_kv", num_heads_kv), ("headdim", headdim),
@@ -369,9 +400,7 @@ def get_scheduler_metadata(batch_size, max_seqlen_q, max_seqlen_k, num_heads_q, 
     _args.as_bool("has_softcap", has_softcap)
     _args.as_pair("window_size", window_size, "(left, right)")
     del qkv_dtype, cache_leftpad, cu_seqlens_q, cu_seqlens_k_new  # the call using the metadata checks its tensors
-    if _chunk_size(attention_chunk):
-        raise NotImplementedError("attention_chunk: chunked attention over a KV cache has no flashgen path; pass "
-                                  "attention_chunk=0")
+    _chunk_size(attention_chunk)  # a valid size: the call (decode steps) takes it, and a plan does not depend on it
     _check_tuning(num_splits, pack_gqa, sm_margin)
     return torch.empty(0, dtype=torch.int32, device=cache_seqlens.device)
 
