@@ -700,22 +700,23 @@ def fa3_seqused_past_its_sequence():
     flash_attn_3.flash_attn_varlen_func(x, x, x, _cu(0, 4, 10), _cu(0, 4, 10), 6, 6, seqused_k=_cu(4, 7))
 
 
-@case((ValueError, ["cache_seqlens", "entry 1", "17"]))
-def fa3_kvcache_varlen_cache_seqlens_past_the_pages():
+def _fa3_paged_varlen_kvcache(rows, cache_seqlens, cu_seqlens_q, max_seqlen_q):
+    """FA3's KV cache with varlen queries over two sequences of two 8-row pages each."""
     from flashgen import flash_attn_3
     pages = torch.randn(4, 8, 2, 16)
-    flash_attn_3.flash_attn_with_kvcache(_varlen_x(6), pages, pages, cache_seqlens=_cu(9, 17),
-                                         page_table=_cu(0, 1, 2, 3).view(2, 2), cu_seqlens_q=_cu(0, 2, 6),
-                                         max_seqlen_q=4)
+    flash_attn_3.flash_attn_with_kvcache(_varlen_x(rows), pages, pages, cache_seqlens=cache_seqlens,
+                                         page_table=_cu(0, 1, 2, 3).view(2, 2), cu_seqlens_q=cu_seqlens_q,
+                                         max_seqlen_q=max_seqlen_q)
+
+
+@case((ValueError, ["cache_seqlens", "entry 1", "17"]))
+def fa3_kvcache_varlen_cache_seqlens_past_the_pages():
+    _fa3_paged_varlen_kvcache(6, _cu(9, 17), _cu(0, 2, 6), 4)
 
 
 @case((ValueError, ["cu_seqlens_q", "non-decreasing"]))
 def fa3_kvcache_varlen_decode_cu_seqlens_decreasing():
-    from flashgen import flash_attn_3
-    pages = torch.randn(4, 8, 2, 16)
-    flash_attn_3.flash_attn_with_kvcache(_varlen_x(2), pages, pages, cache_seqlens=_cu(9, 16),
-                                         page_table=_cu(0, 1, 2, 3).view(2, 2), cu_seqlens_q=_cu(0, 1, 0),
-                                         max_seqlen_q=1)
+    _fa3_paged_varlen_kvcache(2, _cu(9, 16), _cu(0, 1, 0), 1)
 
 
 @case((ValueError, ["attention_chunk", "-8"]))

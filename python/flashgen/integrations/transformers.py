@@ -71,6 +71,7 @@ from transformers import AttentionInterface, AttentionMaskInterface
 from transformers import masking_utils
 
 import flashgen
+from flashgen import flash_attn_3
 from flashgen import interface as fg_interface
 
 __all__ = ["NAME", "attention_forward", "attention_mask", "register", "unpad_data"]
@@ -359,7 +360,6 @@ def _chunked_attention(info: _Chunked, q, k, v, sink, packed_kwargs: bool, *, dr
                        window_size, softcap):
     """A chunked layer's attention (see _Chunked): keys in the query's chunk of attention_chunk_size positions only,
     counted from each row's first real token as transformers' chunked mask counts them."""
-    from flashgen import flash_attn_3
     what = "flashgen: chunked attention (attention_chunk_size)"
     if dropout_p > 0.0 or packed_kwargs or sink is not None:
         raise NotImplementedError(f"{what} with attention dropout, cu_seq_lens kwargs or sinks is not supported; use "
