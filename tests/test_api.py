@@ -208,6 +208,60 @@ def test_varlen(causal):
     assert lse_err <= LSE_TOLERANCE, f"varlen lse: max error {lse_err:.3e} > allowed {LSE_TOLERANCE:.0e}"
 
 
+# q / k head dim, v head dim: MLA's prefill (DeepSeek-V2/V3: 192 / 128), a wider V, odd widths between buckets
+VALUE_DIMS = [(192, 128), (64, 128), (40, 24), (24, 72)]
+
+
+@pytest.mark.parametrize("head_dim,head_dim_v", VALUE_DIMS, ids=lambda d: str(d))
+@pytest.mark.parametrize("causal,window", [(False, (-1, -1)), (True, (-1, -1)), (False, (5, 3))],
+                         ids=["full", "causal", "window"])
+def test_value_head_dim_of_its_own(head_dim, head_dim_v, causal, window):
+    """v with its own head dim (FA3's hdim_v): out (..., head_dim_v), the softmax scale from q's head dim, lse and
+    gradients against the oracle, GQA, dense and varlen (interface._value_width pads the narrower side)."""
+    q = _rand(2, 37, 4, head_dim, dtype=torch.bfloat16, grad=True)
+    k = _rand(2, 45, 2, head_dim, dtype=torch.bfloat16, grad=True)
+    v = _rand(2, 45, 2, head_dim_v, dtype=torch.bfloat16, grad=True)
+    out, lse, _ = flashgen.flash_attn_func(q, k, v, causal=causal, window_size=window, return_attn_probs=True)
+    kw = dict(causal=causal, window_size=window)
+    (ref, ref_lse), (naive, _) = _ref_pair(q.detach(), k.detach(), v.detach(), **kw)
+    assert out.shape == (2, 37, 4, head_dim_v) and lse.shape == (2, 4, 37)
+    check_fa_rule(out.detach(), ref, naive, f"d{head_dim} dv{head_dim_v} causal={causal} window={window}")
+    lse_err = (lse.double() - ref_lse).abs().max().item()
+    assert lse_err <= LSE_TOLERANCE, f"lse error {lse_err:.3e}: the scale must be 1/sqrt(q's head dim)"
+    _check_grads(out, q, k, v, f"d{head_dim} dv{head_dim_v}", **kw)
+    # varlen: the same rows stacked (sequence 1 shorter, so the sequences differ)
+    cu_q, cu_k = _cu([37, 20]), _cu([45, 30])
+    qv, kv, vv = (torch.cat((t.detach()[0], t.detach()[1, :n])) for t, n in ((q, 20), (k, 30), (v, 30)))
+    out_v = flashgen.flash_attn_varlen_func(qv, kv, vv, cu_q, cu_k, 37, 45, causal=causal, window_size=window)
+    kw_v = dict(kw, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k)
+    (ref_v, _), (naive_v, _) = _ref_pair(qv, kv, vv, **kw_v)
+    assert out_v.shape == (57, 4, head_dim_v)
+    check_fa_rule(out_v, ref_v, naive_v, f"varlen d{head_dim} dv{head_dim_v}")
+
+
+def test_value_head_dim_edges():
+    """A value head dim of its own: the empty problem's out has it, an explicit softmax_scale is kept, explain
+    accepts the call; the forms that take one head dim (a KV cache, paged keys, flash_attn's raw forward whose
+    backward takes v's shape as q's) refuse it by name before anything runs."""
+    q, k, v = _rand(2, 5, 2, 32), _rand(2, 0, 2, 32), _rand(2, 0, 2, 16)
+    out, lse, _ = flashgen.flash_attn_func(q, k, v, return_attn_probs=True)
+    assert out.shape == (2, 5, 2, 16) and bool((out == 0).all()) and bool(torch.isinf(lse).all())
+    k, v = _rand(2, 9, 2, 32), _rand(2, 9, 2, 16)
+    out = flashgen.flash_attn_func(q, k, v, softmax_scale=0.3)
+    (ref, _), (naive, _) = _ref_pair(q, k, v, softmax_scale=0.3)
+    check_fa_rule(out, ref, naive, "explicit softmax_scale with dv 16")
+    assert flashgen.explain(q, k, v).generation == "cpu"
+    with pytest.raises(ValueError, match=r"v: expected head_dim in \[1, 256\], got 300"):
+        flashgen.flash_attn_func(q, k, _rand(2, 9, 2, 300))
+    with pytest.raises(ValueError, match="v: expected the shape of k"):
+        flashgen.flash_attn_func(q, k, _rand(2, 8, 2, 16))
+    with pytest.raises(ValueError, match="v_cache: expected head_dim 32 .the head_dim of k_cache., got 16"):
+        flashgen.flash_attn_with_kvcache(q[:, :1], k, v, cache_seqlens=3)
+    from flashgen import flash_attn_interface
+    with pytest.raises(ValueError, match="v: expected head_dim 32 .the head_dim of k., got 16"):
+        flash_attn_interface._flash_attn_forward(q, k, v, 0.0, 0.2, False, -1, -1, 0.0, None, False)
+
+
 def test_varlen_packed_forms():
     cu = _cu(SEQLENS_Q)
     qkv = _rand(sum(SEQLENS_Q), 3, 4, 32)

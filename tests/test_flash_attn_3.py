@@ -185,6 +185,28 @@ def test_varlen_seqused_against_oracle(which, causal, window):
                               floor=testing.grad_floor(g, ref, 30))
 
 
+def test_mla_value_head_dim():
+    """FA3's hdim_v (MLA prefill: q / k 192, v 128) on the three routes its functions take: the dense call, its
+    attention_chunk pieces, and varlen with seqused_k's extra sequences; out has v's head dim, against the float64
+    oracle with the scale from q's head dim (the default)."""
+    torch.manual_seed(11)
+    q, k, v = rand(2, 13, 4, 192), rand(2, 13, 2, 192), rand(2, 13, 2, 128)
+    for chunk in (0, 4):
+        out, lse = fa3.flash_attn_func(q, k, v, causal=True, attention_chunk=chunk, return_attn_probs=True)
+        assert out.shape == (2, 13, 4, 128), chunk
+        check_oracle(f"mla chunk {chunk}", out, lse, q, k, v, causal=True, attention_chunk=chunk)
+    lens_q, lens_k, used_k = [13, 6], [13, 9], [10, 9]
+    cu_q, cu_k = (torch.tensor([0, *torch.tensor(n).cumsum(0).tolist()], dtype=torch.int32) for n in (lens_q, lens_k))
+    qs, ks, vs = (torch.cat((t[0], t[1, :n])) for t, n in ((q, 6), (k, 9), (v, 9)))
+    out, lse = fa3.flash_attn_varlen_func(qs, ks, vs, cu_q, cu_k, 13, 13, seqused_k=torch.tensor(used_k,
+                                          dtype=torch.int32), causal=True, return_attn_probs=True)
+    ref, ref_lse = seqused_ref(qs, ks, vs, cu_q.tolist(), cu_k.tolist(), lens_q, used_k, torch.float64, causal=True)
+    naive, _ = seqused_ref(qs, ks, vs, cu_q.tolist(), cu_k.tolist(), lens_q, used_k, DTYPE, causal=True)
+    assert out.shape == (19, 4, 128)
+    testing.check_fa_rule("mla varlen seqused_k", out, ref, naive)
+    assert torch.allclose(lse.double(), ref_lse, atol=1e-4, rtol=1e-4)
+
+
 def test_varlen_seqused_fp8_descales_follow_their_sequence():
     """FP8 with (batch, num_heads_k) descales and seqused_k: the descales stay with their sequence (repeated for the
     sequences the unused rows become), so the result is the call on the used keys alone, bit for bit."""

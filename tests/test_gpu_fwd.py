@@ -381,3 +381,28 @@ def test_fa3_attention_chunk_on_the_device(generation, causal):
         refs[dtype] = torch.autograd.grad(ref, leaves, dout.to(dtype))
     for name, g, ref, naive in zip(("dq", "dk", "dv"), got, refs[torch.float64], refs[torch.bfloat16]):
         check_fa_rule(f"fa3 chunk {name}", g, ref, naive, factor=3.0, floor=grad_floor(g, ref, 1100))
+
+
+@pytest.mark.parametrize("head_dim,head_dim_v", [(192, 128), (64, 128)], ids=["mla-192-128", "wider-v-64-128"])
+def test_value_head_dim_on_the_device(generation, head_dim, head_dim_v):
+    """v with its own head dim (FA3's hdim_v; flashgen pads the narrower side to one head dim, interface._value_width)
+    on the generation: out (..., head_dim_v) against the float64 oracle, the gradients by the FA rule (3x)."""
+    from flashgen.testing import check_fa_rule, grad_floor
+    need(generation, "bf16", max(head_dim, head_dim_v), "causal", "gqa", "backward")
+    torch.manual_seed(17)
+    q = randn(2, 333, 8, head_dim, dtype=torch.bfloat16).requires_grad_()
+    k = randn(2, 517, 2, head_dim, dtype=torch.bfloat16).requires_grad_()
+    v = randn(2, 517, 2, head_dim_v, dtype=torch.bfloat16).requires_grad_()
+    out, lse, _ = flashgen.flash_attn_func(q, k, v, causal=True, return_attn_probs=True, version=generation)
+    assert out.shape == (2, 333, 8, head_dim_v)
+    check_out_and_lse(f"d{head_dim} dv{head_dim_v}", out.detach(), lse, q.detach(), k.detach(), v.detach(),
+                      causal=True)
+    dout = torch.randn_like(out)
+    got = torch.autograd.grad(out, (q, k, v), dout)
+    refs = {}
+    for dtype in (torch.float64, torch.bfloat16):
+        leaves = [t.detach().to(dtype).requires_grad_() for t in (q, k, v)]
+        ref, _ = attention_ref(*leaves, causal=True, dtype=dtype)
+        refs[dtype] = torch.autograd.grad(ref, leaves, dout.to(dtype))
+    for name, g, ref, naive in zip(("dq", "dk", "dv"), got, refs[torch.float64], refs[torch.bfloat16]):
+        check_fa_rule(f"d{head_dim} dv{head_dim_v} {name}", g, ref, naive, factor=3.0, floor=grad_floor(g, ref, 517))

@@ -48,19 +48,20 @@ CASES = {
     "causal-more-queries": dict(sq=45, sk=20, is_causal=True),
     "causal-one-key": dict(sq=9, sk=1, is_causal=True),
     "gqa-scale": dict(sq=17, sk=29, hk=2, enable_gqa=True, scale=0.3),
+    "value-head-dim": dict(sq=21, sk=21, dv=40, is_causal=True),  # SDPA's Ev != E (MLA-style)
 }
 
 
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_runs_on_flashgen_against_the_oracle(case, on_cpu):
     c = dict(CASES[case])
-    sq, sk, hk = c.pop("sq"), c.pop("sk"), c.pop("hk", 4)
+    sq, sk, hk, dv = c.pop("sq"), c.pop("sk"), c.pop("hk", 4), c.pop("dv", 64)
     q = torch.randn(2, 4, sq, 64, dtype=torch.bfloat16, requires_grad=True)
     k = torch.randn(2, hk, sk, 64, dtype=torch.bfloat16, requires_grad=True)
-    v = torch.randn(2, hk, sk, 64, dtype=torch.bfloat16, requires_grad=True)
+    v = torch.randn(2, hk, sk, dv, dtype=torch.bfloat16, requires_grad=True)
     out = F.scaled_dot_product_attention(q, k, v, **c)
     assert fsdpa.stats() == {"flashgen": 1}
-    assert out.shape == (2, 4, sq, 64)
+    assert out.shape == (2, 4, sq, dv)
     ref_kw = {n: c[n] for n in ("is_causal", "scale") if n in c}
     want, naive = sdpa_ref(q, k, v, **ref_kw), sdpa_ref(q, k, v, dtype=torch.bfloat16, **ref_kw)
     testing.check_fa_rule(case, out, want, naive)

@@ -106,7 +106,7 @@ def flash_attn_func(q, k, v, softmax_scale=None, causal=False, qv=None, q_descal
     _check_tuning(num_splits, pack_gqa, sm_margin)
     return_lse = _args.as_bool("return_attn_probs", return_attn_probs)
     if chunk:
-        validate.check_qkv(q, k, v)
+        validate.check_qkv(q, k, v, value_dim=True)
         (batch, seqlen_q), seqlen_k = q.shape[:2], k.shape[1]
     if chunk and not (seqlen_k <= chunk and (seqlen_q <= seqlen_k or _args.as_bool("causal", causal))):
         # stacked pieces of one chunk each (_chunked_offsets); where one chunk holds every key the plain call is it
@@ -172,7 +172,7 @@ def _seqused_as_sequences(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max
     keys (out 0, lse +inf, dq 0: rows of a sequence with no key), then no queries against the unused keys (dk = dv =
     0). Built with torch ops on the offsets' device (no synchronization); the masks see the used lengths, as FA3's.
     Returns (cu_seqlens_q, cu_seqlens_k, descales repeated for the new sequences)."""
-    validate.check_qkv(q, k, v, varlen=True)
+    validate.check_qkv(q, k, v, varlen=True, value_dim=True)
     max_seqlen_q = _args.max_seqlen("max_seqlen_q", max_seqlen_q)
     max_seqlen_k = _args.max_seqlen("max_seqlen_k", max_seqlen_k)
     batch = validate.check_varlen(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, q)
@@ -392,8 +392,9 @@ def get_scheduler_metadata(batch_size, max_seqlen_q, max_seqlen_k, num_heads_q, 
             raise ValueError(f"{name}: expected an int >= 0, got {value}")
     validate._tensor("cache_seqlens", cache_seqlens)
     if headdim_v is not None and _args.as_int("headdim_v", headdim_v) != _args.as_int("headdim", headdim):
-        raise NotImplementedError(f"headdim_v: flashgen's kernels take V with q's head dim ({headdim}), got "
-                                  f"{headdim_v}; pass headdim_v=None")
+        raise NotImplementedError(f"headdim_v: flashgen's KV cache takes V with q's head dim ({headdim}), got "
+                                  f"{headdim_v} (flash_attn_func / flash_attn_varlen_func take their own); pass "
+                                  "headdim_v=None")
     if page_size is not None and _args.as_int("page_size", page_size) < 1:
         raise ValueError(f"page_size: expected an int >= 1 or None, got {page_size}")
     _args.as_bool("causal", causal)

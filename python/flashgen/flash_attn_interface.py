@@ -60,7 +60,7 @@ def _raw_forward(q, k, v, *, dropout_p, softmax_scale, causal, window_size, soft
             q, k, v, dropout_p=dropout_p, softmax_scale=softmax_scale, causal=causal, window_size=window_size,
             softcap=softcap, alibi_slopes=alibi_slopes, deterministic=False, return_probs=return_softmax,
             probs_without_dropout=True, version=None, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
-            max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k, rng_state=rng)
+            max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k, rng_state=rng, value_dim=False)
     if probs is None:
         probs = torch.empty(0, dtype=torch.float32, device=q.device)
     return out, lse, probs, _rng_out(rng)

@@ -138,14 +138,15 @@ def _attention(q, k, v, *, dropout_p, softmax_scale, causal, window_size, softca
                return_probs, version, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None, max_seqlen_k=None,
                probs_without_dropout=False,
                block_mask=None, block_size=(128, 128), q_descale=None, k_descale=None, v_descale=None,
-               rng_state=None):
-    """Validate, dispatch, pad and launch. Returns (out, lse, probs-or-None) with out at the caller's head_dim.
-    rng_state: dropout's (seed, offset) when the caller keeps it (_raw_forward), else drawn here."""
+               rng_state=None, value_dim=True):
+    """Validate, dispatch, pad and launch. Returns (out, lse, probs-or-None) with out at v's head_dim.
+    rng_state: dropout's (seed, offset) when the caller keeps it (_raw_forward), else drawn here. value_dim: v may
+    have a head dim of its own (_value_width; False for flash_attn's raw forward, whose backward takes one)."""
     varlen = cu_seqlens_q is not None or cu_seqlens_k is not None
     dropout_p, softmax_scale, causal, window_size, softcap, deterministic, return_probs = _args.scalars(
         dropout_p, softmax_scale, causal, window_size, softcap, deterministic, return_probs)
     return_probs = _probs_wanted(return_probs, dropout_p, probs_without_dropout)
-    validate.check_qkv(q, k, v, varlen=varlen)
+    validate.check_qkv(q, k, v, varlen=varlen, value_dim=value_dim)
     validate.check_scalars(dropout_p=dropout_p, softmax_scale=softmax_scale, causal=causal, window_size=window_size,
                            softcap=softcap, deterministic=deterministic, head_dim=q.shape[-1])
     total_q = None  # varlen: the rows of q when the sequences cover fewer (the rest of out is 0, of lse +inf)
@@ -184,6 +185,11 @@ def _attention(q, k, v, *, dropout_p, softmax_scale, causal, window_size, softca
                                      probs_without_dropout=True)  # return_probs is decided already
         out, lse = _args.cover_rows(out.to(_ops.out_dtype(validate.FP8_DTYPE)), lse, total_q)
         return out, lse, probs
+    head_dim_v = v.shape[-1]
+    if head_dim_v != q.shape[-1]:
+        if softmax_scale is None:  # from q's head dim, before the padding
+            softmax_scale = 1.0 / math.sqrt(q.shape[-1])
+        q, k, v = _value_width(q, k, v)
     if block_mask is not None:
         validate.check_block_mask(block_mask, block_size, q, k)
         block_mask = validate.last_dim_contiguous(block_mask)
@@ -194,7 +200,8 @@ def _attention(q, k, v, *, dropout_p, softmax_scale, causal, window_size, softca
     if _args.no_work(q, k):  # batch 0, no query rows, no heads or no keys: out 0, lse +inf, nothing launched
         probs_shape = _ops.probs_shape(q, k, cu_seqlens_q, max_seqlen_q, max_seqlen_k) if return_probs else None
         out, lse, probs = _args.empty_result(q, k, v, _ops.lse_shape(q, cu_seqlens_q), probs_shape)
-        return (*_args.cover_rows(out.to(_ops.out_dtype(q.dtype)), lse, total_q), probs)
+        out, lse = _args.cover_rows(out.to(_ops.out_dtype(q.dtype))[..., :head_dim_v], lse, total_q)
+        return out, lse, probs
     softmax_scale, (window_left, window_right) = _scale_and_window(q.shape[-1], softmax_scale, window_size, causal)
     args = _library.FwdArgs(
         generation=choice.generation, softmax_scale=float(softmax_scale), window_left=int(window_left),
@@ -206,7 +213,17 @@ def _attention(q, k, v, *, dropout_p, softmax_scale, causal, window_size, softca
         block_mask=block_mask,
         block_m=int(block_size[0]), block_n=int(block_size[1]), return_probs=bool(return_probs),
         deterministic=bool(deterministic), q_descale=q_descale, k_descale=k_descale, v_descale=v_descale)
-    return _launch(q, k, v, choice, "backward" in features, total_q, args)
+    out, lse, probs = _launch(q, k, v, choice, "backward" in features, total_q, args)
+    return (out if out.shape[-1] == head_dim_v else out[..., :head_dim_v]), lse, probs
+
+
+def _value_width(q, k, v):
+    """q, k and v zero-padded to one head dim, the wider of q's and v's: zero columns of q and k add nothing to
+    Q K^T, zero columns of V give zero columns of O (cut off by the caller), and autograd drops the padding's
+    gradients. The kernels take one head dim, so a narrower V (MLA's 192 / 128) costs the GEMM P V at q's width:
+    (192 + 192) / (192 + 128) = 1.2x the FLOPs of a native hdim_v kernel, and a padded copy of V."""
+    width = max(q.shape[-1], v.shape[-1])
+    return tuple(_pad(validate.last_dim_contiguous(t), width) if t.shape[-1] != width else t for t in (q, k, v))
 
 
 def _dropout_rng(dropout_p: float) -> Optional[torch.Tensor]:
@@ -278,7 +295,8 @@ def _probs_wanted(return_attn_probs: bool, dropout_p: float, probs_without_dropo
 def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0,
                     alibi_slopes=None, deterministic=False, return_attn_probs=False, *, version=None, q_descale=None,
                     k_descale=None, v_descale=None, probs_without_dropout=False):
-    """Attention over q (batch, seqlen_q, num_heads, head_dim), k/v (batch, seqlen_k, num_heads_k, head_dim).
+    """Attention over q (batch, seqlen_q, num_heads, head_dim), k/v (batch, seqlen_k, num_heads_k, head_dim); v may
+    have its own head dim head_dim_v (out then has it; the narrower side is zero-padded, _value_width).
 
     Returns out (batch, seqlen_q, num_heads, head_dim), or (out, softmax_lse (batch, num_heads, seqlen_q) fp32,
     S_dmask) with return_attn_probs: S_dmask (batch, num_heads, seqlen_q, seqlen_k) fp32 probabilities, dropped
@@ -729,9 +747,12 @@ def explain(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, window_siz
     dropout_p, softmax_scale, causal, window_size, softcap, deterministic, return_attn_probs = _args.scalars(
         dropout_p, softmax_scale, causal, window_size, softcap, deterministic, return_attn_probs)
     return_attn_probs = _probs_wanted(return_attn_probs, dropout_p, probs_without_dropout)
-    validate.check_qkv(q, k, v, varlen=varlen, paged_kv=paged and varlen, same_batch=not (kvcache or paged))
+    validate.check_qkv(q, k, v, varlen=varlen, paged_kv=paged and varlen, same_batch=not (kvcache or paged),
+                       value_dim=not (kvcache or paged))
     validate.check_scalars(dropout_p=dropout_p, softmax_scale=softmax_scale, causal=causal, window_size=window_size,
                            softcap=softcap, deterministic=deterministic, head_dim=q.shape[-1])
+    if v.shape[-1] != q.shape[-1]:  # the call runs at the wider head dim (_value_width)
+        q, k, v = _value_width(q, k, v)
     if varlen:
         max_seqlen_q = _args.max_seqlen("max_seqlen_q", max_seqlen_q)
         max_seqlen_k = _args.max_seqlen("max_seqlen_k", max_seqlen_k)

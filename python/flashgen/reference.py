@@ -184,7 +184,7 @@ def attention_ref(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, softmax_
         outs.append(o[0])
         lses.append(l[0])
     # Rows no sequence covers (past cu_seqlens_q[-1], or every row with batch 0): out 0, lse +inf.
-    h, d = q.shape[1], q.shape[2]
+    h, d = q.shape[1], v.shape[2]  # out has v's head dim
     rest = q.shape[0] - cq[-1]
     outs.append(torch.zeros(rest, h, d, dtype=dtype, device=q.device))
     lses.append(torch.full((h, rest), float("inf"), dtype=lses[0].dtype if lses else _lse_dtype(dtype),

@@ -9,7 +9,8 @@ transformers' "sdpa" path, hand-written PyTorch): the same function signature an
     flashgen.sdpa.unpatch()        # or: with flashgen.sdpa.patched(): ...
 
 A call runs on flashgen when it is what FlashAttention computes: query / key / value (batch, heads, seqlen,
-head_dim) of one dtype and head dim, no attn_mask, GQA with enable_gqa (num_heads_k dividing num_heads), and a
+head_dim) of one dtype, query's and key's head dim one (value's may differ: flashgen pads the narrower side), no
+attn_mask, GQA with enable_gqa (num_heads_k dividing num_heads), and a
 generation that runs it on this device (dispatch: fp16 / bf16 on a GPU, head_dim <= 256). SDPA's is_causal is the
 top-left triangle (query i sees keys 0..i); flashgen's causal is bottom-right, so a causal call with more keys than
 queries (SDPA's diagonal above flashgen's) stays on torch, and one with more queries than keys runs with the window
@@ -56,11 +57,11 @@ def _why_not(query, key, value, attn_mask, is_causal, enable_gqa) -> Optional[st
     if not (query.dtype == key.dtype == value.dtype) or not (query.device == key.device == value.device):
         return "mixed dtypes or devices"
     (batch, heads, seqlen_q, head_dim), (batch_k, heads_k, seqlen_k, head_dim_k) = query.shape, key.shape
-    if tuple(value.shape) != (batch_k, heads_k, seqlen_k, head_dim) or head_dim_k != head_dim or batch_k != batch:
-        return "key / value shapes (value's head dim differs, or batch / heads / seqlen)"
+    if tuple(value.shape[:3]) != (batch_k, heads_k, seqlen_k) or head_dim_k != head_dim or batch_k != batch:
+        return "key / value shapes (key's head dim differs from query's, or batch / heads / seqlen)"
     if heads_k != heads and not (enable_gqa and heads_k > 0 and heads % heads_k == 0):
         return "heads differ without enable_gqa"
-    if head_dim > interface._BUILD.max_head_dim or head_dim == 0:
+    if not 0 < max(head_dim, value.shape[3]) <= interface._BUILD.max_head_dim or min(head_dim, value.shape[3]) == 0:
         return "head_dim"
     if seqlen_k == 0:
         return "no keys (SDPA's softmax over nothing is NaN; flashgen's rows are 0)"

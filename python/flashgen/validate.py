@@ -55,10 +55,12 @@ def _same_device(name: str, t: torch.Tensor, ref: torch.Tensor, ref_name: str = 
 
 
 def check_qkv(q, k, v, *, varlen: bool = False, names: Tuple[str, str, str] = ("q", "k", "v"),
-              same_batch: bool = True, paged_kv: bool = False) -> None:
+              same_batch: bool = True, paged_kv: bool = False, value_dim: bool = False) -> None:
     """q (b, seqlen_q, num_heads, head_dim) and k/v (b, seqlen_k, num_heads_k, head_dim); varlen drops b.
     same_batch=False for a KV cache indexed by cache_batch_idx; paged_kv: varlen q beside k/v pages
-    (num_pages, page_block_size, num_heads_k, head_dim) (flash_attn_varlen_func with a block_table)."""
+    (num_pages, page_block_size, num_heads_k, head_dim) (flash_attn_varlen_func with a block_table).
+    value_dim: v may have its own head dim head_dim_v in [1, MAX_HEAD_DIM] (FA3's hdim_v: MLA's 192 / 128), the
+    attention functions' form (interface._attention pads the narrower side)."""
     qn, kn, vn = names
     q, k, v = _tensor(qn, q), _tensor(kn, k), _tensor(vn, v)
     dtype = q.dtype
@@ -77,9 +79,16 @@ def check_qkv(q, k, v, *, varlen: bool = False, names: Tuple[str, str, str] = ("
         k_layout = "(num_pages, page_block_size, num_heads_k, head_dim)" if paged_kv else layout
         for name, t, r, lay in ((qn, q, rank, layout), (kn, k, k_rank, k_layout), (vn, v, k_rank, k_layout)):
             _rank(name, t, r, lay)
-    q_shape, k_shape = q.shape, k.shape
-    if k_shape != v.shape:
-        raise ValueError(f"{vn}: expected the shape of {kn} {tuple(k_shape)}, got {tuple(v.shape)}")
+    q_shape, k_shape, v_shape = q.shape, k.shape, v.shape
+    if k_shape != v_shape:
+        if k_shape[:-1] != v_shape[:-1]:
+            raise ValueError(f"{vn}: expected the shape of {kn} {tuple(k_shape)}, got {tuple(v_shape)}")
+        if not value_dim:
+            raise ValueError(f"{vn}: expected head_dim {k_shape[-1]} (the head_dim of {kn}), got {v_shape[-1]}; a "
+                             "value head dim of its own is taken by the attention functions over dense or stacked "
+                             "K / V (flash_attn_func, flash_attn_varlen_func), not here")
+        if not 0 < v_shape[-1] <= MAX_HEAD_DIM:
+            raise ValueError(f"{vn}: expected head_dim in [1, {MAX_HEAD_DIM}], got {v_shape[-1]}")
     for name, shape in ((qn, q_shape), (kn, k_shape)):
         if max(shape) > INT32_MAX:  # e.g. an expanded (stride 0) tensor: sizes are int32 in the params
             raise ValueError(f"{name}: expected every size at most {INT32_MAX}, got shape {tuple(shape)}")
