@@ -22,6 +22,7 @@ transformers = pytest.importorskip("transformers")
 
 import flashgen  # noqa: E402
 from flashgen.integrations import transformers as fg_tf  # noqa: E402
+from flashgen import reference  # noqa: E402
 from flashgen.testing import check_fa_rule  # noqa: E402
 
 VOCAB = 96
@@ -59,6 +60,12 @@ def _configs():
         "llama4": _eager_experts(transformers.Llama4TextConfig(**common, intermediate_size_mlp=96, head_dim=16,
                                                                attention_chunk_size=3, num_local_experts=1,
                                                                num_experts_per_tok=1, interleave_moe_layer_step=2)),
+        # MLA (multi-head latent attention): q / k head dim 24 (16 + 8 rotary), v head dim 16, so V has a head dim
+        # of its own (flashgen pads it to q's); the experts in plain torch, as gpt_oss
+        "deepseek_v3": _eager_experts(transformers.DeepseekV3Config(
+            **dict(common, num_key_value_heads=4), moe_intermediate_size=32, q_lora_rank=None, kv_lora_rank=16,
+            qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=16, n_routed_experts=4, num_experts_per_tok=1,
+            first_k_dense_replace=1, n_group=1, topk_group=1)),
         "gpt2": transformers.GPT2Config(vocab_size=VOCAB, n_positions=64, n_embd=64, n_layer=2, n_head=4,
                                         attn_pdrop=0.0, embd_pdrop=0.0, resid_pdrop=0.0, bos_token_id=2,
                                         eos_token_id=1),
@@ -251,6 +258,30 @@ def test_what_reaches_the_kernels(calls):
     assert varlen[0][1] == (total, 4, 16) and varlen[0][2] == (total, 2, 16)
 
 
+@pytest.mark.parametrize("head_dim,head_dim_v", [(24, 16), (16, 24)], ids=["narrower-v", "wider-v"])
+@pytest.mark.parametrize("padded", [False, True], ids=["dense", "padding-mask"])
+def test_value_head_dim_either_way(head_dim, head_dim_v, padded):
+    """attention_forward with v's head dim unlike q's (MLA's narrower V as DeepSeek-V3 hands it over, and a wider one):
+    out (batch, seqlen, heads, head_dim_v), the default scale from q's head dim, against the float64 oracle (padded
+    rows cut out)."""
+    torch.manual_seed(4)
+    q, k = torch.randn(2, 4, 11, head_dim), torch.randn(2, 2, 11, head_dim)
+    v = torch.randn(2, 2, 11, head_dim_v)
+    real = torch.ones(2, 11, dtype=torch.bool)
+    if padded:
+        real[0, :3] = False
+    module = torch.nn.Module()
+    module.is_causal = True
+    out, _ = fg_tf.attention_forward(module, q, k, v, real if padded else None, scaling=None)
+    assert out.shape == (2, 11, 4, head_dim_v)
+    for b in range(2):
+        sel = real[b]
+        args = [t[b:b + 1, :, sel].transpose(1, 2) for t in (q, k, v)]
+        want, _ = reference.attention_ref(*(t.double() for t in args), causal=True)
+        naive, _ = reference.attention_ref(*args, causal=True, dtype=torch.float32)
+        check_fa_rule(f"d{head_dim} dv{head_dim_v} row {b}", out[b:b + 1, sel], want, naive)
+
+
 def test_softcap_and_scale_reach_the_kernels(calls):
     fg, _, _ = _models("gemma2")
     with torch.no_grad():
@@ -372,18 +403,21 @@ def _decisive_routers(model) -> None:
     there is one; ties broken by index alike in every run), so that rounding cannot send a token elsewhere."""
     with torch.no_grad():
         for name, module in model.named_modules():
-            if name.endswith("router"):
+            # gpt-oss's and Llama 4's "router"; DeepSeek-V3's "gate" (a top-k router whose bias is
+            # e_score_correction_bias, added to sigmoid scores: a spread of 4 per expert dwarfs them)
+            if name.endswith("router") or hasattr(module, "e_score_correction_bias"):
                 weight = getattr(module, "weight", None)
                 if weight is not None:
                     weight.zero_()
-                bias = getattr(module, "bias", None)
-                if bias is not None:
-                    bias.copy_(torch.arange(bias.numel(), 0, -1, dtype=bias.dtype) * 4.0)
+                for attr in ("bias", "e_score_correction_bias"):
+                    bias = getattr(module, attr, None)
+                    if bias is not None:
+                        bias.copy_(torch.arange(bias.numel(), 0, -1, dtype=bias.dtype) * 4.0)
 
 
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
 @pytest.mark.parametrize("padding", [None, "left"])
-@pytest.mark.parametrize("family", ["llama", "gpt_oss", "llama4"])
+@pytest.mark.parametrize("family", ["llama", "gpt_oss", "llama4", "deepseek_v3"])
 def test_forward_in_the_kernels_dtype(family, padding, device):
     """The models in the kernels' dtype (bf16 on a GPU, auto's generation: v3 on sm_90; fp32 on the CPU backend):
     logits at real tokens against float64 eager on the CPU, one row at a time on its real tokens, by the FlashAttention

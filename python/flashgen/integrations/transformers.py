@@ -61,6 +61,7 @@ place through flash_attn_with_kvcache, with the written length per row).
 from __future__ import annotations
 
 import inspect
+import math
 import weakref
 from typing import Optional, Tuple
 
@@ -406,8 +407,11 @@ def attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.T
               causal=causal, window_size=window, softcap=float(softcap or 0.0))
     q, k, v = (t.transpose(1, 2) for t in (query, key, value))       # (b, s, h, d) views
     v_head_dim = v.shape[-1]
-    if v_head_dim != head_dim:                                      # e.g. MLA: pad v, crop the output
-        v = F.pad(v, (0, head_dim - v_head_dim))
+    if v_head_dim != head_dim:  # e.g. MLA: one head dim (the KV-cache path takes one), the output cropped
+        if kw["softmax_scale"] is None:  # from q's head dim, before the padding
+            kw["softmax_scale"] = 1.0 / math.sqrt(head_dim)
+        width = max(head_dim, v_head_dim)
+        q, k, v = (t if t.shape[-1] == width else F.pad(t, (0, width - t.shape[-1])) for t in (q, k, v))
     dtype = _compute_dtype(q)
     if dtype is not None:
         q, k, v = q.to(dtype), k.to(dtype), v.to(dtype)
