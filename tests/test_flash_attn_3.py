@@ -610,7 +610,8 @@ def test_fp8_descales_as_fa3_names_them():
 
 REFUSED = [
     ("qv", lambda q: fa3.flash_attn_func(q, q, q, qv=q), NotImplementedError),
-    ("attention_chunk", lambda q: fa3.flash_attn_with_kvcache(q, q, q, attention_chunk=8), NotImplementedError),
+    ("attention_chunk", lambda q: fa3.flash_attn_with_kvcache(q, q, q, q[:, :2], q[:, :2], cache_seqlens=4,
+                                                              attention_chunk=8), NotImplementedError),
     ("attention_chunk", lambda q: fa3.flash_attn_func(q, q, q, attention_chunk=2 ** 31), ValueError),
     ("attention_chunk", lambda q: fa3.flash_attn_func(q, q, q, attention_chunk=-1), ValueError),
     ("num_splits", lambda q: fa3.flash_attn_func(q, q, q, num_splits=-2), ValueError),
@@ -824,3 +825,74 @@ def test_kvcache_attention_chunk_decode(route):
     finite = torch.isfinite(ref_lse)
     assert torch.equal(torch.isfinite(lse), finite)
     assert torch.allclose(lse[finite].double(), ref_lse[finite], atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("route", ["dense-leftpad-batch-idx", "varlen-paged"])
+@pytest.mark.parametrize("causal,window", [(True, (-1, -1)), (False, (-1, -1)), (True, (5, 0))],
+                         ids=["causal", "full", "window"])
+def test_kvcache_attention_chunk_several_queries(route, causal, window):
+    """attention_chunk on the KV cache with several queries a sequence (chunked prefill / extend over a cache that
+    already holds the new keys: chunk_pieces): each query sees the keys of its own chunk, counted from its sequence's
+    first key (cache_leftpad); queries spanning 1-3 chunks, one query, none, queries before the first key; against
+    the oracle's chunk mask per sequence (the varlen route's sequence lengths differ)."""
+    gen = torch.Generator().manual_seed(21)
+    b, cap, h, hk, d, chunk = 4, 64, 4, 2, 32, 8
+    lens = torch.tensor([20, 9, 63, 40], dtype=torch.int32)
+    pads = torch.tensor([0, 3, 5, 0], dtype=torch.int32)
+    kc, vc = (torch.randn(b, cap, hk, d, generator=gen).to(DTYPE) for _ in range(2))
+    kw = dict(causal=causal, window_size=window, attention_chunk=chunk, return_softmax_lse=True)
+    if route == "dense-leftpad-batch-idx":
+        n_q = [13] * b  # sequence 1 has 6 keys: its first 7 queries lie before its first key
+        q = torch.randn(b, 13, h, d, generator=gen).to(DTYPE)
+        order = torch.tensor([2, 0, 3, 1], dtype=torch.int32)  # sequence i reads cache entry order[i]
+        kc_, vc_ = torch.empty_like(kc), torch.empty_like(vc)
+        kc_[order.long()], vc_[order.long()] = kc, vc
+        out, lse = fa3.flash_attn_with_kvcache(q, kc_, vc_, cache_seqlens=lens, cache_leftpad=pads,
+                                               cache_batch_idx=order, **kw)
+        assert out.shape == q.shape and lse.shape == (b, h, 13)
+        rows = [(out[i], lse[i].t(), q[i]) for i in range(b)]
+    else:
+        n_q = [17, 0, 1, 9]
+        cu = torch.tensor([0, *torch.tensor(n_q).cumsum(0).tolist()], dtype=torch.int32)
+        q = torch.randn(int(cu[-1]) + 2, h, d, generator=gen).to(DTYPE)  # 2 rows past the last sequence
+        page = 16
+        table = torch.randperm(b * cap // page, generator=gen).view(b, cap // page).to(torch.int32)
+        pages_k, pages_v = (torch.empty(b * cap // page, page, hk, d, dtype=DTYPE) for _ in range(2))
+        for src, dst in ((kc, pages_k), (vc, pages_v)):
+            dst[table.flatten().long()] = src.reshape(b * cap // page, page, hk, d)
+        out, lse = fa3.flash_attn_with_kvcache(q, pages_k, pages_v, cache_seqlens=lens, cache_leftpad=pads,
+                                               page_table=table, cu_seqlens_q=cu, max_seqlen_q=17, **kw)
+        assert out.shape == q.shape and lse.shape == (h, q.shape[0])
+        assert bool((out[-2:] == 0).all()) and bool(torch.isinf(lse[:, -2:]).all())
+        rows = [(out[cu[i]:cu[i + 1]], lse[:, cu[i]:cu[i + 1]].t(), q[cu[i]:cu[i + 1]]) for i in range(b)]
+    for i, (got, got_lse, qi) in enumerate(rows):
+        ref_kw = dict(causal=causal, window_size=window, attention_chunk=chunk, seqused_k=lens[i:i + 1],
+                      cache_leftpad=pads[i:i + 1])
+        ref, ref_lse = reference.attention_ref(qi[None], kc[i:i + 1], vc[i:i + 1], **ref_kw)
+        naive, _ = reference.attention_ref(qi[None], kc[i:i + 1], vc[i:i + 1], dtype=DTYPE, **ref_kw)
+        name = f"{route} sequence {i} ({n_q[i]} queries)"
+        testing.check_fa_rule(name, got[None], ref, naive)
+        ref_lse = ref_lse[0].t()  # (queries, heads)
+        finite = torch.isfinite(ref_lse)
+        assert torch.equal(torch.isfinite(got_lse), finite), name
+        assert torch.allclose(got_lse[finite].double(), ref_lse[finite], atol=1e-4, rtol=1e-4), name
+
+
+def test_kvcache_attention_chunk_several_queries_refusals():
+    """What the pieces path checks against the caller's batch, by name, before anything runs."""
+    q, cache = rand(2, 5, 2, 16), rand(2, 12, 2, 16)
+    lens = torch.tensor([12, 13], dtype=torch.int32)
+    with pytest.raises(ValueError, match="cache_seqlens"):
+        fa3.flash_attn_with_kvcache(q, cache, cache, cache_seqlens=lens, attention_chunk=4)
+    with pytest.raises(IndexError, match="cache_batch_idx"):
+        fa3.flash_attn_with_kvcache(q, cache, cache, cache_seqlens=5, cache_batch_idx=torch.tensor(
+            [0, 2], dtype=torch.int32), attention_chunk=4)
+    with pytest.raises(ValueError, match="cache_leftpad"):
+        fa3.flash_attn_with_kvcache(q, cache, cache, cache_seqlens=5, cache_leftpad=torch.tensor(
+            [0, 6], dtype=torch.int32), attention_chunk=4)
+    with pytest.raises(NotImplementedError, match="rotary_cos"):
+        fa3.flash_attn_with_kvcache(q, cache, cache, rotary_cos=COS, rotary_sin=COS, cache_seqlens=5,
+                                    attention_chunk=4)
+    with pytest.raises(NotImplementedError, match="backward"):
+        qg = q.clone().requires_grad_()
+        fa3.flash_attn_with_kvcache(qg, cache, cache, cache_seqlens=5, attention_chunk=4).sum().backward()

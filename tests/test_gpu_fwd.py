@@ -406,3 +406,35 @@ def test_value_head_dim_on_the_device(generation, head_dim, head_dim_v):
         refs[dtype] = torch.autograd.grad(ref, leaves, dout.to(dtype))
     for name, g, ref, naive in zip(("dq", "dk", "dv"), got, refs[torch.float64], refs[torch.bfloat16]):
         check_fa_rule(f"d{head_dim} dv{head_dim_v} {name}", g, ref, naive, factor=3.0, floor=grad_floor(g, ref, 517))
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_fa3_kvcache_attention_chunk_several_queries_on_the_device(generation, causal):
+    """FA3's KV cache with attention_chunk and several queries a sequence (flash_attn_3.chunk_pieces: one paged
+    varlen call over pieces of one chunk each) on the generation, against the oracle's chunk mask per sequence."""
+    from flashgen import flash_attn_3
+    need(generation, "bf16", 128, "varlen", "paged_kv", "cache_leftpad", "gqa", *(["causal"] if causal else []))
+    torch.manual_seed(19)
+    b, cap, page, chunk = 4, 1024, 64, 128
+    lens = torch.tensor([700, 90, 1024, 333], dtype=torch.int32, device="cuda")
+    pads = torch.tensor([0, 5, 17, 0], dtype=torch.int32, device="cuda")
+    n_q = [300, 0, 1, 129]
+    cu_q = cu_seqlens(n_q)
+    q = randn(sum(n_q), 8, 128, dtype=torch.bfloat16)
+    kc, vc = (randn(b, cap, 2, 128, dtype=torch.bfloat16) for _ in range(2))
+    table = torch.randperm(b * cap // page, device="cuda").view(b, cap // page).to(torch.int32)
+    pages_k, pages_v = (torch.empty(b * cap // page, page, 2, 128, dtype=torch.bfloat16, device="cuda")
+                        for _ in range(2))
+    for src, dst in ((kc, pages_k), (vc, pages_v)):
+        dst[table.flatten().long()] = src.reshape(b * cap // page, page, 2, 128)
+    out, lse = flash_attn_3.flash_attn_with_kvcache(q, pages_k, pages_v, cache_seqlens=lens, cache_leftpad=pads,
+                                                    page_table=table, cu_seqlens_q=cu_q, max_seqlen_q=max(n_q),
+                                                    causal=causal, attention_chunk=chunk, return_softmax_lse=True,
+                                                    version=generation)
+    for i in range(b):
+        rows = slice(int(cu_q[i]), int(cu_q[i + 1]))
+        if rows.start == rows.stop:
+            continue
+        check_out_and_lse(f"chunk pieces causal={causal} sequence {i}", out[rows][None], lse[:, rows][None],
+                          q[rows][None], kc[i:i + 1], vc[i:i + 1], causal=causal, attention_chunk=chunk,
+                          seqused_k=lens[i:i + 1], cache_leftpad=pads[i:i + 1])

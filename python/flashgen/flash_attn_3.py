@@ -9,9 +9,10 @@ takes FA3's `q_descale` / `k_descale` / `v_descale` ((batch, num_heads_k) fp32; 
 arguments that tune FA3's own schedule (`num_splits` of the non-cache calls, `pack_gqa`, `sm_margin`,
 `scheduler_metadata`) are checked and leave the result as it is; flashgen picks its schedule itself (`num_splits`
 bounds the KV cache's split-KV plan, as in flash_attn 2.x). What flashgen has no kernel for raises
-NotImplementedError naming the argument: `qv`, and on the KV cache `attention_chunk` with more than one query per
-sequence (decode steps take it), new keys stacked by sequence (`cu_seqlens_k_new` with `k`), appending with varlen
-queries and FP8 descales. `rotary_seqlens` (the
+NotImplementedError naming the argument: `qv`, and on the KV cache `attention_chunk` with several queries a
+sequence together with new keys or rotary (decode steps take both; several queries read the cache as it is, in
+pieces of one chunk each: chunk_pieces), new keys stacked by sequence (`cu_seqlens_k_new` with `k`), appending with
+varlen queries and FP8 descales. `rotary_seqlens` (the
 rotary positions of appended keys and of the queries, instead of cache_seqlens) rotates them before the call. The
 varlen call's `seqused_q` / `seqused_k` (the rows of each sequence's segment that are used) and `attention_chunk`
 (keys in the query's chunk only) run as more stacked sequences, forward and backward; the KV cache's varlen queries
@@ -243,13 +244,23 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, qv=None, rotary
     stacked by sequence, as SGLang's FA3 backend calls it: sequence b's queries against its cache rows
     [cache_leftpad[b], cache_seqlens[b]) (interface._varlen_kvcache); new k / v and rotary with them are refused there,
     and cu_seqlens_k_new is read with k only (FA3 ignores it without). attention_chunk on decode steps (one query
-    per sequence) moves cache_leftpad to the start of the query's chunk (_chunk_start). Returns out, or (out,
+    per sequence) moves cache_leftpad to the start of the query's chunk (_chunk_start); several queries a sequence
+    run as pieces of one chunk each (_chunked_kvcache), without new keys or rotary. Returns out, or (out,
     softmax_lse) with return_softmax_lse ((num_heads, total_q) with cu_seqlens_q)."""
     _refuse(qv, q_descale=q_descale, k_descale=k_descale, v_descale=v_descale)
     chunk = _chunk_size(attention_chunk)
+    if chunk and not _one_query_a_sequence(q, cu_seqlens_q, max_seqlen_q):
+        if k is not None or v is not None or rotary_cos is not None or rotary_sin is not None:
+            name = next(n for n, t in (("k", k), ("v", v), ("rotary_cos", rotary_cos), ("rotary_sin", rotary_sin))
+                        if t is not None)
+            raise NotImplementedError(f"{name}: attention_chunk with several queries a sequence reads the cache as "
+                                      "it is; append (and rotate) the new keys first and pass k / v / rotary None")
+        _check_tuning(num_splits, pack_gqa, sm_margin)
+        return _chunked_kvcache(chunk, q, k_cache, v_cache, cache_seqlens, cache_batch_idx, cache_leftpad,
+                                page_table, cu_seqlens_q, max_seqlen_q, softmax_scale, causal, window_size, softcap,
+                                _args.as_bool("return_softmax_lse", return_softmax_lse), version)
     if chunk:
-        cache_leftpad = _chunk_start(chunk, q, k_cache, k, cache_seqlens, cache_leftpad, page_table, cu_seqlens_q,
-                                     max_seqlen_q)
+        cache_leftpad = _chunk_start(chunk, q, k_cache, k, cache_seqlens, cache_leftpad, page_table, cu_seqlens_q)
     del scheduler_metadata  # a schedule; flashgen plans its own
     if k is not None and cu_seqlens_k_new is not None:
         raise NotImplementedError("cu_seqlens_k_new: new keys stacked by sequence have no flashgen path; pass k / v "
@@ -276,21 +287,22 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, qv=None, rotary
                                         return_softmax_lse, version=version)
 
 
-def _chunk_start(chunk, q, k_cache, k, cache_seqlens, cache_leftpad, page_table, cu_seqlens_q, max_seqlen_q):
-    """attention_chunk on the KV cache, for decode steps: each sequence's one query is its last key (bottom-right), so
-    its chunk is that key's, counted from the sequence's first key (cache_leftpad, as FA3 counts it): the call's
-    cache_leftpad moved to the chunk's start (torch ops, no sync). Several queries a sequence would span chunks: refused
-    by name (flash_attn_func / flash_attn_varlen_func take attention_chunk with any number)."""
+def _one_query_a_sequence(q, cu_seqlens_q, max_seqlen_q) -> bool:
+    """A decode step: q of seqlen 1 (or 0), or max_seqlen_q <= 1 with cu_seqlens_q. True where q is no tensor (the
+    call names what is wrong)."""
+    if cu_seqlens_q is not None:
+        return _args.max_seqlen("max_seqlen_q", max_seqlen_q) <= 1
+    return not isinstance(q, torch.Tensor) or q.dim() != 4 or q.shape[1] <= 1
+
+
+def _chunk_start(chunk, q, k_cache, k, cache_seqlens, cache_leftpad, page_table, cu_seqlens_q):
+    """attention_chunk on the KV cache, for decode steps (_one_query_a_sequence): each sequence's one query is its
+    last key (bottom-right), so its chunk is that key's, counted from the sequence's first key (cache_leftpad, as FA3
+    counts it): the call's cache_leftpad moved to the chunk's start (torch ops, no sync). Several queries a sequence
+    span chunks: _chunked_kvcache."""
     if not all(isinstance(t, torch.Tensor) for t in (q, k_cache)) or \
             not (cache_leftpad is None or isinstance(cache_leftpad, torch.Tensor)):
         return cache_leftpad  # the call names what is wrong
-    one_each = _args.max_seqlen("max_seqlen_q", max_seqlen_q) == 1 if cu_seqlens_q is not None else \
-        isinstance(q, torch.Tensor) and q.dim() == 4 and q.shape[1] == 1
-    if not one_each:
-        raise NotImplementedError("attention_chunk: on the KV cache flashgen runs decode steps (one query per "
-                                  "sequence: q of seqlen 1, or max_seqlen_q 1 with cu_seqlens_q); several queries a "
-                                  "sequence span chunks there: pass them to flash_attn_varlen_func with "
-                                  "attention_chunk")
     batch = cu_seqlens_q.shape[0] - 1 if cu_seqlens_q is not None else q.shape[0]
     appended = k.shape[1] if isinstance(k, torch.Tensor) and k.dim() == 4 else 0
     if cache_seqlens is None:
@@ -302,6 +314,79 @@ def _chunk_start(chunk, q, k_cache, k, cache_seqlens, cache_leftpad, page_table,
     first = 0 if cache_leftpad is None else cache_leftpad.to(torch.int64)
     keys = total + appended - first
     return (first + torch.div((keys - 1).clamp_min(0), chunk, rounding_mode="floor") * chunk).to(torch.int32)
+
+
+def chunk_pieces(cu_seqlens_q, key_start, key_end, origin, chunk: int, max_seqlen_q: int):
+    """attention_chunk over a KV cache as stacked pieces, one per (sequence, chunk): sequence b's queries (rows
+    cu_seqlens_q[b] .. cu_seqlens_q[b + 1] - 1, n_b of them) are the last n_b of its keys, cache rows [key_start[b],
+    key_end[b]) (bottom-right), and chunk c holds rows origin[b] + [c * chunk, (c + 1) * chunk) (origin may lie
+    before key_start: a window of a longer sequence). Piece p of sequence b is its queries in chunk c0_b + p (c0_b
+    the chunk of its first query) against the cache rows of that chunk up to key_end; its last query is its last
+    key, so bottom-right causal and the window hold inside each piece as in the call. (max_seqlen_q - 1) // chunk +
+    2 pieces a sequence cover max_seqlen_q rows wherever they start in a chunk. Torch ops on int64 (batch,)
+    tensors, no synchronization. Returns (cu_seqlens_q, key_start, key_end of the pieces (int32), pieces per
+    sequence)."""
+    pieces = max(0, max_seqlen_q - 1) // chunk + 2
+    n_q = (cu_seqlens_q[1:] - cu_seqlens_q[:-1]).long()
+    first = key_end.long() - n_q  # the cache row of each sequence's first query
+    origin = origin.long()
+    lo = origin.view(-1, 1) + (torch.div(first - origin, chunk, rounding_mode="floor").view(-1, 1) +
+                               torch.arange(pieces, device=n_q.device)) * chunk  # (batch, pieces) chunk starts
+    rows_q = torch.minimum((lo - first.view(-1, 1)).clamp_min(0), n_q.view(-1, 1))  # first query of each piece
+    end = key_end.long().view(-1, 1)
+    keys_lo = torch.minimum(torch.maximum(lo, key_start.long().view(-1, 1)), end)  # chunks past the end: empty
+    keys_hi = torch.maximum(torch.minimum(lo + chunk, end), keys_lo)
+    cu = torch.cat([(cu_seqlens_q[:-1].long().view(-1, 1) + rows_q).flatten(), cu_seqlens_q[-1:].long()])
+    return (cu.to(torch.int32), keys_lo.flatten().to(torch.int32), keys_hi.flatten().to(torch.int32), pieces)
+
+
+def _chunked_kvcache(chunk, q, k_cache, v_cache, cache_seqlens, cache_batch_idx, cache_leftpad, page_table,
+                     cu_seqlens_q, max_seqlen_q, softmax_scale, causal, window_size, softcap, return_lse, version):
+    """flash_attn_with_kvcache's attention_chunk with several queries a sequence (chunked prefill / extend, as
+    SGLang's FA3 backend calls it for Llama 4): the call's checks against its own batch, then chunk_pieces (chunks
+    counted from cache_leftpad, as FA3 counts them) run as one varlen KV-cache call (_varlen_kvcache; a dense cache
+    is one page per sequence). Inference only. Returns out (q's shape), or (out, lse) ((batch, num_heads, seqlen_q),
+    or (num_heads, total_q) with cu_seqlens_q)."""
+    dense = cu_seqlens_q is None
+    if dense:
+        validate.check_kvcache(q, k_cache, v_cache, None, None, cache_seqlens, cache_batch_idx, page_table,
+                               cache_leftpad)
+        batch, seqlen_q = q.shape[:2]
+        cu_seqlens_q = torch.arange(batch + 1, device=q.device, dtype=torch.int32) * seqlen_q
+        max_seqlen_q, q_rows = seqlen_q, q.flatten(0, 1)
+    else:
+        validate.check_qkv(q, k_cache, v_cache, varlen=True, paged_kv=True, names=("q", "k_cache", "v_cache"))
+        batch, q_rows = validate.check_varlen_q(cu_seqlens_q, q), q
+        max_seqlen_q = _args.max_seqlen("max_seqlen_q", max_seqlen_q)
+    table = page_table
+    if table is None:  # a dense cache: one page per sequence, the table naming its entry
+        if cache_batch_idx is None and k_cache.shape[0] != batch:
+            raise ValueError(f"k_cache: expected batch {batch} (q's) without cache_batch_idx, got {k_cache.shape[0]}")
+        if cache_batch_idx is not None:
+            validate.check_index("cache_batch_idx", cache_batch_idx, q, batch)
+            validate.check_kvcache_values(k_cache, None, None, cache_batch_idx)
+        table = (torch.arange(batch, device=q.device, dtype=validate.INDEX_DTYPE) if cache_batch_idx is None
+                 else cache_batch_idx).view(batch, 1)
+    elif cache_batch_idx is not None:
+        validate.check_block_table(table, q, k_cache, cache_batch_idx, batch=batch)  # refuses the pair by name
+    capacity = validate.kv_capacity(k_cache, table)
+    if not isinstance(cache_seqlens, torch.Tensor):
+        n = capacity if cache_seqlens is None else _args.as_int("cache_seqlens", cache_seqlens)
+        if not 0 <= n <= capacity:
+            raise ValueError(f"cache_seqlens: expected an int in [0, {capacity}] (the cache capacity) or an int32 "
+                             f"tensor, got {cache_seqlens!r}")
+        cache_seqlens = torch.full((batch,), n, dtype=validate.INDEX_DTYPE, device=q.device)
+    validate.check_kvcache_varlen(cu_seqlens_q, cache_seqlens, cache_leftpad, max_seqlen_q, q_rows, k_cache, table)
+    start = torch.zeros_like(cache_seqlens) if cache_leftpad is None else cache_leftpad
+    cu, keys_lo, keys_hi, pieces = chunk_pieces(cu_seqlens_q, start, cache_seqlens, start, chunk, max_seqlen_q)
+    got = _fa2._varlen_kvcache(q_rows, k_cache, v_cache, keys_hi, None, keys_lo, table.repeat_interleave(pieces, 0),
+                               cu, min(chunk, max_seqlen_q), softmax_scale, causal, window_size, softcap, return_lse,
+                               version=version)
+    out, lse = got if return_lse else (got, None)
+    if dense:
+        out = out.view(q.shape)
+        lse = None if lse is None else lse.view(lse.shape[0], batch, -1).transpose(0, 1).contiguous()
+    return (out, lse) if return_lse else out
 
 
 def _rotate_from(rotary_seqlens, q, k, rotary_cos, rotary_sin, interleaved, causal, window_size):
