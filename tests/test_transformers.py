@@ -225,14 +225,49 @@ def test_chunked_attention_static_cache_matches_eager(padding):
                   torch.stack(naive.scores))
 
 
-def test_chunked_attention_refusals():
-    """A chunked layer runs a whole prompt or one decode step: several new tokens against cached keys (a prompt
-    continued in pieces) and a padding mask with holes (they move the chunks) raise by name."""
+@pytest.mark.parametrize("cache", ["dynamic", "static"])
+@pytest.mark.parametrize("padding", [None, "left"])
+def test_chunked_attention_continued_prompt_matches_eager(padding, cache, monkeypatch):
+    """Llama 4's chunked layers with new tokens after cached ones: a prompt fed in pieces of 7, 5, 1 and 3 tokens
+    (chunk 3, so pieces start mid-chunk and span several), through a dynamic or a static cache; the logits at real
+    tokens against float64 eager by the FA rule, and the pieces path taken. A backward through it raises by name."""
+    fg, eager, ref = _models("llama4")
+    ids, mask, real = _batch(padding)
+    pieces = []
+    continuation = fg_tf._chunked_continuation
+    monkeypatch.setattr(fg_tf, "_chunked_continuation", lambda *a, **kw: pieces.append(a[1].shape[1]) or
+                        continuation(*a, **kw))
+    runs = []
+    for model in (fg, eager, ref):
+        kv = transformers.StaticCache(config=model.config, max_cache_len=40) if cache == "static" else \
+            transformers.DynamicCache(config=model.config)
+        with torch.no_grad():
+            runs.append(torch.cat([model(ids[:, lo:hi], attention_mask=None if mask is None else mask[:, :hi],
+                                         past_key_values=kv, cache_position=torch.arange(lo, hi)).logits
+                                   for lo, hi in ((0, 7), (7, 12), (12, 13), (13, 16))], dim=1))
+    got, naive, want = runs
+    check_fa_rule(f"llama4 continued padding={padding} {cache}", got[real], want[real], naive[real])
+    assert pieces and set(pieces) == {5, 3}, pieces  # the 5- and 3-token pieces after cached tokens (1: decode step)
+    kv = transformers.DynamicCache(config=fg.config)
+    fg(ids[:, :7], past_key_values=kv)
+    with pytest.raises(NotImplementedError, match="inference only"):
+        fg(ids[:, 7:12], past_key_values=kv).logits.sum().backward()
+
+
+def test_chunked_attention_continued_mask():
+    """The mask builder marks new tokens after cached ones (more keys than queries, or a window's keys from a later
+    position) as continued, a prompt from position 0 and a decode step not."""
     chunked = transformers.masking_utils.chunked_causal_mask_function(3, torch.zeros(1, dtype=torch.long))
-    with pytest.raises(NotImplementedError, match="4 new tokens against 10 keys"):
-        fg_tf.attention_mask(1, 4, 10, q_offset=6, kv_offset=0, mask_function=chunked)
-    with pytest.raises(NotImplementedError, match="4 new tokens against 4 keys from position 5"):  # a window's keys
-        fg_tf.attention_mask(1, 4, 4, q_offset=torch.tensor([5]), kv_offset=torch.tensor(5), mask_function=chunked)
+    assert fg_tf.attention_mask(1, 4, 10, q_offset=6, kv_offset=0, mask_function=chunked).continued
+    window = fg_tf.attention_mask(1, 4, 4, q_offset=torch.tensor([5]), kv_offset=torch.tensor(5),
+                                  mask_function=chunked)
+    assert window.continued and int(window.kv_offset) == 5
+    assert not fg_tf.attention_mask(1, 10, 10, q_offset=0, kv_offset=0, mask_function=chunked).continued
+    assert not fg_tf.attention_mask(1, 1, 10, q_offset=9, kv_offset=0, mask_function=chunked).continued
+
+
+def test_chunked_attention_refusals():
+    """A padding mask with holes (they move the chunks) raises by name in a chunked layer."""
     fg, _, _ = _models("llama4")
     ids = _batch(None)[0]
     holes = torch.ones(BATCH, SEQLEN, dtype=torch.long)

@@ -19,6 +19,7 @@ mask at all when nothing is padded, else the 2-D (batch, seqlen_k) padding mask.
 | a static cache (max_cache_len slots, some written) | flash_attn_with_kvcache over the buffers, in place         |
 | a chunked layer (Llama 4), prompt                  | flash_attn_3's attention_chunk (dense, or varlen unpadded) |
 | a chunked layer, one decode step                   | flash_attn_with_kvcache, cache_leftpad at the chunk start  |
+| a chunked layer, new tokens after cached ones      | flash_attn_3.chunk_pieces: the keys read as a KV cache     |
 | any other mask                                     | NotImplementedError/ValueError naming the mask             |
 
 query/key/value arrive as (batch, num_heads, seqlen, head_dim) views and go to flashgen as (b, s, h, d) views (no
@@ -46,8 +47,9 @@ block_sequence_ids) raises NotImplementedError naming it, where transformers' fl
 drop it. Chunked layers (Llama 4's attention_chunk_size; transformers' flash_attention_2 refuses them past one chunk)
 count their chunks from each row's first real token, as transformers' mask does: a prompt runs as flash_attn_3's
 attention_chunk pieces, a decode step (whose window-sized cache no longer starts at position 0) over the keys of the
-query's chunk through cache_leftpad, with no host sync; several new tokens against cached keys, a padding mask with
-holes, packed sequences, dropout and sinks raise by name there. output_attentions=True is refused the same way.
+query's chunk through cache_leftpad, and several new tokens after cached ones (a prompt continued in pieces, several
+tokens a step) as pieces of one chunk each over the keys read as a KV cache (inference only), with no host sync; a
+padding mask with holes, packed sequences, dropout and sinks raise by name there. output_attentions=True is refused the same way.
 Attention sinks (gpt-oss's `s_aux`, one learnable logit per head) run through every path above but the chunked
 layers': flashgen's lse of the same call and flashgen.attention_sink fold them in exactly, gradients to the sinks
 included.
@@ -119,11 +121,14 @@ class _Chunked:
     row's left padding (the chunks start at a row's first real token, as transformers' mask counts them), the 2-D
     padding mask of the layer's keys (or None) and the first query's position (q_offset, an int or a device tensor):
     a decode step's window-sized cache no longer starts at position 0. attention_forward runs the prompt as
-    flash_attn_3's attention_chunk pieces and a decode step as flash_attn_with_kvcache over the keys of the query's
-    chunk (cache_leftpad)."""
+    flash_attn_3's attention_chunk pieces, a decode step as flash_attn_with_kvcache over the keys of the query's
+    chunk (cache_leftpad), and new tokens after cached ones (continued; the keys from position kv_offset) as
+    _chunked_continuation."""
 
-    def __init__(self, chunk: int, left_padding: torch.Tensor, padding: Optional[torch.Tensor], q_offset):
+    def __init__(self, chunk: int, left_padding: torch.Tensor, padding: Optional[torch.Tensor], q_offset,
+                 kv_offset=0, continued: bool = False):
         self.chunk, self.left_padding, self.padding, self.q_offset = chunk, left_padding, padding, q_offset
+        self.kv_offset, self.continued = kv_offset, continued  # continued: new tokens after cached ones
 
 
 def _packed_ids(mask_function) -> Optional[torch.Tensor]:
@@ -184,20 +189,18 @@ def attention_mask(batch_size: int, q_length: int, kv_length: int, q_offset: int
 
 def _chunked_mask(chunking, packed, batch_size, q_length, kv_length, q_offset, kv_offset, mask_function,
                   attention_mask, **kwargs) -> _Chunked:
-    """attention_mask() for a chunked layer: the prompt (all keys new, none cached before) or one decode step; the
-    other cases raise by name."""
+    """attention_mask() for a chunked layer: the prompt (all keys new, none cached before), one decode step, or
+    several new tokens after cached ones (continued: a prompt in pieces, several tokens a step); packed sequences
+    raise by name."""
     what = "flashgen: chunked attention (attention_chunk_size)"
     if packed is not None:
         raise NotImplementedError(f"{what} with packed sequences is not supported; use attn_implementation='sdpa'")
-    # A prompt's chunks are counted from key 0: its keys must start at position 0 (read from a device tensor where a
-    # static cache gives one: one host sync per forward, on the prompt only)
-    if q_length not in (1, kv_length) or (q_length == kv_length and (_position(kv_offset) or _position(q_offset))):
-        raise NotImplementedError(f"{what} runs a whole prompt or one decode step; {q_length} new tokens against "
-                                  f"{kv_length} keys from position {kv_offset} (a prompt continued in pieces, or "
-                                  "several tokens a step) is not supported: use attn_implementation='sdpa'")
+    # A prompt's chunks are counted from key 0: its keys start at position 0 (read from a device tensor where a static
+    # cache gives one: one host sync per forward, on the prompt only); else new tokens continue cached ones.
+    continued = q_length != 1 and (q_length != kv_length or bool(_position(kv_offset) or _position(q_offset)))
     padding = masking_utils.flash_attention_mask(batch_size, q_length, kv_length, q_offset, kv_offset, mask_function,
                                                  attention_mask, **kwargs)
-    return _Chunked(chunking[0], chunking[1], padding, q_offset)
+    return _Chunked(chunking[0], chunking[1], padding, q_offset, kv_offset, continued)
 
 
 def _position(x) -> int:
@@ -372,6 +375,8 @@ def _chunked_attention(info: _Chunked, q, k, v, sink, packed_kwargs: bool, *, dr
     if mask is not None and not _CACHE.get(mask, ("contiguous",), lambda: _contiguous_rows(mask)):
         raise NotImplementedError(f"{what}: a padding mask with holes (real tokens in more than one run per row) moves "
                                   "the chunks; use attn_implementation='sdpa' or 'eager'")
+    if info.continued:
+        return _chunked_continuation(info, q, k, v, **common)
     if seqlen_q == 1 and seqlen_k > 1:
         # One decode step: the query at position p sees the keys of its chunk, which starts at row b's first real
         # token lp_b plus a multiple of the chunk: the last (p - lp_b) mod chunk + 1 keys of the cache, which ends at
@@ -389,6 +394,30 @@ def _chunked_attention(info: _Chunked, q, k, v, sink, packed_kwargs: bool, *, dr
                                               cu_seqlens_q, cu_seqlens_k, seqlen_q, mask.shape[1],
                                               attention_chunk=info.chunk, **common)
     return _scatter(out, rows_q, batch, seqlen_q)
+
+
+def _chunked_continuation(info: _Chunked, q, k, v, *, softmax_scale, causal, window_size, softcap):
+    """New tokens after cached ones in a chunked layer (a prompt continued in pieces, several tokens a step): the
+    queries are the last seqlen_q of the layer's keys, which start at position kv_offset (a window-sized cache drops
+    older ones); row b's chunks start at its first real token left_padding[b], so in key rows at left_padding[b] -
+    kv_offset (before row 0 where the window starts later), and its real keys at the larger of that and 0. Runs as
+    flash_attn_3.chunk_pieces over the keys read as a KV cache (one page a row): one paged varlen call, no host sync,
+    inference only (a backward raises by name)."""
+    if info.padding is not None and not causal:
+        raise NotImplementedError("flashgen: chunked attention after cached tokens with padding needs a causal layer "
+                                  "(a padded key after a query would be seen); use attn_implementation='sdpa'")
+    batch, seqlen_q = q.shape[:2]
+    seqlen_k = k.shape[1]
+    offset = info.kv_offset.reshape(-1)[:1].long() if isinstance(info.kv_offset, torch.Tensor) else int(info.kv_offset)
+    origin = info.left_padding.to(device=q.device, dtype=torch.int64).reshape(-1).expand(batch) - offset
+    start = origin.clamp(0, seqlen_k)
+    end = torch.full((batch,), seqlen_k, dtype=torch.int64, device=q.device)
+    cu = torch.arange(batch + 1, device=q.device, dtype=torch.int32) * seqlen_q
+    cu, keys_lo, keys_hi, pieces = flash_attn_3.chunk_pieces(cu, start, end, origin, info.chunk, seqlen_q)
+    table = torch.arange(batch, device=q.device, dtype=torch.int32).repeat_interleave(pieces).view(-1, 1)
+    out = fg_interface._varlen_kvcache(q.reshape(-1, *q.shape[2:]), k, v, keys_hi, None, keys_lo, table, cu,
+                                       min(info.chunk, seqlen_q), softmax_scale, causal, window_size, softcap, False)
+    return out.view(q.shape[:3] + out.shape[-1:])
 
 
 def attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
