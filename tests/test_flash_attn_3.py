@@ -321,6 +321,21 @@ def test_attention_chunk_dense_against_oracle(case):
         testing.check_fa_rule(f"{name} {label}", g, ref, naive, factor=3.0, floor=testing.grad_floor(g, ref, sk))
 
 
+def test_attention_chunk_varlen_generous_bounds(monkeypatch):
+    """max_seqlen_k is a bound callers make generous; attention_chunk's pieces (bound / chunk a sequence) are sized by
+    the real longest sequence where the offsets are read, not by it (2^31 - 1 with chunk 2 ran out of memory): the
+    same result as the exact bounds, the pieces built from the real lengths."""
+    seen = []
+    build = fa3._chunked_offsets
+    monkeypatch.setattr(fa3, "_chunked_offsets", lambda *a: seen.append(a[2:4]) or build(*a))
+    cu = torch.tensor([0, 3, 8], dtype=torch.int32)
+    q = rand(8, 2, 16)
+    exact = fa3.flash_attn_varlen_func(q, q, q, cu, cu, 5, 5, attention_chunk=2)
+    generous = fa3.flash_attn_varlen_func(q, q, q, cu, cu, 2 ** 31 - 1, 2 ** 31 - 1, attention_chunk=2)
+    assert torch.equal(exact, generous)
+    assert seen == [(5, 5), (5, 5)], seen
+
+
 def test_attention_chunk_varlen_and_seqused_against_oracle():
     """attention_chunk on stacked sequences (lengths around and across chunk boundaries, an empty one, more queries
     than keys), alone and with seqused_k: each sequence's used rows against the oracle of the definition."""

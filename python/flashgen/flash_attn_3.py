@@ -79,6 +79,15 @@ def _chunked_offsets(cu_q, cu_k, max_seqlen_q: int, max_seqlen_k: int, chunk: in
     return cu_q, cu_k, before + after, min(max_seqlen_q, chunk), min(max_seqlen_k, chunk)
 
 
+def _longest(max_seqlen: int, cu_seqlens: torch.Tensor, rows: int) -> int:
+    """A varlen bound made tight for attention_chunk's pieces, whose count a sequence is bound / chunk (a generous
+    max_seqlen, as callers pass, would size the grid and its offsets by it): the longest sequence where the offsets
+    are read (validate.indices_readable), else the bound capped at the rows given."""
+    if validate.indices_readable(cu_seqlens) and cu_seqlens.numel() > 1:
+        return min(max_seqlen, int((cu_seqlens[1:] - cu_seqlens[:-1]).max()))
+    return min(max_seqlen, rows)
+
+
 def _chunks_before_key_0(cu_q, cu_k, max_seqlen_q: int, chunk: int) -> int:
     """How many chunks before key 0 _chunked_offsets gives each sequence for its queries with p < 0 (more queries
     than keys): none for self-attention's one offsets tensor (packed training passes the same cu_seqlens twice),
@@ -218,6 +227,9 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
             q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_q, seqused_k,
             (q_descale, k_descale, v_descale))
         max_seqlen_q, max_seqlen_k = int(max_seqlen_q), int(max_seqlen_k)  # checked there
+    if chunk:  # the pieces are sized by the bounds: the real longest sequences where the offsets are read
+        max_seqlen_q = _longest(max_seqlen_q, cu_seqlens_q, q.shape[0])
+        max_seqlen_k = _longest(max_seqlen_k, cu_seqlens_k, k.shape[0])
     if chunk and not (max_seqlen_k <= chunk and _args.as_bool("causal", causal)):
         # _chunked_offsets; where one chunk holds every key, causal rows see the same keys without the pieces
         cu_seqlens_q, cu_seqlens_k, pieces, max_seqlen_q, max_seqlen_k = _chunked_offsets(
