@@ -295,11 +295,16 @@ def test_generation_rows_at_their_own_lengths():
         check_fa_rule(f"row {row}", got[row:row + 1], want_all[:, kept:], naive_all[:, kept:])
 
 
-def test_generation_honours_batch_size_offset():
-    """Two batches in one cache (rows 0-1 and 2-3): each generates as if alone."""
-    m = mha.MHA(EMBED, HEADS, causal=True, layer_idx=0, use_flash_attn=True, rotary_emb_dim=16).eval()
+@pytest.mark.parametrize("rotary_emb_dim", [16, 8], ids=["rotary-in-cache", "rotary-torch"])
+@pytest.mark.parametrize("lengths", [False, True])
+def test_generation_honours_batch_size_offset(lengths, rotary_emb_dim):
+    """Two batches in one cache (rows 0-1 and 2-3): each generates as if alone; lengths_per_sample (max_batch_size,)
+    is read at the batch's own cache rows by the cache call and by rotary alike (in the cache call, or in torch)."""
+    m = mha.MHA(EMBED, HEADS, causal=True, layer_idx=0, use_flash_attn=True, rotary_emb_dim=rotary_emb_dim).eval()
     a, b = torch.randn(2, 9, EMBED), torch.randn(2, 9, EMBED)
     shared = InferenceParams(max_seqlen=9, max_batch_size=4)
+    if lengths:
+        shared.lengths_per_sample = torch.zeros(4, dtype=torch.int32)
     with torch.no_grad():
         outs = {}
         for name, x, first in (("a", a, 0), ("b", b, 2)):  # prompts, then the steps interleaved
@@ -308,6 +313,8 @@ def test_generation_honours_batch_size_offset():
         for step in range(5, 9):
             for name, x, first in (("a", a, 0), ("b", b, 2)):
                 shared.batch_size_offset, shared.seqlen_offset = first, step
+                if lengths:
+                    shared.lengths_per_sample[first:first + 2] = step
                 outs[name].append(m(x[:, step:step + 1], inference_params=shared))
     for name, x in (("a", a), ("b", b)):
         check_output(f"batch {name}", torch.cat(outs[name], dim=1), m, x)
@@ -361,6 +368,7 @@ def test_inner_modules_alone():
 
 
 CACHE_1x8 = torch.zeros(1, 8, 2, HEADS, EMBED // HEADS)  # a layer's cache: batch 1, 8 positions
+CACHE_2x8 = torch.zeros(2, 8, 2, HEADS, EMBED // HEADS)
 REFUSALS = [
     (dict(num_heads_kv=3), {}, "num_heads_kv"),
     (dict(embed_dim=62), {}, "embed_dim"),
@@ -385,6 +393,19 @@ REFUSALS = [
      dict(inference_params=InferenceParams(8, 1, seqlen_offset=2, lengths_per_sample=torch.tensor([2]),
                                            key_value_memory_dict={0: CACHE_1x8})),
      "lengths_per_sample: expected an int32"),
+    (dict(use_flash_attn=True, layer_idx=0),  # lengths indexed by cache row: rows 1..1 need 2 entries
+     dict(inference_params=InferenceParams(8, 2, seqlen_offset=2, batch_size_offset=1, key_value_memory_dict={
+         0: CACHE_2x8}, lengths_per_sample=torch.tensor([2], dtype=torch.int32))),
+     r"lengths_per_sample: expected an int32 \(max_batch_size,\) tensor on cpu covering rows 1..1"),
+    (dict(layer_idx=0),  # the torch path with rows at lengths other than seqlen_offset
+     dict(inference_params=InferenceParams(8, 1, seqlen_offset=2, lengths_per_sample=torch.tensor(
+         [1], dtype=torch.int32), key_value_memory_dict={0: CACHE_1x8})),
+     "rows at lengths other than seqlen_offset are read by the flash path"),
+    (dict(use_flash_attn=True, layer_idx=0),  # a decode step past the cache's rows
+     dict(inference_params=InferenceParams(8, 1, seqlen_offset=2, batch_size_offset=1,
+                                           key_value_memory_dict={0: CACHE_1x8})),
+     r"batch_size_offset 1 \+ batch 1 exceeds the cache's max_batch_size 1"),
+    (dict(num_heads=0), dict(), "num_heads: expected an int >= 1, got 0"),
 ]
 
 

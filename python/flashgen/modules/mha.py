@@ -211,6 +211,23 @@ def _batch_rows(inference_params, batch: int) -> slice:
     return slice(start, start + batch)
 
 
+def _lengths(inference_params, batch: int, device: torch.device) -> Optional[torch.Tensor]:
+    """inference_params.lengths_per_sample, int32 (max_batch_size,) indexed by cache row as the cache is: this batch's
+    rows batch_size_offset .. + batch (flash_attn's KV-cache call reads that slice; its rotary read the whole tensor,
+    which differs once batch_size_offset > 0). None where it is None."""
+    lengths = inference_params.lengths_per_sample
+    if lengths is None:
+        return None
+    rows = _batch_rows(inference_params, batch)
+    if not isinstance(lengths, torch.Tensor) or lengths.dtype != torch.int32 or lengths.dim() != 1 or \
+            lengths.device != device or lengths.shape[0] < rows.stop:
+        raise ValueError(f"inference_params.lengths_per_sample: expected an int32 (max_batch_size,) tensor on "
+                         f"{device} covering rows {rows.start}..{rows.stop - 1} (batch_size_offset + batch), got "
+                         f"{getattr(lengths, 'dtype', type(lengths).__name__)} "
+                         f"{tuple(getattr(lengths, 'shape', ()))} on {getattr(lengths, 'device', '?')}")
+    return lengths[rows]
+
+
 def _update_kv_cache(kv, inference_params, layer_idx):
     """Write kv (batch, seqlen, 2, num_heads_kv, head_dim) into layer_idx's cache at rows batch_size_offset.. and
     positions seqlen_offset.. (the cache is made on first use, (max_batch_size, max_seqlen, ...) in kv's dtype), and
@@ -248,7 +265,9 @@ class MHA(nn.Module):
         self.embed_dim = _args.as_int("embed_dim", embed_dim)
         self.num_heads = _args.as_int("num_heads", num_heads)
         self.num_heads_kv = self.num_heads if num_heads_kv is None else _args.as_int("num_heads_kv", num_heads_kv)
-        if self.num_heads <= 0 or self.num_heads_kv <= 0 or self.num_heads % self.num_heads_kv:
+        if self.num_heads <= 0:
+            raise ValueError(f"num_heads: expected an int >= 1, got {num_heads}")
+        if self.num_heads_kv <= 0 or self.num_heads % self.num_heads_kv:
             raise ValueError(f"num_heads_kv: expected a divisor of num_heads ({num_heads}), got {num_heads_kv}")
         if self.embed_dim % self.num_heads:
             raise ValueError(f"embed_dim: expected a multiple of num_heads ({num_heads}), got {embed_dim}")
@@ -319,17 +338,15 @@ class MHA(nn.Module):
                              f"{inference_params.seqlen_offset} (run the prompt at seqlen_offset 0 first, or put "
                              f"allocate_inference_cache's tensor in key_value_memory_dict)")
         rows = _batch_rows(inference_params, q.shape[0])
+        if rows.stop > memory[self.layer_idx].shape[0]:
+            raise ValueError(f"inference_params: batch_size_offset {rows.start} + batch {q.shape[0]} exceeds the "
+                             f"cache's max_batch_size {memory[self.layer_idx].shape[0]}")
         cache = memory[self.layer_idx][rows]
-        lengths = inference_params.lengths_per_sample
-        if lengths is not None and (not isinstance(lengths, torch.Tensor) or lengths.dtype != torch.int32 or
-                                    lengths.dim() != 1 or lengths.device != q.device):
-            raise ValueError(f"inference_params.lengths_per_sample: expected an int32 (max_batch_size,) tensor on "
-                             f"{q.device}, got {getattr(lengths, 'dtype', type(lengths).__name__)} "
-                             f"{tuple(getattr(lengths, 'shape', ()))} on {getattr(lengths, 'device', '?')}")
+        lengths = _lengths(inference_params, q.shape[0], q.device)
         if inference_params.seqlen_offset + q.shape[1] > cache.shape[1]:
             raise ValueError(f"inference_params: seqlen_offset {inference_params.seqlen_offset} + {q.shape[1]} new "
                              f"tokens exceed the cache's max_seqlen {cache.shape[1]}")
-        cache_seqlens = inference_params.seqlen_offset if lengths is None else lengths[rows]
+        cache_seqlens = inference_params.seqlen_offset if lengths is None else lengths
         cos = sin = None
         if rotate:
             self.rotary_emb._update_cos_sin_cache(inference_params.max_seqlen, device=q.device, dtype=q.dtype)
@@ -372,7 +389,13 @@ class MHA(nn.Module):
         if inference_params is None:
             seqlen_offset, rotary_max_seqlen = 0, None
         else:
-            lengths = inference_params.lengths_per_sample
+            lengths = _lengths(inference_params, x.shape[0], x.device)
+            if lengths is not None and not self.use_flash_attn and \
+                    bool((lengths != inference_params.seqlen_offset).any()):  # one sync, on the torch path only
+                raise ValueError("inference_params.lengths_per_sample: rows at lengths other than seqlen_offset are "
+                                 "read by the flash path's decode steps (use_flash_attn=True); the torch path writes "
+                                 "and reads every row's cache at seqlen_offset (as flash_attn's), which would attend "
+                                 "to stale rows")
             seqlen_offset = inference_params.seqlen_offset if lengths is None else lengths
             rotary_max_seqlen = inference_params.max_seqlen
         # Decode steps append and rotate inside the KV-cache call when the rotary tables suit it (16-channel
