@@ -804,6 +804,10 @@ def test_kvcache_rotary_seqlens(causal):
     want, want_kc = run(q_rot, k_rot, rotary_cos=None, rotary_sin=None)
     assert torch.equal(got, want) and torch.equal(got_kc, want_kc)
     assert not torch.equal(got, plain)
+    # without new keys q alone is rotated from rotary_seqlens (it was silently rotated from cache_seqlens)
+    got = fa3.flash_attn_with_kvcache(q, *cache, **kw, rotary_seqlens=starts)
+    want = fa3.flash_attn_with_kvcache(q_rot, *cache, **{**kw, "rotary_cos": None, "rotary_sin": None})
+    assert torch.equal(got, want)
 
 
 @pytest.mark.parametrize("route", ["dense-append", "varlen-paged"])

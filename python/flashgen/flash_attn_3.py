@@ -290,7 +290,8 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, qv=None, rotary
     del max_seqlen_q  # FA3 reads it with cu_seqlens_q only
     _check_tuning(0, pack_gqa, sm_margin)
     if rotary_seqlens is not None and rotary_cos is not None and all(
-            isinstance(t, torch.Tensor) and t.dim() == 4 for t in (q, k)):  # else the call below names what is wrong
+            isinstance(t, torch.Tensor) and t.dim() == 4 for t in (q, k if k is not None else q)):
+        # (else the call below names what is wrong)
         q, k = _rotate_from(rotary_seqlens, q, k, rotary_cos, rotary_sin, rotary_interleaved, causal, window_size)
         rotary_cos = rotary_sin = None
     return _fa2.flash_attn_with_kvcache(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens,
@@ -403,11 +404,12 @@ def _chunked_kvcache(chunk, q, k_cache, v_cache, cache_seqlens, cache_batch_idx,
 
 def _rotate_from(rotary_seqlens, q, k, rotary_cos, rotary_sin, interleaved, causal, window_size):
     """FA3's rotary_seqlens: the appended keys rotated at positions rotary_seqlens[b] + j and the queries at
-    rotary_seqlens[b] (+ i when causal or local) instead of from cache_seqlens (FA3 reads it only when appending).
-    Positions past the tables: refused by name where the values are readable, clamped into them on a device."""
+    rotary_seqlens[b] (+ i when causal or local) instead of from cache_seqlens (FA3 reads it only when appending;
+    without new keys flashgen rotates q alone, as its cache call does from cache_seqlens). Positions past the
+    tables: refused by name where the values are readable, clamped into them on a device. k None: (q, None)."""
     validate.check_index("rotary_seqlens", rotary_seqlens, q, q.shape[0])
-    validate.check_rotary(rotary_cos, rotary_sin, q, k, 0)
-    seqlen_q, seqlen_new = q.shape[1], k.shape[1]
+    validate.check_rotary(rotary_cos, rotary_sin, q, q if k is None else k, 0)
+    seqlen_q, seqlen_new = q.shape[1], 0 if k is None else k.shape[1]
     local = _args.as_bool("causal", causal) or tuple(_args.as_pair("window_size", window_size, "(left, right) ints, "
                                                                    "-1 = unbounded")) != (-1, -1)
     rows_q = seqlen_q if local else 1
@@ -421,7 +423,7 @@ def _rotate_from(rotary_seqlens, q, k, rotary_cos, rotary_sin, interleaved, caus
     q_pos = (start + torch.arange(seqlen_q, device=q.device)) if local else start.expand(-1, seqlen_q)
     k_pos = start + torch.arange(seqlen_new, device=q.device)
     return (rotate(q, rotary_cos, rotary_sin, q_pos.clamp(0, table), interleaved),
-            rotate(k, rotary_cos, rotary_sin, k_pos.clamp(0, table), interleaved))
+            None if k is None else rotate(k, rotary_cos, rotary_sin, k_pos.clamp(0, table), interleaved))
 
 
 COMBINE_MAX_SPLITS = 256  # FA3's limit on num_splits (hopper/flash_api.cpp mha_combine)
