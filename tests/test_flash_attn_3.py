@@ -639,6 +639,14 @@ REFUSED = [
                                                              rotary_sin=COS, cache_seqlens=2, rotary_seqlens=AT_6),
      ValueError),
     ("k_descale", lambda q: fa3.flash_attn_with_kvcache(q, q, q, k_descale=torch.ones(1, 2)), NotImplementedError),
+    # attention_chunk's decode step combines cache_seqlens and cache_leftpad: their shapes named first
+    ("cache_leftpad: expected shape", lambda q: fa3.flash_attn_with_kvcache(
+        q[:, :1], q, q, cache_seqlens=torch.tensor([5], dtype=torch.int32), cache_leftpad=torch.tensor(
+            [1, 0], dtype=torch.int32), attention_chunk=3), ValueError),
+    ("cache_seqlens: expected shape", lambda q: fa3.flash_attn_with_kvcache(
+        q[:, :1], q, q, cache_seqlens=torch.tensor([5, 3], dtype=torch.int32), attention_chunk=3), ValueError),
+    ("cu_seqlens_q: expected a torch.Tensor", lambda q: fa3.flash_attn_with_kvcache(
+        q[:, 0], q, q, cache_seqlens=5, cu_seqlens_q=[0, 1], max_seqlen_q=1, attention_chunk=3), TypeError),
     ("num_heads_q", lambda q: fa3.flash_attn_qkvpacked_func(torch.randn(1, 8, 6, 16, dtype=DTYPE)), ValueError),
     ("num_heads_q", lambda q: fa3.flash_attn_qkvpacked_func(torch.randn(1, 8, 6, 16, dtype=DTYPE), num_heads_q=3),
      ValueError),

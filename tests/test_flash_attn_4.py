@@ -90,7 +90,10 @@ def test_varlen_with_seqused_and_a_sink():
     out3, lse3 = fa3.flash_attn_varlen_func(q, k, v, cu_q, cu_k, 13, 25, used_q, used_k, causal=True,
                                             return_attn_probs=True)
     want_out, want_lse = attention_sink(out3, lse3, sink)
-    assert torch.equal(out, want_out) and torch.equal(lse, want_lse)
+    assert torch.equal(out, want_out) and torch.equal(lse[:, :5], want_lse[:, :5]) and \
+        torch.equal(lse[:, 7:], want_lse[:, 7:])
+    # rows 5-6 are past sequence 0's seqused_q: no sequence's rows, so no sink either (lse +inf, out 0)
+    assert bool(torch.isinf(lse[:, 5:7]).all() and (lse[:, 5:7] > 0).all()) and bool((out[5:7] == 0).all())
     for b in range(3):
         rq = slice(int(cu_q[b]), int(cu_q[b]) + int(used_q[b]))
         rk = slice(int(cu_k[b]), int(cu_k[b]) + int(used_k[b]))
@@ -135,6 +138,47 @@ def test_refusals_name_the_argument(name):
     cu = torch.tensor([0, 8], dtype=torch.int32)
     with pytest.raises(NotImplementedError, match=name):
         fa4.flash_attn_varlen_func(q[0], k[0], v[0], cu_seqlens_q=cu, cu_seqlens_k=cu, **{name: value})
+
+
+def test_varlen_rows_past_the_last_sequence_keep_no_sink():
+    """Rows of q past cu_seqlens_q[-1] belong to no sequence: out 0 and lse +inf with a sink too (the oracle's), where
+    a sequence's row that sees no key takes lse = sink."""
+    cu_q, cu_k = torch.tensor([0, 3, 8], dtype=torch.int32), torch.tensor([0, 4, 4], dtype=torch.int32)
+    q, k, v = rand(10, 4, 16), rand(4, 2, 16), rand(4, 2, 16)
+    sink = torch.tensor([0.5, -1.0, 2.0, 4.0])
+    out, lse = fa4.flash_attn_varlen_func(q, k, v, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, learnable_sink=sink)
+    _, ref_lse = reference.attention_ref(q, k, v, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, sink=sink)
+    assert torch.equal(torch.isinf(lse), torch.isinf(ref_lse)) and bool(torch.isinf(lse[:, 8:]).all())
+    assert torch.equal(lse[:, 3:8], sink.view(4, 1).expand(4, 5))  # sequence 1 has no key: all weight on the sink
+    assert bool((out[8:] == 0).all())
+
+
+BAD_VARLEN = [
+    ("cu_seqlens_q", TypeError, dict(cu_seqlens_q=[0, 8])),
+    ("cu_seqlens_q", ValueError, dict(cu_seqlens_q=torch.tensor([[0, 8]], dtype=torch.int32))),
+    ("cu_seqlens_k", TypeError, dict(cu_seqlens_k=[0, 8])),
+    ("page_table: expected shape", ValueError, dict(page=True, page_table=torch.arange(4, dtype=torch.int32))),
+    ("k: expected 4 dims", ValueError, dict(page=True, k=rand(4, 2, 64))),
+]
+
+
+@pytest.mark.parametrize("name,error,kw", BAD_VARLEN, ids=[f"{b[0]}-{i}" for i, b in enumerate(BAD_VARLEN)])
+def test_varlen_bad_arguments_are_named(name, error, kw):
+    """Offsets that are no int32 vector, a page table that is not (batch, pages), keys not pages: named first (they
+    reached the offsets' arithmetic, or blamed seqused_k)."""
+    kw = dict(kw)
+    q = rand(8, 2, 64)
+    cu = torch.tensor([0, 8], dtype=torch.int32)
+    if kw.pop("page", False):
+        pages = rand(4, 4, 2, 64)
+        args = dict(cu_seqlens_q=cu, seqused_k=torch.tensor([5], dtype=torch.int32),
+                    page_table=torch.arange(4, dtype=torch.int32).view(1, 4), k=pages, v=pages)
+    else:
+        args = dict(cu_seqlens_q=cu, cu_seqlens_k=cu, k=rand(8, 2, 64), v=rand(8, 2, 64))
+    args.update(kw)
+    k, v = args.pop("k"), args.pop("v")
+    with pytest.raises(error, match=name):
+        fa4.flash_attn_varlen_func(q, k, v if v.dim() == k.dim() else k, **args)
 
 
 def test_varlen_refusals():

@@ -109,6 +109,14 @@ def test_default_routes_cuda_only():
     assert F.scaled_dot_product_attention is TORCH_SDPA
 
 
+def test_patch_takes_one_device_type_as_a_string():
+    """patch("cpu") routes CPU tensors (a string is one device type, not a set of its letters, which routed nothing)."""
+    fsdpa.reset_stats()
+    with fsdpa.patched("cpu"):
+        F.scaled_dot_product_attention(*(torch.randn(1, 2, 5, 16) for _ in range(3)))
+    assert fsdpa.stats() == {"flashgen": 1}
+
+
 def test_patch_and_unpatch():
     fsdpa.patch()
     try:

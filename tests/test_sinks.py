@@ -73,13 +73,13 @@ def test_dense_forward_and_gradients(case, device, dtype):
 
 
 def test_varlen_with_an_empty_sequence():
-    lens_q, lens_k = [5, 3, 9], [7, 0, 12]
     cu_q = torch.tensor([0, 5, 8, 17], dtype=torch.int32)
     cu_k = torch.tensor([0, 7, 7, 19], dtype=torch.int32)
     q, k, v = torch.randn(17, 4, 16), torch.randn(19, 2, 16), torch.randn(19, 2, 16)
     sink = torch.tensor([0.5, -1.0, 2.0, 4.0])
-    out, lse, _ = flashgen.flash_attn_varlen_func(q, k, v, cu_q, cu_k, 9, 12, causal=True, return_attn_probs=True)
-    out, lse = flashgen.attention_sink(out, lse, sink)
+    out, raw_lse, _ = flashgen.flash_attn_varlen_func(q, k, v, cu_q, cu_k, 9, 12, causal=True,
+                                                      return_attn_probs=True)
+    out, lse = flashgen.attention_sink(out, raw_lse, sink)
     for b in range(3):
         rq, rk = slice(int(cu_q[b]), int(cu_q[b + 1])), slice(int(cu_k[b]), int(cu_k[b + 1]))
         args = (q[rq][None], k[rk][None], v[rk][None], sink)
@@ -88,9 +88,14 @@ def test_varlen_with_an_empty_sequence():
         check_fa_rule(f"sequence {b} out", out[rq][None], want, naive)
         check_fa_rule(f"sequence {b} lse", lse[:, rq][None], want_lse, naive_lse)
     assert torch.equal(out[5:8], torch.zeros(3, 4, 16)) and torch.equal(lse[:, 5:8], sink.view(4, 1).expand(4, 3))
+    # a -inf sink weighs nothing: a row with no key is then empty (+inf, the marker), not -inf
+    _, lse_off = flashgen.attention_sink(out, raw_lse, torch.full((4,), float("-inf")))
+    assert bool((lse_off[:, 5:8] == float("inf")).all())
 
 
 def test_refusals():
+    with pytest.raises(ValueError, match=r"sink: expected \(4,\)"):  # the oracle names it too
+        attention_ref(*(torch.randn(1, 3, 4, 8) for _ in range(3)), sink=torch.zeros(3))
     out, lse = torch.randn(2, 5, 4, 8), torch.randn(2, 4, 5)
     with pytest.raises(ValueError, match="sink"):
         flashgen.attention_sink(out, lse, torch.zeros(3))

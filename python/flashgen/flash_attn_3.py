@@ -316,7 +316,10 @@ def _chunk_start(chunk, q, k_cache, k, cache_seqlens, cache_leftpad, page_table,
     if not all(isinstance(t, torch.Tensor) for t in (q, k_cache)) or \
             not (cache_leftpad is None or isinstance(cache_leftpad, torch.Tensor)):
         return cache_leftpad  # the call names what is wrong
-    batch = cu_seqlens_q.shape[0] - 1 if cu_seqlens_q is not None else q.shape[0]
+    batch = validate.check_varlen_q(cu_seqlens_q, q) if cu_seqlens_q is not None else q.shape[0]
+    for name, t in (("cache_seqlens", cache_seqlens), ("cache_leftpad", cache_leftpad)):
+        if isinstance(t, torch.Tensor):  # before they are combined below
+            validate.check_index(name, t, q, batch)
     appended = k.shape[1] if isinstance(k, torch.Tensor) and k.dim() == 4 else 0
     if cache_seqlens is None:
         total = torch.full((batch,), validate.kv_capacity(k_cache, page_table), dtype=torch.int64, device=q.device)

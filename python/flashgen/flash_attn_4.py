@@ -66,10 +66,21 @@ def _window(window_size) -> Tuple[int, int]:
     return (-1 if left is None else left, -1 if right is None else right)
 
 
-def _with_sink(out, lse, learnable_sink):
+def _with_sink(out, lse, learnable_sink, cu_seqlens_q=None, seqused_q=None):
+    """(out, lse) with the sink folded in (flashgen.attention_sink). Varlen rows that belong to no sequence (past
+    cu_seqlens_q[-1], or past seqused_q in their segment) keep out 0 and lse +inf: they have no sink either."""
     if learnable_sink is None:
         return out, lse
-    return attention_sink(out, lse, learnable_sink)
+    out, lse = attention_sink(out, lse, learnable_sink)
+    if cu_seqlens_q is None:
+        return out, lse
+    rows = torch.arange(out.shape[0], device=out.device)
+    seq = torch.searchsorted(cu_seqlens_q[1:].long(), rows, right=True)  # each row's sequence (batch: none)
+    member = rows < cu_seqlens_q[-1].long()
+    if seqused_q is not None:
+        seq_c = seq.clamp_max(max(seqused_q.shape[0] - 1, 0))
+        member &= rows - cu_seqlens_q[:-1].long()[seq_c] < seqused_q.long()[seq_c]
+    return out, torch.where(member.view(1, -1), lse, float("inf"))
 
 
 def flash_attn_func(q, k, v, qv=None, gather_kv_indices=None, softmax_scale=None, causal=False,
@@ -122,6 +133,9 @@ def flash_attn_varlen_func(q, k, v, qv=None, cu_seqlens_q=None, cu_seqlens_k=Non
     if cu_seqlens_q is None:
         raise NotImplementedError("cu_seqlens_q: dense queries (batch, seqlen_q, ...) against varlen or paged keys "
                                   "have no flashgen path; stack q by cu_seqlens_q, or call flash_attn_func")
+    batch = validate.check_varlen_q(cu_seqlens_q, q)  # named before any offset is read
+    if cu_seqlens_k is not None:
+        validate.check_index("cu_seqlens_k", cu_seqlens_k, q, batch + 1)
     window = _window(window_size)
     max_q = _max_seqlen("max_seqlen_q", max_seqlen_q, cu_seqlens_q, "cu_seqlens_q")
     if page_table is None:
@@ -132,12 +146,12 @@ def flash_attn_varlen_func(q, k, v, qv=None, cu_seqlens_q=None, cu_seqlens_k=Non
         out, lse = _fa3.flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_q, max_k, seqused_q,
                                                seqused_k, softmax_scale, causal, window_size=window, softcap=softcap,
                                                deterministic=deterministic, return_attn_probs=True, version=version)
-        return _with_sink(out, lse, learnable_sink)
+        return _with_sink(out, lse, learnable_sink, cu_seqlens_q, seqused_q)
     if seqused_q is not None:
         raise NotImplementedError("seqused_q: not with page_table (flashgen's paged call takes cu_seqlens_q's rows)")
-    shaped = isinstance(page_table, torch.Tensor) and page_table.dim() == 2 and isinstance(k, torch.Tensor) and \
-        k.dim() == 4  # else the paged call below names what is wrong
-    capacity = page_table.shape[1] * k.shape[1] if shaped else 0
+    validate.check_qkv(q, k, v, varlen=True, paged_kv=True)  # k / v pages (num_pages, page_size, ...), named
+    validate.check_block_table(page_table, q, k, None, batch=batch, name="page_table")
+    capacity = page_table.shape[1] * k.shape[1]
     if cu_seqlens_k is None:
         if seqused_k is None:
             raise ValueError("seqused_k: expected int32 (batch,) keys per sequence with page_table (or cu_seqlens_k)")
@@ -153,4 +167,4 @@ def flash_attn_varlen_func(q, k, v, qv=None, cu_seqlens_q=None, cu_seqlens_k=Non
     out, lse, _ = _fa2.flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_q, max_k, 0.0, softmax_scale,
                                               causal, window, softcap, None, deterministic, True,
                                               block_table=page_table, version=version)
-    return _with_sink(out, lse, learnable_sink)
+    return _with_sink(out, lse, learnable_sink, cu_seqlens_q)

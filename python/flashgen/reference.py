@@ -147,6 +147,8 @@ def attention_ref(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, softmax_
     d = q.shape[-1]
     if softmax_scale is None:
         softmax_scale = 1.0 / math.sqrt(d)
+    if sink is not None and tuple(sink.shape) != (q.shape[-2],):
+        raise ValueError(f"sink: expected ({q.shape[-2]},) (one logit per query head), got {tuple(sink.shape)}")
     kw = dict(softmax_scale=softmax_scale, causal=causal, window_size=tuple(window_size), softcap=softcap,
               dropout_p=dropout_p, block_mask=block_mask, block_size=tuple(block_size), dtype=dtype,
               attention_chunk=attention_chunk, sink=sink)

@@ -117,6 +117,8 @@ def reset_stats() -> None:
 def patch(devices: Iterable[str] = ("cuda",)) -> None:
     """Route torch.nn.functional.scaled_dot_product_attention through flashgen for tensors on `devices`."""
     global _devices
+    if isinstance(devices, str):  # patch("cpu"): one device type, not its letters
+        devices = (devices,)
     _devices = frozenset(devices)
     F.scaled_dot_product_attention = scaled_dot_product_attention
 

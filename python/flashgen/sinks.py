@@ -10,12 +10,11 @@ sigmoid(lse - t), and lse' = log(Z + e^t). That is the split-KV merge (common/ m
 with the sink as a key set of one whose value is zero, so it is exact, needs nothing of the kernels, and its
 gradients (to out, to lse, which flashgen's backward takes, and to the sink) follow by autograd. Dropout inside the
 kernel commutes with the scaling (eager implementations drop the probabilities after the sink's normalization: the
-same products). A row that sees no key (out 0, lse +inf) puts all its weight on the sink: out 0, lse' = t.
+same products). A row that sees no key (out 0, lse +inf) puts all its weight on the sink: out 0, lse' = t (+inf,
+the empty row's marker, where t is -inf too).
 """
 
 from __future__ import annotations
-
-from typing import Tuple
 
 import torch
 
@@ -57,4 +56,5 @@ def attention_sink(out: torch.Tensor, lse: torch.Tensor, sink: torch.Tensor, *, 
     if not return_lse:
         return scaled
     keys = torch.where(lse == float("inf"), float("-inf"), lse)     # log Z, -inf where no key is visible
-    return scaled, torch.logaddexp(keys, t)
+    merged = torch.logaddexp(keys, t)
+    return scaled, torch.where(merged == float("-inf"), float("inf"), merged)  # no key and a -inf sink: empty, +inf

@@ -421,22 +421,22 @@ def check_kvcache_values(k_cache: torch.Tensor, k: Optional[torch.Tensor], cache
 
 
 def check_block_table(block_table, q: torch.Tensor, k_cache: torch.Tensor, cache_batch_idx,
-                      batch: Optional[int] = None) -> None:
+                      batch: Optional[int] = None, name: str = "block_table") -> None:
     """block_table int32 (batch, max_blocks_per_seq) on the device of q, its last dim contiguous, beside pages of
     k_cache (num_pages, page_block_size, ...); not with cache_batch_idx (flash_attn refuses the pair too). batch:
-    the batch of q (varlen: from cu_seqlens_q), else q.shape[0]."""
-    t = _tensor("block_table", block_table)
+    the batch of q (varlen: from cu_seqlens_q), else q.shape[0]. name: the caller's (FA3 / FA4: page_table)."""
+    t = _tensor(name, block_table)
     if t.dtype != INDEX_DTYPE:
-        raise TypeError(f"block_table: expected dtype torch.int32, got {t.dtype}")
-    _same_device("block_table", t, q)
+        raise TypeError(f"{name}: expected dtype torch.int32, got {t.dtype}")
+    _same_device(name, t, q)
     batch = q.shape[0] if batch is None else batch
     if t.dim() != 2 or t.shape[0] != batch or t.shape[1] < 1:
-        raise ValueError(f"block_table: expected shape ({batch}, max_blocks_per_seq >= 1) (batch of q), got "
+        raise ValueError(f"{name}: expected shape ({batch}, max_blocks_per_seq >= 1) (batch of q), got "
                          f"{tuple(t.shape)}")
     if t.stride(1) != 1:
-        raise ValueError("block_table: expected a contiguous last dim")
+        raise ValueError(f"{name}: expected a contiguous last dim")
     if cache_batch_idx is not None:
-        raise ValueError("cache_batch_idx: cannot be combined with block_table (a paged cache names its pages per "
+        raise ValueError(f"cache_batch_idx: cannot be combined with {name} (a paged cache names its pages per "
                          "sequence; flash_attn refuses the pair too); pass None")
     if k_cache.shape[0] < 1 or k_cache.shape[1] < 1:
         raise ValueError(f"k_cache: expected pages (num_pages >= 1, page_block_size >= 1, num_heads_k, head_dim) "
