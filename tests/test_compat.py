@@ -50,9 +50,12 @@ def test_imports_as_flash_attn_code_writes_them():
         out = flash_attn_func(q, q, q, causal=True)
         assert out.shape == q.shape and bool(torch.isfinite(out).all())
         assert flashgen.compat.install() == flashgen.compat.install()  # idempotent
+        import flash_attn.cute.interface
+        assert flash_attn.cute.interface is flashgen.flash_attn_4  # an attribute, as after a real import
         flashgen.compat.uninstall()
         import sys
         assert "flash_attn" not in sys.modules and not flashgen.compat.installed()
+        assert not hasattr(flashgen.flash_attn_4, "interface")  # what install() set on flashgen's own module
         print("ok")
     """)
     assert out.strip() == "ok"

@@ -764,6 +764,7 @@ METADATA_REFUSED = [
     ("attention_chunk", lambda: fa3.get_scheduler_metadata(1, 1, 8, 2, 2, 64, SEQLENS, attention_chunk=-4),
      ValueError),
     ("batch_size", lambda: fa3.get_scheduler_metadata(-1, 1, 8, 2, 2, 64, SEQLENS), ValueError),
+    ("num_heads_kv: expected a divisor", lambda: fa3.get_scheduler_metadata(1, 1, 8, 7, 2, 64, SEQLENS), ValueError),
     ("max_seqlen_k", lambda: fa3.get_scheduler_metadata(1, 1, 2.5, 2, 2, 64, SEQLENS), TypeError),
     ("cache_seqlens", lambda: fa3.get_scheduler_metadata(1, 1, 8, 2, 2, 64, [3]), TypeError),
     ("page_size", lambda: fa3.get_scheduler_metadata(1, 1, 8, 2, 2, 64, SEQLENS, page_size=0), ValueError),

@@ -108,6 +108,13 @@ def test_gradient_is_the_inverse_rotation():
     (lambda x, c, s: rotary.apply_rotary_emb(x, c, s, seqlen_offsets=1.5), "seqlen_offsets"),
     (lambda x, c, s: rotary.apply_rotary_emb(x[0], c, s, cu_seqlens=torch.tensor([0.0, 9.0])), "cu_seqlens"),
     (lambda x, c, s: rotary.apply_rotary_emb(x[0], c, s, cu_seqlens=torch.tensor([0, 9]), max_seqlen=20), "cos"),
+    # offsets read on the CPU: decreasing, or past the rows of x (they rotated rows at made-up positions)
+    (lambda x, c, s: rotary.apply_rotary_emb(x[0], c, s, cu_seqlens=torch.tensor([0, 6, 4, 9]), max_seqlen=9),
+     "cu_seqlens: expected non-decreasing"),
+    (lambda x, c, s: rotary.apply_rotary_emb(x[0], c, s, cu_seqlens=torch.tensor([0, 4, 12]), max_seqlen=9),
+     "cu_seqlens: expected non-decreasing offsets in .0, 9."),
+    (lambda x, c, s: rotary.apply_rotary_emb(x, c, s, seqlen_offsets=torch.tensor([True, False])),
+     "seqlen_offsets"),
     (lambda x, c, s: rotary.apply_rotary_emb_qkv_(torch.randn(2, 9, 7, 8), c, s, num_heads_q=4), "num_heads_q"),
     (lambda x, c, s: rotary.apply_rotary_emb_kv_(torch.randn(2, 9, 3, 2, 8), c, s), "kv"),
 ])

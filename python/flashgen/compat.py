@@ -60,6 +60,7 @@ _ALIASES = {
     "flash_attn_interface": "flashgen.flash_attn_3",
 }
 _MARK = "__flashgen_alias__"  # set on the top-level module install() makes
+_ADDED: list = []  # (module, attribute) that install() set on flashgen's own modules, which uninstall() takes back
 
 
 def _top_module() -> types.ModuleType:
@@ -109,7 +110,10 @@ def install() -> Dict[str, str]:
         sys.modules[alias] = module
         parent, _, child = alias.rpartition(".")
         if parent:  # flash_attn.layers.rotary is an attribute of flash_attn.layers, as after a real import
-            setattr(sys.modules[parent], child, module)
+            owner = sys.modules[parent]
+            if not getattr(owner, _MARK, False) and not hasattr(owner, child):  # one of flashgen's own modules
+                _ADDED.append((owner, child))
+            setattr(owner, child, module)
     return {"flash_attn": "flashgen", **{alias: target or "(empty package)" for alias, target in _ALIASES.items()}}
 
 
@@ -120,3 +124,7 @@ def uninstall() -> None:
     for alias in _ALIASES:
         sys.modules.pop(alias, None)
     sys.modules.pop("flash_attn", None)
+    while _ADDED:  # e.g. flashgen.flash_attn_4.interface, which flash_attn.cute.interface's alias needed
+        owner, child = _ADDED.pop()
+        if hasattr(owner, child):
+            delattr(owner, child)

@@ -492,6 +492,9 @@ def get_scheduler_metadata(batch_size, max_seqlen_q, max_seqlen_k, num_heads_q, 
                         ("max_seqlen_k_new", max_seqlen_k_new)):
         if _args.as_int(name, value) < 0:
             raise ValueError(f"{name}: expected an int >= 0, got {value}")
+    if num_heads_kv == 0 and num_heads_q or num_heads_kv and num_heads_q % num_heads_kv:
+        raise ValueError(f"num_heads_kv: expected a divisor of num_heads_q ({num_heads_q}), got {num_heads_kv} (the "
+                         "call it plans would refuse it)")
     validate._tensor("cache_seqlens", cache_seqlens)
     if headdim_v is not None and _args.as_int("headdim_v", headdim_v) != _args.as_int("headdim", headdim):
         raise NotImplementedError(f"headdim_v: flashgen's KV cache takes V with q's head dim ({headdim}), got "

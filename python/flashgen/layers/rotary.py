@@ -18,7 +18,7 @@ from typing import Optional, Union
 
 import torch
 
-from .. import _args
+from .. import _args, validate
 
 
 def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, positions: torch.Tensor,
@@ -65,12 +65,17 @@ def _check(x, cos, sin, cu_seqlens, max_seqlen, seqlen_offsets) -> None:
         raise ValueError(f"cos: expected at least seqlen = {seqlen} rows (seqlen_ro >= seqlen), got {cos.shape[0]}")
     if cu_seqlens is not None and (not isinstance(cu_seqlens, torch.Tensor) or cu_seqlens.dim() != 1 or
                                    cu_seqlens.numel() < 1 or cu_seqlens.is_floating_point() or
-                                   cu_seqlens.device != x.device):
+                                   cu_seqlens.dtype == torch.bool or cu_seqlens.device != x.device):
         raise ValueError(f"cu_seqlens: expected an integer (batch + 1,) tensor on {x.device}")
+    if cu_seqlens is not None and validate.indices_readable(cu_seqlens):  # read where no sync is involved
+        cu = cu_seqlens.tolist()
+        if cu[0] < 0 or cu[-1] > x.shape[0] or any(b < a for a, b in zip(cu, cu[1:])):
+            raise ValueError(f"cu_seqlens: expected non-decreasing offsets in [0, {x.shape[0]}] (the rows of x), "
+                             f"got {cu}")
     if isinstance(seqlen_offsets, torch.Tensor):
         batch = x.shape[0] if cu_seqlens is None else cu_seqlens.numel() - 1
         if seqlen_offsets.shape != (batch,) or seqlen_offsets.is_floating_point() or \
-                seqlen_offsets.device != x.device:
+                seqlen_offsets.dtype == torch.bool or seqlen_offsets.device != x.device:
             raise ValueError(f"seqlen_offsets: expected an int or an integer ({batch},) tensor on {x.device}, got "
                              f"{seqlen_offsets.dtype} {tuple(seqlen_offsets.shape)} on {seqlen_offsets.device}")
 
