@@ -6,7 +6,6 @@ import sys
 import textwrap
 
 import packaging.version
-import pytest
 
 import flashgen
 
