@@ -13,8 +13,8 @@ head_dim) of one dtype, query's and key's head dim one (value's may differ: flas
 attn_mask, GQA with enable_gqa (num_heads_k dividing num_heads), and a
 generation that runs it on this device (dispatch: fp16 / bf16 on a GPU, head_dim <= 256). SDPA's is_causal is the
 top-left triangle (query i sees keys 0..i); flashgen's causal is bottom-right, so a causal call with more keys than
-queries (SDPA's diagonal above flashgen's) stays on torch, and one with more queries than keys runs with the window
-that makes flashgen's mask SDPA's. Everything else goes to torch's own function, unchanged, and stats() counts it by
+queries runs on the first seqlen_q keys (no query sees the others; their gradients are 0), and one with more queries
+than keys runs with the window that makes flashgen's mask SDPA's. Everything else goes to torch's own function, unchanged, and stats() counts it by
 reason. Dropout draws flashgen's Philox keep-mask, not torch's generator stream (the same distribution, other
 elements). Under autocast, q / k / v are cast to its dtype first, as SDPA's autocast rule does. The result is
 flashgen's (batch, seqlen, heads, head_dim) output seen as (batch, heads, seqlen, head_dim), a transposed view, as
@@ -65,8 +65,6 @@ def _why_not(query, key, value, attn_mask, is_causal, enable_gqa) -> Optional[st
         return "head_dim"
     if seqlen_k == 0:
         return "no keys (SDPA's softmax over nothing is NaN; flashgen's rows are 0)"
-    if is_causal and seqlen_k > seqlen_q:
-        return "is_causal with more keys than queries (SDPA's top-left diagonal)"
     return None
 
 
@@ -83,6 +81,8 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
     reason = _why_not(query, key, value, attn_mask, is_causal, enable_gqa)
     if reason is None:
         seqlen_q, seqlen_k = query.shape[2], key.shape[2]
+        if is_causal and seqlen_k > seqlen_q:  # keys past the last query's row are seen by no query: cut them off
+            key, value, seqlen_k = key[:, :, :seqlen_q], value[:, :, :seqlen_q], seqlen_q
         # SDPA's causal: key j visible to query i when j <= i; flashgen's window is measured from the bottom-right
         # diagonal i + seqlen_k - seqlen_q, so right = seqlen_q - seqlen_k (>= 0 here) puts it on SDPA's.
         window = (-1, seqlen_q - seqlen_k) if is_causal and seqlen_q != seqlen_k else (-1, -1)
