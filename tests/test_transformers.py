@@ -66,6 +66,12 @@ def _configs():
             **dict(common, num_key_value_heads=4), moe_intermediate_size=32, q_lora_rank=None, kv_lora_rank=16,
             qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=16, n_routed_experts=4, num_experts_per_tok=1,
             first_k_dense_replace=1, n_group=1, topk_group=1)),
+        # q / k RMS norms per head
+        "qwen3": transformers.Qwen3Config(**common, head_dim=16),
+        # sliding and global layers with their own rotary bases, query_pre_attn_scalar as the scale
+        "gemma3": transformers.Gemma3TextConfig(**common, head_dim=16, query_pre_attn_scalar=16,
+                                                sliding_window=WINDOW, layer_types=["sliding_attention",
+                                                                                   "full_attention"]),
         "gpt2": transformers.GPT2Config(vocab_size=VOCAB, n_positions=64, n_embd=64, n_layer=2, n_head=4,
                                         attn_pdrop=0.0, embd_pdrop=0.0, resid_pdrop=0.0, bos_token_id=2,
                                         eos_token_id=1),
@@ -419,6 +425,15 @@ def test_packed_sequences_are_separate():
         alone = torch.cat([eager(ids[:, s:e]).logits[0] for s, e in zip(cu[:-1].tolist(), cu[1:].tolist())])
     torch.testing.assert_close(packed, alone, rtol=1e-5, atol=1e-5)   # fp32 vs fp32: summation order only
     torch.testing.assert_close(flat, packed, rtol=0, atol=0)
+
+
+def test_models_with_their_own_attention_are_refused():
+    """Bloom computes attention in its own code (transformers' _supports_attention_backend False): under "FlashGen"
+    it took the padding mask into its own arithmetic (a shape error deep in the model); refused by name instead."""
+    cfg = transformers.BloomConfig(vocab_size=VOCAB, hidden_size=64, n_layer=2, n_head=4)
+    model = transformers.AutoModelForCausalLM.from_config(cfg, attn_implementation=fg_tf.NAME).eval()
+    with torch.no_grad(), pytest.raises(NotImplementedError, match="BloomModel computes attention in its own code"):
+        model(torch.randint(3, VOCAB, (2, 8)))
 
 
 def test_register_is_idempotent_and_named():

@@ -151,11 +151,38 @@ def _packed_ids(mask_function) -> Optional[torch.Tensor]:
     return None
 
 
+_OWN_ATTENTION: "weakref.WeakKeyDictionary[type, Optional[str]]" = weakref.WeakKeyDictionary()
+
+
+def _check_model_calls_the_interface(config) -> None:
+    """Models whose attention is their own code (transformers' `_supports_attention_backend` False: Bloom, MPT,
+    Falcon, StableLM in 5.x) never call attention_forward; under attn_implementation="FlashGen" they would take this
+    function's padding mask into their own arithmetic (an unclear shape error, or eager attention where flashgen was
+    asked for). Refused by name, once looked up per config class (transformers' AutoModel table; a config it does
+    not know passes)."""
+    if config is None:
+        return
+    kind = type(config)
+    if kind not in _OWN_ATTENTION:
+        try:
+            from transformers import MODEL_MAPPING
+            model = MODEL_MAPPING[kind]
+        except (KeyError, ValueError, ImportError):
+            model = None
+        own = model is not None and not getattr(model, "_supports_attention_backend", True)
+        _OWN_ATTENTION[kind] = model.__name__ if own else None
+    if _OWN_ATTENTION[kind] is not None:
+        raise NotImplementedError(f"flashgen: {_OWN_ATTENTION[kind]} computes attention in its own code (it does not "
+                                  f"call transformers' attention interface), so attn_implementation={NAME!r} cannot "
+                                  "run it; use attn_implementation='sdpa' or 'eager' for this model")
+
+
 def attention_mask(batch_size: int, q_length: int, kv_length: int, q_offset: int = 0, kv_offset: int = 0,
                    mask_function=masking_utils.causal_mask_function, attention_mask=None, **kwargs):
     """The mask transformers builds for "flashgen": None without padding, the bool (batch, kv_length) padding mask
     with padding, the int64 (batch, seqlen) sequence ids for packed sequences. Raises on masks the kernels cannot
     express (see the module docstring)."""
+    _check_model_calls_the_interface(kwargs.get("config"))
     if attention_mask is not None and attention_mask.dim() == 1:
         return attention_mask   # a static cache's lengths, made by this function for generate's step (see below)
     packed = _packed_ids(mask_function)
