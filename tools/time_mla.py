@@ -1,0 +1,137 @@
+#!/usr/bin/env python3
+"""Times V with its own head dim (session 43: interface._value_width pads the narrower side) at MLA's prefill shape,
+DeepSeek-V3's: 128 heads, q / k head dim 192 (128 + 64 rotary), v head dim 128, causal, bf16, batch 1, seqlen 4k and
+8k; forward and forward + backward. Beside flashgen's call (V zero-padded to 192 inside it):
+- `flashgen-v192`: the same call with V already 192 wide (the padded route's kernel time without the pad copy, and
+  without the slice of out: what the copy costs is the difference);
+- `sdpa`: torch SDPA's own backend choice with Ev = 128 (its flash backend takes one head dim);
+- `sdpa-cudnn`: SDPA forced to cuDNN, which takes (192, 128) natively where its version does (else recorded);
+- `fa4` where FlashAttention-4's wheels were carried (flash_attn.cute; ../shared/tools/fa4_wheels.sh).
+Useful FLOPs are counted with the real head dims, 2 * s^2 * h * (d + dv) forward (halved causal), backward 2.5x the
+forward, so the padded route's extra PV columns are its own loss. Predicted (the count in interface._value_width):
+flashgen at <= 1 / 1.2 of its d192 TFLOP/s, plus the V copy (~2 x 8k x 128 x 192 x 2 B = 0.8 GB of traffic at 8k,
+~0.2 ms at 4 TB/s, against ~2-3 ms of forward).
+
+Outputs checked first against flashgen.reference (FA rule). JSON lines to --out.
+--dry-run: the checks only, on the CPU backend at small sizes (runs anywhere).
+    python3 tools/time_mla.py [--out rows.jsonl] [--dry-run] [--seqlens 4096,8192]
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import torch
+import torch.nn.functional as F
+
+import flashgen
+from flashgen import reference, testing
+
+
+def tensors(device: str, seqlen: int, heads: int, d: int, dv: int):
+    q, k = (torch.randn(1, seqlen, heads, d, device=device, dtype=torch.bfloat16, requires_grad=True)
+            for _ in range(2))
+    v = torch.randn(1, seqlen, heads, dv, device=device, dtype=torch.bfloat16, requires_grad=True)
+    return q, k, v
+
+
+def calls(q, k, v):
+    """{impl: forward} at one shape; each returns out (1, s, h, dv) in flashgen's layout."""
+    d, dv = q.shape[-1], v.shape[-1]
+    scale = d ** -0.5
+    v192 = F.pad(v.detach(), (0, d - dv)).requires_grad_()
+
+    def sdpa(backend=None):
+        def run():
+            args = (q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2))
+            if backend is None:
+                return F.scaled_dot_product_attention(*args, is_causal=True, scale=scale).transpose(1, 2)
+            from torch.nn.attention import sdpa_kernel
+            with sdpa_kernel(backend):
+                return F.scaled_dot_product_attention(*args, is_causal=True, scale=scale).transpose(1, 2)
+        return run
+
+    out = {"flashgen": lambda: flashgen.flash_attn_func(q, k, v, causal=True),
+           "flashgen-v192": lambda: flashgen.flash_attn_func(q, k, v192, causal=True)[..., :dv],
+           "sdpa": sdpa()}
+    if q.is_cuda:
+        from torch.nn.attention import SDPBackend
+        out["sdpa-cudnn"] = sdpa(SDPBackend.CUDNN_ATTENTION)
+        try:
+            import flash_attn.cute as cute
+            out["fa4"] = lambda: cute.flash_attn_func(q, k, v, causal=True)[0]
+        except Exception:   # noqa: BLE001 - the peer is optional
+            pass
+    return out, (q, k, v, v192)
+
+
+def check(name, fn, q, k, v) -> None:
+    ref, _ = reference.attention_ref(q.detach(), k.detach(), v.detach(), causal=True)
+    naive, _ = reference.attention_ref(q.detach(), k.detach(), v.detach(), causal=True, dtype=q.dtype)
+    with torch.no_grad():
+        testing.check_fa_rule(name, fn(), ref, naive)
+
+
+def flops(seqlen: int, heads: int, d: int, dv: int) -> float:
+    return 2.0 * seqlen * seqlen * heads * (d + dv) / 2   # causal
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--dry-run", action="store_true", help="CPU backend, small sizes, the checks only")
+    ap.add_argument("--out", default=None)
+    ap.add_argument("--seqlens", default="4096,8192")
+    args = ap.parse_args()
+    device = "cpu" if args.dry_run else "cuda"
+    heads, d, dv = (4, 48, 32) if args.dry_run else (128, 192, 128)
+    seqlens = [77] if args.dry_run else [int(s) for s in args.seqlens.split(",")]
+    rows = []
+    for seqlen in seqlens:
+        q, k, v = tensors(device, seqlen, heads, d, dv)
+        fns, (q, k, v, v192) = calls(q, k, v)
+        for name, fn in list(fns.items()):
+            try:
+                if args.dry_run or seqlen <= 4096:
+                    check(name, fn, q, k, v)
+            except Exception as exc:   # noqa: BLE001 - a backend that refuses the shape is a row, not a failure
+                if args.dry_run:
+                    raise
+                rows.append({"seqlen": seqlen, "impl": name, "error": f"{type(exc).__name__}: "
+                             f"{str(exc).splitlines()[0][:200] if str(exc) else ''}"})
+                print(f"s{seqlen} {name:14s} {rows[-1]['error']}", flush=True)
+                del fns[name]
+        if args.dry_run:
+            continue
+        from triton.testing import do_bench
+        fwd_flops = flops(seqlen, heads, d, dv)
+        for name, fn in fns.items():
+            leaves = (q, k, v192 if name == "flashgen-v192" else v)
+            dout = torch.randn(1, seqlen, heads, dv, device=device, dtype=torch.bfloat16)
+
+            def step(fn=fn, leaves=leaves, dout=dout):
+                return torch.autograd.grad(fn(), leaves, dout)
+            with torch.no_grad():
+                fwd_ms = do_bench(fn, warmup=10, rep=50)
+            row = {"seqlen": seqlen, "impl": name, "heads": heads, "head_dim": d, "head_dim_v": dv,
+                   "fwd_ms": fwd_ms, "fwd_tflops": fwd_flops / fwd_ms * 1e-9}
+            try:
+                fb_ms = do_bench(step, warmup=5, rep=30)
+                row.update(fwdbwd_ms=fb_ms, fwdbwd_tflops=3.5 * fwd_flops / fb_ms * 1e-9)
+            except Exception as exc:   # noqa: BLE001 - a forward-only peer
+                row["bwd_error"] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}"
+            rows.append(row)
+            print(f"s{seqlen} {name:14s} fwd {fwd_ms:7.3f} ms {row['fwd_tflops']:6.1f} TFLOP/s   fwd+bwd "
+                  f"{row.get('fwdbwd_ms', float('nan')):7.3f} ms {row.get('fwdbwd_tflops', float('nan')):6.1f} "
+                  f"TFLOP/s {row.get('bwd_error', '')}", flush=True)
+        del q, k, v, v192, fns
+        torch.cuda.empty_cache()
+    if args.dry_run:
+        print("checks passed:", ", ".join(f"{r}" for r in ("flashgen", "flashgen-v192", "sdpa")))
+        return
+    if args.out:
+        from flashgen.bench import report
+        report.write_jsonl(args.out, rows)
+
+
+if __name__ == "__main__":
+    main()
