@@ -176,6 +176,30 @@ def test_refusals_name_the_argument():
     with pytest.raises(ValueError, match="softmax_lse"):
         fai._flash_attn_backward(q, q, q, q, out, lse.double(), None, None, None, 0.0, None, False, -1, -1, 0.0, None,
                                  False)
+    # dout / out in another dtype than q (the kernels read them as q's: a bf16 dout beside fp32 q read past its end)
+    for name, dout, o in (("dout", q.float(), out), ("out", q, out.half())):
+        with pytest.raises(TypeError, match=f"{name}: expected q's dtype torch.bfloat16"):
+            fai._flash_attn_backward(dout, q, q, q, o, lse, None, None, None, 0.0, None, False, -1, -1, 0.0, None,
+                                     False)
+    # a gradient buffer whose elements share memory (expanded): batch 0's gradient was lost
+    with pytest.raises(ValueError, match="dq: expected a tensor whose elements do not share memory"):
+        fai._flash_attn_backward(q, q, q, q, out, lse, rand(1, 1, 2, 16).expand(1, 8, 2, 16), None, None, 0.0, None,
+                                 False, -1, -1, 0.0, None, False)
+
+
+def test_lse_in_other_strides_is_read_by_its_values():
+    """softmax_lse with the forward's values in other strides (a transpose made contiguous and back): the same
+    gradients, bit for bit (the params take lse's row stride as 1; such an lse gave gradients off by ~2)."""
+    q, k, v = rand(2, 7, 4, 16), rand(2, 9, 4, 16), rand(2, 9, 4, 16)
+    out, lse, _, _ = fai._flash_attn_forward(q, k, v, 0.0, None, True, -1, -1, 0.0, None, False)
+    dout = rand(*out.shape)
+    grads = []
+    for lse_in in (lse, lse.transpose(1, 2).contiguous().transpose(1, 2)):
+        bufs = [torch.empty_like(t) for t in (q, k, v)]
+        fai._flash_attn_backward(dout, q, k, v, out, lse_in, *bufs, 0.0, None, True, -1, -1, 0.0, None, False)
+        grads.append(bufs)
+    for name, a, b in zip(("dq", "dk", "dv"), *grads):
+        assert torch.equal(a, b), name
 
 
 def test_the_pair_under_torch_compile():

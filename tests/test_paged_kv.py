@@ -141,6 +141,8 @@ BAD = {
     "leftpad-negative": (ValueError, ["cache_leftpad", "-2"],
                          lambda i: dict(cache_leftpad=torch.tensor([0, -2], dtype=torch.int32))),
     "leftpad-dtype": (TypeError, ["cache_leftpad", "int32"], lambda i: dict(cache_leftpad=torch.zeros(2))),
+    "k-cache-expanded": (ValueError, ["k_cache", "do not share memory"],  # the append's writes would collide
+                         lambda i: dict(k_cache=i["k_cache"][:1].expand(i["k_cache"].shape))),
     "num-splits-negative": (ValueError, ["num_splits", "-1"], lambda i: dict(num_splits=-1)),
     "num-splits-bool": (TypeError, ["num_splits", "bool"], lambda i: dict(num_splits=True)),
 }

@@ -464,6 +464,8 @@ def backward(generation: str, dout: torch.Tensor, q: torch.Tensor, k: torch.Tens
     dv = torch.empty_like(v) if dv is None else dv
     varlen_q = cu_seqlens_q is not None
     varlen_k = cu_seqlens_k is not None
+    if lse.stride(-1) != 1:  # the params take lse's batch and head strides, its row stride is 1 (common/params.h)
+        lse = lse.contiguous()
     p = _native.C.AttnBwdParams()
     _fill(p, q, k, v, out, lse, softmax_scale=softmax_scale, window_size=window_size, softcap=softcap,
           alibi_slopes=alibi_slopes, dropout_p=dropout_p, seed=seed, offset=offset, cu_seqlens_q=cu_seqlens_q,

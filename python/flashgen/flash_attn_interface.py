@@ -77,6 +77,7 @@ def _grad_buffer(name: str, given, like: torch.Tensor, like_name: str) -> torch.
                          f"{like.device}, got {tuple(given.shape)}, {given.dtype}, {given.device}")
     if given.stride(-1) != 1:
         raise ValueError(f"{name}: expected a contiguous last dim (it is written in place)")
+    validate.check_writable(name, given)
     return given
 
 
@@ -95,11 +96,14 @@ def _raw_backward(dout, q, k, v, out, softmax_lse, dq, dk, dv, *, dropout_p, sof
         if tuple(validate._tensor(name, t).shape) != tuple(q.shape) or t.device != q.device:
             raise ValueError(f"{name}: expected q's shape {tuple(q.shape)} on {q.device}, got {tuple(t.shape)} on "
                              f"{t.device}")
+        if t.dtype != q.dtype:  # the kernels read it as q's dtype (a bf16 dout beside fp32 q read past its end)
+            raise TypeError(f"{name}: expected q's dtype {q.dtype}, got {t.dtype}")
     lse_shape = _ops.lse_shape(q, cu_seqlens_q)
     validate._tensor("softmax_lse", softmax_lse)
     if tuple(softmax_lse.shape) != tuple(lse_shape) or softmax_lse.dtype != torch.float32:
         raise ValueError(f"softmax_lse: expected float32 of shape {tuple(lse_shape)} (the forward's), got "
                          f"{softmax_lse.dtype} of {tuple(softmax_lse.shape)}")
+    validate._same_device("softmax_lse", softmax_lse, q)
     dq, dk, dv = (_grad_buffer(n, g, t, tn) for n, g, t, tn in (("dq", dq, q, "q"), ("dk", dk, k, "k"),
                                                                 ("dv", dv, v, "v")))
     compiling = torch.compiler.is_compiling()

@@ -542,6 +542,9 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     validate.check_alibi(alibi_slopes, q, q.shape[0])
     if k is not None and cache_seqlens is None:
         raise ValueError("cache_seqlens: expected an int or int32 (batch,) tensor when appending k/v")
+    if k is not None:
+        validate.check_writable("k_cache", k_cache)
+        validate.check_writable("v_cache", v_cache)
     if rotary_cos is not None and cache_seqlens is None:
         raise ValueError("cache_seqlens: expected an int or int32 (batch,) tensor with rotary_cos / rotary_sin (the "
                          "rotary positions count from it), got None")

@@ -106,6 +106,14 @@ def check_qkv(q, k, v, *, varlen: bool = False, names: Tuple[str, str, str] = ("
         raise ValueError(f"{kn}: num_heads {num_heads} must be a multiple of num_heads_k {num_heads_k}")
 
 
+def check_writable(name: str, t: torch.Tensor) -> None:
+    """A tensor written in place whose elements do not share memory (an expand()ed one, stride 0 over a size > 1,
+    would have several writes land on one element and the others lost)."""
+    if any(size > 1 and stride == 0 for size, stride in zip(t.shape, t.stride())):
+        raise ValueError(f"{name}: expected a tensor whose elements do not share memory (it is written in place); got "
+                         f"strides {t.stride()} for shape {tuple(t.shape)}")
+
+
 def _f32_normal(x: float) -> bool:
     """x is a finite, normal, nonzero number in float32 (no overflow to inf, no flush towards 0)."""
     return F32_MIN_NORMAL <= abs(x) < F32_ROUNDS_TO_INF
