@@ -56,7 +56,7 @@ def _why_not(query, key, value, attn_mask, is_causal, enable_gqa) -> Optional[st
         return "not 4-D (batch, heads, seqlen, head_dim)"
     if not (query.dtype == key.dtype == value.dtype) or not (query.device == key.device == value.device):
         return "mixed dtypes or devices"
-    (batch, heads, seqlen_q, head_dim), (batch_k, heads_k, seqlen_k, head_dim_k) = query.shape, key.shape
+    (batch, heads, _, head_dim), (batch_k, heads_k, seqlen_k, head_dim_k) = query.shape, key.shape
     if tuple(value.shape[:3]) != (batch_k, heads_k, seqlen_k) or head_dim_k != head_dim or batch_k != batch:
         return "key / value shapes (key's head dim differs from query's, or batch / heads / seqlen)"
     if heads_k != heads and not (enable_gqa and heads_k > 0 and heads % heads_k == 0):
