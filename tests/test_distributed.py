@@ -89,6 +89,19 @@ def test_zigzag_helpers():
     with pytest.raises(TypeError, match="x: expected a torch.Tensor"):
         D.zigzag_shard([1, 2], 2, 0)
     assert torch.equal(D.zigzag_shard(x, 4, 1, dim=-1), D.zigzag_shard(x, 4, 1))
+    # shards of unequal length came back scrambled ([0, 1, 2, 3, 6, 7]); refused by name
+    with pytest.raises(ValueError, match=r"shards\[1\]: expected the shape of shards\[0\]"):
+        D.zigzag_unshard([torch.arange(4).view(1, 4), torch.arange(4, 6).view(1, 2)])
+
+
+def test_merge_partials_names_shapes_that_do_not_match():
+    out, lse = torch.randn(2, 5, 3, 8), torch.randn(2, 3, 5)
+    with pytest.raises(ValueError, match=r"outs\[1\], lses\[1\]"):
+        D.merge_partials([out, out], [lse, lse[:, :, :4]])
+    with pytest.raises(ValueError, match=r"outs\[1\], lses\[1\]"):
+        D.merge_partials([out, out[..., :4]], [lse, lse])
+    with pytest.raises(ValueError, match=r"outs\[0\], lses\[0\]"):
+        D.merge_partials([out], [lse.transpose(1, 2)])
 
 
 # ---- the block plans against the global mask ----

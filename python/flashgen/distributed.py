@@ -122,6 +122,9 @@ def unshard_sequence(shards: Sequence[torch.Tensor], layout: str = "zigzag", dim
     dim = _seq_dim("shards[0]", shards[0], dim)
     for rank, shard in enumerate(shards):
         _seq_dim(f"shards[{rank}]", shard, dim)
+        if shard.shape != shards[0].shape:  # equal chunks: unequal shards came back in a scrambled order
+            raise ValueError(f"shards[{rank}]: expected the shape of shards[0] {tuple(shards[0].shape)} (every rank "
+                             f"holds an equal shard), got {tuple(shard.shape)}")
     per = _CHUNKS_PER_SHARD[layout]
     pieces: List[Optional[torch.Tensor]] = [None] * (world_size * per)
     for rank, shard in enumerate(shards):
@@ -165,6 +168,12 @@ def merge_partials(outs: Sequence[torch.Tensor], lses: Sequence[torch.Tensor]) -
     """
     if len(outs) != len(lses) or not outs:
         raise ValueError(f"merge_partials: expected as many outs as lses (at least one), got {len(outs)}, {len(lses)}")
+    for i, (o, lse) in enumerate(zip(outs, lses)):
+        want = (o.shape[0], o.shape[2], o.shape[1]) if o.dim() == 4 else None
+        if o.shape != outs[0].shape or want is None or tuple(lse.shape) != want:
+            raise ValueError(f"outs[{i}], lses[{i}]: expected out (batch, seqlen_q, num_heads, head_dim) as outs[0] "
+                             f"{tuple(outs[0].shape)} and lse (batch, num_heads, seqlen_q), got {tuple(o.shape)} and "
+                             f"{tuple(lse.shape)}")
     weights, merged = merge_weights(torch.stack([lse.float() for lse in lses]))
     out = sum(w.transpose(1, 2).unsqueeze(-1) * o.float() for o, w in zip(outs, weights))
     return out, merged
