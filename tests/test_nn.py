@@ -216,6 +216,11 @@ def test_varlen_bad_offsets_refused_by_name():
     for cu, error in (([0, -5, 10], ValueError), ([0, 9, 3], ValueError), ([0, 4, 12], IndexError)):
         with pytest.raises(error, match="cu_seqlens_q"):
             m(x, cu_seqlens=torch.tensor(cu, dtype=torch.int32), max_seqlen=10)
+    # its form before the rotary lookups use it (searchsorted's and indexing's errors)
+    for cu, words in ((torch.tensor([[0, 10]], dtype=torch.int32), "cu_seqlens: expected shape 1 dim"),
+                      (torch.tensor([], dtype=torch.int32), r"cu_seqlens: expected shape \(batch \+ 1,\)")):
+        with pytest.raises(ValueError, match=words):
+            m(x, cu_seqlens=cu, max_seqlen=10)
 
 
 def test_dropout_only_in_training():
@@ -245,6 +250,8 @@ def test_rotary_helpers_match_naive():
 
 
 def test_bad_arguments():
+    with pytest.raises(ValueError, match="num_heads: expected an int >= 1, got 0"):  # was a ZeroDivisionError
+        MultiheadAttention(EMBED, 0)
     with pytest.raises(ValueError, match="num_heads_k"):
         MultiheadAttention(EMBED, 4, 3)
     with pytest.raises(ValueError, match="rotary_dim"):

@@ -25,7 +25,7 @@ from typing import Optional, Tuple
 import torch
 from torch import nn
 
-from . import interface
+from . import interface, validate
 from .layers.rotary import rotate as apply_rotary  # public here too: x rotated at positions
 
 __all__ = ["KVCache", "MultiheadAttention", "apply_rotary", "rotary_tables"]
@@ -89,6 +89,8 @@ class MultiheadAttention(nn.Module):
                  window_size: Tuple[int, int] = (-1, -1), softcap: float = 0.0,
                  softmax_scale: Optional[float] = None, version: Optional[str] = None, device=None, dtype=None):
         super().__init__()
+        if isinstance(num_heads, bool) or not isinstance(num_heads, int) or num_heads <= 0:
+            raise ValueError(f"num_heads: expected an int >= 1, got {num_heads!r}")
         num_heads_k = num_heads if num_heads_k is None else num_heads_k
         head_dim = embed_dim // num_heads if head_dim is None else head_dim
         if num_heads <= 0 or num_heads_k <= 0 or num_heads % num_heads_k:
@@ -154,7 +156,10 @@ class MultiheadAttention(nn.Module):
             out = self._with_cache(q, k, v, cache, kw)
         elif varlen:
             total = x.shape[0]
-            if self.rotary_dim:
+            if self.rotary_dim:  # cu_seqlens read by the table lookups below: its form checked first
+                validate.check_index("cu_seqlens", cu_seqlens, x)
+                if cu_seqlens.shape[0] < 1:
+                    raise ValueError(f"cu_seqlens: expected shape (batch + 1,), got {tuple(cu_seqlens.shape)}")
                 token = torch.arange(total, device=x.device)
                 sequence = torch.searchsorted(cu_seqlens[1:].long(), token, right=True)  # each token's sequence
                 # positions in [0, total) for any offsets: cu_seqlens is checked by name in the call below, after
