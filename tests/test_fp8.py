@@ -87,6 +87,26 @@ def test_quantize_zeros_and_bad_arguments():
         fp8.quantize(torch.zeros(1, 4, 2, 16), "row")
     with pytest.raises(ValueError, match="num_heads_k"):
         fp8.quantize(torch.zeros(1, 4, 3, 16), "head", num_heads_k=2)
+    with pytest.raises(ValueError, match=r"signs: expected a \(16,\) tensor"):
+        fp8.quantize(torch.randn(1, 4, 2, 16), hadamard=True, signs=torch.ones(8))
+    x8, d = fp8.quantize(torch.randn(2, 300, 2, 16), "block")
+    with pytest.raises(ValueError, match=r"descale: expected \(2, 2, 3\)"):
+        fp8.dequantize(x8, d[:, :1], "block")
+    with pytest.raises(ValueError, match="descale: expected"):
+        fp8.dequantize(x8, torch.ones(2, 3), "head")  # 3 groups of 2 heads
+
+
+@pytest.mark.parametrize("granularity", fp8.GRANULARITIES)
+@pytest.mark.parametrize("shape", [(0, 5, 2, 8), (2, 0, 2, 8), (2, 5, 0, 8), (2, 5, 2, 0)], ids=str)
+def test_quantize_empty_tensors(shape, granularity):
+    """Empty x (as flash_attn_func takes): empty x8 and descales of the floor in the kernel's layout, which dequantize
+    takes back (amax of an empty slice raised)."""
+    x8, d = fp8.quantize(torch.randn(shape), granularity)
+    batch, seqlen, heads, _ = shape
+    assert x8.shape == shape and x8.dtype == fp8.E4M3
+    assert tuple(d.shape) == ((batch, heads, -(-seqlen // fp8.BLOCK_TOKENS)) if granularity == "block" else
+                              (batch, heads)) and bool(torch.isfinite(d).all())
+    assert fp8.dequantize(x8, d, granularity).shape == shape
 
 
 def _outlier_qkv(b, s, h, hk, d, seed=0):

@@ -58,6 +58,8 @@ def hadamard_transform(x: torch.Tensor, signs: Optional[torch.Tensor] = None) ->
 
 
 def _heads_per_group(heads: int, num_heads_k: Optional[int]) -> int:
+    if heads == 0 and num_heads_k in (None, 0):  # no heads: no groups (empty descales)
+        return 1
     groups = heads if num_heads_k is None else num_heads_k
     if groups <= 0 or heads % groups:
         raise ValueError(f"num_heads_k: must divide the heads of x ({heads}), got {num_heads_k}")
@@ -68,6 +70,10 @@ def _amax(x: torch.Tensor, granularity: str, num_heads_k: Optional[int]) -> torc
     """amax over what one scale covers: (batch, num_heads_k) or (batch, heads, blocks)."""
     batch, seqlen, heads, head_dim = x.shape
     a = x.abs()
+    if x.numel() == 0:  # nothing to scale (amax has no identity): descales of the floor, in their layout
+        per = _heads_per_group(heads, num_heads_k)
+        shape = (batch, heads, -(-seqlen // BLOCK_TOKENS)) if granularity == "block" else (batch, heads // per)
+        return x.new_zeros(shape, dtype=torch.float32)
     if granularity == "tensor":
         groups = heads // _heads_per_group(heads, num_heads_k)
         return a.amax().reshape(1, 1).expand(batch, groups).clone()
@@ -87,7 +93,7 @@ def expand_descale(descale: torch.Tensor, shape: Tuple[int, ...], granularity: s
     if granularity == "block":
         per_token = descale.repeat_interleave(BLOCK_TOKENS, dim=2)[:, :, :seqlen]  # (batch, heads, seqlen)
         return per_token.transpose(1, 2).unsqueeze(-1)
-    per = heads // descale.shape[1]
+    per = heads // descale.shape[1] if descale.shape[1] else 1  # no heads: nothing to repeat
     return descale.repeat_interleave(per, dim=1)[:, None, :, None]
 
 
@@ -108,6 +114,9 @@ def quantize(x: torch.Tensor, granularity: str = "tensor", hadamard: bool = Fals
     if hadamard:
         if signs is None:
             signs = random_signs(x.shape[-1], seed, x.device)
+        elif not isinstance(signs, torch.Tensor) or tuple(signs.shape) != (x.shape[-1],):
+            raise ValueError(f"signs: expected a ({x.shape[-1]},) tensor of +-1 (x's head_dim), got "
+                             f"{tuple(signs.shape) if isinstance(signs, torch.Tensor) else type(signs).__name__}")
         xf = hadamard_transform(xf, signs)
     descale = (_amax(xf, granularity, num_heads_k).float().clamp_min(_TINY) / E4M3_MAX)
     scaled = xf / expand_descale(descale, tuple(x.shape), granularity).to(xf.dtype)
@@ -116,6 +125,19 @@ def quantize(x: torch.Tensor, granularity: str = "tensor", hadamard: bool = Fals
 
 def dequantize(x8: torch.Tensor, descale: torch.Tensor, granularity: str = "tensor") -> torch.Tensor:
     """x8 * descale in fp32 (granularity as given to quantize; "tensor" and "head" share a layout)."""
+    if granularity not in GRANULARITIES:
+        raise ValueError(f"granularity: expected one of {GRANULARITIES}, got {granularity!r}")
+    batch, seqlen, heads, _ = x8.shape
+    if granularity == "block":
+        ok, want = tuple(descale.shape) == (batch, heads, -(-seqlen // BLOCK_TOKENS)), \
+            f"({batch}, {heads}, {-(-seqlen // BLOCK_TOKENS)})"
+    else:
+        ok = descale.dim() == 2 and descale.shape[0] == batch and (
+            descale.shape[1] == heads == 0 or descale.shape[1] > 0 and heads % descale.shape[1] == 0)
+        want = f"({batch}, a divisor of {heads})"
+    if not ok:
+        raise ValueError(f"descale: expected {want} for x8 of shape {tuple(x8.shape)} at granularity "
+                         f"{granularity!r}, got {tuple(descale.shape)}")
     return x8.float() * expand_descale(descale.float(), tuple(x8.shape), granularity)
 
 
