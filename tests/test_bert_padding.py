@@ -116,7 +116,12 @@ def test_concatenated_sequences():
     (lambda: index_put_first_axis(torch.randn(3, 2), torch.tensor([0, 1]), 4), ["values", "2 rows"]),
     (lambda: unpad_input_for_concatenated_sequences(torch.randn(1, 4, 2), torch.tensor([[3, 2, 0, 0]])),
      ["attention_mask_in_length", "seqlen 4"]),
-], ids=["mask-shape", "mask-float", "not-a-tensor", "seqlen", "indices-float", "values-rows", "lengths-over"])
+    # indices past the rows, or negative (a negative one wrapped to the last row without a word)
+    (lambda: index_first_axis(torch.randn(4, 3), torch.tensor([0, 7])), ["indices", "[0, 4)", "7"]),
+    (lambda: pad_input(torch.randn(2, 3), torch.tensor([0, 2]), 1, 2), ["indices", "[0, 2)"]),
+    (lambda: index_put_first_axis(torch.randn(1, 3), torch.tensor([-1]), 4), ["indices", "[0, 4)", "-1"]),
+], ids=["mask-shape", "mask-float", "not-a-tensor", "seqlen", "indices-float", "values-rows", "lengths-over",
+        "gather-past-rows", "pad-past-rows", "put-negative"])
 def test_errors_name_the_argument(call, words):
     with pytest.raises((ValueError, TypeError)) as info:
         call()

@@ -17,6 +17,8 @@ from typing import Optional, Tuple
 
 import torch
 
+from . import validate
+
 __all__ = ["index_first_axis", "index_put_first_axis", "pad_input", "unpad_input",
            "unpad_input_for_concatenated_sequences"]
 
@@ -27,11 +29,18 @@ def _tensor(name: str, t) -> torch.Tensor:
     return t
 
 
-def _indices(indices) -> torch.Tensor:
+def _indices(indices, rows: int) -> torch.Tensor:
+    """indices as int64; their values in [0, rows) where they are read (validate.indices_readable: CPU tensors, or
+    FLASHGEN_CHECK_INDICES=1): torch's own errors named nothing, and a negative index wrapped to the last rows."""
     indices = _tensor("indices", indices)
     if indices.dim() != 1 or indices.dtype not in (torch.int64, torch.int32):
         raise ValueError(f"indices: expected a 1-D int64 (or int32) tensor, got shape {tuple(indices.shape)} "
                          f"dtype {indices.dtype}")
+    if indices.numel() and validate.indices_readable(indices):
+        low, high = int(indices.min()), int(indices.max())
+        if low < 0 or high >= rows:
+            raise ValueError(f"indices: expected values in [0, {rows}) (the rows of the first axis), got values from "
+                             f"{low} to {high}")
     return indices.long()
 
 
@@ -40,17 +49,17 @@ def index_first_axis(input: torch.Tensor, indices: torch.Tensor) -> torch.Tensor
     input = _tensor("input", input)
     if input.dim() < 1:
         raise ValueError("input: expected at least 1 dim")
-    return input.index_select(0, _indices(indices).to(input.device))
+    return input.index_select(0, _indices(indices, input.shape[0]).to(input.device))
 
 
 def index_put_first_axis(values: torch.Tensor, indices: torch.Tensor, first_axis_dim: int) -> torch.Tensor:
     """A zero tensor (first_axis_dim, ...) with values[i] at row indices[i]; the gradient is gathered back."""
     values = _tensor("values", values)
-    indices = _indices(indices).to(values.device)
-    if values.dim() < 1 or values.shape[0] != indices.shape[0]:
-        raise ValueError(f"values: expected {indices.shape[0]} rows (one per index), got shape {tuple(values.shape)}")
     if isinstance(first_axis_dim, bool) or not isinstance(first_axis_dim, int) or first_axis_dim < 0:
         raise ValueError(f"first_axis_dim: expected an int >= 0, got {first_axis_dim!r}")
+    indices = _indices(indices, first_axis_dim).to(values.device)
+    if values.dim() < 1 or values.shape[0] != indices.shape[0]:
+        raise ValueError(f"values: expected {indices.shape[0]} rows (one per index), got shape {tuple(values.shape)}")
     out = values.new_zeros((first_axis_dim, *values.shape[1:]))
     return out.index_put((indices,), values)
 
