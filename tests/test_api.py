@@ -647,6 +647,11 @@ def test_explain():
     assert "auto runs cpu" in str(ex)
     ex_bwd = flashgen.explain(q, q, q, dropout_p=0.1, backward=True)
     assert "backward" in ex_bwd.problem.features and "dropout" in ex_bwd.problem.features
+    for name, value in (("backward", "yes"), ("kvcache", 1.5)):  # taken by truth value before
+        with pytest.raises(TypeError, match=f"{name}: expected a bool"):
+            flashgen.explain(q, q, q, **{name: value})
+    with pytest.raises(TypeError, match="block_mask: expected a bool tensor"):  # None ran dense attention
+        flashgen.block_sparse_attn_func(q, q, q, None)
     cu = _cu([8, 8])
     ex_var = flashgen.explain(q[0], q[0], q[0], cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=8, max_seqlen_k=8)
     assert "varlen" in ex_var.problem.features

@@ -465,6 +465,9 @@ def block_sparse_attn_func(q, k, v, block_mask, block_size=(128, 128), causal=Fa
     block_mask: bool (num_heads or 1, ceil(seqlen_q / block_m), ceil(seqlen_k / block_n)); one layout broadcasts
     over heads. Rows whose every key is masked give out = 0 and lse = +inf.
     """
+    if block_mask is None:  # (None would run dense attention: the mask is the call's point)
+        raise TypeError("block_mask: expected a bool tensor (num_heads or 1, ceil(seqlen_q / block_m), "
+                        "ceil(seqlen_k / block_n)), got None; flash_attn_func is the dense call")
     out, lse, probs = _attention(q, k, v, dropout_p=dropout_p, softmax_scale=softmax_scale, causal=causal,
                                  window_size=window_size, softcap=softcap, alibi_slopes=alibi_slopes,
                                  deterministic=deterministic, return_probs=return_attn_probs, version=version,
@@ -750,6 +753,8 @@ def explain(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, window_siz
     dropout_p, softmax_scale, causal, window_size, softcap, deterministic, return_attn_probs = _args.scalars(
         dropout_p, softmax_scale, causal, window_size, softcap, deterministic, return_attn_probs)
     return_attn_probs = _probs_wanted(return_attn_probs, dropout_p, probs_without_dropout)
+    kvcache = _args.as_bool("kvcache", kvcache)
+    backward = None if backward is None else _args.as_bool("backward", backward)
     validate.check_qkv(q, k, v, varlen=varlen, paged_kv=paged and varlen, same_batch=not (kvcache or paged),
                        value_dim=not (kvcache or paged))
     validate.check_scalars(dropout_p=dropout_p, softmax_scale=softmax_scale, causal=causal, window_size=window_size,
