@@ -100,7 +100,9 @@ inline Status check_params(const AttnParams& p) {
     const int room = p.seqlen_k - (p.cache_leftpad ? p.cache_leftpad[b] : 0);  // keys counted from the left pad
     if (p.seqused_k[b] < 0 || p.seqused_k[b] > room) {
       return Status::invalid("cpu: seqused_k[" + std::to_string(b) + "] = " + std::to_string(p.seqused_k[b]) +
-                             " must be in [0, " + std::to_string(room) + "] (the cache capacity past the left pad)");
+                             " (sequence " + std::to_string(b) + "'s keys: cache_seqlens with any new keys, less "
+                             "cache_leftpad; or seqused_k) must be in [0, " + std::to_string(room) +
+                             "] (the cache capacity past the left pad)");
     }
   }
   for (int b = 0; p.block_table && b < p.batch; ++b) {  // the pages this call reads: rows [left pad, end)

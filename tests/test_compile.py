@@ -178,6 +178,18 @@ def test_kvcache_append_is_traced():
     assert torch.equal(k_cache, k_eager) and torch.equal(v_cache, v_eager), "compiled append differs from eager"
 
 
+def test_kvcache_lengths_past_the_cache_name_cache_seqlens_when_traced():
+    """Traced, the host does not read cache_seqlens (no check in Python); the CPU backend's own check refuses the
+    value and now names the caller's argument (it named only the params' seqused_k)."""
+    q, cache = torch.randn(2, 1, 2, 16), torch.randn(2, 10, 2, 16)
+
+    def step(q, k_cache, v_cache, cache_seqlens):
+        return flashgen.flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=cache_seqlens)
+
+    with pytest.raises(ValueError, match=r"seqused_k\[1\] = 1000000 .*cache_seqlens"):
+        _compiled(step, "aot_eager")(q, cache, cache.clone(), torch.tensor([9, 1000000], dtype=torch.int32))
+
+
 def test_dropout_seed_follows_manual_seed():
     q = torch.randn(1, 24, 2, 16)
     fn = _compiled(lambda q: flashgen.flash_attn_func(q, q, q, dropout_p=0.3), "aot_eager")

@@ -187,6 +187,22 @@ def test_refusals_name_the_argument():
                                  False, -1, -1, 0.0, None, False)
 
 
+@pytest.mark.parametrize("rng_state,words", [
+    (torch.tensor([[3, 5]]), None),  # (1, 2): the forward's values in another shape, taken (int() of a list before)
+    (torch.tensor([-5, -7]), "both >= 0"),  # pybind's incompatible-arguments error before
+    (torch.tensor([3.0, 5.0]), "int64 tensor of 2"),
+], ids=["shape-1x2", "negative", "float"])
+def test_rng_state_is_checked_by_name(rng_state, words):
+    q = rand(1, 8, 2, 16)
+    out, lse, _, _ = fai._flash_attn_forward(q, q, q, 0.2, None, False, -1, -1, 0.0, None, False)
+    call = (q, q, q, q, out, lse, None, None, None, 0.2, None, False, -1, -1, 0.0, None, False, rng_state)
+    if words is None:
+        fai._flash_attn_backward(*call)
+    else:
+        with pytest.raises(ValueError, match=f"rng_state: expected.*{words}"):
+            fai._flash_attn_backward(*call)
+
+
 def test_lse_in_other_strides_is_read_by_its_values():
     """softmax_lse with the forward's values in other strides (a transpose made contiguous and back): the same
     gradients, bit for bit (the params take lse's row stride as 1; such an lse gave gradients off by ~2)."""

@@ -109,11 +109,13 @@ def _raw_backward(dout, q, k, v, out, softmax_lse, dq, dk, dv, *, dropout_p, sof
     compiling = torch.compiler.is_compiling()
     seed, offset = _NO_RNG
     if dropout_p > 0:
-        if not isinstance(rng_state, torch.Tensor) or rng_state.numel() != 2:
+        if not isinstance(rng_state, torch.Tensor) or rng_state.numel() != 2 or rng_state.dtype != torch.int64:
             raise ValueError("rng_state: expected the forward's rng_state (an int64 tensor of 2) to replay its "
                              f"dropout, got {rng_state!r}")
         if not compiling:  # flashgen::bwd reads it inside the op where traced
-            seed, offset = (int(x) for x in rng_state.tolist())  # the forward's is on the CPU: no synchronization
+            seed, offset = rng_state.reshape(-1).tolist()  # the forward's is on the CPU: no synchronization
+            if seed < 0 or offset < 0:  # the forward draws both in [0, 2^62)
+                raise ValueError(f"rng_state: expected the forward's (seed, offset), both >= 0, got {(seed, offset)}")
     if varlen:
         max_seqlen_q = _args.max_seqlen("max_seqlen_q", max_seqlen_q)
         max_seqlen_k = _args.max_seqlen("max_seqlen_k", max_seqlen_k)
