@@ -573,6 +573,19 @@ def _features(q, k, *, causal, window_size, softcap, alibi_slopes, backward) -> 
     return frozenset(used)
 
 
+def _check_same_shards(name: str, comm: "RingComm", q, k, v) -> None:
+    """Every rank's q / k / v shapes and dtype equal this rank's (the transfers assume it: shards that differ made
+    gloo abort the process, "Received data size doesn't match expected size"). One all_gather_object, a host sync:
+    on with FLASHGEN_CHECK_INDICES=1, as the other debugging checks."""
+    mine = (tuple(q.shape), tuple(k.shape), tuple(v.shape), str(q.dtype))
+    every = [None] * comm.world
+    dist.all_gather_object(every, mine, group=comm.group)
+    for rank, theirs in enumerate(every):
+        if tuple(theirs) != mine:
+            raise ValueError(f"{name}: every rank's shards must have this rank's shapes and dtype (q, k, v, dtype) "
+                             f"{mine}; rank {rank} has {tuple(theirs)}")
+
+
 def _prepare(name: str, q, k, v, *, dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes,
              deterministic, group, layout, version, comm=None):
     """Validate, refuse what does not compose, choose the generation, pad. Returns (cfg, comm, q, k, v)."""
@@ -585,6 +598,8 @@ def _prepare(name: str, q, k, v, *, dropout_p, softmax_scale, causal, window_siz
         raise NotImplementedError(f"{name}: dropout_p > 0 is not supported (the dropout mask is keyed on each "
                                   "call's local row and column, not the global positions); pass dropout_p=0")
     comm = comm if comm is not None else RingComm(group)
+    if isinstance(comm, RingComm) and comm.world > 1 and os.environ.get(validate.CHECK_INDICES_ENV, "0") == "1":
+        _check_same_shards(name, comm, q, k, v)
     head_dim = q.shape[-1]
     softmax_scale = 1.0 / math.sqrt(head_dim) if softmax_scale is None else float(softmax_scale)
     window = (int(window_size[0]), 0 if causal else int(window_size[1]))
@@ -628,7 +643,8 @@ def ring_flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=Fals
     seqlen_q == seqlen_k. Arguments as flashgen.flash_attn_func; dropout, window_size and alibi_slopes are refused
     (allgather_flash_attn_func takes window_size). Returns this rank's out, or (out, lse fp32 (batch, num_heads,
     seqlen_q), None) with return_attn_probs. comm: a RingComm-like object instead of the group (bench/ring.py's
-    simulated ring)."""
+    simulated ring). Shards of other shapes on another rank fail inside the transfers (gloo aborts the process);
+    FLASHGEN_CHECK_INDICES=1 compares them first (one all_gather_object) and raises naming the rank."""
     name = "ring_flash_attn_func"
     validate.check_qkv(q, k, v)
     dropout_p, softmax_scale, causal, window_size, softcap, deterministic, return_attn_probs = _args.scalars(
