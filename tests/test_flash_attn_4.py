@@ -140,6 +140,50 @@ def test_refusals_name_the_argument(name):
         fa4.flash_attn_varlen_func(q[0], k[0], v[0], cu_seqlens_q=cu, cu_seqlens_k=cu, **{name: value})
 
 
+@pytest.mark.parametrize("keys", ["paged", "varlen", "dense-seqused"])
+def test_dense_queries_against_varlen_paged_or_dense_keys(keys):
+    """FA4's varlen call with q (batch, seqlen_q, ...) and no cu_seqlens_q: each batch row one sequence of seqlen_q
+    (bottom-right against its own keys), lse (batch, num_heads, seqlen_q); with a sink; gradients where the keys are
+    not paged. Against the oracle per sequence."""
+    torch.manual_seed(12)
+    b, sq, h, hk, d = 3, 5, 4, 2, 32
+    used = torch.tensor([9, 5, 17], dtype=torch.int32)
+    q = rand(b, sq, h, d).requires_grad_()
+    dense_k, dense_v = rand(b, 20, hk, d), rand(b, 20, hk, d)
+    sink = torch.tensor([0.5, -1.0, 2.0, 1.0])
+    kw = dict(causal=True, learnable_sink=sink)
+    if keys == "paged":
+        page = 4
+        table = torch.randperm(b * 5).view(b, 5).to(torch.int32)
+        pages_k, pages_v = (torch.empty(b * 5, page, hk, d, dtype=DTYPE) for _ in range(2))
+        for src, dst in ((dense_k, pages_k), (dense_v, pages_v)):
+            dst[table.flatten().long()] = src.reshape(b * 5, page, hk, d)
+        out, lse = fa4.flash_attn_varlen_func(q, pages_k, pages_v, seqused_k=used, page_table=table, **kw)
+    elif keys == "varlen":
+        cu_k = torch.tensor([0, *used.cumsum(0).tolist()], dtype=torch.int32)
+        ks, vs = (torch.cat([t[i, :int(used[i])] for i in range(b)]) for t in (dense_k, dense_v))
+        out, lse = fa4.flash_attn_varlen_func(q, ks, vs, cu_seqlens_k=cu_k, **kw)
+    else:
+        out, lse = fa4.flash_attn_varlen_func(q, dense_k, dense_v, seqused_k=used, **kw)
+    assert out.shape == (b, sq, h, d) and lse.shape == (b, h, sq) and lse.is_contiguous()
+    for i in range(b):
+        n = int(used[i])
+        args = (q.detach()[i:i + 1], dense_k[i:i + 1, :n], dense_v[i:i + 1, :n])
+        ref, ref_lse = reference.attention_ref(*args, causal=True, sink=sink)
+        naive, naive_lse = reference.attention_ref(*args, causal=True, sink=sink, dtype=DTYPE)
+        testing.check_fa_rule(f"{keys} sequence {i}", out.detach()[i:i + 1], ref, naive)
+        testing.check_fa_rule(f"{keys} sequence {i} lse", lse[i:i + 1], ref_lse, naive_lse)
+    if keys == "varlen":  # the same call with q stacked by hand: the same gradient, bit for bit
+        dout = rand(*out.shape)
+        (dq,) = torch.autograd.grad(out, q, dout)
+        q2 = q.detach().clone().requires_grad_()
+        cu_q = torch.arange(b + 1, dtype=torch.int32) * sq
+        out2, _ = fa4.flash_attn_varlen_func(q2.flatten(0, 1), ks, vs, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k,
+                                             max_seqlen_q=sq, **kw)
+        (dq2,) = torch.autograd.grad(out2, q2, dout.flatten(0, 1))
+        assert torch.equal(out.detach().flatten(0, 1), out2.detach()) and torch.equal(dq, dq2)
+
+
 def test_varlen_rows_past_the_last_sequence_keep_no_sink():
     """Rows of q past cu_seqlens_q[-1] belong to no sequence: out 0 and lse +inf with a sink too (the oracle's), where
     a sequence's row that sees no key takes lse = sink."""
@@ -184,8 +228,8 @@ def test_varlen_bad_arguments_are_named(name, error, kw):
 def test_varlen_refusals():
     q, k, v = rand(8, 2, 64), rand(8, 2, 64), rand(8, 2, 64)
     cu = torch.tensor([0, 8], dtype=torch.int32)
-    with pytest.raises(NotImplementedError, match="cu_seqlens_q"):
-        fa4.flash_attn_varlen_func(q[None], k, v, cu_seqlens_k=cu)
+    with pytest.raises(ValueError, match=r"q: expected \(batch, seqlen_q, num_heads, head_dim\) without"):
+        fa4.flash_attn_varlen_func(q, k, v, cu_seqlens_k=cu)
     with pytest.raises(ValueError, match="cu_seqlens_k"):
         fa4.flash_attn_varlen_func(q, k, v, cu_seqlens_q=cu)
     pages, table = rand(4, 4, 2, 64), torch.arange(4, dtype=torch.int32).view(1, 4)

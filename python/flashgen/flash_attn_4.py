@@ -18,8 +18,9 @@ read there); flashgen reads no size back from a GPU, so there they are asked for
 
 What flashgen has no kernel for raises NotImplementedError naming the argument: `qv` (MLA absorption),
 `gather_kv_indices`, the CuTe-DSL callables `score_mod` / `score_mod_bwd` / `mask_mod` with `aux_tensors` /
-`aux_scalars`, `block_sparse_tensors` (flashgen's block sparsity is block_sparse_attn_func), and dense queries
-against varlen or paged keys. FA4's schedule hints (`num_splits`, `pack_gqa`, `scheduler_metadata`,
+`aux_scalars` and `block_sparse_tensors` (flashgen's block sparsity is block_sparse_attn_func). Dense queries
+(batch, seqlen_q, ...) without cu_seqlens_q run as one sequence per batch row against varlen, paged or dense keys
+(read up to seqused_k), with FA4's (batch, num_heads, seqlen_q) lse. FA4's schedule hints (`num_splits`, `pack_gqa`, `scheduler_metadata`,
 `seqlen_k_per_split`, `disable_scheduler_metadata`, `min_seqlen_k`) are checked where they have a range and change
 nothing.
 """
@@ -130,9 +131,24 @@ def flash_attn_varlen_func(q, k, v, qv=None, cu_seqlens_q=None, cu_seqlens_k=Non
     _args.as_bool("return_lse", return_lse)
     _args.as_bool("disable_scheduler_metadata", disable_scheduler_metadata)
     del min_seqlen_k, scheduler_metadata, seqlen_k_per_split  # schedule hints; flashgen plans its own
-    if cu_seqlens_q is None:
-        raise NotImplementedError("cu_seqlens_q: dense queries (batch, seqlen_q, ...) against varlen or paged keys "
-                                  "have no flashgen path; stack q by cu_seqlens_q, or call flash_attn_func")
+    if cu_seqlens_q is None:  # dense queries (batch, seqlen_q, ...): each batch row a sequence of seqlen_q
+        if not isinstance(q, torch.Tensor) or q.dim() != 4:
+            raise ValueError(f"q: expected (batch, seqlen_q, num_heads, head_dim) without cu_seqlens_q, or (total_q, "
+                             f"num_heads, head_dim) with it, got {tuple(getattr(q, 'shape', ()))}")
+        batch, seqlen_q = q.shape[:2]
+        if cu_seqlens_k is None and page_table is None and isinstance(k, torch.Tensor) and k.dim() == 4:
+            if k.shape[0] != batch:  # dense keys (batch, seqlen_k, ...), read up to seqused_k
+                raise ValueError(f"k: expected batch {batch} (q's), got {k.shape[0]}")
+            cu_seqlens_k = torch.arange(batch + 1, device=k.device, dtype=torch.int32) * k.shape[1]
+            max_seqlen_k = k.shape[1] if max_seqlen_k is None else max_seqlen_k
+            k, v = k.flatten(0, 1), v.flatten(0, 1) if isinstance(v, torch.Tensor) else v
+        out, lse = flash_attn_varlen_func(
+            q.flatten(0, 1), k, v, None, torch.arange(batch + 1, device=q.device, dtype=torch.int32) * seqlen_q,
+            cu_seqlens_k, seqlen_q if max_seqlen_q is None else max_seqlen_q, max_seqlen_k, None, seqused_q,
+            seqused_k, None, page_table, softmax_scale, causal, window_size, learnable_sink, softcap, num_splits,
+            pack_gqa, deterministic, return_lse=return_lse, version=version)
+        return out.view(batch, seqlen_q, *out.shape[1:]), \
+            lse.view(lse.shape[0], batch, seqlen_q).transpose(0, 1).contiguous()  # (batch, num_heads, seqlen_q)
     batch = validate.check_varlen_q(cu_seqlens_q, q)  # named before any offset is read
     if cu_seqlens_k is not None:
         validate.check_index("cu_seqlens_k", cu_seqlens_k, q, batch + 1)
