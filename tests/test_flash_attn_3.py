@@ -9,7 +9,7 @@ import torch
 
 import flashgen
 from flashgen import flash_attn_3 as fa3
-from flashgen import reference, testing
+from flashgen import reference, testing, validate
 
 torch.manual_seed(0)
 DTYPE = torch.bfloat16
@@ -561,7 +561,7 @@ def test_kvcache_varlen_queries_refusals_and_no_backward():
     seqlens = torch.tensor([9, 16], dtype=torch.int32)
     kw = dict(cache_seqlens=seqlens, page_table=table, cu_seqlens_q=cu, max_seqlen_q=4)
     cases = [
-        (dict(k=q, v=q), NotImplementedError, "k: appending"),
+        (dict(k=q, v=q), ValueError, r"k: expected \(batch, seqlen_new"),  # stacked keys need cu_seqlens_k_new
         (dict(rotary_cos=torch.ones(16, 4, dtype=DTYPE), rotary_sin=torch.ones(16, 4, dtype=DTYPE)),
          NotImplementedError, "rotary_cos"),
         (dict(max_seqlen_q=None), TypeError, "max_seqlen_q"),
@@ -625,16 +625,16 @@ def test_fp8_descales_as_fa3_names_them():
 
 REFUSED = [
     ("qv", lambda q: fa3.flash_attn_func(q, q, q, qv=q), NotImplementedError),
-    ("attention_chunk", lambda q: fa3.flash_attn_with_kvcache(q, q, q, q[:, :2], q[:, :2], cache_seqlens=4,
-                                                              attention_chunk=8), NotImplementedError),
+    ("attention_chunk", lambda q: fa3.flash_attn_with_kvcache(q, q, q, rotary_cos=COS, rotary_sin=COS,
+                                                              cache_seqlens=4, attention_chunk=8), NotImplementedError),
     ("attention_chunk", lambda q: fa3.flash_attn_func(q, q, q, attention_chunk=2 ** 31), ValueError),
     ("attention_chunk", lambda q: fa3.flash_attn_func(q, q, q, attention_chunk=-1), ValueError),
     ("num_splits", lambda q: fa3.flash_attn_func(q, q, q, num_splits=-2), ValueError),
     ("sm_margin", lambda q: fa3.flash_attn_func(q, q, q, sm_margin=1.5), TypeError),
     ("pack_gqa", lambda q: fa3.flash_attn_func(q, q, q, pack_gqa="yes"), TypeError),
     ("return_attn_probs", lambda q: fa3.flash_attn_func(q, q, q, return_attn_probs=2), TypeError),
-    ("cu_seqlens_k_new", lambda q: fa3.flash_attn_with_kvcache(q, q, q, q, q, cache_seqlens=0, cu_seqlens_k_new=CU),
-     NotImplementedError),
+    ("k: expected .total_new", lambda q: fa3.flash_attn_with_kvcache(q, q, q, q, q, cache_seqlens=0,
+                                                                     cu_seqlens_k_new=CU), ValueError),
     ("rotary_seqlens", lambda q: fa3.flash_attn_with_kvcache(q, q, q, q[:, :1], q[:, :1], rotary_cos=COS,
                                                              rotary_sin=COS, cache_seqlens=2, rotary_seqlens=AT_6),
      ValueError),
@@ -924,3 +924,149 @@ def test_kvcache_attention_chunk_several_queries_refusals():
     with pytest.raises(NotImplementedError, match="backward"):
         qg = q.clone().requires_grad_()
         fa3.flash_attn_with_kvcache(qg, cache, cache, cache_seqlens=5, attention_chunk=4).sum().backward()
+
+
+def _appended_by_hand(k_cache, v_cache, k, v, cu_new, seqlens):
+    """Dense (batch, capacity, ...) caches after sequence b's new keys k[cu_new[b]:cu_new[b + 1]] went to rows
+    seqlens[b] + j (the spec)."""
+    kc, vc = k_cache.clone(), v_cache.clone()
+    for b in range(len(cu_new) - 1):
+        for j, row in enumerate(range(int(cu_new[b]), int(cu_new[b + 1]))):
+            kc[b, int(seqlens[b]) + j], vc[b, int(seqlens[b]) + j] = k[row], v[row]
+    return kc, vc
+
+
+@pytest.mark.parametrize("form", ["varlen-q-stacked-k-paged", "varlen-q-dense-k", "dense-q-stacked-k-batch-idx"])
+@pytest.mark.parametrize("rotary", [False, True])
+def test_kvcache_append_stacked(form, rotary):
+    """FA3's appends flashgen's own call has no form for: new keys stacked by cu_seqlens_k_new, or beside varlen
+    queries (k dense or stacked). The caches equal the spec's writes bit for bit (keys rotated at cache_seqlens + j
+    where rotary is given), and out equals the oracle over the written cache, q rotated at cache_seqlens (+ its row,
+    causal) by flashgen.layers.rotary."""
+    from flashgen.layers.rotary import apply_rotary_emb
+    from flashgen.nn import rotary_tables
+    gen = torch.Generator().manual_seed(31)
+    b, cap, h, hk, d = 3, 32, 4, 2, 32
+    lens, pads = torch.tensor([5, 0, 17], dtype=torch.int32), torch.tensor([2, 0, 3], dtype=torch.int32)
+    news = [3, 0, 4] if form != "varlen-q-dense-k" else [2, 2, 2]
+    cu_new = torch.tensor([0, *torch.tensor(news).cumsum(0).tolist()], dtype=torch.int32)
+    kc, vc = (torch.randn(b, cap, hk, d, generator=gen).to(DTYPE) for _ in range(2))
+    k, v = (torch.randn(int(cu_new[-1]), hk, d, generator=gen).to(DTYPE) for _ in range(2))
+    cos, sin = (t.to(DTYPE) for t in rotary_tables(16, 64)) if rotary else (None, None)
+    k_rot = k if not rotary else torch.cat([apply_rotary_emb(k[None, cu_new[i]:cu_new[i + 1]], cos, sin,
+                                                             seqlen_offsets=int(lens[i]))[0] for i in range(b)])
+    kw = dict(cache_seqlens=lens, cache_leftpad=pads, causal=True, rotary_cos=cos, rotary_sin=sin,
+              rotary_interleaved=False)
+    entries = table = None
+    if form == "dense-q-stacked-k-batch-idx":
+        n_q = [2] * b
+        q = torch.randn(b, 2, h, d, generator=gen).to(DTYPE)
+        entries = torch.tensor([2, 0, 1], dtype=torch.int32)
+        caches = [torch.empty_like(kc), torch.empty_like(vc)]
+        for c, src in zip(caches, (kc, vc)):
+            c[entries.long()] = src
+        out = fa3.flash_attn_with_kvcache(q, *caches, k, v, cache_batch_idx=entries, cu_seqlens_k_new=cu_new, **kw)
+        rows = [out[i] for i in range(b)]
+        q_rows = [q[i] for i in range(b)]
+    else:
+        n_q = [3, 1, 4]
+        cu_q = torch.tensor([0, *torch.tensor(n_q).cumsum(0).tolist()], dtype=torch.int32)
+        q = torch.randn(int(cu_q[-1]), h, d, generator=gen).to(DTYPE)
+        extra = {}
+        if form == "varlen-q-stacked-k-paged":
+            page = 8
+            table = torch.randperm(b * cap // page, generator=gen).view(b, cap // page).to(torch.int32)
+            caches = [torch.empty(b * cap // page, page, hk, d, dtype=DTYPE) for _ in range(2)]
+            for c, src in zip(caches, (kc, vc)):
+                c[table.flatten().long()] = src.reshape(b * cap // page, page, hk, d)
+            extra = dict(page_table=table, cu_seqlens_k_new=cu_new)
+            k_arg, v_arg = k, v
+        else:
+            caches = [kc.clone(), vc.clone()]
+            k_arg, v_arg = k.view(b, 2, hk, d), v.view(b, 2, hk, d)
+        out = fa3.flash_attn_with_kvcache(q, *caches, k_arg, v_arg, cu_seqlens_q=cu_q, max_seqlen_q=4, **kw, **extra)
+        rows = [out[cu_q[i]:cu_q[i + 1]] for i in range(b)]
+        q_rows = [q[cu_q[i]:cu_q[i + 1]] for i in range(b)]
+    # the caches, bit for bit the spec's writes (read back through the table / entries)
+    if table is not None:
+        dense_k = reference.pages_to_dense(caches[0], table)
+        dense_v = reference.pages_to_dense(caches[1], table)
+    elif entries is not None:
+        dense_k, dense_v = caches[0][entries.long()], caches[1][entries.long()]
+    else:
+        dense_k, dense_v = caches
+    spec_k, spec_v = _appended_by_hand(kc, vc, k_rot, v, cu_new, lens)
+    assert torch.equal(dense_k, spec_k) and torch.equal(dense_v, spec_v), "the appended rows differ from the spec's"
+    for i in range(b):
+        used = lens[i:i + 1] + news[i]
+        qi = q_rows[i][None]
+        if rotary:
+            qi = apply_rotary_emb(qi, cos, sin, seqlen_offsets=int(lens[i]))
+        ref_kw = dict(causal=True, seqused_k=used, cache_leftpad=pads[i:i + 1])
+        ref, _ = reference.attention_ref(qi, spec_k[i:i + 1], spec_v[i:i + 1], **ref_kw)
+        naive, _ = reference.attention_ref(qi, spec_k[i:i + 1], spec_v[i:i + 1], dtype=DTYPE, **ref_kw)
+        testing.check_fa_rule(f"{form} rotary={rotary} sequence {i}", rows[i][None], ref, naive)
+
+
+def test_kvcache_append_stacked_refusals_leave_the_caches_untouched():
+    q, kc, vc = rand(2, 2, 4, 16), rand(2, 12, 2, 16), rand(2, 12, 2, 16)
+    k, v = rand(5, 2, 16), rand(5, 2, 16)
+    lens = torch.tensor([3, 9], dtype=torch.int32)
+    cases = [
+        (dict(cu_seqlens_k_new=torch.tensor([0, 4, 2], dtype=torch.int32)), ValueError, "cu_seqlens_k_new: expected "
+         "non-decreasing"),
+        (dict(cu_seqlens_k_new=torch.tensor([0, 2, 7], dtype=torch.int32)), ValueError, r"offsets in \[0, 5\]"),
+        (dict(cu_seqlens_k_new=torch.tensor([0, 1, 5], dtype=torch.int32)), ValueError,  # 9 + 4 > 12
+         "cache_seqlens: entry 1 is 9; with its 4 new keys"),
+        (dict(cu_seqlens_k_new=torch.tensor([0, 2], dtype=torch.int32)), ValueError, r"cu_seqlens_k_new: expected "
+         r"shape \(3,\)"),
+        (dict(cu_seqlens_k_new=torch.tensor([0, 2, 5], dtype=torch.int32), v=rand(5, 2, 8)), ValueError, "v: expected"),
+        (dict(cu_seqlens_k_new=torch.tensor([0, 2, 5], dtype=torch.int32), cache_seqlens=None), ValueError,
+         "cache_seqlens: expected an int"),
+        (dict(cu_seqlens_k_new=torch.tensor([0, 2, 5], dtype=torch.int32), rotary_cos=torch.ones(12, 4, dtype=DTYPE),
+              rotary_sin=torch.ones(12, 4, dtype=DTYPE), rotary_seqlens=torch.tensor([11, 0], dtype=torch.int32)),
+         ValueError, "rotary_seqlens: rotary positions up to 12"),
+    ]
+    for extra, error, match in cases:
+        before = kc.clone(), vc.clone()
+        args = dict(k=k, v=v, cache_seqlens=lens)
+        args.update(extra)
+        with pytest.raises(error, match=match):
+            fa3.flash_attn_with_kvcache(q, kc, vc, **args)
+        assert torch.equal(kc, before[0]) and torch.equal(vc, before[1]), f"{match}: a cache was written"
+
+
+def test_kvcache_append_stacked_unread_offsets(monkeypatch):
+    """Where the offsets are not read (a device without FLASHGEN_CHECK_INDICES; here the CPU made to act so), rows of
+    k past cu_seqlens_k_new[-1] repeat the last valid row's write: the caches are those of the call without them."""
+    q, kc, vc = rand(2, 1, 4, 16), rand(2, 12, 2, 16), rand(2, 12, 2, 16)
+    k, v = rand(7, 2, 16), rand(7, 2, 16)  # 5 rows for the two sequences, 2 more past them
+    kw = dict(cache_seqlens=torch.tensor([3, 6], dtype=torch.int32),
+              cu_seqlens_k_new=torch.tensor([0, 2, 5], dtype=torch.int32))
+    want = [kc.clone(), vc.clone()]
+    out_want = fa3.flash_attn_with_kvcache(q, *want, k[:5], v[:5], **kw)
+    monkeypatch.setattr(validate, "indices_readable", lambda t: False)
+    got = [kc.clone(), vc.clone()]
+    out = fa3.flash_attn_with_kvcache(q, *got, k, v, **kw)
+    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1]) and torch.equal(out, out_want)
+
+
+def test_kvcache_attention_chunk_several_queries_with_new_keys():
+    """attention_chunk with several queries a sequence and new keys in the same call (chunked prefill appending its
+    own keys): the keys written first (_append_stacked), then the chunk pieces; against the oracle's chunk mask over
+    the written cache."""
+    gen = torch.Generator().manual_seed(33)
+    b, cap, h, hk, d, chunk, new = 2, 40, 4, 2, 32, 4, 6
+    lens = torch.tensor([5, 13], dtype=torch.int32)
+    kc, vc = (torch.randn(b, cap, hk, d, generator=gen).to(DTYPE) for _ in range(2))
+    q = torch.randn(b, new, h, d, generator=gen).to(DTYPE)
+    k, v = (torch.randn(b, new, hk, d, generator=gen).to(DTYPE) for _ in range(2))
+    caches = [kc.clone(), vc.clone()]
+    out = fa3.flash_attn_with_kvcache(q, *caches, k, v, cache_seqlens=lens, causal=True, attention_chunk=chunk)
+    spec_k, spec_v = _appended_by_hand(kc, vc, k.flatten(0, 1), v.flatten(0, 1),
+                                       torch.arange(b + 1, dtype=torch.int32) * new, lens)
+    assert torch.equal(caches[0], spec_k) and torch.equal(caches[1], spec_v)
+    ref_kw = dict(causal=True, attention_chunk=chunk, seqused_k=lens + new)
+    ref, _ = reference.attention_ref(q, spec_k, spec_v, **ref_kw)
+    naive, _ = reference.attention_ref(q, spec_k, spec_v, dtype=DTYPE, **ref_kw)
+    testing.check_fa_rule("chunk pieces after their own append", out, ref, naive)

@@ -438,3 +438,45 @@ def test_fa3_kvcache_attention_chunk_several_queries_on_the_device(generation, c
         check_out_and_lse(f"chunk pieces causal={causal} sequence {i}", out[rows][None], lse[:, rows][None],
                           q[rows][None], kc[i:i + 1], vc[i:i + 1], causal=causal, attention_chunk=chunk,
                           seqused_k=lens[i:i + 1], cache_leftpad=pads[i:i + 1])
+
+
+def test_fa3_kvcache_stacked_append_on_the_device(generation):
+    """FA3's new keys stacked by cu_seqlens_k_new beside varlen queries over pages, rotated (flash_attn_3's
+    _append_stacked: torch indexing, the offsets not read on the device): the pages hold the spec's writes and out
+    is the oracle's over them."""
+    from flashgen import flash_attn_3
+    from flashgen.layers.rotary import apply_rotary_emb
+    from flashgen.nn import rotary_tables
+    from flashgen.testing import check_fa_rule
+    need(generation, "bf16", 128, "varlen", "paged_kv", "gqa", "causal")
+    torch.manual_seed(23)
+    b, cap, page = 3, 512, 64
+    lens = torch.tensor([100, 0, 300], dtype=torch.int32, device="cuda")
+    news, n_q = [37, 5, 130], [37, 1, 130]
+    cu_new, cu_q = cu_seqlens(news), cu_seqlens(n_q)
+    kc, vc = (randn(b, cap, 2, 128, dtype=torch.bfloat16) for _ in range(2))
+    k, v = (randn(sum(news) + 3, 2, 128, dtype=torch.bfloat16) for _ in range(2))  # 3 rows past the last sequence
+    q = randn(sum(n_q), 8, 128, dtype=torch.bfloat16)
+    cos, sin = (t.to(torch.bfloat16) for t in rotary_tables(128, cap, device="cuda"))
+    table = torch.randperm(b * cap // page, device="cuda").view(b, cap // page).to(torch.int32)
+    pages = [torch.empty(b * cap // page, page, 2, 128, dtype=torch.bfloat16, device="cuda") for _ in range(2)]
+    for c, src in zip(pages, (kc, vc)):
+        c[table.flatten().long()] = src.reshape(b * cap // page, page, 2, 128)
+    out = flash_attn_3.flash_attn_with_kvcache(q, *pages, k, v, cache_seqlens=lens, page_table=table,
+                                               cu_seqlens_q=cu_q, cu_seqlens_k_new=cu_new, max_seqlen_q=max(n_q),
+                                               rotary_cos=cos, rotary_sin=sin, rotary_interleaved=False, causal=True,
+                                               version=generation)
+    spec_k, spec_v = kc.clone(), vc.clone()
+    for i in range(b):
+        start, rows = int(lens[i]), slice(int(cu_new[i]), int(cu_new[i + 1]))
+        spec_k[i, start:start + news[i]] = apply_rotary_emb(k[None, rows], cos, sin, seqlen_offsets=start)[0]
+        spec_v[i, start:start + news[i]] = v[rows]
+    from flashgen.reference import pages_to_dense
+    assert torch.equal(pages_to_dense(pages[0], table), spec_k)
+    assert torch.equal(pages_to_dense(pages[1], table), spec_v)
+    for i in range(b):
+        qi = apply_rotary_emb(q[None, int(cu_q[i]):int(cu_q[i + 1])], cos, sin, seqlen_offsets=int(lens[i]))
+        ref, _ = attention_ref(qi, spec_k[i:i + 1], spec_v[i:i + 1], causal=True, seqused_k=lens[i:i + 1] + news[i])
+        naive, _ = attention_ref(qi, spec_k[i:i + 1], spec_v[i:i + 1], causal=True,
+                                 seqused_k=lens[i:i + 1] + news[i], dtype=torch.bfloat16)
+        check_fa_rule(f"stacked append sequence {i}", out[None, int(cu_q[i]):int(cu_q[i + 1])], ref, naive)

@@ -9,10 +9,10 @@ takes FA3's `q_descale` / `k_descale` / `v_descale` ((batch, num_heads_k) fp32; 
 arguments that tune FA3's own schedule (`num_splits` of the non-cache calls, `pack_gqa`, `sm_margin`,
 `scheduler_metadata`) are checked and leave the result as it is; flashgen picks its schedule itself (`num_splits`
 bounds the KV cache's split-KV plan, as in flash_attn 2.x). What flashgen has no kernel for raises
-NotImplementedError naming the argument: `qv`, and on the KV cache `attention_chunk` with several queries a
-sequence together with new keys or rotary (decode steps take both; several queries read the cache as it is, in
-pieces of one chunk each: chunk_pieces), new keys stacked by sequence (`cu_seqlens_k_new` with `k`), appending with
-varlen queries and FP8 descales. `rotary_seqlens` (the
+NotImplementedError naming the argument: `qv`, on the KV cache rotary without new keys beside varlen queries or
+attention_chunk's several queries a sequence, and the cache's FP8 descales. New keys stacked by sequence
+(`cu_seqlens_k_new` with `k`), new keys beside varlen queries, and new keys before attention_chunk's pieces (several
+queries a sequence: chunk_pieces) are written (and rotated) first by _append_stacked. `rotary_seqlens` (the
 rotary positions of appended keys and of the queries, instead of cache_seqlens) rotates them before the call. The
 varlen call's `seqused_q` / `seqused_k` (the rows of each sequence's segment that are used) and `attention_chunk`
 (keys in the query's chunk only) run as more stacked sequences, forward and backward; the KV cache's varlen queries
@@ -254,35 +254,39 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, qv=None, rotary
     cache (num_pages, page_block_size, num_heads_k, head_dim), any page size). k / v are appended in place at
     cache_seqlens first; inference only. With cu_seqlens_q (and max_seqlen_q), q is (total_q, num_heads, head_dim)
     stacked by sequence, as SGLang's FA3 backend calls it: sequence b's queries against its cache rows
-    [cache_leftpad[b], cache_seqlens[b]) (interface._varlen_kvcache); new k / v and rotary with them are refused there,
-    and cu_seqlens_k_new is read with k only (FA3 ignores it without). attention_chunk on decode steps (one query
-    per sequence) moves cache_leftpad to the start of the query's chunk (_chunk_start); several queries a sequence
-    run as pieces of one chunk each (_chunked_kvcache), without new keys or rotary. Returns out, or (out,
+    [cache_leftpad[b], cache_seqlens[b]) (interface._varlen_kvcache). New k / v stacked by cu_seqlens_k_new ((total_new,
+    num_heads_k, head_dim); read with k only, as FA3), or beside varlen queries, are written first (_append_stacked,
+    rotated with q where rotary is given). attention_chunk on decode steps (one query per sequence) moves
+    cache_leftpad to the start of the query's chunk (_chunk_start); several queries a sequence run as pieces of one
+    chunk each (_chunked_kvcache), after their new keys are written. Returns out, or (out,
     softmax_lse) with return_softmax_lse ((num_heads, total_q) with cu_seqlens_q)."""
     _refuse(qv, q_descale=q_descale, k_descale=k_descale, v_descale=v_descale)
     chunk = _chunk_size(attention_chunk)
-    if chunk and not _one_query_a_sequence(q, cu_seqlens_q, max_seqlen_q):
-        if k is not None or v is not None or rotary_cos is not None or rotary_sin is not None:
-            name = next(n for n, t in (("k", k), ("v", v), ("rotary_cos", rotary_cos), ("rotary_sin", rotary_sin))
-                        if t is not None)
-            raise NotImplementedError(f"{name}: attention_chunk with several queries a sequence reads the cache as "
-                                      "it is; append (and rotate) the new keys first and pass k / v / rotary None")
+    del scheduler_metadata  # a schedule; flashgen plans its own
+    several = bool(chunk) and not _one_query_a_sequence(q, cu_seqlens_q, max_seqlen_q)
+    if k is not None and (cu_seqlens_k_new is not None or cu_seqlens_q is not None or several):
+        # new keys stacked by sequence, beside varlen queries, or before chunk pieces: written (and rotated) here
+        # first (_append_stacked), then the call reads the cache as it is
+        q, cache_seqlens = _append_stacked(q, k_cache, v_cache, k, v, cu_seqlens_k_new, cache_seqlens,
+                                           cache_batch_idx, cache_leftpad, page_table, cu_seqlens_q, rotary_cos,
+                                           rotary_sin, rotary_seqlens, rotary_interleaved, causal, window_size)
+        k = v = rotary_cos = rotary_sin = rotary_seqlens = None
+    if several:
+        for name, value in (("v", v), ("rotary_cos", rotary_cos), ("rotary_sin", rotary_sin)):
+            if value is not None:
+                raise NotImplementedError(f"{name}: attention_chunk with several queries a sequence and no new keys "
+                                          f"reads the cache as it is (nothing to rotate q by); pass {name}=None")
         _check_tuning(num_splits, pack_gqa, sm_margin)
         return _chunked_kvcache(chunk, q, k_cache, v_cache, cache_seqlens, cache_batch_idx, cache_leftpad,
                                 page_table, cu_seqlens_q, max_seqlen_q, softmax_scale, causal, window_size, softcap,
                                 _args.as_bool("return_softmax_lse", return_softmax_lse), version)
     if chunk:
         cache_leftpad = _chunk_start(chunk, q, k_cache, k, cache_seqlens, cache_leftpad, page_table, cu_seqlens_q)
-    del scheduler_metadata  # a schedule; flashgen plans its own
-    if k is not None and cu_seqlens_k_new is not None:
-        raise NotImplementedError("cu_seqlens_k_new: new keys stacked by sequence have no flashgen path; pass k / v "
-                                  "as (batch, seqlen_new, num_heads_k, head_dim) without it")
     if cu_seqlens_q is not None:
         for name, value in (("k", k), ("v", v), ("rotary_cos", rotary_cos), ("rotary_sin", rotary_sin)):
             if value is not None:
-                raise NotImplementedError(f"{name}: appending (and rotating) new keys with varlen queries "
-                                          "(cu_seqlens_q) has no flashgen path; write them into the cache first and "
-                                          f"pass {name}=None")
+                raise NotImplementedError(f"{name}: rotating varlen queries (cu_seqlens_q) without new keys has no "
+                                          f"flashgen path; rotate q first and pass {name}=None")
         _check_tuning(num_splits, pack_gqa, sm_margin)
         return _fa2._varlen_kvcache(q, k_cache, v_cache, cache_seqlens, cache_batch_idx, cache_leftpad, page_table,
                                     cu_seqlens_q, max_seqlen_q, softmax_scale, causal, window_size, softcap,
@@ -306,6 +310,135 @@ def _one_query_a_sequence(q, cu_seqlens_q, max_seqlen_q) -> bool:
     if cu_seqlens_q is not None:
         return _args.max_seqlen("max_seqlen_q", max_seqlen_q) <= 1
     return not isinstance(q, torch.Tensor) or q.dim() != 4 or q.shape[1] <= 1
+
+
+def _append_stacked(q, k_cache, v_cache, k, v, cu_seqlens_k_new, cache_seqlens, cache_batch_idx, cache_leftpad,
+                    page_table, cu_seqlens_q, rotary_cos, rotary_sin, rotary_seqlens, interleaved, causal,
+                    window_size):
+    """FA3's KV-cache append where flashgen's own call has no form for it: new keys stacked by sequence (k / v
+    (total_new, num_heads_k, head_dim) with cu_seqlens_k_new (batch + 1)), or new keys beside varlen queries
+    (cu_seqlens_q; k dense (batch, seqlen_new, ...) or stacked). Sequence b's new keys go to cache rows
+    cache_seqlens[b] + j of its entry (cache_batch_idx) or pages (page_table), rotated at (rotary_seqlens or
+    cache_seqlens)[b] + j, and its queries at the same start (+ their row when causal or local), as the dense call
+    does. Everything is checked before the first write (the values where they are read: validate.indices_readable);
+    on a device, values not read are clamped into the cache, and rows of k past cu_seqlens_k_new[-1] write row
+    cu_seqlens_k_new[-1] - 1's value to its own place (duplicates of one write, so nothing else is touched).
+    Returns (q rotated or as given, cache_seqlens + each sequence's new keys)."""
+    varlen_q = cu_seqlens_q is not None
+    for name, t in (("k_cache", k_cache), ("v_cache", v_cache), ("k", k), ("v", v)):
+        validate._tensor(name, t)
+    if varlen_q:
+        validate.check_qkv(q, k_cache, v_cache, varlen=True, paged_kv=True, names=("q", "k_cache", "v_cache"))
+        batch = validate.check_varlen_q(cu_seqlens_q, q)
+    else:  # the dense call's checks of q, the caches and the index tensors' forms
+        validate.check_kvcache(q, k_cache, v_cache, None, None, cache_seqlens, cache_batch_idx, page_table,
+                               cache_leftpad)
+        batch = q.shape[0]
+    stacked = cu_seqlens_k_new is not None
+    rank, layout = (3, "(total_new, num_heads_k, head_dim) with cu_seqlens_k_new") if stacked else \
+        (4, "(batch, seqlen_new, num_heads_k, head_dim)")
+    for name, t in (("k", k), ("v", v)):
+        if t.dim() != rank or tuple(t.shape[-2:]) != tuple(k_cache.shape[-2:]) or t.dtype != k_cache.dtype or \
+                t.device != k_cache.device or (not stacked and t.shape[0] != batch) or t.shape != k.shape:
+            raise ValueError(f"{name}: expected {layout}, num_heads_k and head_dim {tuple(k_cache.shape[-2:])} and "
+                             f"the dtype and device of k_cache, got {tuple(t.shape)} {t.dtype} on {t.device}")
+    if stacked:
+        validate.check_index("cu_seqlens_k_new", cu_seqlens_k_new, q, batch + 1)
+        new_rows = cu_seqlens_k_new.long()
+    else:
+        new_rows = torch.arange(batch + 1, device=q.device) * k.shape[1]
+        k, v = k.flatten(0, 1), v.flatten(0, 1)
+    if cache_seqlens is None:
+        raise ValueError("cache_seqlens: expected an int or int32 (batch,) tensor when appending k / v")
+    if not isinstance(cache_seqlens, torch.Tensor):
+        cache_seqlens = torch.full((batch,), _args.as_int("cache_seqlens", cache_seqlens), dtype=torch.int32,
+                                   device=q.device)
+    validate.check_index("cache_seqlens", cache_seqlens, q, batch)
+    if cache_leftpad is not None:
+        validate.check_index("cache_leftpad", cache_leftpad, q, batch)
+    if page_table is not None:
+        validate.check_block_table(page_table, q, k_cache, cache_batch_idx, batch=batch, name="page_table")
+    elif cache_batch_idx is not None:
+        validate.check_index("cache_batch_idx", cache_batch_idx, q, batch)
+    elif k_cache.shape[0] != batch:
+        raise ValueError(f"k_cache: expected batch {batch} (q's) without cache_batch_idx, got {k_cache.shape[0]}")
+    capacity = validate.kv_capacity(k_cache, page_table)
+    validate.check_rotary(rotary_cos, rotary_sin, q, k_cache, capacity)
+    if rotary_seqlens is not None:
+        validate.check_index("rotary_seqlens", rotary_seqlens, q, batch)
+    counts = new_rows[1:] - new_rows[:-1]
+    ends = cache_seqlens.long() + counts
+    readable = all(validate.indices_readable(t) for t in (new_rows, cache_seqlens, cache_leftpad, page_table,
+                                                          cache_batch_idx) if t is not None)
+    if varlen_q and readable:
+        validate.check_varlen_q_values(cu_seqlens_q, q.shape[0], q)
+    if readable:
+        offsets = new_rows.tolist()
+        if offsets[0] < 0 or offsets[-1] > k.shape[0] or any(b < a for a, b in zip(offsets, offsets[1:])):
+            raise ValueError(f"cu_seqlens_k_new: expected non-decreasing offsets in [0, {k.shape[0]}] (the rows of k), "
+                             f"got {offsets}")
+        for i, (start, end) in enumerate(zip(cache_seqlens.tolist(), ends.tolist())):
+            if start < 0 or end > capacity:
+                raise ValueError(f"cache_seqlens: entry {i} is {start}; with its {end - start} new keys it must be "
+                                 f"in [0, {capacity - (end - start)}] (the cache holds {capacity} rows per sequence)")
+        validate.check_kvcache_indices(ends.to(torch.int32), cache_leftpad, page_table, capacity=capacity,
+                                       seqlen_new=0, num_pages=k_cache.shape[0])
+        if cache_batch_idx is not None:
+            validate.check_kvcache_values(k_cache, None, None, cache_batch_idx)
+        if rotary_cos is not None and batch:  # the rows each sequence's keys and queries are rotated at
+            local = _args.as_bool("causal", causal) or tuple(window_size) != (-1, -1)
+            n_q = (cu_seqlens_q[1:] - cu_seqlens_q[:-1]).long() if varlen_q else torch.full_like(counts, q.shape[1])
+            base = (rotary_seqlens if rotary_seqlens is not None else cache_seqlens).long()
+            last = int((base + torch.maximum(counts, n_q if local else n_q.clamp(max=1)) - 1).max())
+            if int(base.min()) < 0 or last >= rotary_cos.shape[0]:
+                raise ValueError(f"{'rotary_seqlens' if rotary_seqlens is not None else 'cache_seqlens'}: rotary "
+                                 f"positions up to {last} must be rows of rotary_cos (it has {rotary_cos.shape[0]})")
+        k, v = k[:offsets[-1]], v[:offsets[-1]]  # rows past the last sequence: not written
+    total = k.shape[0]
+    if total == 0:
+        return q, ends.to(torch.int32)
+    rows = torch.arange(total, device=q.device)
+    if not readable:  # rows past cu_seqlens_k_new[-1] repeat the last valid row's write (its value and place)
+        rows = torch.where(rows < new_rows[-1], rows, (new_rows[-1] - 1).clamp(0, total - 1))
+    seq = torch.searchsorted(new_rows[1:].contiguous(), rows, right=True).clamp(0, batch - 1)
+    j = rows - new_rows[seq]
+    target = cache_seqlens.long()[seq] + j
+    if not readable:
+        target = target.clamp(0, capacity - 1)
+    start = (rotary_seqlens if rotary_seqlens is not None else cache_seqlens).long()
+    if rotary_cos is not None:
+        table_rows = rotary_cos.shape[0] - 1
+        k = rotate(k[rows] if not readable else k, rotary_cos, rotary_sin, (start[seq] + j).clamp(0, table_rows),
+                   interleaved)
+        v_new = v[rows] if not readable else v
+        local = _args.as_bool("causal", causal) or tuple(window_size) != (-1, -1)
+        if varlen_q:
+            q_rows = torch.arange(q.shape[0], device=q.device)
+            q_seq = torch.searchsorted(cu_seqlens_q[1:].long().contiguous(), q_rows, right=True).clamp(0, batch - 1)
+            q_pos = start[q_seq] + ((q_rows - cu_seqlens_q.long()[q_seq]) if local else 0)
+        else:
+            steps = torch.arange(q.shape[1], device=q.device) if local else \
+                torch.zeros(q.shape[1], dtype=torch.int64, device=q.device)
+            q_pos = start.view(-1, 1) + steps
+        q = rotate(q, rotary_cos, rotary_sin, q_pos.clamp(0, table_rows), interleaved).to(q.dtype)
+        k = k.to(k_cache.dtype)
+    else:
+        v_new = v[rows] if not readable else v
+        k = k[rows] if not readable else k
+    if page_table is not None:
+        page = k_cache.shape[1]
+        pages = page_table.long()[seq, target // page]
+        if not readable:
+            pages = pages.clamp(0, k_cache.shape[0] - 1)
+        index = (pages, target % page)
+    else:
+        entries = seq if cache_batch_idx is None else cache_batch_idx.long()[seq]
+        if not readable and cache_batch_idx is not None:
+            entries = entries.clamp(0, k_cache.shape[0] - 1)
+        index = (entries, target)
+    k_cache.index_put_(index, k)
+    v_cache.index_put_(index, v_new)
+    return q, ends.to(torch.int32)
 
 
 def _chunk_start(chunk, q, k_cache, k, cache_seqlens, cache_leftpad, page_table, cu_seqlens_q):
