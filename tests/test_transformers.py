@@ -428,12 +428,26 @@ def test_packed_sequences_are_separate():
 
 
 def test_models_with_their_own_attention_are_refused():
-    """Bloom computes attention in its own code (transformers' _supports_attention_backend False): under "FlashGen"
-    it took the padding mask into its own arithmetic (a shape error deep in the model); refused by name instead."""
-    cfg = transformers.BloomConfig(vocab_size=VOCAB, hidden_size=64, n_layer=2, n_head=4)
-    model = transformers.AutoModelForCausalLM.from_config(cfg, attn_implementation=fg_tf.NAME).eval()
-    with torch.no_grad(), pytest.raises(NotImplementedError, match="BloomModel computes attention in its own code"):
-        model(torch.randint(3, VOCAB, (2, 8)))
+    """Bloom computes attention in its own code (its modeling module has no ALL_ATTENTION_FUNCTIONS), Falcon with
+    ALiBi adds its bias to a materialized mask: under "FlashGen" they took the padding mask into their own arithmetic
+    (shape errors deep in the model); refused by name. BioGPT calls the interface though transformers'
+    _supports_attention_backend is False there (its default): it runs, and matches eager."""
+    ids = torch.randint(3, VOCAB, (2, 8))
+    for cfg, words in ((transformers.BloomConfig(vocab_size=VOCAB, hidden_size=64, n_layer=2, n_head=4),
+                        "BloomModel computes attention in its own code"),
+                       (transformers.FalconConfig(vocab_size=VOCAB, hidden_size=64, num_hidden_layers=2,
+                                                  num_attention_heads=4, alibi=True), "Falcon with alibi=True")):
+        model = transformers.AutoModelForCausalLM.from_config(cfg, attn_implementation=fg_tf.NAME).eval()
+        with torch.no_grad(), pytest.raises(NotImplementedError, match=words):
+            model(ids)
+    cfg = transformers.BioGptConfig(vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+                                    num_attention_heads=4, max_position_embeddings=64)
+    torch.manual_seed(0)
+    eager = transformers.AutoModelForCausalLM.from_config(copy.deepcopy(cfg), attn_implementation="eager").eval()
+    fg = transformers.AutoModelForCausalLM.from_config(copy.deepcopy(cfg), attn_implementation=fg_tf.NAME).eval()
+    fg.load_state_dict(eager.state_dict())
+    with torch.no_grad():
+        torch.testing.assert_close(fg(ids).logits, eager(ids).logits, rtol=1e-5, atol=1e-5)
 
 
 def test_register_is_idempotent_and_named():

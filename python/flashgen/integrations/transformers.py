@@ -64,6 +64,7 @@ from __future__ import annotations
 
 import inspect
 import math
+import sys
 import weakref
 from typing import Optional, Tuple
 
@@ -155,11 +156,12 @@ _OWN_ATTENTION: "weakref.WeakKeyDictionary[type, Optional[str]]" = weakref.WeakK
 
 
 def _check_model_calls_the_interface(config) -> None:
-    """Models whose attention is their own code (transformers' `_supports_attention_backend` False: Bloom, MPT,
-    Falcon, StableLM in 5.x) never call attention_forward; under attn_implementation="FlashGen" they would take this
-    function's padding mask into their own arithmetic (an unclear shape error, or eager attention where flashgen was
-    asked for). Refused by name, once looked up per config class (transformers' AutoModel table; a config it does
-    not know passes)."""
+    """Models whose attention is their own code never call attention_forward; under attn_implementation="FlashGen"
+    they would take this function's padding mask into their own arithmetic (a shape error deep in the model). Told
+    apart by their modeling module: one that calls the interface imports ALL_ATTENTION_FUNCTIONS (Bloom's and MPT's do
+    not; transformers' `_supports_attention_backend` is no guide, it defaults to False in models that do call it).
+    Falcon with ALiBi builds its bias into a materialized mask this function does not make. Refused by name; looked
+    up once per config class (transformers' AutoModel table; a config it does not know passes)."""
     if config is None:
         return
     kind = type(config)
@@ -169,12 +171,18 @@ def _check_model_calls_the_interface(config) -> None:
             model = MODEL_MAPPING[kind]
         except (KeyError, ValueError, ImportError):
             model = None
-        own = model is not None and not getattr(model, "_supports_attention_backend", True)
+        module = sys.modules.get(model.__module__) if model is not None else None
+        own = module is not None and not hasattr(module, "ALL_ATTENTION_FUNCTIONS")
         _OWN_ATTENTION[kind] = model.__name__ if own else None
-    if _OWN_ATTENTION[kind] is not None:
-        raise NotImplementedError(f"flashgen: {_OWN_ATTENTION[kind]} computes attention in its own code (it does not "
-                                  f"call transformers' attention interface), so attn_implementation={NAME!r} cannot "
-                                  "run it; use attn_implementation='sdpa' or 'eager' for this model")
+    what = _OWN_ATTENTION[kind]
+    if what is not None:
+        raise NotImplementedError(f"flashgen: {what} computes attention in its own code (it does not call "
+                                  f"transformers' attention interface), so attn_implementation={NAME!r} cannot run "
+                                  "it; use attn_implementation='sdpa' or 'eager' for this model")
+    if getattr(config, "model_type", None) == "falcon" and getattr(config, "alibi", False):
+        raise NotImplementedError("flashgen: Falcon with alibi=True adds its ALiBi bias to a materialized attention "
+                                  f"mask, which attn_implementation={NAME!r} does not build; use "
+                                  "attn_implementation='sdpa' or 'eager' for this model")
 
 
 def attention_mask(batch_size: int, q_length: int, kv_length: int, q_offset: int = 0, kv_offset: int = 0,
