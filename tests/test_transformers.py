@@ -217,11 +217,13 @@ def test_sinks_generation_matches_eager(padding, cache):
                   torch.stack(naive.scores))
 
 
+@pytest.mark.parametrize("chunk", [3, 32], ids=["chunk3", "chunk32-past-the-prompt"])
 @pytest.mark.parametrize("padding", [None, "left"])
-def test_chunked_attention_static_cache_matches_eager(padding):
+def test_chunked_attention_static_cache_matches_eager(padding, chunk):
     """Llama 4's chunked layers with transformers' static cache (window-sized buffers for those layers): the same
-    tokens and step logits as eager."""
-    fg, eager, ref = _models("llama4")
+    tokens and step logits as eager. A chunk longer than the prompt leaves the buffer's last slots unwritten (the
+    layer reads the written rows, _written: it read the empty slots as the newest keys)."""
+    fg, eager, ref = _models("llama4", attention_chunk_size=chunk)
     ids, mask, _ = _batch(padding)
     kw = dict(attention_mask=mask, max_new_tokens=5, do_sample=False, pad_token_id=0, cache_implementation="static",
               return_dict_in_generate=True, output_scores=True)
@@ -231,13 +233,15 @@ def test_chunked_attention_static_cache_matches_eager(padding):
                   torch.stack(naive.scores))
 
 
+@pytest.mark.parametrize("chunk", [3, 32], ids=["chunk3", "chunk32"])
 @pytest.mark.parametrize("cache", ["dynamic", "static"])
 @pytest.mark.parametrize("padding", [None, "left"])
-def test_chunked_attention_continued_prompt_matches_eager(padding, cache, monkeypatch):
+def test_chunked_attention_continued_prompt_matches_eager(padding, cache, chunk, monkeypatch):
     """Llama 4's chunked layers with new tokens after cached ones: a prompt fed in pieces of 7, 5, 1 and 3 tokens
     (chunk 3, so pieces start mid-chunk and span several), through a dynamic or a static cache; the logits at real
-    tokens against float64 eager by the FA rule, and the pieces path taken. A backward through it raises by name."""
-    fg, eager, ref = _models("llama4")
+    tokens against float64 eager by the FA rule, and the pieces path taken. A backward through it raises by name.
+    Chunk 32 is longer than the whole prompt: a static buffer's last slots are unwritten there."""
+    fg, eager, ref = _models("llama4", attention_chunk_size=chunk)
     ids, mask, real = _batch(padding)
     pieces = []
     continuation = fg_tf._chunked_continuation
@@ -253,7 +257,9 @@ def test_chunked_attention_continued_prompt_matches_eager(padding, cache, monkey
                                    for lo, hi in ((0, 7), (7, 12), (12, 13), (13, 16))], dim=1))
     got, naive, want = runs
     check_fa_rule(f"llama4 continued padding={padding} {cache}", got[real], want[real], naive[real])
-    assert pieces and set(pieces) == {5, 3}, pieces  # the 5- and 3-token pieces after cached tokens (1: decode step)
+    # the 5- and 3-token pieces after cached tokens (1: a decode step's path); the 7-token prompt too where a static
+    # buffer is longer than it (its keys are the written rows of the buffer's 32 slots)
+    assert pieces and set(pieces) == ({7, 5, 3} if cache == "static" and chunk == 32 else {5, 3}), pieces
     kv = transformers.DynamicCache(config=fg.config)
     fg(ids[:, :7], past_key_values=kv)
     with pytest.raises(NotImplementedError, match="inference only"):

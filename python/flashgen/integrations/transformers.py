@@ -419,9 +419,10 @@ def _chunked_attention(info: _Chunked, q, k, v, sink, packed_kwargs: bool, *, dr
         pos = info.q_offset.reshape(-1)[:1] if isinstance(info.q_offset, torch.Tensor) else info.q_offset
         lp = info.left_padding.to(device=q.device, dtype=torch.int64).reshape(-1)
         behind = torch.remainder(pos - lp, info.chunk)
-        first = (seqlen_k - 1 - behind).clamp_min(0).to(torch.int32).expand(batch).contiguous()
-        lengths = torch.full((batch,), seqlen_k, dtype=torch.int32, device=q.device)
-        return flashgen.flash_attn_with_kvcache(q, k, v, cache_seqlens=lengths, cache_leftpad=first, **common)
+        end = _written(info, seqlen_q, seqlen_k, batch, q.device)  # a static buffer's slots past it are unwritten
+        first = (end - 1 - behind).clamp_min(0).to(torch.int32).contiguous()
+        return flashgen.flash_attn_with_kvcache(q, k, v, cache_seqlens=end.to(torch.int32), cache_leftpad=first,
+                                               **common)
     if mask is None:
         return flash_attn_3.flash_attn_func(q, k, v, attention_chunk=info.chunk, **common)
     rows_q, cu_seqlens_q, rows_k, cu_seqlens_k = _CACHE.get(mask, ("pad", seqlen_q), lambda: unpad_data(mask, seqlen_q))
@@ -429,6 +430,20 @@ def _chunked_attention(info: _Chunked, q, k, v, sink, packed_kwargs: bool, *, dr
                                               cu_seqlens_q, cu_seqlens_k, seqlen_q, mask.shape[1],
                                               attention_chunk=info.chunk, **common)
     return _scatter(out, rows_q, batch, seqlen_q)
+
+
+def _written(info: _Chunked, seqlen_q: int, seqlen_k: int, batch: int, device) -> torch.Tensor:
+    """The key rows the layer has written, int64 (batch,): up to the last query's position, q_offset + seqlen_q -
+    kv_offset, at most seqlen_k. A static cache hands a chunked layer every slot of its window-sized buffer, the
+    written ones first, so before the buffer fills the last rows are empty slots, not the newest keys. Device tensors
+    where the offsets are (no sync)."""
+    offsets = [info.q_offset, info.kv_offset]
+    offsets = [x.reshape(-1)[:1].to(device=device, dtype=torch.int64) if isinstance(x, torch.Tensor) else int(x)
+               for x in offsets]
+    written = offsets[0] + seqlen_q - offsets[1]
+    if not isinstance(written, torch.Tensor):
+        return torch.full((batch,), min(written, seqlen_k), dtype=torch.int64, device=device)
+    return written.clamp(max=seqlen_k).expand(batch)
 
 
 def _chunked_continuation(info: _Chunked, q, k, v, *, softmax_scale, causal, window_size, softcap):
@@ -446,7 +461,7 @@ def _chunked_continuation(info: _Chunked, q, k, v, *, softmax_scale, causal, win
     offset = info.kv_offset.reshape(-1)[:1].long() if isinstance(info.kv_offset, torch.Tensor) else int(info.kv_offset)
     origin = info.left_padding.to(device=q.device, dtype=torch.int64).reshape(-1).expand(batch) - offset
     start = origin.clamp(0, seqlen_k)
-    end = torch.full((batch,), seqlen_k, dtype=torch.int64, device=q.device)
+    end = _written(info, seqlen_q, seqlen_k, batch, q.device)
     cu = torch.arange(batch + 1, device=q.device, dtype=torch.int32) * seqlen_q
     cu, keys_lo, keys_hi, pieces = flash_attn_3.chunk_pieces(cu, start, end, origin, info.chunk, seqlen_q)
     table = torch.arange(batch, device=q.device, dtype=torch.int32).repeat_interleave(pieces).view(-1, 1)
