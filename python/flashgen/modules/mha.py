@@ -42,7 +42,7 @@ import torch
 from torch import nn
 from torch.utils import checkpoint as torch_checkpoint
 
-from .. import _args, interface
+from .. import _args, interface, validate
 from ..layers.rotary import RotaryEmbedding
 
 __all__ = ["CrossAttention", "FlashCrossAttention", "FlashSelfAttention", "MHA", "ParallelMHA", "SelfAttention",
@@ -390,8 +390,8 @@ class MHA(nn.Module):
             seqlen_offset, rotary_max_seqlen = 0, None
         else:
             lengths = _lengths(inference_params, x.shape[0], x.device)
-            if lengths is not None and not self.use_flash_attn and \
-                    bool((lengths != inference_params.seqlen_offset).any()):  # one sync, on the torch path only
+            if lengths is not None and not self.use_flash_attn and validate.indices_readable(lengths) and \
+                    bool((lengths != inference_params.seqlen_offset).any()):  # read where no sync is involved
                 raise ValueError("inference_params.lengths_per_sample: rows at lengths other than seqlen_offset are "
                                  "read by the flash path's decode steps (use_flash_attn=True); the torch path writes "
                                  "and reads every row's cache at seqlen_offset (as flash_attn's), which would attend "

@@ -17,7 +17,8 @@ class InferenceParams:
     key_value_memory_dict[layer_idx] on first use); seqlen_offset is the tokens already in the cache (0 for the
     prompt), which the caller advances after each forward; batch_size_offset the first cache row of this batch;
     lengths_per_sample, int32 (max_batch_size,) indexed by cache row, each row's own length where rows differ (read
-    instead of seqlen_offset by the flash path's decode steps and rotary; the torch path refuses it there)."""
+    instead of seqlen_offset by the flash path's decode steps and rotary; the torch path refuses lengths other than
+    seqlen_offset where it reads them: CPU tensors, or FLASHGEN_CHECK_INDICES=1 on a device)."""
 
     max_seqlen: int
     max_batch_size: int
