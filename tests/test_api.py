@@ -225,6 +225,7 @@ def test_value_head_dim_of_its_own(head_dim, head_dim_v, causal, window):
     kw = dict(causal=causal, window_size=window)
     (ref, ref_lse), (naive, _) = _ref_pair(q.detach(), k.detach(), v.detach(), **kw)
     assert out.shape == (2, 37, 4, head_dim_v) and lse.shape == (2, 4, 37)
+    assert out.is_contiguous(), "out: contiguous at v's head dim, as FA3's (callers .view() it)"
     check_fa_rule(out.detach(), ref, naive, f"d{head_dim} dv{head_dim_v} causal={causal} window={window}")
     lse_err = (lse.double() - ref_lse).abs().max().item()
     assert lse_err <= LSE_TOLERANCE, f"lse error {lse_err:.3e}: the scale must be 1/sqrt(q's head dim)"

@@ -924,6 +924,10 @@ def test_kvcache_attention_chunk_several_queries_refusals():
     with pytest.raises(NotImplementedError, match="backward"):
         qg = q.clone().requires_grad_()
         fa3.flash_attn_with_kvcache(qg, cache, cache, cache_seqlens=5, attention_chunk=4).sum().backward()
+    # empty problems: batch 0 (it named a block table the caller never passed), no heads (a reshape error)
+    for qe, ce in ((rand(0, 5, 2, 16), rand(0, 12, 2, 16)), (rand(2, 5, 0, 16), rand(2, 12, 0, 16))):
+        out, lse = fa3.flash_attn_with_kvcache(qe, ce, ce, cache_seqlens=5, attention_chunk=4, return_softmax_lse=True)
+        assert out.shape == qe.shape and lse.shape == (qe.shape[0], qe.shape[2], 5) and bool(torch.isinf(lse).all())
 
 
 def _appended_by_hand(k_cache, v_cache, k, v, cu_new, seqlens):

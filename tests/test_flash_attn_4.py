@@ -195,6 +195,11 @@ def test_varlen_rows_past_the_last_sequence_keep_no_sink():
     assert torch.equal(torch.isinf(lse), torch.isinf(ref_lse)) and bool(torch.isinf(lse[:, 8:]).all())
     assert torch.equal(lse[:, 3:8], sink.view(4, 1).expand(4, 5))  # sequence 1 has no key: all weight on the sink
     assert bool((out[8:] == 0).all())
+    # batch 0 (cu_seqlens_q [0]) with an empty seqused_q: every row outside a sequence (an IndexError before)
+    none = torch.tensor([0], dtype=torch.int32)
+    out0, lse0 = fa4.flash_attn_varlen_func(q[:3], k, v, cu_seqlens_q=none, cu_seqlens_k=none, max_seqlen_q=0,
+                                            max_seqlen_k=0, seqused_q=none[:0], learnable_sink=sink)
+    assert bool((out0 == 0).all()) and bool(torch.isinf(lse0).all() and (lse0 > 0).all())
 
 
 BAD_VARLEN = [

@@ -107,6 +107,8 @@ def test_quantize_empty_tensors(shape, granularity):
     assert tuple(d.shape) == ((batch, heads, -(-seqlen // fp8.BLOCK_TOKENS)) if granularity == "block" else
                               (batch, heads)) and bool(torch.isfinite(d).all())
     assert fp8.dequantize(x8, d, granularity).shape == shape
+    if shape[2] == 0:  # no heads, whatever num_heads_k says (a division by zero)
+        assert fp8.quantize(torch.randn(shape), granularity, num_heads_k=2)[0].shape == shape
 
 
 def _outlier_qkv(b, s, h, hk, d, seed=0):

@@ -507,6 +507,11 @@ def _chunked_kvcache(chunk, q, k_cache, v_cache, cache_seqlens, cache_batch_idx,
         validate.check_qkv(q, k_cache, v_cache, varlen=True, paged_kv=True, names=("q", "k_cache", "v_cache"))
         batch, q_rows = validate.check_varlen_q(cu_seqlens_q, q), q
         max_seqlen_q = _args.max_seqlen("max_seqlen_q", max_seqlen_q)
+    if batch == 0 or q_rows.numel() == 0:  # nothing to attend: out 0, lse +inf (as the plain call gives them)
+        out = torch.zeros_like(q)
+        lse_shape = (q.shape[0], q.shape[2], q.shape[1]) if dense else (q.shape[1], q.shape[0])
+        lse = torch.full(lse_shape, float("inf"), dtype=torch.float32, device=q.device)
+        return (out, lse) if return_lse else out
     table = page_table
     if table is None:  # a dense cache: one page per sequence, the table naming its entry
         if cache_batch_idx is None and k_cache.shape[0] != batch:
@@ -534,7 +539,7 @@ def _chunked_kvcache(chunk, q, k_cache, v_cache, cache_seqlens, cache_batch_idx,
     out, lse = got if return_lse else (got, None)
     if dense:
         out = out.view(q.shape)
-        lse = None if lse is None else lse.view(lse.shape[0], batch, -1).transpose(0, 1).contiguous()
+        lse = None if lse is None else lse.view(lse.shape[0], batch, q.shape[1]).transpose(0, 1).contiguous()
     return (out, lse) if return_lse else out
 
 

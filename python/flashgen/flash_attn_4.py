@@ -78,8 +78,8 @@ def _with_sink(out, lse, learnable_sink, cu_seqlens_q=None, seqused_q=None):
     rows = torch.arange(out.shape[0], device=out.device)
     seq = torch.searchsorted(cu_seqlens_q[1:].long(), rows, right=True)  # each row's sequence (batch: none)
     member = rows < cu_seqlens_q[-1].long()
-    if seqused_q is not None:
-        seq_c = seq.clamp_max(max(seqused_q.shape[0] - 1, 0))
+    if seqused_q is not None and seqused_q.numel():  # (batch 0: every row is outside already)
+        seq_c = seq.clamp_max(seqused_q.shape[0] - 1)
         member &= rows - cu_seqlens_q[:-1].long()[seq_c] < seqused_q.long()[seq_c]
     return out, torch.where(member.view(1, -1), lse, float("inf"))
 

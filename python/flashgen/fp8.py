@@ -58,7 +58,7 @@ def hadamard_transform(x: torch.Tensor, signs: Optional[torch.Tensor] = None) ->
 
 
 def _heads_per_group(heads: int, num_heads_k: Optional[int]) -> int:
-    if heads == 0 and num_heads_k in (None, 0):  # no heads: no groups (empty descales)
+    if heads == 0:  # no heads: no groups (empty descales), whatever num_heads_k says
         return 1
     groups = heads if num_heads_k is None else num_heads_k
     if groups <= 0 or heads % groups:

@@ -200,7 +200,7 @@ def _attention(q, k, v, *, dropout_p, softmax_scale, causal, window_size, softca
     if _args.no_work(q, k):  # batch 0, no query rows, no heads or no keys: out 0, lse +inf, nothing launched
         probs_shape = _ops.probs_shape(q, k, cu_seqlens_q, max_seqlen_q, max_seqlen_k) if return_probs else None
         out, lse, probs = _args.empty_result(q, k, v, _ops.lse_shape(q, cu_seqlens_q), probs_shape)
-        out, lse = _args.cover_rows(out.to(_ops.out_dtype(q.dtype))[..., :head_dim_v], lse, total_q)
+        out, lse = _args.cover_rows(out.to(_ops.out_dtype(q.dtype))[..., :head_dim_v].contiguous(), lse, total_q)
         return out, lse, probs
     softmax_scale, (window_left, window_right) = _scale_and_window(q.shape[-1], softmax_scale, window_size, causal)
     args = _library.FwdArgs(
@@ -214,7 +214,8 @@ def _attention(q, k, v, *, dropout_p, softmax_scale, causal, window_size, softca
         block_m=int(block_size[0]), block_n=int(block_size[1]), return_probs=bool(return_probs),
         deterministic=bool(deterministic), q_descale=q_descale, k_descale=k_descale, v_descale=v_descale)
     out, lse, probs = _launch(q, k, v, choice, "backward" in features, total_q, args)
-    return (out if out.shape[-1] == head_dim_v else out[..., :head_dim_v]), lse, probs
+    # V narrower than q: out cut to v's head dim, contiguous as FA3's hdim_v out is (callers .view() it)
+    return (out if out.shape[-1] == head_dim_v else out[..., :head_dim_v].contiguous()), lse, probs
 
 
 def _value_width(q, k, v):
