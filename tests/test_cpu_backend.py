@@ -244,6 +244,25 @@ def test_varlen(causal, dropout):
     check_backward(f"varlen causal={causal} dropout={dropout}", q, k, v, o, lse, **kw)
 
 
+def test_oracle_varlen_seqused_k_with_dropout_is_each_sequence_alone():
+    """The oracle's varlen keep_mask is (h, sq_i, sk_i) over each segment; with seqused_k only its first seqused_k[i]
+    columns apply (it took them as the used keys' mask: a shape error, or at seqused_k 1 one probability broadcast
+    over every column, an output ~3x too large): equal to the dense oracle on each sequence's used keys."""
+    g = torch.Generator().manual_seed(8)
+    lens_q, lens_k, used = [2, 4], [3, 5], [1, 4]
+    q = torch.randn(6, 2, 8, generator=g, dtype=torch.float64)
+    k, v = (torch.randn(8, 2, 8, generator=g, dtype=torch.float64) for _ in range(2))
+    masks = [torch.rand(2, lq, lk, generator=g) > 0.4 for lq, lk in zip(lens_q, lens_k)]
+    cu_q, cu_k = (torch.tensor([0, *torch.tensor(n).cumsum(0).tolist()], dtype=torch.int32) for n in (lens_q, lens_k))
+    out, _ = attention_ref(q, k, v, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, seqused_k=torch.tensor(used),
+                           dropout_p=0.5, keep_mask=masks)
+    for i in range(2):
+        rq, k0 = slice(int(cu_q[i]), int(cu_q[i + 1])), int(cu_k[i])
+        want, _ = attention_ref(q[None, rq], k[None, k0:k0 + used[i]], v[None, k0:k0 + used[i]], dropout_p=0.5,
+                                keep_mask=masks[i][None, :, :, :used[i]])
+        torch.testing.assert_close(out[rq], want[0], rtol=0, atol=0)
+
+
 @pytest.mark.parametrize("paged", [False, True])
 def test_streamed_and_packed_key_tiles_agree_bitwise(paged):
     """The forward packs K / V into fp32 tiles once when a call has more query rows than one tile (max_seqlen_q >

@@ -138,7 +138,9 @@ def attention_ref(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, softmax_
     and ALiBi see that range as the whole sequence.
     block_table (b, max_blocks) (dense): k/v are pages (num_pages, page_block_size, hk, d), gathered by
     pages_to_dense into the cache (b, max_blocks * page_block_size, hk, d) first.
-    keep_mask: bool (b, h, sq, sk) (dense) or a list of (h, sq_i, sk_i) (varlen), True = kept; scaled by 1/(1-p).
+    keep_mask: bool (b, h, sq, sk) (dense) or a list of (h, sq_i, sk_i) (varlen, over each segment's keys: with
+    seqused_k its first seqused_k[i] columns), True = kept; scaled by 1/(1-p). With cache_leftpad (dense) its column c
+    is the key at row cache_leftpad + c (the masks see the keys from the pad on as the whole sequence).
     block_mask: bool (heads or 1, ceil(sq / bm), ceil(sk / bn)) with block_size (bm, bn).
     attention_chunk (FA3's): keys in the query's chunk only (visible_mask), per sequence.
     sink (num_heads,): attention sinks (gpt-oss): one more logit per head in each row's softmax, in the scores' units,
@@ -181,7 +183,8 @@ def attention_ref(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, softmax_
         ki = k[ck[i]:kend].unsqueeze(0)
         vi = v[ck[i]:kend].unsqueeze(0)
         slopes = alibi_slopes if alibi_slopes is None or alibi_slopes.dim() == 1 else alibi_slopes[i:i + 1]
-        km = None if keep_mask is None else keep_mask[i].unsqueeze(0)
+        # keep_mask[i] is (h, sq_i, sk_i) over the sequence's whole segment: its used keys' columns
+        km = None if keep_mask is None else keep_mask[i][..., :kend - ck[i]].unsqueeze(0)
         o, l = _dense(qi, ki, vi, alibi_slopes=slopes, keep_mask=km, **kw)
         outs.append(o[0])
         lses.append(l[0])

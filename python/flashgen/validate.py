@@ -482,7 +482,7 @@ def check_kvcache_indices(cache_seqlens: Optional[torch.Tensor], cache_leftpad: 
         if bool(bad.any()):
             i = int(bad.nonzero()[0, 0])
             raise ValueError(f"cache_leftpad: entry {i} is {int(pads[i])}; it must be in [0, {int(limit[i])}] "
-                             f"(cache_seqlens[{i}]: the keys are rows [cache_leftpad, cache_seqlens))")
+                             f"(cache_seqlens[{i}]: the keys are rows [cache_leftpad, cache_seqlens + the new keys))")
     if block_table is not None:
         table = block_table.detach().to("cpu", torch.int64)
         page = capacity // table.shape[1]
