@@ -203,6 +203,21 @@ def test_rng_state_is_checked_by_name(rng_state, words):
             fai._flash_attn_backward(*call)
 
 
+def test_softmax_d_in_row_chunks_is_the_whole_expression(monkeypatch):
+    """softmax_d = rowsum(dout * out) taken in chunks of rows (two fp32 copies of a long block were 4 GB at 128k
+    tokens): bit for bit the one-expression value, dense and varlen, also where the chunk does not divide the rows."""
+    q, k, v = rand(2, 37, 4, 16), rand(2, 37, 4, 16), rand(2, 37, 4, 16)
+    out, lse, _, _ = fai._flash_attn_forward(q, k, v, 0.0, None, True, -1, -1, 0.0, None, False)
+    dout = rand(*out.shape)
+    whole = fai._flash_attn_backward(dout, q, k, v, out, lse, None, None, None, 0.0, None, True, -1, -1, 0.0, None,
+                                     False)
+    assert torch.equal(whole, (dout.float() * out.float()).sum(-1).transpose(1, 2))
+    monkeypatch.setattr(fai, "_ROW_DOT_ELEMENTS", 7 * 4 * 16)  # 7 rows a chunk: 74 rows in 11 chunks
+    chunked = fai._flash_attn_backward(dout, q, k, v, out, lse, None, None, None, 0.0, None, True, -1, -1, 0.0, None,
+                                       False)
+    assert torch.equal(whole, chunked)
+
+
 def test_lse_in_other_strides_is_read_by_its_values():
     """softmax_lse with the forward's values in other strides (a transpose made contiguous and back): the same
     gradients, bit for bit (the params take lse's row stride as 1; such an lse gave gradients off by ~2)."""

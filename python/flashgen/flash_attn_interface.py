@@ -81,6 +81,25 @@ def _grad_buffer(name: str, given, like: torch.Tensor, like_name: str) -> torch.
     return given
 
 
+_ROW_DOT_ELEMENTS = 1 << 26  # elements of dout a chunk of _row_dots upcasts at once (256 MB of fp32)
+
+
+def _row_dots(dout: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+    """rowsum(dout * out) over the head dim in fp32, (leading dims of dout, heads). Eager calls take it in chunks of
+    rows: the plain expression makes two fp32 copies of both tensors, 4 GB beside a 128k-token x 32-head d128 bf16
+    block, which context-parallel callers of this backward run at. Traced, the plain expression (inductor fuses it)."""
+    if torch.compiler.is_compiling() or dout.numel() <= _ROW_DOT_ELEMENTS:
+        return (dout.float() * out.float()).sum(-1)
+    lead = dout.shape[:-2]
+    d_rows, o_rows = dout.reshape(-1, *dout.shape[-2:]), out.reshape(-1, *out.shape[-2:])
+    step = max(1, _ROW_DOT_ELEMENTS // (dout.shape[-2] * dout.shape[-1]))
+    result = torch.empty(d_rows.shape[:2], dtype=torch.float32, device=dout.device)
+    for start in range(0, d_rows.shape[0], step):
+        rows = slice(start, start + step)
+        result[rows] = (d_rows[rows].float() * o_rows[rows].float()).sum(-1)
+    return result.view(*lead, dout.shape[-2])
+
+
 def _raw_backward(dout, q, k, v, out, softmax_lse, dq, dk, dv, *, dropout_p, softmax_scale, causal, window_size,
                   softcap, alibi_slopes, deterministic, rng_state, cu_seqlens_q=None, cu_seqlens_k=None,
                   max_seqlen_q=None, max_seqlen_k=None) -> torch.Tensor:
@@ -129,7 +148,7 @@ def _raw_backward(dout, q, k, v, out, softmax_lse, dq, dk, dv, *, dropout_p, sof
                          dropout_p=dropout_p, return_probs=False, varlen=varlen)
     features |= {"backward", "deterministic"} if deterministic else {"backward"}
     choice = _choose(q, features, None)
-    softmax_d = (dout.float() * out.float()).sum(-1)  # (b, s, h) or (total, h)
+    softmax_d = _row_dots(dout, out)  # (b, s, h) or (total, h)
     softmax_d = softmax_d.transpose(1, 2) if not varlen else softmax_d.t()
     if _args.no_work(q, k):
         for g in (dq, dk, dv):
