@@ -1031,13 +1031,56 @@ def test_kvcache_append_stacked_refusals_leave_the_caches_untouched():
               rotary_sin=torch.ones(12, 4, dtype=DTYPE), rotary_seqlens=torch.tensor([11, 0], dtype=torch.int32)),
          ValueError, "rotary_seqlens: rotary positions up to 12"),
     ]
+    cases += [  # what the rest of the call checks, checked before the write (they raised after it)
+        (dict(cu_seqlens_k_new=torch.tensor([0, 2, 5], dtype=torch.int32), softcap=-1.0), ValueError, "softcap"),
+        (dict(cu_seqlens_k_new=torch.tensor([0, 2, 5], dtype=torch.int32), window_size=(-5, 2)), ValueError,
+         "window_size"),
+        (dict(cu_seqlens_k_new=torch.tensor([0, 2, 5], dtype=torch.int32), num_splits=-1), ValueError, "num_splits"),
+        (dict(cu_seqlens_k_new=torch.tensor([0, 2, 5], dtype=torch.int32), return_softmax_lse=2), TypeError,
+         "return_softmax_lse"),
+        (dict(cu_seqlens_k_new=torch.tensor([0, 2, 5], dtype=torch.int32), cache_seqlens=13), ValueError,
+         r"cache_seqlens: expected an int in \[0, 12\]"),
+        (dict(q=rand(4, 4, 16), cu_seqlens_q=torch.tensor([0, 1, 4], dtype=torch.int32), max_seqlen_q=2,
+              cu_seqlens_k_new=torch.tensor([0, 2, 5], dtype=torch.int32)), ValueError, "max_seqlen_q"),
+        (dict(v_cache=vc[:1].expand(2, 12, 2, 16), cu_seqlens_k_new=torch.tensor([0, 2, 5], dtype=torch.int32)),
+         ValueError, "v_cache: expected a tensor whose elements do not share memory"),
+    ]
     for extra, error, match in cases:
         before = kc.clone(), vc.clone()
+        extra = dict(extra)
+        qq, vv = extra.pop("q", q), extra.pop("v_cache", vc)
         args = dict(k=k, v=v, cache_seqlens=lens)
         args.update(extra)
         with pytest.raises(error, match=match):
-            fa3.flash_attn_with_kvcache(q, kc, vc, **args)
+            fa3.flash_attn_with_kvcache(qq, kc, vv, **args)
         assert torch.equal(kc, before[0]) and torch.equal(vc, before[1]), f"{match}: a cache was written"
+
+
+@pytest.mark.parametrize("readable", [True, False], ids=["read", "unread"])
+def test_kvcache_append_stacked_rows_outside_the_offsets_are_not_written(readable, monkeypatch):
+    """Rows of k before cu_seqlens_k_new[0] or past its end belong to no sequence (they were written as sequence 0's
+    with negative offsets, over its keys); no new keys at all (offsets all 0, a padded k) writes nothing (where the
+    offsets are not read, a padded row landed on another sequence's key); requires-grad caches are written in place
+    (a raw leaf error after k_cache was written)."""
+    if not readable:
+        monkeypatch.setattr(validate, "indices_readable", lambda t: False)
+    q, kc, vc = rand(2, 1, 4, 16), rand(2, 12, 2, 16), rand(2, 12, 2, 16)
+    k, v = rand(7, 2, 16), rand(7, 2, 16)
+    lens = torch.tensor([5, 3], dtype=torch.int32)
+    got = [kc.clone(), vc.clone()]
+    fa3.flash_attn_with_kvcache(q, *got, k, v, cache_seqlens=lens,
+                                cu_seqlens_k_new=torch.tensor([2, 3, 5], dtype=torch.int32))
+    spec_k, spec_v = _appended_by_hand(kc, vc, k[2:5], v[2:5], torch.tensor([0, 1, 3]), lens)
+    assert torch.equal(got[0], spec_k) and torch.equal(got[1], spec_v)
+    full = torch.tensor([12, 12], dtype=torch.int32)  # both sequences full: any stray write would land on a key
+    caches = [kc.clone().requires_grad_(), vc.clone().requires_grad_()]
+    fa3.flash_attn_with_kvcache(q, *caches, k, v, cache_seqlens=full,
+                                cu_seqlens_k_new=torch.zeros(3, dtype=torch.int32))
+    assert torch.equal(caches[0], kc) and torch.equal(caches[1], vc), "no new keys: the caches unchanged"
+    empty = fa3.flash_attn_with_kvcache(q[:0], kc[:0].clone(), vc[:0].clone(), k, v,
+                                        cache_seqlens=torch.zeros(0, dtype=torch.int32),
+                                        cu_seqlens_k_new=torch.zeros(1, dtype=torch.int32))
+    assert empty.shape == (0, 1, 4, 16)
 
 
 def test_kvcache_append_stacked_unread_offsets(monkeypatch):

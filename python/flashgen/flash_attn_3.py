@@ -266,13 +266,27 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, qv=None, rotary
     several = bool(chunk) and not _one_query_a_sequence(q, cu_seqlens_q, max_seqlen_q)
     if k is not None and (cu_seqlens_k_new is not None or cu_seqlens_q is not None or several):
         # new keys stacked by sequence, beside varlen queries, or before chunk pieces: written (and rotated) here
-        # first (_append_stacked), then the call reads the cache as it is
+        # first (_append_stacked), then the call reads the cache as it is. What the rest of the call checks is
+        # checked before the write, so that a refused call leaves the caches as they were.
+        _, _, causal, window_size, _, _, _ = _args.scalars(0.0, softmax_scale, causal, window_size, softcap, False,
+                                                             False)
+        validate.check_scalars(dropout_p=0.0, softmax_scale=softmax_scale, causal=causal, window_size=window_size,
+                               softcap=softcap, head_dim=q.shape[-1] if isinstance(q, torch.Tensor) else None)
+        _check_tuning(num_splits if cu_seqlens_q is not None or several else 0, pack_gqa, sm_margin)
+        validate.check_num_splits(_args.as_int("num_splits", num_splits))
+        _args.as_bool("return_softmax_lse", return_softmax_lse)
+        if cu_seqlens_q is not None and isinstance(q, torch.Tensor):
+            max_q = _args.max_seqlen("max_seqlen_q", max_seqlen_q)
+            validate.check_varlen_q(cu_seqlens_q, q)
+            validate.check_varlen_q_values(cu_seqlens_q, max_q, q)
         q, cache_seqlens = _append_stacked(q, k_cache, v_cache, k, v, cu_seqlens_k_new, cache_seqlens,
                                            cache_batch_idx, cache_leftpad, page_table, cu_seqlens_q, rotary_cos,
                                            rotary_sin, rotary_seqlens, rotary_interleaved, causal, window_size)
         k = v = rotary_cos = rotary_sin = rotary_seqlens = None
     if several:
-        for name, value in (("v", v), ("rotary_cos", rotary_cos), ("rotary_sin", rotary_sin)):
+        if v is not None:
+            raise ValueError("v: new values come with new keys k; pass both or neither")
+        for name, value in (("rotary_cos", rotary_cos), ("rotary_sin", rotary_sin)):
             if value is not None:
                 raise NotImplementedError(f"{name}: attention_chunk with several queries a sequence and no new keys "
                                           f"reads the cache as it is (nothing to rotate q by); pass {name}=None")
@@ -283,7 +297,9 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, qv=None, rotary
     if chunk:
         cache_leftpad = _chunk_start(chunk, q, k_cache, k, cache_seqlens, cache_leftpad, page_table, cu_seqlens_q)
     if cu_seqlens_q is not None:
-        for name, value in (("k", k), ("v", v), ("rotary_cos", rotary_cos), ("rotary_sin", rotary_sin)):
+        if v is not None:
+            raise ValueError("v: new values come with new keys k; pass both or neither")
+        for name, value in (("rotary_cos", rotary_cos), ("rotary_sin", rotary_sin)):
             if value is not None:
                 raise NotImplementedError(f"{name}: rotating varlen queries (cu_seqlens_q) without new keys has no "
                                           f"flashgen path; rotate q first and pass {name}=None")
@@ -321,9 +337,14 @@ def _append_stacked(q, k_cache, v_cache, k, v, cu_seqlens_k_new, cache_seqlens, 
     cache_seqlens[b] + j of its entry (cache_batch_idx) or pages (page_table), rotated at (rotary_seqlens or
     cache_seqlens)[b] + j, and its queries at the same start (+ their row when causal or local), as the dense call
     does. Everything is checked before the first write (the values where they are read: validate.indices_readable);
-    on a device, values not read are clamped into the cache, and rows of k past cu_seqlens_k_new[-1] write row
-    cu_seqlens_k_new[-1] - 1's value to its own place (duplicates of one write, so nothing else is touched).
+    on a device, values not read are clamped into the cache, and rows of k outside [cu_seqlens_k_new[0],
+    cu_seqlens_k_new[-1]) repeat row cu_seqlens_k_new[0]'s write (its value, its place: duplicates of one write), or
+    where no sequence has new keys write back what their place holds, so nothing else is touched.
     Returns (q rotated or as given, cache_seqlens + each sequence's new keys)."""
+    for name, t in (("k_cache", k_cache), ("v_cache", v_cache), ("k", k), ("v", v)):
+        validate._tensor(name, t)
+    validate.check_writable("k_cache", k_cache)
+    validate.check_writable("v_cache", v_cache)
     varlen_q = cu_seqlens_q is not None
     for name, t in (("k_cache", k_cache), ("v_cache", v_cache), ("k", k), ("v", v)):
         validate._tensor(name, t)
@@ -350,10 +371,6 @@ def _append_stacked(q, k_cache, v_cache, k, v, cu_seqlens_k_new, cache_seqlens, 
         k, v = k.flatten(0, 1), v.flatten(0, 1)
     if cache_seqlens is None:
         raise ValueError("cache_seqlens: expected an int or int32 (batch,) tensor when appending k / v")
-    if not isinstance(cache_seqlens, torch.Tensor):
-        cache_seqlens = torch.full((batch,), _args.as_int("cache_seqlens", cache_seqlens), dtype=torch.int32,
-                                   device=q.device)
-    validate.check_index("cache_seqlens", cache_seqlens, q, batch)
     if cache_leftpad is not None:
         validate.check_index("cache_leftpad", cache_leftpad, q, batch)
     if page_table is not None:
@@ -363,6 +380,12 @@ def _append_stacked(q, k_cache, v_cache, k, v, cu_seqlens_k_new, cache_seqlens, 
     elif k_cache.shape[0] != batch:
         raise ValueError(f"k_cache: expected batch {batch} (q's) without cache_batch_idx, got {k_cache.shape[0]}")
     capacity = validate.kv_capacity(k_cache, page_table)
+    if not isinstance(cache_seqlens, torch.Tensor):  # a host int: read whatever the tensors' devices
+        first = _args.as_int("cache_seqlens", cache_seqlens)
+        if not 0 <= first <= capacity:
+            raise ValueError(f"cache_seqlens: expected an int in [0, {capacity}] (the cache capacity), got {first}")
+        cache_seqlens = torch.full((batch,), first, dtype=torch.int32, device=q.device)
+    validate.check_index("cache_seqlens", cache_seqlens, q, batch)
     validate.check_rotary(rotary_cos, rotary_sin, q, k_cache, capacity)
     if rotary_seqlens is not None:
         validate.check_index("rotary_seqlens", rotary_seqlens, q, batch)
@@ -386,20 +409,25 @@ def _append_stacked(q, k_cache, v_cache, k, v, cu_seqlens_k_new, cache_seqlens, 
         if cache_batch_idx is not None:
             validate.check_kvcache_values(k_cache, None, None, cache_batch_idx)
         if rotary_cos is not None and batch:  # the rows each sequence's keys and queries are rotated at
-            local = _args.as_bool("causal", causal) or tuple(window_size) != (-1, -1)
+            local = _args.as_bool("causal", causal) or tuple(_args.as_pair("window_size", window_size, "(left, "
+                                                                           "right) ints")) != (-1, -1)
             n_q = (cu_seqlens_q[1:] - cu_seqlens_q[:-1]).long() if varlen_q else torch.full_like(counts, q.shape[1])
             base = (rotary_seqlens if rotary_seqlens is not None else cache_seqlens).long()
             last = int((base + torch.maximum(counts, n_q if local else n_q.clamp(max=1)) - 1).max())
             if int(base.min()) < 0 or last >= rotary_cos.shape[0]:
                 raise ValueError(f"{'rotary_seqlens' if rotary_seqlens is not None else 'cache_seqlens'}: rotary "
                                  f"positions up to {last} must be rows of rotary_cos (it has {rotary_cos.shape[0]})")
-        k, v = k[:offsets[-1]], v[:offsets[-1]]  # rows past the last sequence: not written
+        # rows of k outside [cu[0], cu[-1]) belong to no sequence: not written
+        k, v, new_rows = k[offsets[0]:offsets[-1]], v[offsets[0]:offsets[-1]], new_rows - offsets[0]
     total = k.shape[0]
-    if total == 0:
+    if total == 0 or batch == 0 or capacity == 0 or k_cache.shape[0] == 0:
         return q, ends.to(torch.int32)
     rows = torch.arange(total, device=q.device)
-    if not readable:  # rows past cu_seqlens_k_new[-1] repeat the last valid row's write (its value and place)
-        rows = torch.where(rows < new_rows[-1], rows, (new_rows[-1] - 1).clamp(0, total - 1))
+    none_valid = None
+    if not readable:  # rows outside [cu[0], cu[-1]) repeat row cu[0]'s write (its value, its place): duplicates
+        low, high = new_rows[0], new_rows[-1]
+        none_valid = high <= low  # no sequence has new keys: every row writes back what its place holds
+        rows = torch.where((rows >= low) & (rows < high), rows, low.clamp(0, total - 1))
     seq = torch.searchsorted(new_rows[1:].contiguous(), rows, right=True).clamp(0, batch - 1)
     j = rows - new_rows[seq]
     target = cache_seqlens.long()[seq] + j
@@ -408,10 +436,10 @@ def _append_stacked(q, k_cache, v_cache, k, v, cu_seqlens_k_new, cache_seqlens, 
     start = (rotary_seqlens if rotary_seqlens is not None else cache_seqlens).long()
     if rotary_cos is not None:
         table_rows = rotary_cos.shape[0] - 1
-        k = rotate(k[rows] if not readable else k, rotary_cos, rotary_sin, (start[seq] + j).clamp(0, table_rows),
-                   interleaved)
-        v_new = v[rows] if not readable else v
-        local = _args.as_bool("causal", causal) or tuple(window_size) != (-1, -1)
+        k = rotate(k[rows], rotary_cos, rotary_sin, (start[seq] + j).clamp(0, table_rows), interleaved)
+        v_new = v[rows]
+        local = _args.as_bool("causal", causal) or tuple(_args.as_pair("window_size", window_size, "(left, right) "
+                                                                       "ints")) != (-1, -1)
         if varlen_q:
             q_rows = torch.arange(q.shape[0], device=q.device)
             q_seq = torch.searchsorted(cu_seqlens_q[1:].long().contiguous(), q_rows, right=True).clamp(0, batch - 1)
@@ -423,8 +451,7 @@ def _append_stacked(q, k_cache, v_cache, k, v, cu_seqlens_k_new, cache_seqlens, 
         q = rotate(q, rotary_cos, rotary_sin, q_pos.clamp(0, table_rows), interleaved).to(q.dtype)
         k = k.to(k_cache.dtype)
     else:
-        v_new = v[rows] if not readable else v
-        k = k[rows] if not readable else k
+        v_new, k = v[rows], k[rows]
     if page_table is not None:
         page = k_cache.shape[1]
         pages = page_table.long()[seq, target // page]
@@ -436,8 +463,12 @@ def _append_stacked(q, k_cache, v_cache, k, v, cu_seqlens_k_new, cache_seqlens, 
         if not readable and cache_batch_idx is not None:
             entries = entries.clamp(0, k_cache.shape[0] - 1)
         index = (entries, target)
-    k_cache.index_put_(index, k)
-    v_cache.index_put_(index, v_new)
+    with torch.no_grad():  # the cache is written, not differentiated (a v_cache that requires grad is a leaf)
+        if none_valid is not None:
+            k = torch.where(none_valid, k_cache[index], k)
+            v_new = torch.where(none_valid, v_cache[index], v_new)
+        k_cache.index_put_(index, k)
+        v_cache.index_put_(index, v_new)
     return q, ends.to(torch.int32)
 
 

@@ -140,11 +140,11 @@ def flash_attn_varlen_func(q, k, v, qv=None, cu_seqlens_q=None, cu_seqlens_k=Non
             if k.shape[0] != batch:  # dense keys (batch, seqlen_k, ...), read up to seqused_k
                 raise ValueError(f"k: expected batch {batch} (q's), got {k.shape[0]}")
             cu_seqlens_k = torch.arange(batch + 1, device=k.device, dtype=torch.int32) * k.shape[1]
-            max_seqlen_k = k.shape[1] if max_seqlen_k is None else max_seqlen_k
+            max_seqlen_k = k.shape[1]  # the layout's (FA4 reads the bounds with cu_seqlens only)
             k, v = k.flatten(0, 1), v.flatten(0, 1) if isinstance(v, torch.Tensor) else v
         out, lse = flash_attn_varlen_func(
             q.flatten(0, 1), k, v, None, torch.arange(batch + 1, device=q.device, dtype=torch.int32) * seqlen_q,
-            cu_seqlens_k, seqlen_q if max_seqlen_q is None else max_seqlen_q, max_seqlen_k, None, seqused_q,
+            cu_seqlens_k, seqlen_q, max_seqlen_k, None, seqused_q,
             seqused_k, None, page_table, softmax_scale, causal, window_size, learnable_sink, softcap, num_splits,
             pack_gqa, deterministic, return_lse=return_lse, version=version)
         return out.view(batch, seqlen_q, *out.shape[1:]), \
