@@ -36,7 +36,10 @@ Host syncs. transformers' own flash_attention_2 path synchronizes twice per laye
   passes the same mask object to every layer of a kind). It cannot go: the number of real tokens is a tensor shape.
   max_seqlen is NOT read back: flashgen's varlen takes it as a bound for its grid (each sequence's length comes from
   cu_seqlens on the device, common/mask.h), so the padded length is passed, which is an upper bound;
-- packed sequences: one sync per forward to find the sequence boundaries (transformers' detection syncs too);
+- packed sequences: one sync per forward to find the sequence boundaries (transformers' detection syncs too). The
+  mask builder finds them only without a cache; with one (use_cache left on in training), the attention reads the
+  position_ids the model hands it, as transformers' flash_attention_2 does, so a model whose attention is not handed
+  position_ids (Llama 4) needs use_cache=False for packed rows;
 - cu_seq_lens kwargs: none if max_length_q/k are ints, one `.item()` each if they are tensors;
 - static cache: none where transformers drops the all-ones mask (5.24: the written length stays on the device),
   one `.all()` per forward where it keeps it (5.17).
@@ -48,8 +51,9 @@ drop it. Chunked layers (Llama 4's attention_chunk_size; transformers' flash_att
 count their chunks from each row's first real token, as transformers' mask does: a prompt runs as flash_attn_3's
 attention_chunk pieces, a decode step (whose window-sized cache no longer starts at position 0) over the keys of the
 query's chunk through cache_leftpad, and several new tokens after cached ones (a prompt continued in pieces, several
-tokens a step) as pieces of one chunk each over the keys read as a KV cache (inference only), with no host sync; a
-padding mask with holes, packed sequences, dropout and sinks raise by name there. output_attentions=True is refused the same way.
+tokens a step) as pieces of one chunk each over the keys read as a KV cache (inference only), with no host sync, and
+packed sequences as FA3's varlen attention_chunk (chunks from each sequence's first token); a padding mask with holes,
+dropout, sinks and cu_seq_lens kwargs raise by name there. output_attentions=True is refused the same way.
 Attention sinks (gpt-oss's `s_aux`, one learnable logit per head) run through every path above but the chunked
 layers': flashgen's lse of the same call and flashgen.attention_sink fold them in exactly, gradients to the sinks
 included.
@@ -100,8 +104,10 @@ _WRAPPERS = frozenset({"and_masks", "remap_positions_for_packed_sequence", "pack
 
 
 def _maker(fn) -> str:
-    """The name of a mask function, or of the function that built a closure."""
-    qual = getattr(fn, "__qualname__", None) or repr(fn)
+    """The name of a mask function, or of the function that built a closure (from its code object: repr() of a
+    closure breaks torch.compile's graph)."""
+    qual = getattr(getattr(fn, "__code__", None), "co_qualname", None) or getattr(fn, "__qualname__", None) or \
+        type(fn).__name__
     return qual.split(".<locals>")[0]
 
 
@@ -127,9 +133,10 @@ class _Chunked:
     _chunked_continuation."""
 
     def __init__(self, chunk: int, left_padding: torch.Tensor, padding: Optional[torch.Tensor], q_offset,
-                 kv_offset=0, continued: bool = False):
+                 kv_offset=0, continued: bool = False, packed: Optional[torch.Tensor] = None):
         self.chunk, self.left_padding, self.padding, self.q_offset = chunk, left_padding, padding, q_offset
         self.kv_offset, self.continued = kv_offset, continued  # continued: new tokens after cached ones
+        self.packed = packed  # packed sequences' ids (batch, seqlen), as the mask builder found them
 
 
 def _packed_ids(mask_function) -> Optional[torch.Tensor]:
@@ -225,17 +232,14 @@ def attention_mask(batch_size: int, q_length: int, kv_length: int, q_offset: int
 def _chunked_mask(chunking, packed, batch_size, q_length, kv_length, q_offset, kv_offset, mask_function,
                   attention_mask, **kwargs) -> _Chunked:
     """attention_mask() for a chunked layer: the prompt (all keys new, none cached before), one decode step, or
-    several new tokens after cached ones (continued: a prompt in pieces, several tokens a step); packed sequences
-    raise by name."""
-    what = "flashgen: chunked attention (attention_chunk_size)"
-    if packed is not None:
-        raise NotImplementedError(f"{what} with packed sequences is not supported; use attn_implementation='sdpa'")
+    several new tokens after cached ones (continued: a prompt in pieces, several tokens a step); packed sequences'
+    ids ride along (traced, transformers hands all-zero ids for any batch: one sequence a row)."""
     # A prompt's chunks are counted from key 0: its keys start at position 0 (read from a device tensor where a static
     # cache gives one: one host sync per forward, on the prompt only); else new tokens continue cached ones.
     continued = q_length != 1 and (q_length != kv_length or bool(_position(kv_offset) or _position(q_offset)))
     padding = masking_utils.flash_attention_mask(batch_size, q_length, kv_length, q_offset, kv_offset, mask_function,
                                                  attention_mask, **kwargs)
-    return _Chunked(chunking[0], chunking[1], padding, q_offset, kv_offset, continued)
+    return _Chunked(chunking[0], chunking[1], padding, q_offset, kv_offset, continued, packed)
 
 
 def _position(x) -> int:
@@ -291,6 +295,25 @@ def unpad_data(mask: torch.Tensor, seqlen_q: int):
     rows_q = torch.nonzero(mask_q)
     return (rows_q[:, 0], rows_q[:, 1]), _cu_seqlens(mask_q.sum(dim=-1, dtype=torch.int32)), \
         (rows_k[:, 0], rows_k[:, 1]), cu_k
+
+
+def _packed_from_positions(position_ids, batch: int, seqlen_q: int, seqlen_k: int) -> Optional[torch.Tensor]:
+    """Packed sequences' ids (1, seqlen) read from position_ids where the mask builder did not (it skips them when a
+    cache exists, as in training with use_cache left on, and some models never hand it position_ids): one batch row
+    of fresh tokens whose positions restart (transformers' flash_attention_2 path reads them the same way). None where
+    not packed. One host sync a forward (cached on the tensor, which every layer is handed)."""
+    if not isinstance(position_ids, torch.Tensor) or batch != 1 or seqlen_q != seqlen_k or seqlen_q < 2 or \
+            position_ids.shape[-1] != seqlen_q:
+        return None
+    positions = position_ids.reshape(1, seqlen_q)
+
+    def find():
+        restart = positions[:, 1:] - positions[:, :-1] != 1
+        if not bool(restart.any()):  # the sync
+            return None
+        return F.pad(restart.cumsum(-1), (1, 0))
+
+    return _CACHE.get(position_ids, ("positions", seqlen_q), find)
 
 
 def _packed_data(ids: torch.Tensor):
@@ -395,8 +418,8 @@ def _contiguous_rows(mask: torch.Tensor) -> bool:
     return bool((starts.sum(dim=1) <= 1).all())
 
 
-def _chunked_attention(info: _Chunked, q, k, v, sink, packed_kwargs: bool, *, dropout_p, softmax_scale, causal,
-                       window_size, softcap):
+def _chunked_attention(info: _Chunked, q, k, v, sink, packed_kwargs: bool, position_ids=None, *, dropout_p,
+                       softmax_scale, causal, window_size, softcap):
     """A chunked layer's attention (see _Chunked): keys in the query's chunk of attention_chunk_size positions only,
     counted from each row's first real token as transformers' chunked mask counts them."""
     what = "flashgen: chunked attention (attention_chunk_size)"
@@ -410,6 +433,19 @@ def _chunked_attention(info: _Chunked, q, k, v, sink, packed_kwargs: bool, *, dr
     if mask is not None and not _CACHE.get(mask, ("contiguous",), lambda: _contiguous_rows(mask)):
         raise NotImplementedError(f"{what}: a padding mask with holes (real tokens in more than one run per row) moves "
                                   "the chunks; use attn_implementation='sdpa' or 'eager'")
+    packed = info.packed if info.packed is not None else \
+        _packed_from_positions(position_ids, batch, seqlen_q, seqlen_k)
+    if packed is not None:  # each sequence's chunks from its own first token: FA3's varlen attention_chunk
+        if mask is not None:
+            raise NotImplementedError(f"{what}: packed sequences together with a padding mask are not supported; drop "
+                                      "the padding (packing needs none) or use attn_implementation='sdpa'")
+        if seqlen_q != seqlen_k or tuple(packed.shape) != (batch, seqlen_q):
+            raise ValueError(f"{what}: packed-sequence ids of shape {tuple(packed.shape)} need seqlen_q == seqlen_k "
+                             f"== {tuple(packed.shape)[-1]}, got {seqlen_q} and {seqlen_k}")
+        rows, cu = _CACHE.get(packed, ("packed",), lambda: _packed_data(packed))
+        out = flash_attn_3.flash_attn_varlen_func(_gather(q, rows), _gather(k, rows), _gather(v, rows), cu, cu,
+                                                  seqlen_q, seqlen_q, attention_chunk=info.chunk, **common)
+        return _scatter(out, rows, batch, seqlen_q)
     if info.continued:
         return _chunked_continuation(info, q, k, v, **common)
     if seqlen_q == 1 and seqlen_k > 1:
@@ -497,7 +533,7 @@ def attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.T
 
     cu_q, cu_k = kwargs.get("cu_seq_lens_q"), kwargs.get("cu_seq_lens_k")
     if isinstance(attention_mask, _Chunked):
-        out = _chunked_attention(attention_mask, q, k, v, s_aux, cu_q is not None, **kw)
+        out = _chunked_attention(attention_mask, q, k, v, s_aux, cu_q is not None, kwargs.get("position_ids"), **kw)
         return (out[..., :v_head_dim] if v_head_dim != head_dim else out), None
     if attention_mask is not None and attention_mask.dim() == 4:
         attention_mask = _CACHE.get(attention_mask, ("4d", seqlen_q, k.shape[1], causal, window),
@@ -508,6 +544,12 @@ def attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.T
         out = _attend(s_aux, q.reshape(-1, *q.shape[2:]), k.reshape(-1, *k.shape[2:]), v.reshape(-1, *v.shape[2:]),
                       (cu_q.to(torch.int32), cu_k.to(torch.int32), _max_len(kwargs["max_length_q"]),
                        _max_len(kwargs["max_length_k"])), **kw).view(batch, seqlen_q, *q.shape[2:])
+    elif attention_mask is None and \
+            (ids := _packed_from_positions(kwargs.get("position_ids"), batch, seqlen_q, k.shape[1])) is not None:
+        # packed sequences the mask builder did not see (a cache in training, or no position_ids handed to it)
+        rows, cu = _CACHE.get(ids, ("packed",), lambda: _packed_data(ids))
+        out = _attend(s_aux, _gather(q, rows), _gather(k, rows), _gather(v, rows), (cu, cu, seqlen_q, seqlen_q), **kw)
+        out = _scatter(out, rows, batch, seqlen_q)
     elif attention_mask is None:
         out = _attend(s_aux, q, k, v, None, **kw)
     elif attention_mask.dim() == 1:
