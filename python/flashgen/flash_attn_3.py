@@ -284,12 +284,8 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, qv=None, rotary
                                            rotary_sin, rotary_seqlens, rotary_interleaved, causal, window_size)
         k = v = rotary_cos = rotary_sin = rotary_seqlens = None
     if several:
-        if v is not None:
-            raise ValueError("v: new values come with new keys k; pass both or neither")
-        for name, value in (("rotary_cos", rotary_cos), ("rotary_sin", rotary_sin)):
-            if value is not None:
-                raise NotImplementedError(f"{name}: attention_chunk with several queries a sequence and no new keys "
-                                          f"reads the cache as it is (nothing to rotate q by); pass {name}=None")
+        _without_new_keys(v, rotary_cos, rotary_sin, "attention_chunk with several queries a sequence and no new keys "
+                          "reads the cache as it is (nothing to rotate q by)")
         _check_tuning(num_splits, pack_gqa, sm_margin)
         return _chunked_kvcache(chunk, q, k_cache, v_cache, cache_seqlens, cache_batch_idx, cache_leftpad,
                                 page_table, cu_seqlens_q, max_seqlen_q, softmax_scale, causal, window_size, softcap,
@@ -297,12 +293,8 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, qv=None, rotary
     if chunk:
         cache_leftpad = _chunk_start(chunk, q, k_cache, k, cache_seqlens, cache_leftpad, page_table, cu_seqlens_q)
     if cu_seqlens_q is not None:
-        if v is not None:
-            raise ValueError("v: new values come with new keys k; pass both or neither")
-        for name, value in (("rotary_cos", rotary_cos), ("rotary_sin", rotary_sin)):
-            if value is not None:
-                raise NotImplementedError(f"{name}: rotating varlen queries (cu_seqlens_q) without new keys has no "
-                                          f"flashgen path; rotate q first and pass {name}=None")
+        _without_new_keys(v, rotary_cos, rotary_sin, "rotating varlen queries (cu_seqlens_q) without new keys has no "
+                          "flashgen path; rotate q first")
         _check_tuning(num_splits, pack_gqa, sm_margin)
         return _fa2._varlen_kvcache(q, k_cache, v_cache, cache_seqlens, cache_batch_idx, cache_leftpad, page_table,
                                     cu_seqlens_q, max_seqlen_q, softmax_scale, causal, window_size, softcap,
@@ -318,6 +310,15 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, qv=None, rotary
                                         cache_batch_idx, cache_leftpad, page_table, softmax_scale, causal,
                                         window_size, softcap, rotary_interleaved, None, num_splits,
                                         return_softmax_lse, version=version)
+
+
+def _without_new_keys(v, rotary_cos, rotary_sin, why: str) -> None:
+    """A call left without new keys (none given, or written already) takes no v and no rotary tables."""
+    if v is not None:
+        raise ValueError("v: new values come with new keys k; pass both or neither")
+    for name, value in (("rotary_cos", rotary_cos), ("rotary_sin", rotary_sin)):
+        if value is not None:
+            raise NotImplementedError(f"{name}: {why}; pass {name}=None")
 
 
 def _one_query_a_sequence(q, cu_seqlens_q, max_seqlen_q) -> bool:
