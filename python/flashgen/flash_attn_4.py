@@ -20,9 +20,9 @@ What flashgen has no kernel for raises NotImplementedError naming the argument: 
 `gather_kv_indices`, the CuTe-DSL callables `score_mod` / `score_mod_bwd` / `mask_mod` with `aux_tensors` /
 `aux_scalars` and `block_sparse_tensors` (flashgen's block sparsity is block_sparse_attn_func). Dense queries
 (batch, seqlen_q, ...) without cu_seqlens_q run as one sequence per batch row against varlen, paged or dense keys
-(read up to seqused_k), with FA4's (batch, num_heads, seqlen_q) lse. FA4's schedule hints (`num_splits`, `pack_gqa`, `scheduler_metadata`,
-`seqlen_k_per_split`, `disable_scheduler_metadata`, `min_seqlen_k`) are checked where they have a range and change
-nothing.
+(read up to seqused_k), with FA4's (batch, num_heads, seqlen_q) lse. FA4's schedule hints (`num_splits`,
+`pack_gqa`, `scheduler_metadata`, `seqlen_k_per_split`, `disable_scheduler_metadata`, `min_seqlen_k`) are checked
+where they have a range and change nothing.
 """
 
 from __future__ import annotations

@@ -14,8 +14,8 @@ attn_mask, GQA with enable_gqa (num_heads_k dividing num_heads), and a
 generation that runs it on this device (dispatch: fp16 / bf16 on a GPU, head_dim <= 256). SDPA's is_causal is the
 top-left triangle (query i sees keys 0..i); flashgen's causal is bottom-right, so a causal call with more keys than
 queries runs on the first seqlen_q keys (no query sees the others; their gradients are 0), and one with more queries
-than keys runs with the window that makes flashgen's mask SDPA's. Everything else goes to torch's own function, unchanged, and stats() counts it by
-reason. Dropout draws flashgen's Philox keep-mask, not torch's generator stream (the same distribution, other
+than keys runs with the window that makes flashgen's mask SDPA's. Everything else goes to torch's own function,
+unchanged, and stats() counts it by reason. Dropout draws flashgen's Philox keep-mask, not torch's generator stream (the same distribution, other
 elements). Under autocast, q / k / v are cast to its dtype first, as SDPA's autocast rule does. The result is
 flashgen's (batch, seqlen, heads, head_dim) output seen as (batch, heads, seqlen, head_dim), a transposed view, as
 SDPA's flash backend returns it.
