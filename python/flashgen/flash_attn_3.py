@@ -394,9 +394,7 @@ def _append_stacked(q, k_cache, v_cache, k, v, cu_seqlens_k_new, cache_seqlens, 
     ends = cache_seqlens.long() + counts
     readable = all(validate.indices_readable(t) for t in (new_rows, cache_seqlens, cache_leftpad, page_table,
                                                           cache_batch_idx) if t is not None)
-    if varlen_q and readable:
-        validate.check_varlen_q_values(cu_seqlens_q, q.shape[0], q)
-    if readable:
+    if readable:  # (cu_seqlens_q's values: checked by the caller against max_seqlen_q before this)
         offsets = new_rows.tolist()
         if offsets[0] < 0 or offsets[-1] > k.shape[0] or any(b < a for a, b in zip(offsets, offsets[1:])):
             raise ValueError(f"cu_seqlens_k_new: expected non-decreasing offsets in [0, {k.shape[0]}] (the rows of k), "
@@ -544,24 +542,7 @@ def _chunked_kvcache(chunk, q, k_cache, v_cache, cache_seqlens, cache_batch_idx,
         lse_shape = (q.shape[0], q.shape[2], q.shape[1]) if dense else (q.shape[1], q.shape[0])
         lse = torch.full(lse_shape, float("inf"), dtype=torch.float32, device=q.device)
         return (out, lse) if return_lse else out
-    table = page_table
-    if table is None:  # a dense cache: one page per sequence, the table naming its entry
-        if cache_batch_idx is None and k_cache.shape[0] != batch:
-            raise ValueError(f"k_cache: expected batch {batch} (q's) without cache_batch_idx, got {k_cache.shape[0]}")
-        if cache_batch_idx is not None:
-            validate.check_index("cache_batch_idx", cache_batch_idx, q, batch)
-            validate.check_kvcache_values(k_cache, None, None, cache_batch_idx)
-        table = (torch.arange(batch, device=q.device, dtype=validate.INDEX_DTYPE) if cache_batch_idx is None
-                 else cache_batch_idx).view(batch, 1)
-    elif cache_batch_idx is not None:
-        validate.check_block_table(table, q, k_cache, cache_batch_idx, batch=batch)  # refuses the pair by name
-    capacity = validate.kv_capacity(k_cache, table)
-    if not isinstance(cache_seqlens, torch.Tensor):
-        n = capacity if cache_seqlens is None else _args.as_int("cache_seqlens", cache_seqlens)
-        if not 0 <= n <= capacity:
-            raise ValueError(f"cache_seqlens: expected an int in [0, {capacity}] (the cache capacity) or an int32 "
-                             f"tensor, got {cache_seqlens!r}")
-        cache_seqlens = torch.full((batch,), n, dtype=validate.INDEX_DTYPE, device=q.device)
+    table, _, cache_seqlens = _fa2._cache_as_pages(q, k_cache, cache_seqlens, cache_batch_idx, page_table, batch)
     validate.check_kvcache_varlen(cu_seqlens_q, cache_seqlens, cache_leftpad, max_seqlen_q, q_rows, k_cache, table)
     start = torch.zeros_like(cache_seqlens) if cache_leftpad is None else cache_leftpad
     cu, keys_lo, keys_hi, pieces = chunk_pieces(cu_seqlens_q, start, cache_seqlens, start, chunk, max_seqlen_q)

@@ -660,10 +660,29 @@ def _varlen_kvcache(q, k_cache, v_cache, cache_seqlens, cache_batch_idx, cache_l
                                    cu_seqlens_q, batch, softmax_scale, causal, window_size, softcap, num_splits,
                                    return_softmax_lse, version)
         return (out, lse) if return_softmax_lse else out
+    block_table, capacity, cache_seqlens = _cache_as_pages(q, k_cache, cache_seqlens, cache_batch_idx, block_table,
+                                                           batch)
+    wanting = [t for t in (q, k_cache, v_cache) if t.requires_grad]
+    with torch.no_grad():
+        out, lse, _ = _paged_varlen(
+            q, k_cache, v_cache, cu_seqlens_q, None, max_seqlen_q, capacity, block_table, dropout_p=0.0,
+            softmax_scale=softmax_scale, causal=causal, window_size=window_size, softcap=softcap, alibi_slopes=None,
+            deterministic=False, return_probs=False, version=version, descales=(None, None, None),
+            cache_seqlens=cache_seqlens, cache_leftpad=cache_leftpad)
+    if wanting and not compiling and torch.is_grad_enabled():  # a backward through out / lse raises by name
+        out, lse = _library.ForwardOnly.apply(KVCACHE_NO_BACKWARD, out, lse, *wanting)
+    return (out, lse) if return_softmax_lse else out
+
+
+def _cache_as_pages(q, k_cache, cache_seqlens, cache_batch_idx, block_table, batch: int):
+    """A varlen KV-cache call's cache as pages: a dense cache (batch_cache, seqlen_cache, ...) becomes one page per
+    sequence (the table names its entry: cache_batch_idx, default b, checked), a paged one keeps its table (not with
+    cache_batch_idx); cache_seqlens None or an int becomes an int32 (batch,) tensor (None: the capacity). Returns
+    (block_table, capacity, cache_seqlens)."""
     if block_table is None:  # a dense cache: the table names each sequence's entry
         if cache_batch_idx is None:
             if k_cache.shape[0] != batch:
-                raise ValueError(f"k_cache: expected batch {batch} (cu_seqlens_q's) without cache_batch_idx, "
+                raise ValueError(f"k_cache: expected batch {batch} (q's) without cache_batch_idx, "
                                  f"got {k_cache.shape[0]}")
             cache_batch_idx = torch.arange(batch, device=q.device, dtype=validate.INDEX_DTYPE)
         else:
@@ -679,16 +698,7 @@ def _varlen_kvcache(q, k_cache, v_cache, cache_seqlens, cache_batch_idx, cache_l
             raise ValueError(f"cache_seqlens: expected an int in [0, {capacity}] (the cache capacity) or an int32 "
                              f"tensor, got {cache_seqlens!r}")
         cache_seqlens = torch.full((batch,), n, dtype=validate.INDEX_DTYPE, device=q.device)
-    wanting = [t for t in (q, k_cache, v_cache) if t.requires_grad]
-    with torch.no_grad():
-        out, lse, _ = _paged_varlen(
-            q, k_cache, v_cache, cu_seqlens_q, None, max_seqlen_q, capacity, block_table, dropout_p=0.0,
-            softmax_scale=softmax_scale, causal=causal, window_size=window_size, softcap=softcap, alibi_slopes=None,
-            deterministic=False, return_probs=False, version=version, descales=(None, None, None),
-            cache_seqlens=cache_seqlens, cache_leftpad=cache_leftpad)
-    if wanting and not compiling and torch.is_grad_enabled():  # a backward through out / lse raises by name
-        out, lse = _library.ForwardOnly.apply(KVCACHE_NO_BACKWARD, out, lse, *wanting)
-    return (out, lse) if return_softmax_lse else out
+    return block_table, capacity, cache_seqlens
 
 
 def _one_query_each(q, k_cache, v_cache, cache_seqlens, cache_batch_idx, cache_leftpad, block_table, cu_seqlens_q,
