@@ -96,6 +96,17 @@ const GenerationOps& ops_or_throw(const std::string& generation) {
   return *ops;
 }
 
+// V's own head dim (AttnParams::head_dim_v) reaches only a forward whose ops table takes it (the API pads V for the
+// others); before any launch, so a caller that skipped the API gets an error, not a read of V at the wrong width.
+void check_value_dim(const GenerationOps& ops, const AttnParams& p) {
+  if (flashgen::value_dim(p) == p.head_dim) return;
+  if (ops.value_head_dim == nullptr || !ops.value_head_dim(p)) {
+    throw NotImplemented(std::string("head_dim_v: the forward of '") + ops.name + "' takes head_dim " +
+                         std::to_string(p.head_dim) + " for q and k only with V of the same width, got head_dim_v " +
+                         std::to_string(p.head_dim_v) + " (the API pads V)");
+  }
+}
+
 // A workspace spec as Python sees it: ((name, floats, zeroed), ...) for the workspaces asked for.
 py::tuple workspaces_to_py(const WorkspaceSpec& spec) {
   py::list out;
@@ -133,9 +144,12 @@ py::dict build_info() {
   for (const FlashgenInstance* it = kFlashgenInstances; it->generation; ++it) {
     instances.append(py::make_tuple(it->generation, it->kind, it->dtype, it->head_dim));
   }
-  // The CPU backend is not templated: any head dim up to kMaxHeadDim, fp32/fp16/bf16, forward and backward.
-  for (const char* kind : {"fwd", "bwd"}) {
-    for (const char* dtype : {"fp32", "fp16", "bf16"}) {
+  // The CPU backend is not templated: any head dim up to kMaxHeadDim, fp32/fp16/bf16, forward and backward; its
+  // forward takes V at its own head dim, any up to kMaxHeadDim (kind "fwd_v<bucket of V>", as a GPU generation's
+  // forward instance with V's own head-dim bucket would be listed; python/flashgen/_native.py value_bucket).
+  const std::string value_kind = "fwd_v" + std::to_string(flashgen::kMaxHeadDim);
+  for (const char* dtype : {"fp32", "fp16", "bf16"}) {
+    for (const std::string& kind : {std::string("fwd"), std::string("bwd"), value_kind}) {
       instances.append(py::make_tuple("cpu", kind, dtype, flashgen::kMaxHeadDim));
     }
   }
@@ -263,6 +277,7 @@ PYBIND11_MODULE(_C, m) {
       FG_RW(AttnParams, lse_batch_stride) FG_RW(AttnParams, lse_head_stride)
       FG_RW(AttnParams, batch) FG_RW(AttnParams, seqlen_q) FG_RW(AttnParams, seqlen_k)
       FG_RW(AttnParams, num_heads) FG_RW(AttnParams, num_heads_k) FG_RW(AttnParams, head_dim)
+      FG_RW(AttnParams, head_dim_v)
       FG_RW(AttnParams, dtype) FG_RW(AttnParams, out_dtype)
       FG_RW(AttnParams, total_q) FG_RW(AttnParams, total_k) FG_RW(AttnParams, batch_k)
       FG_PTR(AttnParams, q_descale, const float*) FG_PTR(AttnParams, k_descale, const float*)
@@ -364,6 +379,7 @@ PYBIND11_MODULE(_C, m) {
       "fwd",
       [](const std::string& generation, const AttnParams& p, std::uintptr_t stream) {
         const GenerationOps& ops = ops_or_throw(generation);
+        check_value_dim(ops, p);
         Status s;
         {
           py::gil_scoped_release release;
@@ -385,6 +401,11 @@ PYBIND11_MODULE(_C, m) {
       [](const std::string& generation, const AttnBwdParams& p, std::uintptr_t stream) {
         const GenerationOps& ops = ops_or_throw(generation);
         if (ops.bwd == nullptr) throw NotImplemented("generation '" + generation + "' has no backward");
+        if (flashgen::value_dim(p) != p.head_dim) {  // the API pads V to head_dim for every backward
+          throw NotImplemented("head_dim_v: the backward of '" + generation + "' takes one head dim for q, k and v, "
+                               "got head_dim " + std::to_string(p.head_dim) + " and head_dim_v " +
+                               std::to_string(p.head_dim_v) + " (the API pads V)");
+        }
         Status s;
         {
           py::gil_scoped_release release;

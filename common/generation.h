@@ -26,6 +26,9 @@ struct GenerationOps {
   FwdPlan (*plan_fwd)(const AttnParams& p);
   // The workspaces the backward needs for p; null = none.
   WorkspaceSpec (*bwd_workspaces)(const AttnBwdParams& p);
+  // Whether the forward takes p with V's own head dim (AttnParams::head_dim_v != head_dim); null = never. The
+  // binding refuses such params for the others; the API zero-pads V for them (and for every backward).
+  bool (*value_head_dim)(const AttnParams& p) = nullptr;
 };
 
 }  // namespace flashgen

@@ -120,6 +120,12 @@ struct AttnParams {
   // the order in which a block-sparse launch runs its (batch, head, sparse block row) units, heaviest first (the
   // backward's: (batch, KV head, sparse block column)); a generation that cannot use it runs its own order ----
   const int* sparse_order = nullptr;
+
+  // ---- V's (and O's) own head dim, where it differs from q's and k's (FA3's hdim_v: MLA's 192 / 128); 0 = head_dim.
+  // Only a generation whose ops table says it takes this call (common/generation.h value_head_dim) sees it set: the
+  // binding refuses it for the others, and the API zero-pads V to head_dim for them instead. Read it through
+  // value_dim(p) ----
+  int head_dim_v = 0;
 };
 
 struct AttnBwdParams : AttnParams {
@@ -144,6 +150,9 @@ inline float scale_log2_for(double softmax_scale, double softcap) {
   constexpr double kLog2eDouble = 1.4426950408889634;  // log2(e), as Python's math.log2(math.e)
   return static_cast<float>(softcap > 0 ? kLog2eDouble : softmax_scale * kLog2eDouble);
 }
+
+// V's and O's head dim: head_dim_v where it is set, else head_dim.
+FH_HD int value_dim(const AttnParams& p) { return p.head_dim_v > 0 ? p.head_dim_v : p.head_dim; }
 
 // Dropout keep probability and the scale applied to kept entries.
 FH_HD float dropout_keep_scale(float p_dropout) { return p_dropout > 0.f ? 1.f / (1.f - p_dropout) : 1.f; }

@@ -19,27 +19,31 @@ namespace {
 
 struct FwdScratch {
   std::vector<float> q, s, o, keep, row, kt, v;  // kt / v: the unit's own key tile (KVTiles streamed)
-  FwdScratch(int head_dim, int ld, bool streamed)
-      : q(kBlockM * ld), s(kBlockM * kBlockN), o(kBlockM * ld), keep(kBlockN), row(streamed ? head_dim : 0),
-        kt(streamed ? kBlockN * ld : 0), v(streamed ? kBlockN * ld : 0) {}
+  // ld: q's and k's padded head dim; ld_v: V's and O's (value_dim, common/params.h)
+  FwdScratch(int head_dim, int ld, int ld_v, bool streamed)
+      : q(kBlockM * ld), s(kBlockM * kBlockN), o(kBlockM * ld_v), keep(kBlockN), row(streamed ? head_dim : 0),
+        kt(streamed ? kBlockN * ld : 0), v(streamed ? kBlockN * ld_v : 0) {}
 };
 
 struct FwdUnit {
   int batch, head, m_block, cost;
 };
 
-// K and V tiles of one (batch, kv head) in fp32: K as K^T tiles (head_dim, kBlockN), V as rows (kBlockN,
-// padded_dim), both zero-padded to whole tiles, read through common/kv_layout.h's rule (dense, varlen, left-padded or
-// paged caches alike). Packed: all of them converted once before the units run, since every query tile of a head reads
-// every key tile and converting per unit cost more than the GEMMs at head_dim 64 (O(total keys * head_dim), never
-// seqlen_q x seqlen_k). Streamed: each unit loads the tile it reads into its own scratch, where each key tile is read
-// by one query tile of each head (seqlen_q <= kBlockM: decoding, short prompts) and packing cost a buffer of all of K
-// and V, allocated, faulted in and written for one read (4 x 1 query x 4096 keys, 8 heads, fp32 d64: 53 ms packed,
-// SDPA 1.8 ms). The same loads either way, so the results are the same bits.
+// K and V tiles of one (batch, kv head) in fp32: K as K^T tiles (head_dim, kBlockN), V as rows (kBlockN, padded_dim of
+// V's head dim, value_dim), both zero-padded to whole tiles, read through common/kv_layout.h's rule (dense, varlen,
+// left-padded or paged caches alike). Packed: all of them converted once before the units run, since every query tile
+// of a head reads every key tile and converting per unit cost more than the GEMMs at head_dim 64 (O(total keys *
+// head_dim), never seqlen_q x seqlen_k). Streamed: each unit loads the tile it reads into its own scratch, where each
+// key tile is read by one query tile of each head (seqlen_q <= kBlockM: decoding, short prompts) and packing cost a
+// buffer of all of K and V, allocated, faulted in and written for one read (4 x 1 query x 4096 keys, 8 heads, fp32 d64:
+// 53 ms packed, SDPA 1.8 ms). The same loads either way, so the results are the same bits.
 class KVTiles {
  public:
   KVTiles(const AttnParams& p, bool packed)
-      : p_(p), packed_(packed), tile_elems_(static_cast<int64_t>(kBlockN) * padded_dim(p.head_dim)) {
+      : p_(p),
+        packed_(packed),
+        tile_elems_(static_cast<int64_t>(kBlockN) * padded_dim(p.head_dim)),
+        v_tile_elems_(static_cast<int64_t>(kBlockN) * padded_dim(value_dim(p))) {
     if (!packed) return;
     int64_t tiles = 0;
     for (int b = 0; b < p.batch; ++b) {
@@ -47,23 +51,23 @@ class KVTiles {
       tiles += static_cast<int64_t>(ceil_div(seq_info(p, b).seqlen_k, kBlockN)) * p.num_heads_k;
     }
     kt_.resize(tiles * tile_elems_);
-    v_.resize(tiles * tile_elems_);
+    v_.resize(tiles * v_tile_elems_);
   }
   bool packed() const { return packed_; }
   void pack(int b, int head_k) {
     std::vector<float> row(p_.head_dim);
     for (int n_block = 0; n_block < ceil_div(seq_info(p_, b).seqlen_k, kBlockN); ++n_block) {
-      load_kt(b, head_k, n_block, row.data(), kt_.data() + offset(b, head_k, n_block));
-      load_v(b, head_k, n_block, v_.data() + offset(b, head_k, n_block));
+      load_kt(b, head_k, n_block, row.data(), kt_.data() + tile_index(b, head_k, n_block) * tile_elems_);
+      load_v(b, head_k, n_block, v_.data() + tile_index(b, head_k, n_block) * v_tile_elems_);
     }
   }
   const float* kt(int b, int head_k, int n_block, FwdScratch& w) const {
-    if (packed_) return kt_.data() + offset(b, head_k, n_block);
+    if (packed_) return kt_.data() + tile_index(b, head_k, n_block) * tile_elems_;
     load_kt(b, head_k, n_block, w.row.data(), w.kt.data());
     return w.kt.data();
   }
   const float* v(int b, int head_k, int n_block, FwdScratch& w) const {
-    if (packed_) return v_.data() + offset(b, head_k, n_block);
+    if (packed_) return v_.data() + tile_index(b, head_k, n_block) * v_tile_elems_;
     load_v(b, head_k, n_block, w.v.data());
     return w.v.data();
   }
@@ -83,15 +87,15 @@ class KVTiles {
     const int64_t head = head_k * p_.v_head_stride;
     load_rows(p_.v, p_.dtype,
               [&](int j) { return kv_row_offset(p_, b, n0 + j, p_.v_batch_stride, p_.v_row_stride) + head; },
-              kBlockN, valid, p_.head_dim, padded_dim(p_.head_dim), dst);
+              kBlockN, valid, value_dim(p_), padded_dim(value_dim(p_)), dst);
   }
-  int64_t offset(int b, int head_k, int n_block) const {
+  int64_t tile_index(int b, int head_k, int n_block) const {
     const int n_blocks = ceil_div(seq_info(p_, b).seqlen_k, kBlockN);
-    return (first_tile_[b] + static_cast<int64_t>(head_k) * n_blocks + n_block) * tile_elems_;
+    return first_tile_[b] + static_cast<int64_t>(head_k) * n_blocks + n_block;
   }
   const AttnParams& p_;
   bool packed_;
-  int64_t tile_elems_;
+  int64_t tile_elems_, v_tile_elems_;
   std::vector<int64_t> first_tile_;
   std::vector<float> kt_, v_;
 };
@@ -134,6 +138,7 @@ FG_CPU_KERNEL void fwd_unit(const AttnParams& p, const KVTiles& kv, const FwdUni
   const HeadProblem hp = head_problem(p, unit.batch, unit.head);
   const int d = p.head_dim;
   const int ld = padded_dim(d);
+  const int dv = value_dim(p), ld_v = padded_dim(dv);  // V's and O's
   const int m0 = unit.m_block * kBlockM;
   const int rows = std::min(kBlockM, hp.mask.seqlen_q - m0);
   load_tile(p.q, p.dtype, hp.seq.q_offset + hp.head * p.q_head_stride, p.q_row_stride, m0, rows, rows, d, ld,
@@ -155,8 +160,8 @@ FG_CPU_KERNEL void fwd_unit(const AttnParams& p, const KVTiles& kv, const FwdUni
       float* sr = w.s.data() + r * kBlockN;
       const float alpha = st[r].rescale(row_max(sr), p.scale_log2);
       if (alpha != 1.f) {
-        float* orow = w.o.data() + r * ld;
-        for (int c = 0; c < ld; ++c) orow[c] *= alpha;
+        float* orow = w.o.data() + r * ld_v;
+        for (int c = 0; c < ld_v; ++c) orow[c] *= alpha;
       }
       st[r].add(row_exp2_sum(sr, p.scale_log2, st[r].m, st[r].max_scaled(p.scale_log2)));
       // Dropout zeroes P after l has counted it: the LSE is the undropped softmax's.
@@ -166,7 +171,7 @@ FG_CPU_KERNEL void fwd_unit(const AttnParams& p, const KVTiles& kv, const FwdUni
       }
     }
     // O += P V.
-    gemm_p_v(w.s.data(), kv.v(hp.batch, hp.head_k, n_block, w), w.o.data(), rows, valid_keys, ld);
+    gemm_p_v(w.s.data(), kv.v(hp.batch, hp.head_k, n_block, w), w.o.data(), rows, valid_keys, ld_v);
   }
 
   // Epilogue: O / l (empty rows: 0), scaled by 1 / (1 - p_dropout); LSE in natural-log logit units.
@@ -174,10 +179,10 @@ FG_CPU_KERNEL void fwd_unit(const AttnParams& p, const KVTiles& kv, const FwdUni
   const int64_t o_base = hp.seq.o_offset + hp.head * p.o_head_stride;
   float* lse = p.lse + lse_offset(p, hp.seq, hp.batch, hp.head);
   for (int r = 0; r < rows; ++r) {
-    float* orow = w.o.data() + r * ld;
+    float* orow = w.o.data() + r * ld_v;
     const float scale = st[r].inv_sum() * keep_scale;
-    for (int c = 0; c < d; ++c) orow[c] *= scale;
-    store_row(orow, p.dtype, elem_ptr(p.o, p.dtype, o_base + (m0 + r) * p.o_row_stride), d);
+    for (int c = 0; c < dv; ++c) orow[c] *= scale;
+    store_row(orow, p.dtype, elem_ptr(p.o, p.dtype, o_base + (m0 + r) * p.o_row_stride), dv);
     lse[m0 + r] = st[r].lse(p.scale_log2);
   }
   if (p.p_out) write_probs(p, hp, kv, m0, rows, st, w);
@@ -207,7 +212,8 @@ Status fwd(const AttnParams& p) {
       kv.pack(static_cast<int>(bh / p.num_heads_k), static_cast<int>(bh % p.num_heads_k));
     });
   }
-  std::vector<FwdScratch> scratch(workers, FwdScratch(p.head_dim, padded_dim(p.head_dim), !kv.packed()));
+  std::vector<FwdScratch> scratch(
+      workers, FwdScratch(p.head_dim, padded_dim(p.head_dim), padded_dim(value_dim(p)), !kv.packed()));
   parallel_for(static_cast<int64_t>(units.size()), workers,
                [&](int64_t u, int worker) { fwd_unit(p, kv, units[u], scratch[worker]); });
   return Status::ok();

@@ -162,6 +162,10 @@ void store_dq(const AttnBwdParams& p, int b, int head_k, int seqlen_q, const flo
 Status bwd(const AttnBwdParams& p) {
   const Status ok = check_params(p);
   if (!ok.is_ok()) return ok;
+  if (value_dim(p) != p.head_dim) {  // the API pads V to head_dim for the backward
+    return Status::not_implemented("cpu: the backward takes V at head_dim, got head_dim_v " +
+                                   std::to_string(p.head_dim_v));
+  }
   const bool has_q = p.batch > 0 && p.seqlen_q > 0, has_k = p.batch > 0 && p.seqlen_k > 0;
   if (missing(p.dout, has_q) || missing(p.dq, has_q) || missing(p.dk, has_k) || missing(p.dv, has_k)) {
     return Status::invalid("cpu: dout, dq, dk and dv must be non-null when they hold elements");

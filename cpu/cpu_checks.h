@@ -45,6 +45,10 @@ inline Status check_params(const AttnParams& p) {
     return Status::invalid("cpu: head_dim " + std::to_string(p.head_dim) + " must be in [1, " +
                            std::to_string(kMaxHeadDim) + "]");
   }
+  if (p.head_dim_v < 0 || p.head_dim_v > kMaxHeadDim) {  // 0: V has head_dim (value_dim)
+    return Status::invalid("cpu: head_dim_v " + std::to_string(p.head_dim_v) + " must be in [1, " +
+                           std::to_string(kMaxHeadDim) + "] (or 0: head_dim)");
+  }
   if (p.batch < 0 || p.seqlen_q < 0 || p.seqlen_k < 0) {
     return Status::invalid("cpu: batch, seqlen_q and seqlen_k must be >= 0");
   }

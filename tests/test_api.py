@@ -263,6 +263,65 @@ def test_value_head_dim_edges():
         flash_attn_interface._flash_attn_forward(q, k, v, 0.0, 0.2, False, -1, -1, 0.0, None, False)
 
 
+def test_value_head_dim_runs_unpadded_where_the_generation_takes_it(monkeypatch):
+    """The CPU backend's forward takes V at its own head dim (build_info lists it, kind "fwd_v256"): nothing pads V,
+    out comes from the kernel at v's width, and the backward (one head dim) pads on its own side; the same answers
+    as the oracle. Where the chosen generation's forward takes one head dim (a build without that kind), V is padded
+    as before (interface._value_width)."""
+    def refuse(*_):
+        raise AssertionError("V was padded for a generation that takes its own head dim")
+    monkeypatch.setattr(interface, "_value_width", refuse)
+    for head_dim, head_dim_v in ((192, 128), (24, 72)):
+        q = _rand(1, 19, 4, head_dim, dtype=torch.bfloat16, grad=True)
+        k = _rand(1, 23, 2, head_dim, dtype=torch.bfloat16, grad=True)
+        v = _rand(1, 23, 2, head_dim_v, dtype=torch.bfloat16, grad=True)
+        out = flashgen.flash_attn_func(q, k, v, causal=True)
+        (ref, _), (naive, _) = _ref_pair(q.detach(), k.detach(), v.detach(), causal=True)
+        assert out.shape == (1, 19, 4, head_dim_v) and out.is_contiguous()
+        check_fa_rule(out.detach(), ref, naive, f"unpadded d{head_dim} dv{head_dim_v}")
+        _check_grads(out, q, k, v, f"unpadded d{head_dim} dv{head_dim_v}", causal=True)
+    monkeypatch.undo()
+    from flashgen import _native
+    built = interface._BUILD
+    one_width = dataclasses.replace(built, instances=frozenset(
+        i for i in built.instances if not i[1].startswith(_native.VALUE_KIND)))
+    monkeypatch.setattr(interface, "_BUILD", one_width)
+    padded = []
+    monkeypatch.setattr(interface, "_value_width", lambda *t: padded.append(1) or _value_width(*t))
+    q, k, v = _rand(1, 7, 2, 48), _rand(1, 9, 2, 48), _rand(1, 9, 2, 16)
+    out = flashgen.flash_attn_func(q, k, v)
+    (ref, _), (naive, _) = _ref_pair(q, k, v)
+    assert padded and out.shape == (1, 7, 2, 16)
+    check_fa_rule(out, ref, naive, "padded d48 dv16")
+
+
+_value_width = interface._value_width
+
+
+def test_the_native_call_names_head_dim_v_where_it_is_not_taken():
+    """Params with V's own head dim reach only a forward that takes it: every backward refuses them by name before
+    launching (bindings/module.cpp; the API pads V there), so a caller of the native module cannot have V read at
+    q's width."""
+    from flashgen import _native
+    q, k = torch.randn(1, 4, 1, 32), torch.randn(1, 5, 1, 32)
+    v = torch.randn(1, 5, 1, 16)
+    out, lse, _ = _ops.forward("cpu", q, k, v, softmax_scale=0.2)
+    (ref, _), (naive, _) = _ref_pair(q, k, v, softmax_scale=0.2)
+    check_fa_rule(out, ref, naive, "_ops.forward with dv 16")
+    p = _native.C.AttnBwdParams()
+    _ops._fill(p, q, k, v, out, lse, softmax_scale=0.2, window_size=(-1, -1), softcap=0.0, alibi_slopes=None,
+               dropout_p=0.0, seed=0, offset=0, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None,
+               max_seqlen_k=None, seqused_k=None, kv_batch_idx=None, block_mask=None, block_size=(128, 128),
+               probs=None, batch=1)
+    assert (p.head_dim, p.head_dim_v) == (32, 16)
+    dout = torch.randn_like(out)
+    dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+    p.set_grads(*(t.data_ptr() for t in (dout, dq, dk, dv)), dout.stride(), dq.stride(), dk.stride(), dv.stride(),
+                False, False, 0, False)
+    with pytest.raises(NotImplementedError, match="head_dim_v: the backward of 'cpu' takes one head dim"):
+        _native.C.bwd("cpu", p)
+
+
 def test_varlen_packed_forms():
     cu = _cu(SEQLENS_Q)
     qkv = _rand(sum(SEQLENS_Q), 3, 4, 32)

@@ -216,6 +216,44 @@ def test_opcheck_fwd():
                           test_utils=("test_schema", "test_faketensor"))
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_value_head_dim_of_its_own(backend):
+    """V with its own head dim, unpadded into the CPU backend's forward (interface._takes_value_dim): the fake gives
+    out at v's width and the backward pads on its side (_library._bwd_one_width) with gradients laid out as the fake
+    says; compiled equals eager."""
+    def step(q, k, v):
+        return flashgen.flash_attn_func(q, k, v, causal=True) * 2
+
+    q = torch.randn(2, 17, 4, 48, requires_grad=True)
+    k = torch.randn(2, 21, 2, 48, requires_grad=True)
+    v = torch.randn(2, 21, 2, 24, requires_grad=True)
+    out = _compiled(step, backend)(q, k, v)
+    assert out.shape == (2, 17, 4, 24)
+    out.sum().backward()
+    grads = [t.grad.clone() for t in (q, k, v)]
+    for t in (q, k, v):
+        t.grad = None
+    out_eager = step(q, k, v)
+    out_eager.sum().backward()
+    _assert_close(out, out_eager, "out")
+    for name, g, t in zip(("dq", "dk", "dv"), grads, (q, k, v)):
+        _assert_close(g, t.grad, name)
+
+
+def test_opcheck_value_head_dim():
+    """opcheck of flashgen::fwd / bwd with V narrower than q and k (the fake's out width, the backward's padding)."""
+    gen = torch.Generator().manual_seed(5)
+    q, k = (torch.randn(2, n, h, 32, generator=gen, requires_grad=True) for n, h in ((9, 4), (11, 2)))
+    v = torch.randn(2, 11, 2, 16, generator=gen, requires_grad=True)
+    args = _library.FwdArgs(generation="cpu", softmax_scale=0.25, window_left=-1, window_right=0)
+    torch.library.opcheck(torch.ops.flashgen.fwd.default, (q, k, v, *args))
+    out, lse, _ = torch.ops.flashgen.fwd.default(q.detach(), k.detach(), v.detach(), *args)
+    assert out.shape == (2, 9, 4, 16)
+    dout = torch.randn(out.shape, generator=gen)
+    torch.library.opcheck(torch.ops.flashgen.bwd.default,
+                          (dout, q.detach(), k.detach(), v.detach(), out, lse, *_library.BwdArgs.of(args)))
+
+
 def test_opcheck_bwd():
     """The same for flashgen::bwd, on the forward's own out and lse."""
     gen = torch.Generator().manual_seed(3)

@@ -343,3 +343,22 @@ def test_features_not_implemented_together():
         assert dispatch.explain(_cuda((8, 0), features=(alone,)), built)["v1"] == []
     with pytest.raises(NotImplementedError, match="return_probs with varlen"):
         dispatch.choose_for("cuda", (8, 0), "bf16", 64, frozenset({"varlen", "return_probs"}), built, "v1")
+
+
+def test_value_bucket_reads_the_forward_instances_with_their_own_value_head_dim():
+    """BuildInfo.value_bucket: a forward instance listed with kind VALUE_KIND + V's bucket runs q / k in the bucket
+    the plain forward gives them and V in the smallest listed V bucket >= head_dim_v; nothing else does (the API then
+    pads V). The CPU backend's "fwd_v256" takes any pair."""
+    from flashgen._native import VALUE_KIND
+    buckets = (64, 128, 192, 256)
+    built = BuildInfo(_build(generations=("v3",), kinds=("fwd",), head_dims=buckets).instances |
+                      {("v3", VALUE_KIND + "128", "bf16", 192), ("cpu", VALUE_KIND + "256", "bf16", 256)},
+                      ("90a",), "13.0", 256)
+    assert built.value_bucket("v3", "bf16", 192, 128) == 128
+    assert built.value_bucket("v3", "bf16", 136, 72) == 128, "q / k in the 192 bucket, V in the 128 one"
+    assert built.value_bucket("v3", "bf16", 192, 136) is None, "no V bucket >= 136 beside 192"
+    assert built.value_bucket("v3", "bf16", 128, 64) is None, "no pair beside the 128 bucket"
+    assert built.value_bucket("v3", "fp16", 192, 128) is None, "listed for bf16 only"
+    assert built.value_bucket("v3", "bf16", 300, 128) is None, "no forward bucket for q / k"
+    assert built.value_bucket("cpu", "bf16", 24, 200) == 256
+    assert built.head_dims("v3", "fwd", "bf16") == buckets, "the pair is not a plain forward bucket"

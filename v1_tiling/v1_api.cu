@@ -180,7 +180,7 @@ Status bwd(const AttnBwdParams& p, void* stream) {
 }  // namespace
 
 const GenerationOps& ops() {
-  static const GenerationOps table{"v1", &fwd, &bwd, &plan_fwd, &bwd_workspaces};
+  static const GenerationOps table{"v1", &fwd, &bwd, &plan_fwd, &bwd_workspaces, nullptr};
   return table;
 }
 

@@ -210,7 +210,7 @@ Status bwd(const AttnBwdParams& p, void* stream) {
 }  // namespace
 
 const GenerationOps& ops() {
-  static const GenerationOps table{"v2", &fwd, &bwd, &plan_fwd, &bwd_workspaces};
+  static const GenerationOps table{"v2", &fwd, &bwd, &plan_fwd, &bwd_workspaces, nullptr};
   return table;
 }
 

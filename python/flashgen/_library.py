@@ -144,7 +144,8 @@ fwd = torch.library.custom_op("flashgen::fwd", fwd_impl, mutates_args=())
 @fwd.register_fake
 def _fwd_fake(q, k, v, *args):
     a = FwdArgs(*args)
-    out = torch.empty_like(q, dtype=_ops.out_dtype(q.dtype))
+    out = torch.empty_like(q, dtype=_ops.out_dtype(q.dtype)) if v.shape[-1] == q.shape[-1] else \
+        q.new_empty((*q.shape[:-1], v.shape[-1]), dtype=_ops.out_dtype(q.dtype))
     lse = q.new_empty(_ops.lse_shape(q, a.cu_seqlens_q), dtype=torch.float32)
     probs = q.new_empty(_probs_shape(q, k, a), dtype=torch.float32)
     return out, lse, probs
@@ -154,6 +155,8 @@ def run_bwd(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Ten
             dlse: Optional[Tensor] = None) -> Tuple[Tensor, Tensor, Tensor]:
     """What flashgen::bwd runs: (dq, dk, dv) of `generation` in the layouts and dtype of q, k, v. `a` may be the
     forward's FwdArgs (the fields read are BwdArgs'); dlse: the gradient of lse, or None."""
+    if v.shape[-1] != q.shape[-1]:
+        return _bwd_one_width(dout, q, k, v, out, lse, a, dlse)
     seed, offset = _seed_offset(a.rng_state)
     varlen = a.cu_seqlens_q is not None
     if dout.stride(-1) != 1:
@@ -164,6 +167,21 @@ def run_bwd(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Ten
         dropout_p=a.dropout_p, seed=seed, offset=offset, cu_seqlens_q=a.cu_seqlens_q, cu_seqlens_k=a.cu_seqlens_k,
         max_seqlen_q=a.max_seqlen_q if varlen else None, max_seqlen_k=a.max_seqlen_k if varlen else None,
         block_mask=a.block_mask, block_size=(a.block_m, a.block_n), deterministic=a.deterministic, dlse=dlse)
+
+
+def _bwd_one_width(dout, q, k, v, out, lse, a, dlse):
+    """run_bwd of a forward that took V at its own head dim (interface._takes_value_dim): every backward takes one
+    head dim, so the narrower side is zero-padded to the wider (V, out and dout where V is narrower; q and k where it
+    is wider) and the padding's gradients cut off. Exact: zero columns of V give zero columns of out and take no part
+    in dP = dO V^T, and zero columns of dout add nothing to D = rowsum(dO o O) or dV = P^T dO."""
+    width = max(q.shape[-1], v.shape[-1])
+
+    def wide(t):
+        return t if t.shape[-1] == width else torch.nn.functional.pad(t, (0, width - t.shape[-1]))
+    def narrow(grad, like):  # laid out as _bwd_fake says (empty_like), for torch.compile
+        return grad if grad.shape == like.shape else torch.empty_like(like).copy_(grad[..., :like.shape[-1]])
+    dq, dk, dv = run_bwd(wide(dout), wide(q), wide(k), wide(v), wide(out), lse, a, dlse)
+    return narrow(dq, q), narrow(dk, k), narrow(dv, v)
 
 
 def bwd_impl(dout, q, k, v, out, lse, *args):

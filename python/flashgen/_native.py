@@ -16,7 +16,8 @@ except ImportError as exc:  # pragma: no cover - only without a build
 
 @dataclasses.dataclass(frozen=True)
 class BuildInfo:
-    """What this build compiled. instances: (generation, kind, dtype, head_dim) with kind 'fwd' or 'bwd'."""
+    """What this build compiled. instances: (generation, kind, dtype, head_dim) with kind 'fwd', 'bwd' or, for a
+    forward that takes V at its own head dim, VALUE_KIND + V's bucket."""
 
     instances: FrozenSet[Tuple[str, str, str, int]]
     cuda_archs: Tuple[str, ...]
@@ -47,6 +48,23 @@ class BuildInfo:
 
     def has(self, generation: str, kind: str, dtype: str, head_dim: int) -> bool:
         return self.bucket(generation, kind, dtype, head_dim) is not None
+
+    def value_bucket(self, generation: str, dtype: str, head_dim: int, head_dim_v: int) -> Optional[int]:
+        """The bucket of V's own head dim in which `generation`'s forward runs q / k of `head_dim` with V of
+        `head_dim_v` (FA3's hdim_v), or None: then the API pads V to q's width. Such forward instances are listed with
+        kind VALUE_KIND + <V's bucket> beside q / k's bucket (the one `bucket` gives for kind 'fwd'); the smallest V
+        bucket >= head_dim_v runs it."""
+        bucket = self.bucket(generation, "fwd", dtype, head_dim)
+        if bucket is None:
+            return None
+        value_buckets = sorted(int(kind[len(VALUE_KIND):]) for g, kind, dt, d in self.instances
+                               if kind.startswith(VALUE_KIND) and (g, dt, d) == (generation, dtype, bucket))
+        return next((d for d in value_buckets if d >= head_dim_v), None)
+
+
+# Kind prefix of a forward instance that takes V at its own head dim: "fwd_v128" beside head dim 192 is q / k in the
+# 192 bucket with V in the 128 one (bindings/module.cpp build_info; the CPU backend lists "fwd_v256": any).
+VALUE_KIND = "fwd_v"
 
 
 # (generation, kind): the span of one bucket. The v3 backward loads every 64-column chunk of its bucket, so it refuses

@@ -82,6 +82,8 @@ def _fill(p, q, k, v, o, lse, *, softmax_scale, window_size, softcap, alibi_slop
                _DTYPE_IDS[o.dtype], q_shape[0] if varlen_q else 0, k_shape[0] if varlen_k else 0,
                0 if varlen_k else k_shape[0], float(softmax_scale), float(softcap), int(window_size[0]),
                int(window_size[1]), int(max_splits))
+    if v.shape[-1] != q_shape[-1]:  # V's own head dim (common/params.h head_dim_v); 0 in a fresh AttnParams
+        p.head_dim_v = v.shape[-1]
     if varlen_q:  # pointers default to 0 (nullptr) in a fresh AttnParams
         p.cu_seqlens_q = cu_seqlens_q.data_ptr()
     if varlen_k:
@@ -426,7 +428,11 @@ def forward(generation: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, 
     plan's count (0 = the generation's choice).
     """
     batch = cu_seqlens_q.numel() - 1 if cu_seqlens_q is not None else q.shape[0]
-    o = torch.empty_like(q, dtype=out_dtype(q.dtype)) if out is None else out
+    if out is None:
+        o = torch.empty_like(q, dtype=out_dtype(q.dtype)) if v.shape[-1] == q.shape[-1] else \
+            q.new_empty((*q.shape[:-1], v.shape[-1]), dtype=out_dtype(q.dtype))  # V's own head dim (FA3's hdim_v)
+    else:
+        o = out
     lse = q.new_empty(lse_shape(q, cu_seqlens_q), dtype=torch.float32)
     probs = None
     if return_probs:  # varlen: zeros past each sequence, which no kernel writes

@@ -109,12 +109,14 @@ def _problem(q: torch.Tensor, features: frozenset) -> dispatch.Problem:
                             features)
 
 
-def _choose(q: torch.Tensor, features: frozenset, version: Optional[str]) -> dispatch.Choice:
+def _choose(q: torch.Tensor, features: frozenset, version: Optional[str],
+            head_dim: Optional[int] = None) -> dispatch.Choice:
     """dispatch.choose for this call (memoized there on plain values). A torch.compile trace calls the function
-    under the memo: dynamo traces through an lru_cache anyway, and warns of it on every compiled call."""
+    under the memo: dynamo traces through an lru_cache anyway, and warns of it on every compiled call. head_dim: the
+    width the call runs at where it is not q's (V wider than q)."""
     choose = dispatch.choose_for.__wrapped__ if torch.compiler.is_compiling() else dispatch.choose_for
-    return choose(q.device.type, _capability(q.device), validate.DTYPE_NAMES[q.dtype], q.shape[-1], features, _BUILD,
-                  _requested(version))
+    return choose(q.device.type, _capability(q.device), validate.DTYPE_NAMES[q.dtype],
+                  q.shape[-1] if head_dim is None else head_dim, features, _BUILD, _requested(version))
 
 
 def _pad(t: Optional[torch.Tensor], multiple: int) -> Optional[torch.Tensor]:
@@ -128,9 +130,10 @@ def _pad(t: Optional[torch.Tensor], multiple: int) -> Optional[torch.Tensor]:
 
 def _pad_qkv(q, k, v, multiple: int):
     """q, k, v with a contiguous last dim, zero-padded to a multiple of `multiple` (_pad); the common case, nothing to
-    do, tested first."""
-    if q.shape[-1] % multiple == 0 and q.stride(-1) == 1 and k.stride(-1) == 1 and v.stride(-1) == 1:
-        return q, k, v  # k and v have q's head_dim (validate.check_qkv)
+    do, tested first. V may have its own head dim (a generation that takes it, _value_width), padded on its own."""
+    if q.shape[-1] % multiple == 0 and v.shape[-1] % multiple == 0 and q.stride(-1) == 1 and k.stride(-1) == 1 and \
+            v.stride(-1) == 1:
+        return q, k, v  # k has q's head_dim (validate.check_qkv)
     return tuple(_pad(validate.last_dim_contiguous(t), multiple) for t in (q, k, v))
 
 
@@ -186,17 +189,17 @@ def _attention(q, k, v, *, dropout_p, softmax_scale, causal, window_size, softca
         out, lse = _args.cover_rows(out.to(_ops.out_dtype(validate.FP8_DTYPE)), lse, total_q)
         return out, lse, probs
     head_dim_v = v.shape[-1]
-    if head_dim_v != q.shape[-1]:
-        if softmax_scale is None:  # from q's head dim, before the padding
-            softmax_scale = 1.0 / math.sqrt(q.shape[-1])
-        q, k, v = _value_width(q, k, v)
+    if head_dim_v != q.shape[-1] and softmax_scale is None:  # from q's head dim, before any padding
+        softmax_scale = 1.0 / math.sqrt(q.shape[-1])
     if block_mask is not None:
         validate.check_block_mask(block_mask, block_size, q, k)
         block_mask = validate.last_dim_contiguous(block_mask)
     features = _features(q, k, causal=causal, window_size=window_size, softcap=softcap, alibi_slopes=alibi_slopes,
                          dropout_p=dropout_p, return_probs=return_probs, varlen=varlen, block_mask=block_mask,
                          tensors=(q, k, v), deterministic=deterministic)
-    choice = _choose(q, features, version)
+    choice = _choose(q, features, version, head_dim=max(q.shape[-1], head_dim_v))
+    if head_dim_v != q.shape[-1] and (_args.no_work(q, k) or not _takes_value_dim(choice, q, head_dim_v)):
+        q, k, v = _value_width(q, k, v)
     if _args.no_work(q, k):  # batch 0, no query rows, no heads or no keys: out 0, lse +inf, nothing launched
         probs_shape = _ops.probs_shape(q, k, cu_seqlens_q, max_seqlen_q, max_seqlen_k) if return_probs else None
         out, lse, probs = _args.empty_result(q, k, v, _ops.lse_shape(q, cu_seqlens_q), probs_shape)
@@ -218,11 +221,22 @@ def _attention(q, k, v, *, dropout_p, softmax_scale, causal, window_size, softca
     return (out if out.shape[-1] == head_dim_v else out[..., :head_dim_v].contiguous()), lse, probs
 
 
+def _takes_value_dim(choice: dispatch.Choice, q: torch.Tensor, head_dim_v: int) -> bool:
+    """Whether the chosen generation's forward takes V at its own head dim for this call (build_info lists such
+    instances, _native.BuildInfo.value_bucket), so that V is not padded to q's width (_value_width). Its backward
+    takes one head dim: the gradients pad there (_library.run_bwd)."""
+    dtype = validate.DTYPE_NAMES[q.dtype]
+    multiple = choice.head_dim_multiple
+    return _BUILD.value_bucket(choice.generation, dtype, -(-q.shape[-1] // multiple) * multiple,
+                               -(-head_dim_v // multiple) * multiple) is not None
+
+
 def _value_width(q, k, v):
     """q, k and v zero-padded to one head dim, the wider of q's and v's: zero columns of q and k add nothing to
     Q K^T, zero columns of V give zero columns of O (cut off by the caller), and autograd drops the padding's
-    gradients. The kernels take one head dim, so a narrower V (MLA's 192 / 128) costs the GEMM P V at q's width:
-    (192 + 192) / (192 + 128) = 1.2x the FLOPs of a native hdim_v kernel, and a padded copy of V."""
+    gradients. For a generation whose forward takes one head dim (_takes_value_dim: the CPU backend's takes V's own),
+    a narrower V (MLA's 192 / 128) costs the GEMM P V at q's width: (192 + 192) / (192 + 128) = 1.2x the FLOPs of a
+    native hdim_v kernel, and a padded copy of V."""
     width = max(q.shape[-1], v.shape[-1])
     return tuple(_pad(validate.last_dim_contiguous(t), width) if t.shape[-1] != width else t for t in (q, k, v))
 
@@ -238,7 +252,7 @@ def _launch(q, k, v, choice: dispatch.Choice, grad: bool, total_q: Optional[int]
     (grad False), else the same forward and backward through a torch.autograd.Function. Returns (out, lse,
     probs-or-None) with out at the caller's head_dim and out / lse covering total_q rows (_args.cover_rows). The
     arguments arrive as one FwdArgs: a helper taking them as keywords cost ~2 us a call (tools/host_overhead.py)."""
-    head_dim = q.shape[-1]
+    head_dim, head_dim_v = q.shape[-1], v.shape[-1]
     compiling = torch.compiler.is_compiling()
     q, k, v = _pad_qkv(q, k, v, choice.head_dim_multiple)
     if not compiling:
@@ -253,8 +267,8 @@ def _launch(q, k, v, choice: dispatch.Choice, grad: bool, total_q: Optional[int]
             out, lse, probs = _library.EagerFwd.apply(q, k, v, args)
         else:
             out, lse, probs = _library.run_fwd(q, k, v, args)
-    if out.shape[-1] != head_dim:
-        out = out[..., :head_dim]
+    if out.shape[-1] != head_dim_v:
+        out = out[..., :head_dim_v]
     out, lse = _args.cover_rows(out, lse, total_q)
     return out, lse, (probs if args.return_probs else None)
 
