@@ -408,6 +408,77 @@ def test_value_head_dim_on_the_device(generation, head_dim, head_dim_v):
         check_fa_rule(f"d{head_dim} dv{head_dim_v} {name}", g, ref, naive, factor=3.0, floor=grad_floor(g, ref, 517))
 
 
+# V's own head-dim bucket beside q / k's (v3's fwd_v<bucket> instances, tile_config.h value_tile_config): the kernel
+# itself, through _ops.forward with out poisoned at V's width. (d, dv) pairs inside the 192 / 128 instance: whole
+# buckets, and widths that leave a chunk of each partly empty (136 -> 3 chunks of q / k, 72 -> 2 of V).
+VALUE_KERNEL_CASES = [
+    # name, (batch, seqlen_q, seqlen_k, heads, heads_k), head_dim, head_dim_v, keywords
+    ("full", (2, 333, 517, 8, 2), 192, 128, {}),
+    ("causal", (2, 333, 517, 8, 2), 192, 128, {"window_size": (-1, 0)}),
+    ("causal-q-longer", (1, 517, 333, 4, 4), 192, 128, {"window_size": (-1, 0)}),
+    ("window", (1, 1025, 1025, 4, 1), 192, 128, {"window_size": (100, 7)}),
+    ("softcap", (2, 113, 257, 4, 4), 192, 128, {"softcap": 30.0}),
+    ("odd-widths", (2, 129, 200, 4, 2), 136, 72, {"window_size": (-1, 0)}),
+    ("one-query", (3, 1, 4097, 8, 1), 192, 128, {}),
+    ("one-key", (2, 17, 1, 4, 4), 192, 128, {}),
+]
+
+
+@pytest.mark.parametrize("name,shape,head_dim,head_dim_v,kw", VALUE_KERNEL_CASES,
+                         ids=[c[0] for c in VALUE_KERNEL_CASES])
+def test_value_bucket_kernel(generation, name, shape, head_dim, head_dim_v, kw):
+    """A forward instance with V's own head-dim bucket against the float64 oracle: out (..., head_dim_v) written
+    whole into a NaN-poisoned tensor, LSE; and varlen with empty and one-row sequences."""
+    from flashgen import _native
+    from conftest import poison_like
+    need(generation, "bf16", head_dim, *(["window"] if "window_size" in kw else []),
+         *(["softcap"] if "softcap" in kw else []), *(["gqa"] if shape[3] != shape[4] else []))
+    if _native.build_info().value_bucket(generation, "bf16", head_dim, head_dim_v) is None:
+        pytest.skip(f"{generation} has no forward with V's own head dim {head_dim_v} beside {head_dim} in this build")
+    torch.manual_seed(23)
+    b, sq, sk, h, hk = shape
+    q = randn(b, sq, h, head_dim, dtype=torch.bfloat16)
+    k = randn(b, sk, hk, head_dim, dtype=torch.bfloat16)
+    v = randn(b, sk, hk, head_dim_v, dtype=torch.bfloat16)
+    out = poison_like(q.new_empty(b, sq, h, head_dim_v))
+    scale = 1.0 / math.sqrt(head_dim)
+    o, lse, _ = _ops.forward(generation, q, k, v, softmax_scale=scale, out=out, **kw)
+    assert o.data_ptr() == out.data_ptr() and o.shape == (b, sq, h, head_dim_v)
+    check_out_and_lse(f"value bucket {name}", o, lse, q, k, v, softmax_scale=scale, **kw)
+    if name not in ("full", "causal"):
+        return
+    lens_q, lens_k = [0, 1, 300, 77], [5, 1, 517, 0]  # an empty query side, one row, a longer sequence, no keys
+    cq, ck = cu_seqlens(lens_q), cu_seqlens(lens_k)
+    qv = randn(sum(lens_q), h, head_dim, dtype=torch.bfloat16)
+    kv = randn(sum(lens_k), hk, head_dim, dtype=torch.bfloat16)
+    vv = randn(sum(lens_k), hk, head_dim_v, dtype=torch.bfloat16)
+    outv = poison_like(qv.new_empty(sum(lens_q), h, head_dim_v))
+    o, lse, _ = _ops.forward(generation, qv, kv, vv, softmax_scale=scale, out=outv, cu_seqlens_q=cq, cu_seqlens_k=ck,
+                             max_seqlen_q=max(lens_q), max_seqlen_k=max(lens_k), **kw)
+    check_out_and_lse(f"value bucket varlen {name}", o, lse, qv, kv, vv, softmax_scale=scale, cu_seqlens_q=cq,
+                      cu_seqlens_k=ck, **kw)
+
+
+def test_value_bucket_is_what_the_api_runs(generation, monkeypatch):
+    """Where the build has the 192 / 128 instance, flash_attn_func at MLA's shape runs it (V not padded:
+    interface._value_width is never called) and agrees with the oracle."""
+    from flashgen import _native, interface
+    need(generation, "bf16", 192, "causal", "gqa")
+    if _native.build_info().value_bucket(generation, "bf16", 192, 128) is None:
+        pytest.skip(f"{generation} has no 192 / 128 forward in this build")
+
+    def refuse(*_):
+        raise AssertionError("V was padded although the generation's forward takes its own head dim")
+    monkeypatch.setattr(interface, "_value_width", refuse)
+    torch.manual_seed(29)
+    q = randn(2, 257, 8, 192, dtype=torch.bfloat16)
+    k = randn(2, 300, 2, 192, dtype=torch.bfloat16)
+    v = randn(2, 300, 2, 128, dtype=torch.bfloat16)
+    out, lse, _ = flashgen.flash_attn_func(q, k, v, causal=True, return_attn_probs=True, version=generation)
+    assert out.shape == (2, 257, 8, 128)
+    check_out_and_lse("api 192 / 128", out, lse, q, k, v, causal=True)
+
+
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 def test_fa3_kvcache_attention_chunk_several_queries_on_the_device(generation, causal):
     """FA3's KV cache with attention_chunk and several queries a sequence (flash_attn_3.chunk_pieces: one paged

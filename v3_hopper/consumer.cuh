@@ -38,7 +38,7 @@ __device__ __forceinline__ void gemm_qk(float (&s)[T::kSRegs], uint64_t desc_q, 
   fence_regs(s);
 }
 
-// o += P V: P (64, kBlockN) 16-bit A fragments in registers, V (kBlockN, kHeadDim) in smem read MN-major.
+// o += P V: P (64, kBlockN) 16-bit A fragments in registers, V (kBlockN, kHeadDimV) in smem read MN-major.
 template <typename T>
 __device__ __forceinline__ void gemm_pv(float (&o)[T::kORegs], uint32_t (&p)[T::kPRegs], uint64_t desc_v) {
   fence_regs(o);
@@ -62,7 +62,7 @@ __device__ __forceinline__ void release(uint32_t bar, int lane) {
 template <typename T>
 __device__ __forceinline__ void zero_v_rows(uint32_t v_stage, int valid, int tid, int wg) {
   const int pieces = (T::kBlockN - valid) * (kSwizzleBytes / 16);  // 16-byte pieces per chunk
-  for (int idx = tid; idx < T::kChunks * pieces; idx += kWarpgroupThreads) {
+  for (int idx = tid; idx < T::kChunksV * pieces; idx += kWarpgroupThreads) {
     const int chunk = idx / pieces, piece = idx % pieces;
     st_shared_zero16(v_stage + chunk * T::kChunkBytesKV + valid * kSwizzleBytes + piece * 16);
   }
@@ -167,7 +167,7 @@ __device__ __forceinline__ void consume_tile(const SmemMap<T>& sm, const Loads& 
       release(sm.k_empty(slot.stage), lane);
       if (i == n_tiles - 1) release(sm.q_empty(), lane);
       const bool raised = softmax_tile(i, true);
-      if (i > 0 && __any_sync(0xffffffffu, raised)) rescale_o<T::kHeadDim>(o, alpha);
+      if (i > 0 && __any_sync(0xffffffffu, raised)) rescale_o<T::kHeadDimV>(o, alpha);
       convert_p<typename T::Tag, T::kBlockN>(s, pa);
       loads.wait(sm.v_full(slot.stage), slot.phase);
       prepare_v(i, slot.stage);
@@ -221,7 +221,7 @@ __device__ __forceinline__ void consume_tile(const SmemMap<T>& sm, const Loads& 
     // nothing back (bench/NOTES.md session 33: every-step rescaling got that interleave at d64 / d128 for 64
     // multiplies a step, which cost 5-10% at d192 / d256 and, in sustained load, clock).
     convert_p<typename T::Tag, T::kBlockN>(s, pa);
-    if (__any_sync(0xffffffffu, raised)) rescale_o<T::kHeadDim>(o, alpha);
+    if (__any_sync(0xffffffffu, raised)) rescale_o<T::kHeadDimV>(o, alpha);
   }
   {  // Epilogue of the loop: O += P_last V_last.
     const RingSlot<T> v_slot(kv_iter + n_tiles - 1);
@@ -238,18 +238,18 @@ __device__ __forceinline__ void consume_tile(const SmemMap<T>& sm, const Loads& 
 // One warpgroup's 64 rows of O through its shared-memory stage (tile_config.h o_through_smem): stmatrix.x4 puts the
 // packed pairs of n8 column tiles j and j + 1 (matrices (j, row half 0), (j, 1), (j + 1, 0), (j + 1, 1)) at their
 // 128-byte-swizzled places, lane l addressing row l % 8 of matrix l / 8; then one TMA store per 64-column chunk
-// (the map drops rows past seqlen_q and columns past head_dim). The stage is reused a tile later: its thread 0
-// waits until its previous stores have read it, before the warpgroup's first barrier. The FP8 forward's too.
+// (the map drops rows past seqlen_q and columns past O's head dim, V's). The stage is reused a tile later: its
+// thread 0 waits until its previous stores have read it, before the warpgroup's first barrier. The FP8 forward's too.
 template <typename T>
 __device__ __forceinline__ void store_o_smem(uint32_t stage, const CUtensorMap* map_o,
-                                             const uint32_t (&packed)[2][T::kHeadDim / 8], int row, int head,
+                                             const uint32_t (&packed)[2][T::kHeadDimV / 8], int row, int head,
                                              int batch, int chunks, int tid, int wg) {
   const int lane = tid % 32, warp = tid / 32, matrix = lane / 8;
   if (tid == 0) bulk_wait_read();
   named_sync(kBarrierWarpgroup0 + wg, kWarpgroupThreads);
   const uint32_t row_addr = stage + (16 * warp + lane % 8 + 8 * (matrix % 2)) * kSwizzleBytes;
 #pragma unroll
-  for (int j = 0; j < T::kHeadDim / 8; j += 2) {
+  for (int j = 0; j < T::kHeadDimV / 8; j += 2) {
     const int piece = j % 8 + matrix / 2;  // j is even, so tiles j and j + 1 share a 64-column chunk
     stmatrix_x4(row_addr + (j / 8) * T::kWarpgroupRowBytes + ((piece ^ (lane % 8)) * 16), packed[0][j],
                 packed[1][j], packed[0][j + 1], packed[1][j + 1]);
@@ -258,7 +258,7 @@ __device__ __forceinline__ void store_o_smem(uint32_t stage, const CUtensorMap* 
   named_sync(kBarrierWarpgroup0 + wg, kWarpgroupThreads);
   if (tid == 0) {
 #pragma unroll
-    for (int c = 0; c < T::kHeadDim / kChunkCols; ++c) {
+    for (int c = 0; c < T::kHeadDimV / kChunkCols; ++c) {
       if (c < chunks) tma_store_4d(map_o, stage + c * T::kWarpgroupRowBytes, c * kChunkCols, row, head, batch);
     }
     bulk_commit();
@@ -269,21 +269,21 @@ __device__ __forceinline__ void store_o_smem(uint32_t stage, const CUtensorMap* 
 // instance has the stage and the warpgroup's 64 rows lie inside the tensor map's rows of this sequence (always
 // without varlen: the map's rows are the batch entry's; with varlen, rows past the sequence's end would be the next
 // sequence's). Otherwise as packed pairs from registers (a quad writes 16 contiguous bytes of a row per n8 column
-// tile), columns < head_dim only. Every pair is packed before the first store and the column test is a predicate,
-// not a branch: with a branch per store, ptxas gave each pack the register the previous store was still reading, so
-// each F2FP waited on the store before it (long scoreboard), and the epilogue was ~15% of the consumers' samples at
-// 2k causal (bench/NOTES.md session 14).
+// tile), columns < O's head dim (V's) only. Every pair is packed before the first store and the column test is a
+// predicate, not a branch: with a branch per store, ptxas gave each pack the register the previous store was still
+// reading, so each F2FP waited on the store before it (long scoreboard), and the epilogue was ~15% of the consumers'
+// samples at 2k causal (bench/NOTES.md session 14).
 template <typename T>
 __device__ __forceinline__ void store_tile(const AttnParams& p, const SmemMap<T>& sm, const CUtensorMap* map_o,
                                            const SeqInfo& seq, const TileCoord& tc, const AccCoord& coord,
                                            int wg_row0, float (&o)[T::kORegs], RowState (&rows)[2], int tid, int wg) {
   using Element = typename T::Element;
-  constexpr int kPairs = T::kHeadDim / 8;  // n8 column tiles: one packed pair per row half each
+  constexpr int kPairs = T::kHeadDimV / 8;  // n8 column tiles: one packed pair per row half each
   const int lane = tid % 32;
   if constexpr (T::kBottomRows) {
     if (wg_row0 < 0) return;  // rows before the sequence (tile_m_begin): whole warpgroups
   }
-  finalize_rows<T::kHeadDim>(o, rows);
+  finalize_rows<T::kHeadDimV>(o, rows);
   uint32_t packed[2][kPairs];
 #pragma unroll
   for (int half = 0; half < 2; ++half) {
@@ -301,12 +301,13 @@ __device__ __forceinline__ void store_tile(const AttnParams& p, const SmemMap<T>
         if (row < seq.seqlen_q && lane % 4 == 0) g_lse[row] = rows[half].lse(p.scale_log2);
       }
       store_o_smem<T>(sm.o(wg), map_o, packed, static_cast<int>(seq.q_row0) + wg_row0, tc.head,
-                      p.cu_seqlens_q ? 0 : tc.batch, ceil_div(p.head_dim, kChunkCols), tid, wg);
+                      p.cu_seqlens_q ? 0 : tc.batch, ceil_div(value_head_dim<T>(p), kChunkCols), tid, wg);
       return;
     }
   }
   Element* g_o = static_cast<Element*>(p.o) + seq.o_offset + tc.head * p.o_head_stride + coord.col0;
-  const bool all_cols = p.head_dim >= T::kHeadDim;
+  const int head_dim_o = value_head_dim<T>(p);
+  const bool all_cols = head_dim_o >= T::kHeadDimV;
 #pragma unroll
   for (int half = 0; half < 2; ++half) {
     const int row = coord.row(half);
@@ -315,7 +316,7 @@ __device__ __forceinline__ void store_tile(const AttnParams& p, const SmemMap<T>
     Element* dst = g_o + static_cast<int64_t>(row) * p.o_row_stride;
 #pragma unroll
     for (int j = 0; j < kPairs; ++j) {
-      if (all_cols || 8 * j < p.head_dim) *reinterpret_cast<uint32_t*>(dst + 8 * j) = packed[half][j];
+      if (all_cols || 8 * j < head_dim_o) *reinterpret_cast<uint32_t*>(dst + 8 * j) = packed[half][j];
     }
   }
 }
@@ -342,7 +343,7 @@ __device__ __forceinline__ void consumer_loop(const AttnParams& p, const SmemMap
     const int n_tiles = range.end - range.begin;
     const int wg_row0 = m_begin + wg * kWarpgroupRows;
 
-    float o[T::kORegs];  // (64, kHeadDim) fp32 output accumulator of this warpgroup
+    float o[T::kORegs];  // (64, kHeadDimV) fp32 output accumulator of this warpgroup
 #pragma unroll
     for (int i = 0; i < T::kORegs; ++i) o[i] = 0.f;
     RowState rows[2];  // assigned, not default-initialized: see v2_partitioning/README.md (nvcc 13.0 RowState)

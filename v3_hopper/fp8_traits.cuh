@@ -21,6 +21,7 @@ template <int kHeadDim_, bool kWide_ = false>
 struct Fp8FwdTraits {
   using Tag = dtype::e4m3;
   static constexpr int kHeadDim = kHeadDim_;
+  static constexpr int kHeadDimV = kHeadDim;  // O's width (consumer.cuh store_o_smem): V has q's head dim here
   static constexpr bool kWide = kWide_;
   static constexpr Fp8TileConfig kConfig = fp8_tile_config(kHeadDim, kWide);
   static constexpr int kConsumers = kConfig.consumers;

@@ -19,20 +19,20 @@
 namespace flashgen {
 namespace v3 {
 
-// Column chunks at or past head_dim are never loaded (their boxes would lie wholly outside the tensor map): zero
-// them once in Q and in every K and V stage, so their products with each other are 0.
+// Column chunks at or past head_dim (V's: its own head dim) are never loaded (their boxes would lie wholly outside
+// the tensor map): zero them once in Q and in every K and V stage, so their products with each other are 0.
 template <typename T>
-__device__ __forceinline__ void zero_unused_chunks(const SmemMap<T>& sm, int chunks) {
-  auto zero = [&](uint32_t tile, int chunk_bytes) {
-    const int bytes = (T::kChunks - chunks) * chunk_bytes;
+__device__ __forceinline__ void zero_unused_chunks(const SmemMap<T>& sm, int chunks, int chunks_v) {
+  auto zero = [&](uint32_t tile, int chunk_bytes, int tile_chunks, int used) {
+    const int bytes = (tile_chunks - used) * chunk_bytes;
     for (int off = threadIdx.x * 16; off < bytes; off += T::kNumThreads * 16) {
-      st_shared_zero16(tile + chunks * chunk_bytes + off);
+      st_shared_zero16(tile + used * chunk_bytes + off);
     }
   };
-  zero(sm.q(), T::kChunkBytesQ);
+  zero(sm.q(), T::kChunkBytesQ, T::kChunks, chunks);
   for (int s = 0; s < T::kStages; ++s) {
-    zero(sm.k(s), T::kChunkBytesKV);
-    zero(sm.v(s), T::kChunkBytesKV);
+    zero(sm.k(s), T::kChunkBytesKV, T::kChunks, chunks);
+    zero(sm.v(s), T::kChunkBytesKV, T::kChunksV, chunks_v);
   }
   fence_proxy_async_smem();
 }
@@ -46,6 +46,7 @@ __global__ void __launch_bounds__(T::kNumThreads, 1)
   const uint32_t raw = smem_u32(smem_raw);
   const SmemMap<T> sm{(raw + kSwizzleAtomBytes - 1) & ~static_cast<uint32_t>(kSwizzleAtomBytes - 1)};
   const int chunks = ceil_div(p.head_dim, kChunkCols);  // column chunks holding real columns
+  const int chunks_v = ceil_div(value_head_dim<T>(p), kChunkCols);  // of V
 
   // The producer warps that load a paged cache's K / V tiles, each arming their full barriers (producer.cuh)
   const int loader_warps = kWarpSpecialized && p.block_table != nullptr
@@ -66,7 +67,7 @@ __global__ void __launch_bounds__(T::kNumThreads, 1)
     prefetch_tensor_map(&map_v);
     if constexpr (T::kOThroughSmem) prefetch_tensor_map(&map_o);
   }
-  if (chunks < T::kChunks) zero_unused_chunks<T>(sm, chunks);
+  if (chunks < T::kChunks || chunks_v < T::kChunksV) zero_unused_chunks<T>(sm, chunks, chunks_v);
   __syncthreads();
 
   const TileScheduler sched{order, p.num_heads};  // the host made the order (v3_api.cu)
@@ -74,7 +75,7 @@ __global__ void __launch_bounds__(T::kNumThreads, 1)
   // everything else derived from the warpgroup) then lives in uniform registers, with no R2UR before each wgmma.
   const int warpgroup = __shfl_sync(0xffffffffu, static_cast<int>(threadIdx.x / kWarpgroupThreads), 0);
   if constexpr (!kWarpSpecialized) {  // ablation (tile_config.h): the consumers' first thread issues the loads
-    Loader<T> loader{p, FwdMaps{&map_q, &map_k, &map_v}, sm, sched, chunks};
+    Loader<T> loader{p, FwdMaps{&map_q, &map_k, &map_v}, sm, sched, chunks, chunks_v};
     const InlineLoads<T> loads{loader, threadIdx.x == 0};
     consumer_loop<T>(p, sm, loads, sched, &map_o, warpgroup);
     if (threadIdx.x == 0) {
@@ -87,7 +88,8 @@ __global__ void __launch_bounds__(T::kNumThreads, 1)
     // (producer.cuh load_paged_tile).
     const int lanes = p.block_table != nullptr ? loader_warps * kWarpSize : 1;
     if (threadIdx.x < lanes) {
-      producer_loop<T>(p, FwdMaps{&map_q, &map_k, &map_v}, sm, sched, chunks, static_cast<int>(threadIdx.x), lanes);
+      producer_loop<T>(p, FwdMaps{&map_q, &map_k, &map_v}, sm, sched, chunks, chunks_v, static_cast<int>(threadIdx.x),
+                       lanes);
     }
   } else {
     setmaxnreg_inc<T::kConsumerRegs>();

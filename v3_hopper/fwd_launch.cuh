@@ -39,5 +39,11 @@ Status launch_fwd(const AttnParams& p, const FwdLaunch& launch, cudaStream_t str
   return launch_fwd_kernel<FwdTraits<Tag, kHeadDim, false>>(p, launch, stream);
 }
 
+template <typename Tag, int kHeadDim, int kHeadDimV>
+Status launch_fwd_value(const AttnParams& p, const FwdLaunch& launch, cudaStream_t stream) {
+  if (launch.masked) return launch_fwd_kernel<FwdTraits<Tag, kHeadDim, true, false, kHeadDimV>>(p, launch, stream);
+  return launch_fwd_kernel<FwdTraits<Tag, kHeadDim, false, false, kHeadDimV>>(p, launch, stream);
+}
+
 }  // namespace v3
 }  // namespace flashgen

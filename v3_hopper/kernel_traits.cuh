@@ -42,14 +42,18 @@ static_assert(kBarrierCount <= 16, "sm_90 has 16 named barriers per CTA");
 
 // kMasked: the instance for launches with a window (causal or local); tile_config.h may give it another tile.
 // kShortTile: the masked code on tile_config.h's short_tile_config (buckets with has_short_tile only).
-template <typename Tag_, int kHeadDim_, bool kMasked_, bool kShortTile = false>
+// kHeadDimV: V's (and O's) head-dim bucket where V has its own (tile_config.h value_tile_config), else kHeadDim.
+template <typename Tag_, int kHeadDim_, bool kMasked_, bool kShortTile = false, int kHeadDimV_ = kHeadDim_>
 struct FwdTraits {
   using Tag = Tag_;
   using Element = typename Tag::type;
   static constexpr int kHeadDim = kHeadDim_;
+  static constexpr int kHeadDimV = kHeadDimV_;
   static constexpr bool kMasked = kMasked_;
-  static_assert(!kShortTile || (kMasked && has_short_tile(kHeadDim)), "the short tile runs the masked code");
-  static constexpr TileConfig kConfig = kShortTile ? short_tile_config(kHeadDim) : tile_config(kHeadDim, kMasked);
+  static_assert(!kShortTile || (kMasked && has_short_tile(kHeadDim) && kHeadDimV == kHeadDim),
+                "the short tile runs the masked code");
+  static constexpr TileConfig kConfig = kShortTile ? short_tile_config(kHeadDim)
+                                                   : value_tile_config(kHeadDim, kHeadDimV, kMasked);
   static constexpr int kConsumers = kConfig.consumers;  // consumer warpgroups
   static constexpr int kBlockM = block_m(kConfig);
   static constexpr int kBlockN = kConfig.block_n;
@@ -69,14 +73,15 @@ struct FwdTraits {
   static constexpr int kConsumerArrivals = kConsumers * kWarpgroupThreads / 32;
 
   static constexpr int kChunks = kHeadDim / kChunkCols;           // 128-byte swizzle column chunks per row
+  static constexpr int kChunksV = kHeadDimV / kChunkCols;         // of V's rows
   static constexpr int kChunkBytesQ = kBlockM * kSwizzleBytes;    // one chunk of the Q tile
   static constexpr int kChunkBytesKV = kBlockN * kSwizzleBytes;   // one chunk of a K or V tile
   static constexpr int kTileBytesQ = kChunks * kChunkBytesQ;
-  static constexpr int kTileBytesKV = kChunks * kChunkBytesKV;
-  static constexpr int kTileBytesV = kTileBytesKV;  // a V stage (SmemMap::v): the FP8 kernel's V^T differs
+  static constexpr int kTileBytesKV = kChunks * kChunkBytesKV;    // a K stage
+  static constexpr int kTileBytesV = kChunksV * kChunkBytesKV;    // a V stage (SmemMap::v; the FP8 kernel's: V^T)
   static constexpr int kWarpgroupRowBytes = kWarpgroupRows * kSwizzleBytes;  // a consumer's 64 rows of a Q chunk
 
-  // wgmma shapes: S (64 x kBlockN) and O (64 x kHeadDim) per consumer warpgroup; k-steps of 16.
+  // wgmma shapes: S (64 x kBlockN) and O (64 x kHeadDimV) per consumer warpgroup; k-steps of 16.
   static constexpr int kKStep = 16;
   static constexpr int kKStepBytes = kKStep * kElementBytes;      // along a K-major row (Q, K)
   static constexpr int kKStepRowsBytes = kKStep * kSwizzleBytes;  // along V's key rows (MN-major B)
@@ -84,10 +89,10 @@ struct FwdTraits {
   static constexpr int kStepsPV = kBlockN / kKStep;
   static constexpr int kStepsPerChunk = kChunkCols / kKStep;
   static constexpr int kSRegs = kBlockN / 2;     // fp32 S accumulators per thread
-  static constexpr int kORegs = kHeadDim / 2;    // fp32 O accumulators per thread
+  static constexpr int kORegs = kHeadDimV / 2;   // fp32 O accumulators per thread
   static constexpr int kPRegs = kBlockN / 4;     // b32 (two 16-bit P) A fragments per thread
   using GemmS = WgmmaOps<kBlockN>;
-  using GemmO = WgmmaOps<kHeadDim>;
+  using GemmO = WgmmaOps<kHeadDimV>;
 
   // Shared-memory map (byte offsets from a kSwizzleAtomBytes-aligned base).
   static constexpr int kOffQ = 0;
@@ -95,15 +100,16 @@ struct FwdTraits {
   static constexpr int kOffV = kOffK + kStages * kTileBytesKV;
   // O's stage (tile_config.h o_through_smem): per consumer warpgroup kChunks chunks of 64 rows x 128 bytes, the
   // layout the O tensor map's 128-byte swizzle reads.
-  static constexpr bool kOThroughSmem = o_through_smem(kConfig, kHeadDim);
-  static constexpr int kWarpgroupBytesO = kHeadDim / kChunkCols * kWarpgroupRowBytes;
-  static constexpr int kOffO = kOffV + kStages * kTileBytesKV;
+  static constexpr bool kOThroughSmem = o_through_smem(kConfig, kHeadDim, kHeadDimV);
+  static constexpr int kWarpgroupBytesO = kHeadDimV / kChunkCols * kWarpgroupRowBytes;
+  static constexpr int kOffO = kOffV + kStages * kTileBytesV;
   static constexpr int kOffBarriers = kOffO + (kOThroughSmem ? kConsumers * kWarpgroupBytesO : 0);
-  static constexpr int kSmemBytes = smem_bytes(kConfig, kHeadDim);
+  static constexpr int kSmemBytes = smem_bytes(kConfig, kHeadDim, kHeadDimV);
 
-  static_assert(kHeadDim % kChunkCols == 0, "the head-dim bucket must be whole 128-byte swizzle chunks");
+  static_assert(kHeadDim % kChunkCols == 0 && kHeadDimV % kChunkCols == 0,
+                "the head-dim buckets must be whole 128-byte swizzle chunks");
   static_assert(kBlockN % kKStep == 0 && kBlockN >= 8 && kBlockN <= 256, "block_n: a wgmma N and a P V K");
-  static_assert(kHeadDim <= 256 && kBlockM <= 256, "wgmma N and TMA boxes are at most 256");
+  static_assert(kHeadDim <= 256 && kHeadDimV <= 256 && kBlockM <= 256, "wgmma N and TMA boxes are at most 256");
   static_assert(budget_fits(kConfig) && kSmemBytes <= kMaxSmemPerBlock, "tile_config.h: registers or smem");
   static_assert(kChunkBytesQ % kSwizzleAtomBytes == 0 && kChunkBytesKV % kSwizzleAtomBytes == 0 &&
                     kWarpgroupRowBytes % kSwizzleAtomBytes == 0,
@@ -112,6 +118,13 @@ struct FwdTraits {
                 "the shared-memory map and tile_config.h's smem_bytes disagree");
   static_assert(kSRegs == GemmS::kRegs && kORegs == GemmO::kRegs, "accumulator counts");
 };
+
+// V's and O's head dim in the call: an instance without a V bucket of its own reads head_dim (the host launches it
+// only where V has q's head dim, v3_api.cu), so its code is what it was before head_dim_v existed.
+template <typename T>
+__device__ __forceinline__ int value_head_dim(const AttnParams& p) {
+  return T::kHeadDimV == T::kHeadDim ? p.head_dim : value_dim(p);
+}
 
 // Shared-memory addresses of one CTA.
 template <typename T>

@@ -35,6 +35,10 @@ Status encode_output_map(CUtensorMap* map, const AttnParams& p, DType dtype);
 
 template <typename Tag, int kHeadDim>
 Status launch_fwd(const AttnParams& p, const FwdLaunch& launch, cudaStream_t stream);
+// The forward whose V has its own head-dim bucket kHeadDimV (tile_config.h value_tile_config; instances of kind
+// fwd_v<kHeadDimV>, v3_hopper/CMakeLists.txt FLASHGEN_V3_VALUE_HEAD_DIMS).
+template <typename Tag, int kHeadDim, int kHeadDimV>
+Status launch_fwd_value(const AttnParams& p, const FwdLaunch& launch, cudaStream_t stream);
 
 struct BwdLaunch {
   CUtensorMap q, dout;  // boxes of the backward's block_m rows (tile_config.h bwd_tile_config)

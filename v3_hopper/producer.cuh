@@ -56,7 +56,8 @@ __device__ __forceinline__ int paged_warp_boxes(int box_rows, int warp, int lane
 // the warps share the issue, whose TMAs go out one after another (one per box and 64 columns, each with its own uniform
 // operands): with one warp that issue was what the consumers waited on (ncu, bench/NOTES.md session 40). The page
 // divisions use p.page_div (v3_api.cu fwd made it).
-template <typename T>
+// kChunks: the tile's column chunks (T::kChunks for K, T::kChunksV for V).
+template <typename T, int kChunks>
 __device__ __forceinline__ void load_paged_tile(uint32_t dst, const CUtensorMap* map, uint32_t bar, int chunks,
                                                 const AttnParams& p, const int* pages, int key_row, int last_row,
                                                 int box_rows, int head_k, int lane, int lanes) {
@@ -64,7 +65,7 @@ __device__ __forceinline__ void load_paged_tile(uint32_t dst, const CUtensorMap*
   for (int r = (lane % kWarpSize * warps + lane / kWarpSize) * box_rows; r < T::kBlockN; r += lanes * box_rows) {
     const PagedBox box = paged_box(p, p.page_div, pages, key_row + r, last_row);
 #pragma unroll
-    for (int c = 0; c < T::kChunks; ++c) {
+    for (int c = 0; c < kChunks; ++c) {
       if (c < chunks) {
         tma_load_4d(dst + c * T::kChunkBytesKV + r * kSwizzleBytes, map, bar, c * kChunkCols, box.row_in_page,
                     head_k, box.page);
@@ -89,7 +90,8 @@ struct Loader {
   FwdMaps maps;
   SmemMap<T> sm;
   const TileScheduler& sched;
-  int chunks;
+  int chunks;    // column chunks of Q and K holding real columns
+  int chunks_v;  // of V (its own head dim, AttnParams::head_dim_v)
   int round = 0, item = 0, items = 0;  // position: item < items of the tile of round - 1 (items 0: none yet)
   int kv_iter = 0, q_iter = 0;
   int n_tiles = 0, key_block_end = 0, m_row = 0, head = 0, head_k = 0;
@@ -167,20 +169,33 @@ struct Loader {
         const uint32_t dst = is_k ? sm.k(slot.stage) : sm.v(slot.stage);
         const CUtensorMap* map = is_k ? maps.k : maps.v;
         const int key_row = (key_block_end - 1 - i) * T::kBlockN;
+        // V's chunks where the instance has a V bucket of its own (constant-folded to K's otherwise)
+        constexpr bool kOneWidth = T::kHeadDimV == T::kHeadDim;
+        const int tile_chunks = kOneWidth || is_k ? chunks : chunks_v;
         if (pages != nullptr) {
           // each loading warp arms the buffer (its full barrier counts one arrival a warp, fwd_kernel.cuh) with the
           // bytes of its own boxes, then its lanes copy them
           if (lane % kWarpSize == 0) {
-            mbar_arrive_expect_tx(full, paged_warp_boxes<T>(box_rows, lane / kWarpSize, lanes) * chunks * box_rows *
-                                            kSwizzleBytes);
+            mbar_arrive_expect_tx(full, paged_warp_boxes<T>(box_rows, lane / kWarpSize, lanes) * tile_chunks *
+                                            box_rows * kSwizzleBytes);
           }
           if (lanes > 1) __syncwarp();
-          load_paged_tile<T>(dst, map, full, chunks, p, pages, first_key + key_row, last_key, box_rows, head_k, lane,
-                             lanes);
+          if (kOneWidth || is_k) {
+            load_paged_tile<T, T::kChunks>(dst, map, full, chunks, p, pages, first_key + key_row, last_key, box_rows,
+                                           head_k, lane, lanes);
+          } else {
+            load_paged_tile<T, T::kChunksV>(dst, map, full, chunks_v, p, pages, first_key + key_row, last_key,
+                                            box_rows, head_k, lane, lanes);
+          }
         } else if (lane == 0) {
-          mbar_arrive_expect_tx(full, chunks * T::kChunkBytesKV);
-          load_tile<T::kChunks>(dst, map, full, chunks, T::kChunkBytesKV, rows.k_row0 + key_row, head_k,
-                                rows.k_batch);
+          mbar_arrive_expect_tx(full, tile_chunks * T::kChunkBytesKV);
+          if (kOneWidth || is_k) {
+            load_tile<T::kChunks>(dst, map, full, chunks, T::kChunkBytesKV, rows.k_row0 + key_row, head_k,
+                                  rows.k_batch);
+          } else {
+            load_tile<T::kChunksV>(dst, map, full, chunks_v, T::kChunkBytesKV, rows.k_row0 + key_row, head_k,
+                                   rows.k_batch);
+          }
         }
       }
       if (++item == items) {
@@ -225,8 +240,8 @@ struct InlineLoads {
 // whole sequence, waiting for each buffer.
 template <typename T>
 __device__ void producer_loop(const AttnParams& p, const FwdMaps& maps, const SmemMap<T>& sm,
-                              const TileScheduler& sched, int chunks, int lane, int lanes) {
-  Loader<T> loader{p, maps, sm, sched, chunks};
+                              const TileScheduler& sched, int chunks, int chunks_v, int lane, int lanes) {
+  Loader<T> loader{p, maps, sm, sched, chunks, chunks_v};
   loader.lane = lane;
   loader.lanes = lanes;
   while (loader.template step<true>()) {

@@ -198,10 +198,15 @@ constexpr int barrier_count(int stages) { return 2 + 4 * stages; }
 constexpr int kBarrierBytes = 8;
 
 // Shared memory of the key loop: Q + stages x (K + V) tiles, the mbarriers, and slack to align the base to the
-// swizzle atom (the dynamic shared-memory base is only guaranteed 16-byte alignment).
-constexpr int smem_bytes_mainloop(const TileConfig& c, int head_dim_bucket) {
-  return (block_m(c) + 2 * c.stages * c.block_n) * head_dim_bucket * kElementBytes +
+// swizzle atom (the dynamic shared-memory base is only guaranteed 16-byte alignment). value_bucket: V's head-dim
+// bucket where V has its own (value_tile_config below), else the same as Q's and K's.
+constexpr int smem_bytes_mainloop(const TileConfig& c, int head_dim_bucket, int value_bucket) {
+  return ((block_m(c) + c.stages * c.block_n) * head_dim_bucket + c.stages * c.block_n * value_bucket) *
+             kElementBytes +
          barrier_count(c.stages) * kBarrierBytes + kSwizzleAtomBytes;
+}
+constexpr int smem_bytes_mainloop(const TileConfig& c, int head_dim_bucket) {
+  return smem_bytes_mainloop(c, head_dim_bucket, head_dim_bucket);
 }
 // O leaves through shared memory and TMA stores (FA3's and cuDNN's epilogue: stmatrix into a 128-byte-swizzled
 // stage, one bulk store per 64-column chunk and warpgroup) where the tile leaves room for a (block_m, head_dim)
@@ -219,13 +224,44 @@ constexpr int with_o_stage(int mainloop_bytes, int stage_bytes) {
   return FLASHGEN_V3_TMA_STORE_O != 0 && mainloop_bytes + stage_bytes <= kMaxSmemPerBlock ? mainloop_bytes + stage_bytes
                                                                                        : mainloop_bytes;
 }
-// Shared memory of one CTA, and whether it holds O's stage.
+// Shared memory of one CTA, and whether it holds O's stage (O has V's head dim).
+constexpr int smem_bytes(const TileConfig& c, int head_dim_bucket, int value_bucket) {
+  return with_o_stage(smem_bytes_mainloop(c, head_dim_bucket, value_bucket), o_stage_bytes(block_m(c), value_bucket));
+}
 constexpr int smem_bytes(const TileConfig& c, int head_dim_bucket) {
-  return with_o_stage(smem_bytes_mainloop(c, head_dim_bucket), o_stage_bytes(block_m(c), head_dim_bucket));
+  return smem_bytes(c, head_dim_bucket, head_dim_bucket);
+}
+constexpr bool o_through_smem(const TileConfig& c, int head_dim_bucket, int value_bucket) {
+  return smem_bytes(c, head_dim_bucket, value_bucket) != smem_bytes_mainloop(c, head_dim_bucket, value_bucket);
 }
 constexpr bool o_through_smem(const TileConfig& c, int head_dim_bucket) {
-  return smem_bytes(c, head_dim_bucket) != smem_bytes_mainloop(c, head_dim_bucket);
+  return o_through_smem(c, head_dim_bucket, head_dim_bucket);
 }
+
+// ---- V with its own head dim (FA3's hdim_v; MLA's prefill: q / k 192, v 128) ----
+// The forward instances whose V bucket differs from Q's and K's (v3_hopper/CMakeLists.txt FLASHGEN_V3_VALUE_HEAD_DIMS
+// lists them as "<q/k bucket>:<v bucket>"): O += P V and O's registers, stage and store at V's width, so the P V GEMM
+// does (192 + 128) / (192 + 192) = 0.83 of the padded call's FLOPs and V is not copied. The tile: d192's 128-row
+// query block with 128 keys, two stages (Q 48 + K 96 + V 64 KB = 208 KB: no room for O's 32 KB stage; 112 keys,
+// d192's plain tile, would leave it room), ping-pong as d128's (O is d128's 64 registers a thread). FA3's sm90 table
+// takes 128 x 128 for hdim 192 / hdim_v 128 as well. FLASHGEN_V3_VALUE_BLOCK_N / _PINGPONG: the A/B's other tiles.
+#ifndef FLASHGEN_V3_VALUE_BLOCK_N
+#define FLASHGEN_V3_VALUE_BLOCK_N 128
+#endif
+#ifndef FLASHGEN_V3_VALUE_PINGPONG
+#define FLASHGEN_V3_VALUE_PINGPONG 1
+#endif
+constexpr TileConfig value_tile_config(int head_dim_bucket, int value_bucket, bool masked) {
+  return value_bucket == head_dim_bucket ? tile_config(head_dim_bucket, masked)
+                                         : TileConfig{2, FLASHGEN_V3_VALUE_BLOCK_N, 2, FLASHGEN_V3_VALUE_PINGPONG != 0};
+}
+constexpr bool value_config_ok(int head_dim_bucket, int value_bucket, bool masked) {
+  return smem_bytes(value_tile_config(head_dim_bucket, value_bucket, masked), head_dim_bucket, value_bucket) <=
+             kMaxSmemPerBlock &&
+         budget_fits(value_tile_config(head_dim_bucket, value_bucket, masked));
+}
+static_assert(value_config_ok(192, 128, false) && value_config_ok(192, 128, true),
+              "the 192 / 128 tile exceeds the shared memory of one CTA or its register budget");
 
 constexpr bool config_ok(int head_dim_bucket, bool masked) {
   return smem_bytes(tile_config(head_dim_bucket, masked), head_dim_bucket) <= kMaxSmemPerBlock &&

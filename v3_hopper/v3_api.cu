@@ -26,8 +26,24 @@ namespace {
 
 constexpr int kVectorElems = 8;         // TMA: 16-byte aligned base and strides = multiples of 8 16-bit elements
 
-#define FG_V3_IS_fwd 1
-#define FG_V3_IS_bwd 0
+// The kinds of the instance list (cmake/flashgen.cmake, v3_hopper/CMakeLists.txt): fwd and bwd per head-dim bucket,
+// and fwd_v<V's bucket> beside a q / k bucket, a forward whose V has a bucket of its own (tile_config.h
+// value_tile_config). FG_V3_FWD_ / FG_V3_BWD_: the plain forward / backward; FG_V3_VALUE_: V's bucket (0: none).
+#define FG_V3_FWD_fwd 1
+#define FG_V3_FWD_bwd 0
+#define FG_V3_BWD_fwd 0
+#define FG_V3_BWD_bwd 1
+#define FG_V3_VALUE_fwd 0
+#define FG_V3_VALUE_bwd 0
+#define FG_V3_FWD_fwd_v64 0
+#define FG_V3_BWD_fwd_v64 0
+#define FG_V3_VALUE_fwd_v64 64
+#define FG_V3_FWD_fwd_v128 0
+#define FG_V3_BWD_fwd_v128 0
+#define FG_V3_VALUE_fwd_v128 128
+#define FG_V3_FWD_fwd_v192 0
+#define FG_V3_BWD_fwd_v192 0
+#define FG_V3_VALUE_fwd_v192 192
 #define FG_V3_CAT(a, b) a##b
 
 
@@ -35,7 +51,7 @@ constexpr int kVectorElems = 8;         // TMA: 16-byte aligned base and strides
 int fwd_bucket(DType dtype, int head_dim) {
   int bucket = 0;
 #define FG_V3_BUCKET(kind, dt, hd)                                                           \
-  if (FG_V3_CAT(FG_V3_IS_, kind) && dtype::dt::kDType == dtype && (hd) >= head_dim &&          \
+  if (FG_V3_CAT(FG_V3_FWD_, kind) && dtype::dt::kDType == dtype && (hd) >= head_dim &&         \
       (bucket == 0 || (hd) < bucket))                                                            \
     bucket = (hd);
   FLASHGEN_V3_INSTANCES(FG_V3_BUCKET)
@@ -43,11 +59,26 @@ int fwd_bucket(DType dtype, int head_dim) {
   return bucket;
 }
 
+// Smallest compiled V bucket >= head_dim_v among the forwards with V's own bucket beside q / k's `bucket`, or 0.
+int fwd_value_bucket(DType dtype, int bucket, int head_dim_v) {
+  int value_bucket = 0;
+#define FG_V3_VALUE_BUCKET(kind, dt, hd)                                                                  \
+  {                                                                                                       \
+    constexpr int vb = FG_V3_CAT(FG_V3_VALUE_, kind);                                                     \
+    if (vb != 0 && dtype::dt::kDType == dtype && (hd) == bucket && vb >= head_dim_v &&                    \
+        (value_bucket == 0 || vb < value_bucket))                                                         \
+      value_bucket = vb;                                                                                  \
+  }
+  FLASHGEN_V3_INSTANCES(FG_V3_VALUE_BUCKET)
+#undef FG_V3_VALUE_BUCKET
+  return value_bucket;
+}
+
 // Smallest compiled backward bucket >= head_dim for dtype, or 0.
 int bwd_bucket(DType dtype, int head_dim) {
   int bucket = 0;
 #define FG_V3_BUCKET(kind, dt, hd)                                                           \
-  if (!FG_V3_CAT(FG_V3_IS_, kind) && dtype::dt::kDType == dtype && (hd) >= head_dim &&         \
+  if (FG_V3_CAT(FG_V3_BWD_, kind) && dtype::dt::kDType == dtype && (hd) >= head_dim &&         \
       (bucket == 0 || (hd) < bucket))                                                            \
     bucket = (hd);
   FLASHGEN_V3_INSTANCES(FG_V3_BUCKET)
@@ -69,6 +100,17 @@ Status launch_16bit(const AttnParams& p, const FwdLaunch& launch, cudaStream_t s
     return fwd_fp8(p, stream);
   } else {
     return launch_fwd<Tag, kHeadDim>(p, launch, stream);
+  }
+}
+
+// A forward instance whose V has its own bucket (fwd_launch.cuh launch_fwd_value); kValue 0 names none (the list's
+// other kinds), so that no launch_fwd_value<..., 0> is ever referenced.
+template <typename Tag, int kHeadDim, int kValue>
+Status launch_value(const AttnParams& p, const FwdLaunch& launch, cudaStream_t stream) {
+  if constexpr (kValue == 0 || Tag::kDType == DType::kFloat8E4M3) {
+    return Status::not_implemented("v3 forward: no instance with V's own head dim here");
+  } else {
+    return launch_fwd_value<Tag, kHeadDim, kValue>(p, launch, stream);
   }
 }
 
@@ -97,6 +139,20 @@ Status check_fwd(const AttnParams& p, int* bucket) {
   if (*bucket == 0) {
     return Status::not_implemented("head_dim: no v3 forward bucket >= " + std::to_string(p.head_dim) + " for " +
                                    dtype_name(p.dtype) + " in this build");
+  }
+  if (value_dim(p) != p.head_dim) {  // V's own head dim: an instance with that V bucket, and TMA's 16-byte rows
+    if (value_dim(p) % kVectorElems != 0) {
+      return Status::invalid("head_dim_v: v3 needs a positive multiple of 8 (the API pads), got " +
+                             std::to_string(value_dim(p)));
+    }
+    if (fwd_value_bucket(p.dtype, *bucket, value_dim(p)) == 0) {
+      return Status::not_implemented("head_dim_v: no v3 forward with V's own head dim " +
+                                     std::to_string(value_dim(p)) + " beside q / k bucket " +
+                                     std::to_string(*bucket) + " in this build (the API pads V)");
+    }
+    if (p.block_table != nullptr) {
+      return Status::not_implemented("head_dim_v: v3 reads a paged cache with one head dim for K and V");
+    }
   }
   if (p.batch < 0 || p.seqlen_q < 0 || p.seqlen_k < 0 || p.num_heads <= 0 || p.num_heads_k <= 0) {
     return Status::invalid("sizes: batch, seqlen_q, seqlen_k must be >= 0 and num_heads, num_heads_k > 0");
@@ -143,8 +199,8 @@ Status check_fwd(const AttnParams& p, int* bucket) {
 
 Status encode_output_map(CUtensorMap* map, const AttnParams& p, DType dtype) {
   const int64_t rows = p.cu_seqlens_q ? p.total_q : p.seqlen_q, batches = p.cu_seqlens_q ? 1 : p.batch;
-  return encode_map(map, "out", p.o, dtype, p.head_dim, rows, p.num_heads, batches, p.o_row_stride, p.o_head_stride,
-                    p.o_batch_stride, kWarpgroupRows);
+  return encode_map(map, "out", p.o, dtype, value_dim(p), rows, p.num_heads, batches, p.o_row_stride,
+                    p.o_head_stride, p.o_batch_stride, kWarpgroupRows);
 }
 
 namespace {
@@ -200,12 +256,21 @@ Status fwd(const AttnParams& caller_params, void* stream) {
   const int64_t k_rows = paged ? p.page_block_size : (p.cu_seqlens_k ? p.total_k : p.seqlen_k);
   const int64_t k_batches = p.cu_seqlens_k ? 1 : (paged || p.kv_batch_idx ? p.batch_k : p.batch);
   FwdLaunch launch;
-  // a window, or a short key range where the masked instance's tile is the faster one (tile_config.h); rows that see
-  // few keys take the short tile where the bucket has one
-  launch.short_tile = fwd_short_tile(bucket, p.seqlen_q, p.seqlen_k, p.window_left, p.window_right);
-  launch.masked =
-      launch.short_tile || fwd_masked_instance(bucket, p.window_left >= 0 || p.window_right >= 0, p.seqlen_k);
-  const TileConfig tile = launch.short_tile ? short_tile_config(bucket) : tile_config(bucket, launch.masked);
+  // V's bucket: its own where V's head dim differs (check_fwd found the instance), else q / k's
+  const int value_bucket = value_dim(p) != p.head_dim ? fwd_value_bucket(p.dtype, bucket, value_dim(p)) : bucket;
+  const bool window = p.window_left >= 0 || p.window_right >= 0;
+  TileConfig tile;
+  if (value_bucket != bucket) {  // one tile either way (value_tile_config): the masked instance only for a window
+    launch.short_tile = false;
+    launch.masked = window;
+    tile = value_tile_config(bucket, value_bucket, launch.masked);
+  } else {
+    // a window, or a short key range where the masked instance's tile is the faster one (tile_config.h); rows that
+    // see few keys take the short tile where the bucket has one
+    launch.short_tile = fwd_short_tile(bucket, p.seqlen_q, p.seqlen_k, p.window_left, p.window_right);
+    launch.masked = launch.short_tile || fwd_masked_instance(bucket, window, p.seqlen_k);
+    tile = launch.short_tile ? short_tile_config(bucket) : tile_config(bucket, launch.masked);
+  }
   if (paged && !paged_one_page(p.page_block_size, p.seqlen_k) && !paged_box_ok(p.page_block_size, tile.block_n)) {
     return Status::not_implemented("block_table: v3 loads a page's keys in TMA boxes of gcd(page_block_size, " +
                                    std::to_string(tile.block_n) + ") rows, a multiple of 8; pages of " +
@@ -229,11 +294,11 @@ Status fwd(const AttnParams& caller_params, void* stream) {
     st = encode_map(&launch.k, "k", p.k, p.dtype, p.head_dim, k_rows, p.num_heads_k, k_batches, p.k_row_stride,
                     p.k_head_stride, p.k_batch_stride, kv_box_rows);
     if (!st.is_ok()) return st;
-    st = encode_map(&launch.v, "v", p.v, p.dtype, p.head_dim, k_rows, p.num_heads_k, k_batches, p.v_row_stride,
+    st = encode_map(&launch.v, "v", p.v, p.dtype, value_dim(p), k_rows, p.num_heads_k, k_batches, p.v_row_stride,
                     p.v_head_stride, p.v_batch_stride, kv_box_rows);
     if (!st.is_ok()) return st;
   }
-  if (o_through_smem(tile, bucket)) {  // each consumer warpgroup stores its 64 rows (consumer.cuh store_o_smem)
+  if (o_through_smem(tile, bucket, value_bucket)) {  // each consumer warpgroup stores its 64 rows (store_o_smem)
     st = encode_output_map(&launch.o, p, p.dtype);
     if (!st.is_ok()) return st;
     launch.o_tma = true;
@@ -247,9 +312,12 @@ Status fwd(const AttnParams& caller_params, void* stream) {
 
   cudaStream_t cuda_stream = static_cast<cudaStream_t>(stream);
 #define FG_V3_LAUNCH(kind, dt, hd)                                                                \
-  if constexpr (FG_V3_CAT(FG_V3_IS_, kind)) {                                                     \
-    if (dtype::dt::kDType == p.dtype && (hd) == bucket)                                           \
+  if constexpr (FG_V3_CAT(FG_V3_FWD_, kind)) {                                                    \
+    if (dtype::dt::kDType == p.dtype && (hd) == bucket && value_bucket == bucket)                 \
       return launch_16bit<dtype::dt, hd>(p, launch, cuda_stream);                                  \
+  } else if constexpr (FG_V3_CAT(FG_V3_VALUE_, kind) != 0) {                                      \
+    if (dtype::dt::kDType == p.dtype && (hd) == bucket && FG_V3_CAT(FG_V3_VALUE_, kind) == value_bucket) \
+      return launch_value<dtype::dt, hd, FG_V3_CAT(FG_V3_VALUE_, kind)>(p, launch, cuda_stream);   \
   }
   FLASHGEN_V3_INSTANCES(FG_V3_LAUNCH)
 #undef FG_V3_LAUNCH
@@ -381,7 +449,7 @@ Status bwd(const AttnBwdParams& p, void* stream) {
 
   cudaStream_t cuda_stream = static_cast<cudaStream_t>(stream);
 #define FG_V3_LAUNCH_BWD(kind, dt, hd)                                                            \
-  if constexpr (!FG_V3_CAT(FG_V3_IS_, kind)) {                                                    \
+  if constexpr (FG_V3_CAT(FG_V3_BWD_, kind)) {                                                    \
     if (dtype::dt::kDType == p.dtype && (hd) == bucket)                                           \
       return launch_bwd<dtype::dt, hd>(p, launch, cuda_stream);                                    \
   }
@@ -390,8 +458,19 @@ Status bwd(const AttnBwdParams& p, void* stream) {
   return Status::not_implemented("v3 backward: no instance for bucket " + std::to_string(bucket));
 }
 
+namespace {
+
+// The forward takes V at its own head dim where this build has the instance (check_fwd says the rest).
+bool value_head_dim(const AttnParams& p) {
+  if (p.dtype != DType::kFloat16 && p.dtype != DType::kBFloat16) return false;
+  const int bucket = fwd_bucket(p.dtype, p.head_dim);
+  return bucket != 0 && fwd_value_bucket(p.dtype, bucket, value_dim(p)) != 0;
+}
+
+}  // namespace
+
 const GenerationOps& ops() {
-  static const GenerationOps table{"v3", &fwd, &bwd, nullptr, &bwd_workspaces};
+  static const GenerationOps table{"v3", &fwd, &bwd, nullptr, &bwd_workspaces, &value_head_dim};
   return table;
 }
 
