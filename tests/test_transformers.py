@@ -329,6 +329,33 @@ def test_value_head_dim_either_way(head_dim, head_dim_v, padded):
         check_fa_rule(f"d{head_dim} dv{head_dim_v} row {b}", out[b:b + 1, sel], want, naive)
 
 
+@pytest.mark.parametrize("head_dim,head_dim_v", [(24, 16), (16, 24)], ids=["narrower-v", "wider-v"])
+def test_value_head_dim_through_a_static_cache(head_dim, head_dim_v, monkeypatch):
+    """A static cache's written lengths (a 1-D mask) go to flash_attn_with_kvcache, which takes one head dim: the
+    narrower side padded there and out cropped to v's; the calls without a cache hand V over at its own width
+    (interface._value_width pads it only for a generation whose forward takes one)."""
+    torch.manual_seed(5)
+    q = torch.randn(2, 4, 3, head_dim)
+    k, v = torch.randn(2, 2, 11, head_dim), torch.randn(2, 2, 11, head_dim_v)
+    lengths = torch.tensor([11, 8], dtype=torch.int32)
+    module = torch.nn.Module()
+    module.is_causal = True
+    with torch.no_grad():
+        out, _ = fg_tf.attention_forward(module, q, k, v, lengths, scaling=None)
+    assert out.shape == (2, 3, 4, head_dim_v)
+    for b in range(2):
+        n = int(lengths[b])
+        args = (q[b:b + 1].transpose(1, 2), k[b:b + 1, :, :n].transpose(1, 2), v[b:b + 1, :, :n].transpose(1, 2))
+        want, _ = reference.attention_ref(*(t.double() for t in args), causal=True)
+        naive, _ = reference.attention_ref(*args, causal=True, dtype=torch.float32)
+        check_fa_rule(f"static cache d{head_dim} dv{head_dim_v} row {b}", out[b:b + 1], want, naive)
+    seen = []
+    real = flashgen.flash_attn_func
+    monkeypatch.setattr(flashgen, "flash_attn_func", lambda q, k, v, **kw: seen.append(v.shape) or real(q, k, v, **kw))
+    fg_tf.attention_forward(module, q, k, v, None, scaling=None)
+    assert seen == [(2, 11, 2, head_dim_v)], "the call without a cache takes V at its own width"
+
+
 def test_softcap_and_scale_reach_the_kernels(calls):
     fg, _, _ = _models("gemma2")
     with torch.no_grad():

@@ -522,19 +522,23 @@ def attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.T
               causal=causal, window_size=window, softcap=float(softcap or 0.0))
     q, k, v = (t.transpose(1, 2) for t in (query, key, value))       # (b, s, h, d) views
     v_head_dim = v.shape[-1]
-    if v_head_dim != head_dim:  # e.g. MLA: one head dim (the KV-cache path takes one), the output cropped
-        if kw["softmax_scale"] is None:  # from q's head dim, before the padding
-            kw["softmax_scale"] = 1.0 / math.sqrt(head_dim)
-        width = max(head_dim, v_head_dim)
-        q, k, v = (t if t.shape[-1] == width else F.pad(t, (0, width - t.shape[-1])) for t in (q, k, v))
+    if v_head_dim != head_dim and kw["softmax_scale"] is None:  # e.g. MLA: from q's head dim, before any padding
+        kw["softmax_scale"] = 1.0 / math.sqrt(head_dim)
     dtype = _compute_dtype(q)
     if dtype is not None:
         q, k, v = q.to(dtype), k.to(dtype), v.to(dtype)
 
+    def one_width(q, k, v):
+        """q, k, v at one head dim for the KV-cache calls, which take one (the narrower side zero-padded, the output
+        cropped below); flash_attn_func / the varlen call take V's own (interface._value_width)."""
+        width = max(head_dim, v_head_dim)
+        return tuple(t if t.shape[-1] == width else F.pad(t, (0, width - t.shape[-1])) for t in (q, k, v))
+
     cu_q, cu_k = kwargs.get("cu_seq_lens_q"), kwargs.get("cu_seq_lens_k")
     if isinstance(attention_mask, _Chunked):
-        out = _chunked_attention(attention_mask, q, k, v, s_aux, cu_q is not None, kwargs.get("position_ids"), **kw)
-        return (out[..., :v_head_dim] if v_head_dim != head_dim else out), None
+        out = _chunked_attention(attention_mask, *one_width(q, k, v), s_aux, cu_q is not None,
+                                 kwargs.get("position_ids"), **kw)
+        return (out[..., :v_head_dim] if out.shape[-1] != v_head_dim else out), None
     if attention_mask is not None and attention_mask.dim() == 4:
         attention_mask = _CACHE.get(attention_mask, ("4d", seqlen_q, k.shape[1], causal, window),
                                     lambda: _padding_from_4d(attention_mask, seqlen_q, k.shape[1], causal, window))
@@ -543,7 +547,7 @@ def attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.T
         # Padding-free batches (DataCollatorWithFlattening): the caller's offsets over the flattened tokens.
         out = _attend(s_aux, q.reshape(-1, *q.shape[2:]), k.reshape(-1, *k.shape[2:]), v.reshape(-1, *v.shape[2:]),
                       (cu_q.to(torch.int32), cu_k.to(torch.int32), _max_len(kwargs["max_length_q"]),
-                       _max_len(kwargs["max_length_k"])), **kw).view(batch, seqlen_q, *q.shape[2:])
+                       _max_len(kwargs["max_length_k"])), **kw).view(batch, seqlen_q, q.shape[2], v.shape[-1])
     elif attention_mask is None and \
             (ids := _packed_from_positions(kwargs.get("position_ids"), batch, seqlen_q, k.shape[1])) is not None:
         # packed sequences the mask builder did not see (a cache in training, or no position_ids handed to it)
@@ -560,7 +564,8 @@ def attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.T
         lengths = attention_mask.clamp(max=k.shape[1])
         needs_grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
         if not needs_grad and kw["dropout_p"] == 0.0:
-            out = flashgen.flash_attn_with_kvcache(q, k, v, cache_seqlens=lengths, softmax_scale=kw["softmax_scale"],
+            out = flashgen.flash_attn_with_kvcache(*one_width(q, k, v), cache_seqlens=lengths,
+                                                   softmax_scale=kw["softmax_scale"],
                                                    causal=causal, window_size=window, softcap=kw["softcap"],
                                                    return_softmax_lse=s_aux is not None)
             if s_aux is not None:
@@ -590,7 +595,7 @@ def attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.T
             f"flashgen cannot express the attention mask of shape {tuple(attention_mask.shape)} and dtype "
             f"{attention_mask.dtype}: it takes no mask, a bool (batch, seqlen_k) padding mask, or a 4-D mask that is "
             "padding combined with causal/sliding-window. Use attn_implementation='sdpa' or 'eager' for this mask.")
-    if v_head_dim != head_dim:
+    if out.shape[-1] != v_head_dim:  # a KV-cache call's padded width
         out = out[..., :v_head_dim]
     return out, None
 
