@@ -1,7 +1,9 @@
 #!/usr/bin/env python3
 """Times V with its own head dim (session 43: interface._value_width pads the narrower side) at MLA's prefill shape,
 DeepSeek-V3's: 128 heads, q / k head dim 192 (128 + 64 rotary), v head dim 128, causal, bf16, batch 1, seqlen 4k and
-8k; forward and forward + backward. Beside flashgen's call (V zero-padded to 192 inside it):
+8k; forward and forward + backward. Beside flashgen's call (V unpadded where the generation has a forward with V's own
+head-dim bucket, session 44's v3 192 / 128 instance, a build with FLASHGEN_V3_VALUE_HEAD_DIMS=192:128; else V
+zero-padded to 192 inside it; each row says which, `v_padded`):
 - `flashgen-v192`: the same call with V already 192 wide (the padded route's kernel time without the pad copy, and
   without the slice of out: what the copy costs is the difference);
 - `sdpa`: torch SDPA's own backend choice with Ev = 128 (its flash backend takes one head dim);
@@ -9,8 +11,10 @@ DeepSeek-V3's: 128 heads, q / k head dim 192 (128 + 64 rotary), v head dim 128, 
 - `fa4` where FlashAttention-4's wheels were carried (flash_attn.cute; ../shared/tools/fa4_wheels.sh).
 Useful FLOPs are counted with the real head dims, 2 * s^2 * h * (d + dv) forward (halved causal), backward 2.5x the
 forward, so the padded route's extra PV columns are its own loss. Predicted (the count in interface._value_width):
-flashgen at <= 1 / 1.2 of its d192 TFLOP/s, plus the V copy (~2 x 8k x 128 x 192 x 2 B = 0.8 GB of traffic at 8k,
-~0.2 ms at 4 TB/s, against ~2-3 ms of forward).
+the padded route at <= 1 / 1.2 of its d192 TFLOP/s, plus the V copy (~2 x 8k x 128 x 192 x 2 B = 0.8 GB of traffic at
+8k, ~0.2 ms at 4 TB/s, against ~2-3 ms of forward); the unpadded forward ~1.15-1.2x the padded one's speed (its P V
+GEMM 128 columns instead of 192, on a 128-key tile where d192 has 112), its backward as the padded one's plus the
+copies of V, out and dout to 192 (_library._bwd_one_width).
 
 Outputs checked first against flashgen.reference (FA rule). JSON lines to --out.
 --dry-run: the checks only, on the CPU backend at small sizes (runs anywhere).
@@ -72,6 +76,14 @@ def check(name, fn, q, k, v) -> None:
         testing.check_fa_rule(name, fn(), ref, naive)
 
 
+def v_padded(q, k, v) -> bool:
+    """Whether flashgen's call pads V to q's width (its generation has no forward with V's own head dim)."""
+    from flashgen import _native, validate
+    generation = flashgen.explain(q, k, v).generation
+    return _native.build_info().value_bucket(generation, validate.DTYPE_NAMES[q.dtype], q.shape[-1],
+                                             v.shape[-1]) is None
+
+
 def flops(seqlen: int, heads: int, d: int, dv: int) -> float:
     return 2.0 * seqlen * seqlen * heads * (d + dv) / 2   # causal
 
@@ -101,6 +113,7 @@ def main() -> None:
                 print(f"s{seqlen} {name:14s} {rows[-1]['error']}", flush=True)
                 del fns[name]
         if args.dry_run:
+            padded = v_padded(q, k, v)
             continue
         from triton.testing import do_bench
         fwd_flops = flops(seqlen, heads, d, dv)
@@ -114,6 +127,8 @@ def main() -> None:
                 fwd_ms = do_bench(fn, warmup=10, rep=50)
             row = {"seqlen": seqlen, "impl": name, "heads": heads, "head_dim": d, "head_dim_v": dv,
                    "fwd_ms": fwd_ms, "fwd_tflops": fwd_flops / fwd_ms * 1e-9}
+            if name == "flashgen":
+                row["v_padded"] = v_padded(q, k, v)
             try:
                 fb_ms = do_bench(step, warmup=5, rep=30)
                 row.update(fwdbwd_ms=fb_ms, fwdbwd_tflops=3.5 * fwd_flops / fb_ms * 1e-9)
@@ -126,7 +141,8 @@ def main() -> None:
         del q, k, v, v192, fns
         torch.cuda.empty_cache()
     if args.dry_run:
-        print("checks passed:", ", ".join(f"{r}" for r in ("flashgen", "flashgen-v192", "sdpa")))
+        print("checks passed:", ", ".join(f"{r}" for r in ("flashgen", "flashgen-v192", "sdpa")),
+              f"(flashgen's V padded: {padded})")
         return
     if args.out:
         from flashgen.bench import report
