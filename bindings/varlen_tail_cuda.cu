@@ -110,7 +110,8 @@ Status fill_varlen_tails_fwd(const AttnParams& p, void* stream) {
   if (p.cu_seqlens_q == nullptr || p.batch < 0) return Status::ok();
   TailJobs j;
   const int* end = p.cu_seqlens_q + p.batch;
-  add_rows(j, p.o, end, p.total_q, p.o_row_stride, p.o_head_stride, p.num_heads, p.head_dim,
+  // O has V's head dim (value_dim: head_dim_v where a forward takes V at its own)
+  add_rows(j, p.o, end, p.total_q, p.o_row_stride, p.o_head_stride, p.num_heads, value_dim(p),
            dtype_bytes(p.out_dtype));
   if (p.lse != nullptr && p.total_q > 0 && p.num_heads > 0) {
     j.lse = p.lse;
@@ -133,7 +134,7 @@ Status fill_varlen_tails_bwd(const AttnBwdParams& p, void* stream) {
   if (p.cu_seqlens_k != nullptr) {
     const int* end = p.cu_seqlens_k + p.batch;
     add_rows(j, p.dk, end, p.total_k, p.dk_row_stride, p.dk_head_stride, p.num_heads_k, p.head_dim, elem);
-    add_rows(j, p.dv, end, p.total_k, p.dv_row_stride, p.dv_head_stride, p.num_heads_k, p.head_dim, elem);
+    add_rows(j, p.dv, end, p.total_k, p.dv_row_stride, p.dv_head_stride, p.num_heads_k, value_dim(p), elem);
   }
   return launch(j, stream);
 }

@@ -449,14 +449,16 @@ def test_value_bucket_kernel(generation, name, shape, head_dim, head_dim_v, kw):
         return
     lens_q, lens_k = [0, 1, 300, 77], [5, 1, 517, 0]  # an empty query side, one row, a longer sequence, no keys
     cq, ck = cu_seqlens(lens_q), cu_seqlens(lens_k)
-    qv = randn(sum(lens_q), h, head_dim, dtype=torch.bfloat16)
+    rows = sum(lens_q)
+    qv = randn(rows + 3, h, head_dim, dtype=torch.bfloat16)  # 3 rows past the last sequence: out 0, lse +inf
     kv = randn(sum(lens_k), hk, head_dim, dtype=torch.bfloat16)
     vv = randn(sum(lens_k), hk, head_dim_v, dtype=torch.bfloat16)
-    outv = poison_like(qv.new_empty(sum(lens_q), h, head_dim_v))
+    outv = poison_like(qv.new_empty(rows + 3, h, head_dim_v))
     o, lse, _ = _ops.forward(generation, qv, kv, vv, softmax_scale=scale, out=outv, cu_seqlens_q=cq, cu_seqlens_k=ck,
                              max_seqlen_q=max(lens_q), max_seqlen_k=max(lens_k), **kw)
-    check_out_and_lse(f"value bucket varlen {name}", o, lse, qv, kv, vv, softmax_scale=scale, cu_seqlens_q=cq,
-                      cu_seqlens_k=ck, **kw)
+    check_out_and_lse(f"value bucket varlen {name}", o[:rows], lse[:, :rows], qv[:rows], kv, vv, softmax_scale=scale,
+                      cu_seqlens_q=cq, cu_seqlens_k=ck, **kw)
+    assert bool((o[rows:] == 0).all()) and bool(torch.isinf(lse[:, rows:]).all()), "rows past the last sequence"
 
 
 def test_value_bucket_is_what_the_api_runs(generation, monkeypatch):
