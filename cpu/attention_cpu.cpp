@@ -216,6 +216,14 @@ Status fwd(const AttnParams& p) {
       workers, FwdScratch(p.head_dim, padded_dim(p.head_dim), padded_dim(value_dim(p)), !kv.packed()));
   parallel_for(static_cast<int64_t>(units.size()), workers,
                [&](int64_t u, int worker) { fwd_unit(p, kv, units[u], scratch[worker]); });
+  // Varlen rows past the last sequence: out 0, lse +inf (cpu_kernels.h zero_tail_rows)
+  zero_tail_rows(p.o, p.dtype, p.cu_seqlens_q, p.batch, p.total_q, p.o_row_stride, p.o_head_stride, p.num_heads,
+                 value_dim(p));
+  if (p.cu_seqlens_q != nullptr && p.lse != nullptr && p.batch >= 0) {
+    for (int64_t r = clamp_index(p.cu_seqlens_q[p.batch], 0, p.total_q); r < p.total_q; ++r) {
+      for (int h = 0; h < p.num_heads; ++h) p.lse[h * p.lse_head_stride + r] = INFINITY;
+    }
+  }
   return Status::ok();
 }
 

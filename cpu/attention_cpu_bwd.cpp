@@ -157,6 +157,16 @@ void store_dq(const AttnBwdParams& p, int b, int head_k, int seqlen_q, const flo
   }
 }
 
+// Varlen rows past the last sequence: zero dq (q's side) and dk / dv (k's side) there (cpu_kernels.h zero_tail_rows).
+void zero_grad_tails(const AttnBwdParams& p) {
+  zero_tail_rows(p.dq, p.dtype, p.cu_seqlens_q, p.batch, p.total_q, p.dq_row_stride, p.dq_head_stride, p.num_heads,
+                 p.head_dim);
+  zero_tail_rows(p.dk, p.dtype, p.cu_seqlens_k, p.batch, p.total_k, p.dk_row_stride, p.dk_head_stride, p.num_heads_k,
+                 p.head_dim);
+  zero_tail_rows(p.dv, p.dtype, p.cu_seqlens_k, p.batch, p.total_k, p.dv_row_stride, p.dv_head_stride, p.num_heads_k,
+                 value_dim(p));
+}
+
 }  // namespace
 
 Status bwd(const AttnBwdParams& p) {
@@ -208,6 +218,7 @@ Status bwd(const AttnBwdParams& p) {
       bwd_unit(p, unit, w.dq.data(), w);
       store_dq(p, unit.batch, unit.head_k, seq_info(p, unit.batch).seqlen_q, w.dq.data());
     });
+    zero_grad_tails(p);
     return Status::ok();
   }
   // Several chunks per kv head: private partial dQ per unit, then a fixed-order sum per (batch, kv head).
@@ -225,6 +236,7 @@ Status bwd(const AttnBwdParams& p) {
     }
     store_dq(p, units[first].batch, units[first].head_k, seq_info(p, units[first].batch).seqlen_q, sum.data());
   });
+  zero_grad_tails(p);
   return Status::ok();
 }
 

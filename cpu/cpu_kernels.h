@@ -332,6 +332,22 @@ FG_INLINE void dropout_row(const HeadProblem& hp, int row, int n0, float* keep) 
   }
 }
 
+// ---- varlen rows past the last sequence ----
+// Rows [cu[batch], total) of a stacked varlen tensor of `total` rows (the offset clamped into it), which no unit
+// writes: a traced call (torch.compile) leaves a batch padded at its end to a static shape uncut (interface.py cuts
+// it where it reads the offsets), so they get zeros here (out, gradients), as the GPU's tail fill gives them
+// (bindings/varlen_tail_cuda.cu). `width` elements per head.
+FG_INLINE void zero_tail_rows(void* base, DType dtype, const int* cu, int batch, int64_t total, int64_t row_stride,
+                              int64_t head_stride, int heads, int width) {
+  if (cu == nullptr || base == nullptr || batch < 0 || total <= 0) return;
+  const std::vector<float> zeros(static_cast<size_t>(width), 0.f);
+  for (int64_t r = clamp_index(cu[batch], 0, total); r < total; ++r) {
+    for (int h = 0; h < heads; ++h) {
+      store_row(zeros.data(), dtype, elem_ptr(base, dtype, r * row_stride + h * head_stride), width);
+    }
+  }
+}
+
 // ---- threads ----
 FG_INLINE int resolve_threads(int requested, int64_t units) {
   int n = requested > 0 ? requested : static_cast<int>(std::thread::hardware_concurrency());

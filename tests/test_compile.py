@@ -162,6 +162,36 @@ def test_varlen_and_packed():
     _assert_close(compiled_grad, qkv.grad, "varlen dqkv")
 
 
+@pytest.mark.parametrize("head_dim_v", [32, 16], ids=["dv32", "dv16"])
+def test_varlen_rows_past_the_last_sequence(head_dim_v):
+    """A traced varlen call does not read the offsets, so rows of q / k / v past the last sequence (a batch padded at
+    its end to a static shape) reach the kernel uncut: out 0 and lse +inf there, zero gradients, and the rest as
+    eager, which cuts them off (the CPU backend fills them as the GPU's tail kernel does)."""
+    cu_q = torch.tensor([0, 5, 5, 13], dtype=torch.int32)
+    cu_k = torch.tensor([0, 7, 10, 10], dtype=torch.int32)
+    torch.manual_seed(2)
+    q = torch.randn(15, 4, 32, requires_grad=True)   # 2 rows past cu_q[-1]
+    k = torch.randn(11, 2, 32, requires_grad=True)   # 1 row past cu_k[-1]
+    v = torch.randn(11, 2, head_dim_v, requires_grad=True)
+
+    def step(q, k, v):
+        out, lse, _ = flashgen.flash_attn_varlen_func(q, k, v, cu_q, cu_k, 8, 7, causal=True, return_attn_probs=True)
+        return out, lse
+
+    out, lse = _compiled(step, "aot_eager")(q, k, v)
+    dout = torch.randn_like(out)
+    grads = torch.autograd.grad(out, (q, k, v), dout)
+    out_eager, lse_eager = step(q, k, v)
+    grads_eager = torch.autograd.grad(out_eager, (q, k, v), dout)
+    assert bool((out[13:] == 0).all()) and bool(torch.isinf(lse[:, 13:]).all()), "rows past the last sequence"
+    _assert_close(out, out_eager, "varlen out")
+    assert torch.equal(torch.isinf(lse), torch.isinf(lse_eager))
+    _assert_close(lse[torch.isfinite(lse)], lse_eager[torch.isfinite(lse_eager)], "varlen lse")
+    for name, g, ge, rows in zip(("dq", "dk", "dv"), grads, grads_eager, (13, 10, 10)):
+        assert bool((g[rows:] == 0).all()), f"{name}: rows past the last sequence"
+        _assert_close(g, ge, name)
+
+
 def test_kvcache_append_is_traced():
     q = torch.randn(2, 1, 4, 32)
     k_new, v_new = torch.randn(2, 1, 2, 32), torch.randn(2, 1, 2, 32)
