@@ -93,6 +93,7 @@ def main() -> None:
     ap.add_argument("--dry-run", action="store_true", help="CPU backend, small sizes, the checks only")
     ap.add_argument("--out", default=None)
     ap.add_argument("--seqlens", default="4096,8192")
+    ap.add_argument("--label", default=None, help="recorded in every row (an A/B's build, v3_hopper/tools/ab_value.sh)")
     args = ap.parse_args()
     device = "cpu" if args.dry_run else "cuda"
     heads, d, dv = (4, 48, 32) if args.dry_run else (128, 192, 128)
@@ -126,7 +127,7 @@ def main() -> None:
             with torch.no_grad():
                 fwd_ms = do_bench(fn, warmup=10, rep=50)
             row = {"seqlen": seqlen, "impl": name, "heads": heads, "head_dim": d, "head_dim_v": dv,
-                   "fwd_ms": fwd_ms, "fwd_tflops": fwd_flops / fwd_ms * 1e-9}
+                   "fwd_ms": fwd_ms, "fwd_tflops": fwd_flops / fwd_ms * 1e-9, "label": args.label}
             if name == "flashgen":
                 row["v_padded"] = v_padded(q, k, v)
             try:
