@@ -356,6 +356,24 @@ def test_value_head_dim_through_a_static_cache(head_dim, head_dim_v, monkeypatch
     assert seen == [(2, 11, 2, head_dim_v)], "the call without a cache takes V at its own width"
 
 
+def test_static_cache_lengths_with_gradients():
+    """A static cache's written lengths (a 1-D mask) with gradients slice the keys to the longest: right where every row
+    holds the same length (what attention_mask() gives), refused by name where they differ (the shorter rows would
+    read unwritten slots)."""
+    torch.manual_seed(6)
+    q = torch.randn(2, 4, 3, 16, requires_grad=True)
+    k, v = torch.randn(2, 2, 11, 16), torch.randn(2, 2, 11, 16)
+    module = torch.nn.Module()
+    module.is_causal = True
+    out, _ = fg_tf.attention_forward(module, q, k, v, torch.tensor([9, 9], dtype=torch.int32), scaling=None)
+    args = (q.detach().transpose(1, 2), k[:, :, :9].transpose(1, 2), v[:, :, :9].transpose(1, 2))
+    want, _ = reference.attention_ref(*(t.double() for t in args), causal=True)
+    naive, _ = reference.attention_ref(*args, causal=True, dtype=torch.float32)
+    check_fa_rule("static cache with gradients", out.detach(), want, naive)
+    with pytest.raises(NotImplementedError, match=r"rows hold different lengths \(8 to 11\)"):
+        fg_tf.attention_forward(module, q, k, v, torch.tensor([11, 8], dtype=torch.int32), scaling=None)
+
+
 def test_softcap_and_scale_reach_the_kernels(calls):
     fg, _, _ = _models("gemma2")
     with torch.no_grad():

@@ -571,7 +571,12 @@ def attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.T
             if s_aux is not None:
                 out = flashgen.attention_sink(*out, s_aux, return_lse=False)
         else:
-            n = int(lengths.max())
+            shortest, n = (int(x) for x in torch.stack(torch.aminmax(lengths)).tolist())  # one host sync
+            if shortest != n:  # attention_mask() gives every row the same length; a caller's own may not
+                raise NotImplementedError(
+                    f"flashgen: a static cache whose rows hold different lengths ({shortest} to {n}) is read in place "
+                    "only without gradients or dropout (flash_attn_with_kvcache); run it under torch.no_grad() in "
+                    "eval mode, or pass a 2-D padding mask")
             out = _attend(s_aux, q, k[:, :n], v[:, :n], None, **kw)
     elif attention_mask.dim() == 2 and attention_mask.dtype == torch.bool:
         mask = attention_mask
