@@ -99,6 +99,8 @@ const GenerationOps& ops_or_throw(const std::string& generation) {
 // V's own head dim (AttnParams::head_dim_v) reaches only a forward whose ops table takes it (the API pads V for the
 // others); before any launch, so a caller that skipped the API gets an error, not a read of V at the wrong width.
 void check_value_dim(const GenerationOps& ops, const AttnParams& p) {
+  if (p.head_dim_v < 0) throw py::value_error("head_dim_v: expected 0 (V has head_dim) or V's head dim, got " +
+                                              std::to_string(p.head_dim_v));
   if (flashgen::value_dim(p) == p.head_dim) return;
   if (ops.value_head_dim == nullptr || !ops.value_head_dim(p)) {
     throw NotImplemented(std::string("head_dim_v: the forward of '") + ops.name + "' takes head_dim " +

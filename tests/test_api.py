@@ -320,6 +320,10 @@ def test_the_native_call_names_head_dim_v_where_it_is_not_taken():
                 False, False, 0, False)
     with pytest.raises(NotImplementedError, match="head_dim_v: the backward of 'cpu' takes one head dim"):
         _native.C.bwd("cpu", p)
+    bad = _native.C.AttnParams()
+    bad.head_dim, bad.head_dim_v = 32, -1
+    with pytest.raises(ValueError, match="head_dim_v: expected 0 .V has head_dim. or V's head dim, got -1"):
+        _native.C.fwd("cpu", bad)
 
 
 def test_varlen_packed_forms():
