@@ -281,6 +281,7 @@ def test_value_head_dim_runs_unpadded_where_the_generation_takes_it(monkeypatch)
         check_fa_rule(out.detach(), ref, naive, f"unpadded d{head_dim} dv{head_dim_v}")
         _check_grads(out, q, k, v, f"unpadded d{head_dim} dv{head_dim_v}", causal=True)
     monkeypatch.undo()
+    assert f"V at its own head dim {head_dim_v}, unpadded" in flashgen.explain(q, k, v).why
     from flashgen import _native
     built = interface._BUILD
     one_width = dataclasses.replace(built, instances=frozenset(
@@ -293,6 +294,8 @@ def test_value_head_dim_runs_unpadded_where_the_generation_takes_it(monkeypatch)
     (ref, _), (naive, _) = _ref_pair(q, k, v)
     assert padded and out.shape == (1, 7, 2, 16)
     check_fa_rule(out, ref, naive, "padded d48 dv16")
+    assert "V padded to head dim 48 (cpu has no forward with V's own head dim 16 beside 48" in \
+        flashgen.explain(q, k, v).why
 
 
 _value_width = interface._value_width

@@ -784,7 +784,8 @@ def explain(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, window_siz
                        value_dim=not (kvcache or paged))
     validate.check_scalars(dropout_p=dropout_p, softmax_scale=softmax_scale, causal=causal, window_size=window_size,
                            softcap=softcap, deterministic=deterministic, head_dim=q.shape[-1])
-    if v.shape[-1] != q.shape[-1]:  # the call runs at the wider head dim (_value_width)
+    q_in, head_dim_v = q, v.shape[-1]
+    if v.shape[-1] != q.shape[-1]:  # the generation is chosen at the wider head dim (as _attention chooses)
         q, k, v = _value_width(q, k, v)
     if varlen:
         max_seqlen_q = _args.max_seqlen("max_seqlen_q", max_seqlen_q)
@@ -816,4 +817,9 @@ def explain(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, window_siz
         choice = dispatch.choose(problem, _BUILD)
     except NotImplementedError:
         return Explanation(problem, None, dispatch.preference(problem)[1], reasons)
-    return Explanation(problem, choice.generation, choice.why, reasons)
+    why = choice.why
+    if head_dim_v != q_in.shape[-1]:  # V's own head dim: unpadded where the forward takes it (_takes_value_dim)
+        why += (f"; V at its own head dim {head_dim_v}, unpadded" if _takes_value_dim(choice, q_in, head_dim_v) else
+                f"; V padded to head dim {q.shape[-1]} ({choice.generation} has no forward with V's own head dim "
+                f"{head_dim_v} beside {q_in.shape[-1]} in this build)")
+    return Explanation(problem, choice.generation, why, reasons)
