@@ -52,12 +52,7 @@ for round in $(seq 1 "$rounds"); do
     (cd /tmp && PYTHONPATH=/tmp/ab_v3/pkg-$name timeout -s KILL "${TIMEOUT:-150}" python3 \
         "$here/v3_hopper/tools/$tool" --head-dims "${HEAD_DIMS:-$head_dims}" --seqlens "${SEQLENS:-2048,8192}" \
         --label "$name" --out "/tmp/ab_v3/rows.jsonl" ${TOOL_ARGS:-})
-    python3 -c 'import json, sys
-for line in open(sys.argv[1]):
-    if line.strip():
-        row = json.loads(line)
-        row["round"] = int(sys.argv[2])
-        print(json.dumps(row))' /tmp/ab_v3/rows.jsonl "$round" >> "$OUT/ab_v3.jsonl"
+    python3 "$here/v3_hopper/tools/add_round.py" /tmp/ab_v3/rows.jsonl "$round" >> "$OUT/ab_v3.jsonl"
   done
 done
 python3 "$here/v3_hopper/tools/ab_summary.py" "$OUT/ab_v3.jsonl" "$key" | tee "$OUT/ab_v3_summary.txt"

@@ -41,12 +41,8 @@ for round in $(seq 1 "${ROUNDS:-2}"); do
     rm -f /tmp/ab_value/rows.jsonl
     (cd /tmp && PYTHONPATH=/tmp/ab_value/pkg-$name timeout -s KILL "${TIMEOUT:-200}" python3 "$here/tools/time_mla.py" \
         --seqlens "${SEQLENS:-4096,8192}" --label "$name" --out /tmp/ab_value/rows.jsonl)
-    [ -f /tmp/ab_value/rows.jsonl ] && python3 -c 'import json, sys
-for line in open(sys.argv[1]):
-    if line.strip():
-        row = json.loads(line)
-        row["round"] = int(sys.argv[2])
-        print(json.dumps(row))' /tmp/ab_value/rows.jsonl "$round" >> "$OUT/ab_value.jsonl"
+    [ -f /tmp/ab_value/rows.jsonl ] &&
+      python3 "$here/v3_hopper/tools/add_round.py" /tmp/ab_value/rows.jsonl "$round" >> "$OUT/ab_value.jsonl"
   done
 done
 (cd "$OUT" && tar cJf ab_value_logs.tar.xz ab_value_build_*.log ab_value_ptxas_*.txt &&
