@@ -192,6 +192,22 @@ def test_varlen_rows_past_the_last_sequence(head_dim_v):
         _assert_close(g, ge, name)
 
 
+def test_varlen_offsets_not_from_zero_are_refused_when_traced():
+    """A traced call does not run the API's offset checks; the CPU backend's own (cpu_checks.h check_offsets) refuses
+    a first offset above 0, whose leading rows no sequence covers, as eager refuses it (they came back
+    uninitialized)."""
+    q, k, v = (torch.randn(9, 2, 16) for _ in range(3))
+    cu_q = torch.tensor([3, 5, 9], dtype=torch.int32)
+    cu_k = torch.tensor([0, 4, 9], dtype=torch.int32)
+
+    def step(q, k, v):
+        return flashgen.flash_attn_varlen_func(q, k, v, cu_q, cu_k, 4, 5)
+    with pytest.raises(ValueError, match=r"cu_seqlens_q\[0\] == 0"):
+        step(q, k, v)
+    with pytest.raises(Exception, match=r"expected cu_seqlens_q\[0\] == 0, got 3"):
+        _compiled(step, "aot_eager")(q, k, v)
+
+
 def test_kvcache_append_is_traced():
     q = torch.randn(2, 1, 4, 32)
     k_new, v_new = torch.randn(2, 1, 2, 32), torch.randn(2, 1, 2, 32)
