@@ -3,6 +3,23 @@
 
 # -gencode flags for a list like "80;90a": real code for each, plus PTX of the highest plain arch so newer
 # GPUs can JIT it. An arch with the `a` suffix gets only its own sm_XXa code (wgmma/setmaxnreg need it).
+# A cache option that a -D on the command line sets, else the environment variable of the same name, else `default`.
+# The value flashgen put in the cache last is remembered (_FLASHGEN_SET_<name>): while the cache still holds it, the
+# option follows the environment (pip keeps its build directory, so a later `NAME=... pip install .` must take
+# effect, and unsetting NAME brings the default back); a value that differs from it came from a -D and is kept (a -D
+# of the very value flashgen set last cannot be told from it).
+function(flashgen_env_option name default doc)
+  set(wanted "${default}")
+  if(DEFINED ENV{${name}})
+    set(wanted "$ENV{${name}}")
+  endif()
+  if(NOT DEFINED CACHE{${name}} OR
+     (DEFINED CACHE{_FLASHGEN_SET_${name}} AND "$CACHE{${name}}" STREQUAL "$CACHE{_FLASHGEN_SET_${name}}"))
+    set(${name} "${wanted}" CACHE STRING "${doc}" FORCE)
+    set(_FLASHGEN_SET_${name} "${wanted}" CACHE INTERNAL "the value of ${name} flashgen_env_option set last")
+  endif()
+endfunction()
+
 function(flashgen_gencode_flags out_var archs)
   set(flags "")
   set(ptx_arch "")
