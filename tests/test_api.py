@@ -296,6 +296,8 @@ def test_value_head_dim_runs_unpadded_where_the_generation_takes_it(monkeypatch)
     check_fa_rule(out, ref, naive, "padded d48 dv16")
     assert "V padded to head dim 48 (cpu has no forward with V's own head dim 16 beside 48" in \
         flashgen.explain(q, k, v).why
+    assert "q and k padded to head dim 48 (cpu has no forward with V's own head dim 48 beside 16" in \
+        flashgen.explain(q[..., :16], k[..., :16], _rand(1, 9, 2, 48)).why
 
 
 _value_width = interface._value_width

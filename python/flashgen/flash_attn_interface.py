@@ -181,7 +181,7 @@ def _raw_backward(dout, q, k, v, out, softmax_lse, dq, dk, dv, *, dropout_p, sof
         for mine, got in zip((dq, dk, dv), grads):
             mine.copy_(got[..., :head_dim])
     if covered is not None:  # rows past the last sequence, where the offsets were read: gradient 0 (on a GPU the
-        dq[covered[0]:].zero_()  # launch fills them too, bindings/varlen_tail_cuda.cu; the CPU backend does not)
+        dq[covered[0]:].zero_()  # launch fills them too, bindings/varlen_tail_cuda.cu, and so does the CPU backend)
         dk[covered[1]:].zero_()
         dv[covered[1]:].zero_()
     return softmax_d.contiguous()

@@ -819,7 +819,8 @@ def explain(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, window_siz
         return Explanation(problem, None, dispatch.preference(problem)[1], reasons)
     why = choice.why
     if head_dim_v != q_in.shape[-1]:  # V's own head dim: unpadded where the forward takes it (_takes_value_dim)
+        narrower = "V" if head_dim_v < q_in.shape[-1] else "q and k"
         why += (f"; V at its own head dim {head_dim_v}, unpadded" if _takes_value_dim(choice, q_in, head_dim_v) else
-                f"; V padded to head dim {q.shape[-1]} ({choice.generation} has no forward with V's own head dim "
-                f"{head_dim_v} beside {q_in.shape[-1]} in this build)")
+                f"; {narrower} padded to head dim {q.shape[-1]} ({choice.generation} has no forward with V's own "
+                f"head dim {head_dim_v} beside {q_in.shape[-1]} in this build)")
     return Explanation(problem, choice.generation, why, reasons)

@@ -13,6 +13,7 @@
 # Output: $OUT/ab_v3.jsonl (the tool's rows, "label" = tree name, "round" added), ab_v3_summary.txt, and the build
 # logs and ptxas lines in ab_logs.tar.xz (the device returns at most 8 files).
 set -uo pipefail
+[ $# -ge 1 ] || { echo "usage: OUT=... bash $0 name1=tree1 name2=tree2 ... (see the header)" >&2; exit 2; }
 here=$(cd "$(dirname "$0")/../.." && pwd)
 OUT=${OUT:-$here/.device_out}
 mkdir -p "$OUT"

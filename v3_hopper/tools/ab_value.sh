@@ -4,17 +4,18 @@
 # every row has its own same-process SDPA / cuDNN. Each argument is name=<extra nvcc defines>, e.g.
 #   OUT=... bash v3_hopper/tools/ab_value.sh k128= k112=-DFLASHGEN_V3_VALUE_BLOCK_N=112 \
 #       k128-nopp=-DFLASHGEN_V3_VALUE_PINGPONG=0
-# A name "padded" builds without the 192 / 128 instance (V padded to 192: the route main takes without it).
+# A name "padded" (or "padded=") builds without the 192 / 128 instance (V padded to 192: main's route without it).
 # Env: ROUNDS (default 2), SEQLENS (default 4096,8192), TIMEOUT per run (200 s). Output: $OUT/ab_value.jsonl (rows
 # with "label" = name, "round"), the build logs and ptxas lines in $OUT/ab_value_logs.tar.xz.
 set -uo pipefail
+[ $# -ge 1 ] || { echo "usage: OUT=... bash $0 name=[nvcc defines] ... (see the header)" >&2; exit 2; }
 here=$(cd "$(dirname "$0")/../.." && pwd)
 OUT=${OUT:-$here/.device_out}
 mkdir -p "$OUT"
 jobs=$(( $(nproc) / $# ))
 [ "$jobs" -lt 1 ] && jobs=1
 for spec in "$@"; do
-  name=${spec%%=*}; defs=${spec#*=}
+  name=${spec%%=*}; defs=""; [ "$name" != "$spec" ] && defs=${spec#*=}  # "padded" alone: no defines
   pairs="192:128"; [ "$name" = padded ] && pairs=""
   (FLASHGEN_V3_VALUE_HEAD_DIMS="$pairs" FLASHGEN_PTXAS_VERBOSE=1 \
      cmake -S "$here" -B "/tmp/ab_value/build-$name" -G Ninja -DCMAKE_BUILD_TYPE=Release -DFLASHGEN_CUDA_ARCHS=90a \
