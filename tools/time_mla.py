@@ -69,11 +69,16 @@ def calls(q, k, v):
     return out, (q, k, v, v192)
 
 
+CHECK_HEADS = 8  # the oracle's float64 scores of all 128 heads at 4k are 16 GiB (out of memory on an H100)
+
+
 def check(name, fn, q, k, v) -> None:
-    ref, _ = reference.attention_ref(q.detach(), k.detach(), v.detach(), causal=True)
-    naive, _ = reference.attention_ref(q.detach(), k.detach(), v.detach(), causal=True, dtype=q.dtype)
+    """The FA rule on the first CHECK_HEADS heads of fn's output."""
+    q, k, v = (t.detach()[:, :, :CHECK_HEADS] for t in (q, k, v))
+    ref, _ = reference.attention_ref(q, k, v, causal=True)
+    naive, _ = reference.attention_ref(q, k, v, causal=True, dtype=q.dtype)
     with torch.no_grad():
-        testing.check_fa_rule(name, fn(), ref, naive)
+        testing.check_fa_rule(name, fn()[:, :, :CHECK_HEADS], ref, naive)
 
 
 def v_padded(q, k, v) -> bool:
