@@ -178,6 +178,7 @@ def _bwd_one_width(dout, q, k, v, out, lse, a, dlse):
 
     def wide(t):
         return t if t.shape[-1] == width else torch.nn.functional.pad(t, (0, width - t.shape[-1]))
+
     def narrow(grad, like):  # laid out as _bwd_fake says (empty_like), for torch.compile
         return grad if grad.shape == like.shape else torch.empty_like(like).copy_(grad[..., :like.shape[-1]])
     dq, dk, dv = run_bwd(wide(dout), wide(q), wide(k), wide(v), wide(out), lse, a, dlse)
