@@ -528,15 +528,11 @@ def attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.T
     if dtype is not None:
         q, k, v = q.to(dtype), k.to(dtype), v.to(dtype)
 
-    def one_width(q, k, v):
-        """q, k, v at one head dim for the KV-cache calls, which take one (the narrower side zero-padded, the output
-        cropped below); flash_attn_func / the varlen call take V's own (interface._value_width)."""
-        width = max(head_dim, v_head_dim)
-        return tuple(t if t.shape[-1] == width else F.pad(t, (0, width - t.shape[-1])) for t in (q, k, v))
-
+    # V goes at its own head dim to flash_attn_func / the varlen call; the KV-cache calls take one (_value_width pads
+    # the narrower side for them, the output is cropped at the end)
     cu_q, cu_k = kwargs.get("cu_seq_lens_q"), kwargs.get("cu_seq_lens_k")
     if isinstance(attention_mask, _Chunked):
-        out = _chunked_attention(attention_mask, *one_width(q, k, v), s_aux, cu_q is not None,
+        out = _chunked_attention(attention_mask, *fg_interface._value_width(q, k, v), s_aux, cu_q is not None,
                                  kwargs.get("position_ids"), **kw)
         return (out[..., :v_head_dim] if out.shape[-1] != v_head_dim else out), None
     if attention_mask is not None and attention_mask.dim() == 4:
@@ -564,7 +560,7 @@ def attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.T
         lengths = attention_mask.clamp(max=k.shape[1])
         needs_grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
         if not needs_grad and kw["dropout_p"] == 0.0:
-            out = flashgen.flash_attn_with_kvcache(*one_width(q, k, v), cache_seqlens=lengths,
+            out = flashgen.flash_attn_with_kvcache(*fg_interface._value_width(q, k, v), cache_seqlens=lengths,
                                                    softmax_scale=kw["softmax_scale"],
                                                    causal=causal, window_size=window, softcap=kw["softcap"],
                                                    return_softmax_lse=s_aux is not None)
