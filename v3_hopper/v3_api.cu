@@ -461,7 +461,7 @@ Status bwd(const AttnBwdParams& p, void* stream) {
 namespace {
 
 // The forward takes V at its own head dim where this build has the instance (check_fwd says the rest).
-bool value_head_dim(const AttnParams& p) {
+bool takes_value_head_dim(const AttnParams& p) {
   if (p.dtype != DType::kFloat16 && p.dtype != DType::kBFloat16) return false;
   const int bucket = fwd_bucket(p.dtype, p.head_dim);
   return bucket != 0 && fwd_value_bucket(p.dtype, bucket, value_dim(p)) != 0;
@@ -470,7 +470,7 @@ bool value_head_dim(const AttnParams& p) {
 }  // namespace
 
 const GenerationOps& ops() {
-  static const GenerationOps table{"v3", &fwd, &bwd, nullptr, &bwd_workspaces, &value_head_dim};
+  static const GenerationOps table{"v3", &fwd, &bwd, nullptr, &bwd_workspaces, &takes_value_head_dim};
   return table;
 }
 

@@ -144,8 +144,7 @@ fwd = torch.library.custom_op("flashgen::fwd", fwd_impl, mutates_args=())
 @fwd.register_fake
 def _fwd_fake(q, k, v, *args):
     a = FwdArgs(*args)
-    out = torch.empty_like(q, dtype=_ops.out_dtype(q.dtype)) if v.shape[-1] == q.shape[-1] else \
-        q.new_empty((*q.shape[:-1], v.shape[-1]), dtype=_ops.out_dtype(q.dtype))
+    out = _ops.new_out(q, v)
     lse = q.new_empty(_ops.lse_shape(q, a.cu_seqlens_q), dtype=torch.float32)
     probs = q.new_empty(_probs_shape(q, k, a), dtype=torch.float32)
     return out, lse, probs

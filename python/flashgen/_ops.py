@@ -31,6 +31,14 @@ def out_dtype(dtype: torch.dtype) -> torch.dtype:
     return _FP8_OUT_DTYPE if dtype == torch.float8_e4m3fn else dtype
 
 
+def new_out(q: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """An uninitialized out for q, v: q's layout where V has q's head dim, else contiguous at V's (FA3's hdim_v).
+    The forward's and flashgen::fwd's fake implementation's (_library)."""
+    if v.shape[-1] == q.shape[-1]:
+        return torch.empty_like(q, dtype=out_dtype(q.dtype))
+    return q.new_empty((*q.shape[:-1], v.shape[-1]), dtype=out_dtype(q.dtype))
+
+
 @functools.lru_cache(maxsize=None)
 def _num_sms(device_index: int) -> int:
     return torch.cuda.get_device_properties(device_index).multi_processor_count
@@ -428,11 +436,7 @@ def forward(generation: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, 
     plan's count (0 = the generation's choice).
     """
     batch = cu_seqlens_q.numel() - 1 if cu_seqlens_q is not None else q.shape[0]
-    if out is None:
-        o = torch.empty_like(q, dtype=out_dtype(q.dtype)) if v.shape[-1] == q.shape[-1] else \
-            q.new_empty((*q.shape[:-1], v.shape[-1]), dtype=out_dtype(q.dtype))  # V's own head dim (FA3's hdim_v)
-    else:
-        o = out
+    o = new_out(q, v) if out is None else out
     lse = q.new_empty(lse_shape(q, cu_seqlens_q), dtype=torch.float32)
     probs = None
     if return_probs:  # varlen: zeros past each sequence, which no kernel writes

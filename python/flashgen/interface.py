@@ -225,10 +225,10 @@ def _takes_value_dim(choice: dispatch.Choice, q: torch.Tensor, head_dim_v: int) 
     """Whether the chosen generation's forward takes V at its own head dim for this call (build_info lists such
     instances, _native.BuildInfo.value_bucket), so that V is not padded to q's width (_value_width). Its backward
     takes one head dim: the gradients pad there (_library.run_bwd)."""
-    dtype = validate.DTYPE_NAMES[q.dtype]
     multiple = choice.head_dim_multiple
-    return _BUILD.value_bucket(choice.generation, dtype, -(-q.shape[-1] // multiple) * multiple,
-                               -(-head_dim_v // multiple) * multiple) is not None
+    return _BUILD.value_bucket(choice.generation, validate.DTYPE_NAMES[q.dtype],
+                               dispatch._round_up(q.shape[-1], multiple),
+                               dispatch._round_up(head_dim_v, multiple)) is not None
 
 
 def _value_width(q, k, v):
