@@ -16,8 +16,8 @@ SHAPES = (32, 48, 64, 80, 112, 128, 176, 192, 256)
 # N of the backward's dQ = dS K (bwd_traits.cuh): A = dS^T and B = K as stored, both MN-major (ss_tt form).
 TT_SHAPES = (64,)
 # N of the d192 / d256 backward's dV += P^T dO and dK += dS^T Q (bwd_traits.cuh kSplit): A = P^T or dS^T from
-# shared memory, K-major; B = dO or Q as stored, MN-major (ss_bt form).
-BT_SHAPES = (192, 256)
+# shared memory, K-major; B = dO or Q as stored, MN-major (ss_bt form); 64 / 128: dV where V has its own bucket.
+BT_SHAPES = (64, 128, 192, 256)
 PER_LINE = 8
 
 HEADER = """\
