@@ -27,8 +27,11 @@ struct GenerationOps {
   // The workspaces the backward needs for p; null = none.
   WorkspaceSpec (*bwd_workspaces)(const AttnBwdParams& p);
   // Whether the forward takes p with V's own head dim (AttnParams::head_dim_v != head_dim); null = never. The
-  // binding refuses such params for the others; the API zero-pads V for them (and for every backward).
+  // binding refuses such params for the others; the API zero-pads V for them.
   bool (*value_head_dim)(const AttnParams& p) = nullptr;
+  // The same for the backward (V, out, dout and dv at head_dim_v); null = never: the API then pads V, out and dout
+  // to q's width for it (python/flashgen/_library.py _bwd_one_width).
+  bool (*value_head_dim_bwd)(const AttnBwdParams& p) = nullptr;
 };
 
 }  // namespace flashgen

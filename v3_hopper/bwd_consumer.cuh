@@ -27,13 +27,14 @@ namespace v3 {
 
 constexpr uint32_t kBwdKMajorLbo = 16;  // ignored by swizzled K-major descriptors (as consumer.cuh's kKMajorLbo)
 
-// acc (64 x kBlockM) = A (64 x kHeadDim) B^T, A and B (kBlockM x kHeadDim) K-major in smem in 64-column chunks.
-template <typename T>
+// acc (64 x kBlockM) = A (64 x K) B^T, A and B (kBlockM x K) K-major in smem in 64-column chunks; K = kSteps x 16:
+// q / k's head dim for S^T, V's for dP^T (kStepsDV).
+template <typename T, int kSteps>
 __device__ __forceinline__ void gemm_scores(float (&acc)[T::kSRegs], uint32_t a, int a_chunk_bytes, uint32_t b) {
   const uint64_t desc_a = smem_desc(a, kBwdKMajorLbo, kSwizzleAtomBytes);
   const uint64_t desc_b = smem_desc(b, kBwdKMajorLbo, kSwizzleAtomBytes);
 #pragma unroll
-  for (int kk = 0; kk < T::kStepsD; ++kk) {
+  for (int kk = 0; kk < kSteps; ++kk) {
     const int chunk = kk / T::kStepsPerChunk, step = kk % T::kStepsPerChunk;
     T::GemmS::template ss<T::Tag::kBf16>(acc, desc_advance(desc_a, chunk * a_chunk_bytes + step * T::kKStepBytes),
                                          desc_advance(desc_b, chunk * T::kChunkBytesQ + step * T::kKStepBytes),
@@ -65,16 +66,16 @@ __device__ __forceinline__ void gemm_dq(float (&dq)[T::kDqRegs], uint32_t ds, ui
   }
 }
 
-// kSplit: grad (64 x kHeadDim) += A (64 keys x kBlockM queries: P^T or dS^T as stored, K-major) B (kBlockM x
-// kHeadDim: dO or Q as stored, read MN-major).
-template <typename T>
-__device__ __forceinline__ void gemm_grad_ss(float (&grad)[T::kGradRegs], uint32_t a, uint32_t b) {
+// kSplit: grad (64 x N) += A (64 keys x kBlockM queries: P^T or dS^T as stored, K-major) B (kBlockM x N: dO or Q
+// as stored, read MN-major); N = Gemm's: V's head dim for dV, q / k's for dK.
+template <typename T, typename Gemm>
+__device__ __forceinline__ void gemm_grad_ss(float (&grad)[Gemm::kRegs], uint32_t a, uint32_t b) {
   const uint64_t desc_a = smem_desc(a, kBwdKMajorLbo, kSwizzleAtomBytes);
   const uint64_t desc_b = smem_desc(b, T::kChunkBytesQ, kSwizzleAtomBytes);
 #pragma unroll
   for (int kk = 0; kk < T::kStepsM; ++kk) {
-    T::GemmGrad::template ss_bt<T::Tag::kBf16>(grad, desc_advance(desc_a, kk * T::kKStepBytes),
-                                               desc_advance(desc_b, kk * T::kKStepRowsBytes), 1u);
+    Gemm::template ss_bt<T::Tag::kBf16>(grad, desc_advance(desc_a, kk * T::kKStepBytes),
+                                        desc_advance(desc_b, kk * T::kKStepRowsBytes), 1u);
   }
 }
 
@@ -269,15 +270,16 @@ __device__ __forceinline__ void stage_dq(uint32_t part, const float (&dq)[T::kDq
 // loop (the stores, a register reuse waiting on them, EXIT draining them) took ~12% of the samples of the d64 1k
 // causal launch (FA4 stages dK / dV in shared memory too; bench/NOTES.md session 34). The caller has made sure no
 // GEMM reads the slice any more.
-template <typename T>
+// kCols: the gradient's bucket (q / k's for dK, V's for dV), head_dim its real width.
+template <typename T, int kCols>
 __device__ __forceinline__ void store_grad_smem(uint32_t slice, int chunk_bytes, typename T::Element* dst,
-                                                int64_t row_stride, int head_dim, const float (&g)[T::kGradRegs],
+                                                int64_t row_stride, int head_dim, const float (&g)[kCols / 2],
                                                 int rows_left, float scale, int tid, int wg) {
   using Tag = typename T::Tag;
   const int lane = tid % 32, warp = tid / 32, matrix = lane / 8;
   const uint32_t row_addr = slice + (16 * warp + lane % 8 + 8 * (matrix % 2)) * kSwizzleBytes;
 #pragma unroll
-  for (int j = 0; j < T::kHeadDim / 8; j += 2) {  // n8 column tiles j, j + 1 share a 64-column chunk (j even)
+  for (int j = 0; j < kCols / 8; j += 2) {  // n8 column tiles j, j + 1 share a 64-column chunk (j even)
     const int piece = j % 8 + matrix / 2;
     stmatrix_x4(row_addr + (j / 8) * chunk_bytes + ((piece ^ (lane % 8)) * 16),
                 pack2<Tag>(g[4 * j] * scale, g[4 * j + 1] * scale),
@@ -288,7 +290,7 @@ __device__ __forceinline__ void store_grad_smem(uint32_t slice, int chunk_bytes,
   named_sync(kBwdBarrierWarpgroup0 + wg, kWarpgroupThreads);
   constexpr int kPiecesPerChunk = kWarpgroupRows * kSwizzleBytes / 16;  // 512: 64 rows x 8 pieces
 #pragma unroll
-  for (int k = 0; k < T::kChunks * kPiecesPerChunk / kWarpgroupThreads; ++k) {
+  for (int k = 0; k < kCols / kChunkCols * kPiecesPerChunk / kWarpgroupThreads; ++k) {
     const int idx = tid + kWarpgroupThreads * k;
     const int chunk = idx / kPiecesPerChunk, row = idx % kPiecesPerChunk / 8, piece = idx % 8;
     uint32_t v0, v1, v2, v3;
@@ -309,6 +311,7 @@ __device__ __forceinline__ void store_grad_smem(uint32_t slice, int chunk_bytes,
 template <typename T, bool kMods>
 __device__ void bwd_consumer(const AttnBwdParams& p, const BwdSmem<T>& sm, const BwdWork& w, int head_k, int batch,
                              int wg) {
+  static_assert(T::kHeadDimV == T::kHeadDim, "V's own bucket: the split layout only (bwd_consumer_split)");
   const int tid = threadIdx.x % kWarpgroupThreads, lane = tid % 32, warp = tid / 32;
   const int key0 = w.n_begin + kWarpgroupRows * wg;  // first key of this warpgroup
   float dv[T::kGradRegs], dk[T::kGradRegs];           // (64 keys, kHeadDim) fp32 each
@@ -351,9 +354,9 @@ __device__ void bwd_consumer(const AttnBwdParams& p, const BwdSmem<T>& sm, const
     fence_regs(s);
     fence_regs(dp);
     wgmma_fence();
-    gemm_scores<T>(s, k_w, T::kChunkBytesK, sm.q(stage));
+    gemm_scores<T, T::kStepsD>(s, k_w, T::kChunkBytesK, sm.q(stage));
     wgmma_commit();
-    gemm_scores<T>(dp, v_w, T::kChunkBytesK, sm.dout(stage));
+    gemm_scores<T, T::kStepsDV>(dp, v_w, T::kChunkBytesK, sm.dout(stage));
     wgmma_commit();
     wgmma_wait<1>();  // S^T has landed; dP^T may still run
     fence_regs(s);
@@ -447,10 +450,10 @@ __device__ void bwd_consumer(const AttnBwdParams& p, const BwdSmem<T>& sm, const
   Element* dv_rows = static_cast<Element*>(p.dv) + k_side_row0(p, batch, p.dv_batch_stride, p.dv_row_stride) +
                      head_k * p.dv_head_stride + static_cast<int64_t>(key0) * p.dv_row_stride;
   const int rows_left = w.seq.seqlen_k - key0;
-  store_grad_smem<T>(sm.k() + wg * T::kWarpgroupRowBytes, T::kChunkBytesK, dk_rows, p.dk_row_stride, p.head_dim, dk,
-                     rows_left, p.softmax_scale, tid, wg);
-  store_grad_smem<T>(sm.v() + wg * T::kWarpgroupRowBytes, T::kChunkBytesK, dv_rows, p.dv_row_stride, p.head_dim, dv,
-                     rows_left, 1.f, tid, wg);
+  store_grad_smem<T, T::kHeadDim>(sm.k() + wg * T::kWarpgroupRowBytes, T::kChunkBytesK, dk_rows, p.dk_row_stride,
+                                  p.head_dim, dk, rows_left, p.softmax_scale, tid, wg);
+  store_grad_smem<T, T::kHeadDim>(sm.v() + wg * T::kWarpgroupRowBytes, T::kChunkBytesK, dv_rows, p.dv_row_stride,
+                                  p.head_dim, dv, rows_left, 1.f, tid, wg);
 }
 
 // kSplit: one 64-column part of dQ (wgmma D layout) added into dq_accum from registers, at the part's fragment
@@ -468,15 +471,29 @@ __device__ __forceinline__ void add_dq_part(float* part, const float (&dq)[T::kD
   }
 }
 
+// Warpgroup 0's dV in the split consumer's gradient registers: the first kGradRegsV of them (all at d192 / d256;
+// 64 of 96 where V's bucket is 128). One array for both warpgroups keeps one copy of the key loop; warpgroup 0
+// leaves the rest at zero.
+template <typename T>
+__device__ __forceinline__ float (&split_dv(float (&grad)[T::kGradRegs]))[T::kGradRegsV] {
+  static_assert(T::kGradRegsV <= T::kGradRegs, "V's bucket is at most q / k's");
+  return *reinterpret_cast<float(*)[T::kGradRegsV]>(&grad[0]);
+}
+
 // One step's GEMMs after the barrier, for warpgroup kWg of the split consumer (static, so every wgmma wait is too):
-// grad += P^T dO (kWg 0) or dS^T Q (kWg 1), then dQ parts kWg, kWg + 2, ... < kDqParts (d192: 2 for warpgroup 0, 1
-// for warpgroup 1) each added into the block's dq_accum. The stage is released once grad's GEMM has completed.
+// grad += P^T dO (kWg 0, V's columns) or dS^T Q (kWg 1), then dQ parts kWg, kWg + 2, ... < kDqParts (d192: 2 for
+// warpgroup 0, 1 for warpgroup 1) each added into the block's dq_accum. The stage is released once grad's GEMM has
+// completed.
 template <typename T, int kWg>
 __device__ __forceinline__ void split_grad_dq(float (&grad)[T::kGradRegs], const BwdSmem<T>& sm, int buf, int stage,
                                               float* dq_block, int tid) {
   fence_regs(grad);
   wgmma_fence();
-  gemm_grad_ss<T>(grad, kWg == 0 ? sm.pt(buf) : sm.ds(buf), kWg == 0 ? sm.dout(stage) : sm.q(stage));
+  if constexpr (kWg == 0) {
+    gemm_grad_ss<T, typename T::GemmGradV>(split_dv<T>(grad), sm.pt(buf), sm.dout(stage));
+  } else {
+    gemm_grad_ss<T, typename T::GemmGrad>(grad, sm.ds(buf), sm.q(stage));
+  }
   wgmma_commit();
 #pragma unroll
   for (int part = kWg; part < T::kDqParts; part += T::kConsumers) {
@@ -512,7 +529,7 @@ __device__ void bwd_consumer_split(const AttnBwdParams& p, const BwdSmem<T>& sm,
   const int tid = threadIdx.x % kWarpgroupThreads, lane = tid % 32, warp = tid / 32;
   const int key0 = w.n_begin;
   const int q_off = T::kScoreCols * wg;  // this warpgroup's first query of a block
-  float grad[T::kGradRegs];              // wg 0: dV, wg 1: dK (64 keys, kHeadDim) fp32
+  float grad[T::kGradRegs];              // wg 0: dV (64 keys, kHeadDimV: split_dv), wg 1: dK (64 keys, kHeadDim) fp32
 #pragma unroll
   for (int i = 0; i < T::kGradRegs; ++i) grad[i] = 0.f;
 
@@ -537,9 +554,9 @@ __device__ void bwd_consumer_split(const AttnBwdParams& p, const BwdSmem<T>& sm,
     fence_regs(s);
     fence_regs(dp);
     wgmma_fence();
-    gemm_scores<T>(s, sm.k(), T::kChunkBytesK, sm.q(stage) + q_off * kSwizzleBytes);
+    gemm_scores<T, T::kStepsD>(s, sm.k(), T::kChunkBytesK, sm.q(stage) + q_off * kSwizzleBytes);
     wgmma_commit();
-    gemm_scores<T>(dp, sm.v(), T::kChunkBytesK, sm.dout(stage) + q_off * kSwizzleBytes);
+    gemm_scores<T, T::kStepsDV>(dp, sm.v(), T::kChunkBytesK, sm.dout(stage) + q_off * kSwizzleBytes);
     wgmma_commit();
     const int qcol0 = q_off + 2 * (lane % 4);  // this thread's first query column inside the block
     BlockRows<T> lse;
@@ -590,8 +607,16 @@ __device__ void bwd_consumer_split(const AttnBwdParams& p, const BwdSmem<T>& sm,
   Element* rows = static_cast<Element*>(is_dv ? p.dv : p.dk) +
                   k_side_row0(p, batch, is_dv ? p.dv_batch_stride : p.dk_batch_stride, row_stride) +
                   head_k * (is_dv ? p.dv_head_stride : p.dk_head_stride) + static_cast<int64_t>(key0) * row_stride;
-  store_grad_smem<T>(is_dv ? sm.v() : sm.k(), T::kChunkBytesK, rows, row_stride, p.head_dim, grad,
-                     w.seq.seqlen_k - key0, is_dv ? 1.f : p.softmax_scale, tid, wg);
+  if constexpr (T::kHeadDimV == T::kHeadDim) {  // one copy of the store for both warpgroups
+    store_grad_smem<T, T::kHeadDim>(is_dv ? sm.v() : sm.k(), T::kChunkBytesK, rows, row_stride, p.head_dim, grad,
+                                    w.seq.seqlen_k - key0, is_dv ? 1.f : p.softmax_scale, tid, wg);
+  } else if (is_dv) {
+    store_grad_smem<T, T::kHeadDimV>(sm.v(), T::kChunkBytesK, rows, row_stride, bwd_value_dim<T>(p), split_dv<T>(grad),
+                                     w.seq.seqlen_k - key0, 1.f, tid, wg);
+  } else {
+    store_grad_smem<T, T::kHeadDim>(sm.k(), T::kChunkBytesK, rows, row_stride, p.head_dim, grad,
+                                    w.seq.seqlen_k - key0, p.softmax_scale, tid, wg);
+  }
 }
 
 }  // namespace v3

@@ -55,6 +55,12 @@ Status launch_bwd_tile(const AttnBwdParams& p, const BwdLaunch& launch, cudaStre
   return Status::ok();
 }
 
+// V with its own bucket kValue beside q / k's kHeadDim (tile_config.h bwd_value_tile_ok: the split layout).
+template <typename Tag, int kHeadDim, int kValue>
+Status launch_bwd_value(const AttnBwdParams& p, const BwdLaunch& launch, cudaStream_t stream) {
+  return launch_bwd_tile<BwdTraits<Tag, kHeadDim, false, kValue>, true>(p, launch, stream);
+}
+
 template <typename Tag, int kHeadDim>
 Status launch_bwd(const AttnBwdParams& p, const BwdLaunch& launch, cudaStream_t stream) {
   if constexpr (kHeadDim <= kBwdRowsMaxHeadDim) {

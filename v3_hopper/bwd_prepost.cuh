@@ -1,9 +1,9 @@
 // The two small kernels around the v3 backward's main kernel (FA2 Alg. 2 line 4, and the dQ write-out):
 //   preprocess : per (batch, head, row) of the padded row workspaces (bwd_traits.cuh bwd_ws_rows):
-//                LSE in log2 units (kRowStats) and D = rowsum(dO o O) (kDSum); padding rows get +inf and 0, so
-//                their probabilities are 0 and the main kernel's bulk copies never read past a workspace; and the
-//                same rows of dq_accum zeroed (FA3's preprocess does the same), so that the workspace needs no
-//                memset of its own (one allocation, no fill launch per backward);
+//                LSE in log2 units (kRowStats) and D = rowsum(dO o O) over V's head dim (kDSum); padding rows get
+//                +inf and 0, so their probabilities are 0 and the main kernel's bulk copies never read past a
+//                workspace; and the same rows of dq_accum zeroed (FA3's preprocess does the same), so that the
+//                workspace needs no memset of its own (one allocation, no fill launch per backward);
 //   postprocess: dQ = softmax_scale * dq_accum (fp32, BwdTraits::dq_offset's order per query block) -> the input
 //                dtype.
 // Partition of both: grid (row blocks, num_heads, batch); the preprocess kPrepostRows rows per CTA, 8 lanes per row
@@ -58,7 +58,7 @@ __global__ void __launch_bounds__(kPrepostThreads) bwd_preprocess_kernel(const _
 #pragma unroll 4
     for (int64_t i = threadIdx.x; i < rows * (T::kHeadDim / 4); i += kPrepostThreads) dq_ws[i] = zero;
   }
-  const int sub = threadIdx.x % kPreLanesPerRow;
+  const int sub = threadIdx.x % kPreLanesPerRow, value_cols = bwd_value_dim<T>(p);
   constexpr int kRowsPerPass = kPrepostThreads / kPreLanesPerRow;
 #pragma unroll 1
   for (int r = threadIdx.x / kPreLanesPerRow; r < kPrepostRows; r += kRowsPerPass) {
@@ -66,8 +66,8 @@ __global__ void __launch_bounds__(kPrepostThreads) bwd_preprocess_kernel(const _
     if (row >= ws_rows) break;
     const bool in = row < seq.seqlen_q;
     float acc = 0.f;
-    if (in) {
-      for (int chunk = sub; chunk * 8 < p.head_dim; chunk += kPreLanesPerRow) {
+    if (in) {  // O and dO have V's head dim
+      for (int chunk = sub; chunk * 8 < value_cols; chunk += kPreLanesPerRow) {
         const uint4 o4 = *reinterpret_cast<const uint4*>(g_o + row * p.o_row_stride + chunk * 8);
         const uint4 d4 = *reinterpret_cast<const uint4*>(g_do + row * p.do_row_stride + chunk * 8);
         const Element* oe = reinterpret_cast<const Element*>(&o4);

@@ -22,11 +22,11 @@ template <typename T>
 __device__ void bwd_producer(const AttnBwdParams& p, const BwdMaps& maps, const BwdSmem<T>& sm, const BwdWork& w,
                              int head_k, int batch) {
   const TmaRows rows = tma_rows(p, batch);
-  mbar_arrive_expect_tx(sm.kv_full(), 2 * T::kTileBytesK);
+  mbar_arrive_expect_tx(sm.kv_full(), T::kTileBytesK + T::kTileBytesV);
   load_tile<T::kChunks>(sm.k(), maps.k, sm.kv_full(), T::kChunks, T::kChunkBytesK, rows.k_row0 + w.n_begin, head_k,
                         rows.k_batch);
-  load_tile<T::kChunks>(sm.v(), maps.v, sm.kv_full(), T::kChunks, T::kChunkBytesK, rows.k_row0 + w.n_begin, head_k,
-                        rows.k_batch);
+  load_tile<T::kChunksV>(sm.v(), maps.v, sm.kv_full(), T::kChunksV, T::kChunkBytesK, rows.k_row0 + w.n_begin, head_k,
+                         rows.k_batch);
   const int64_t ws_rows = bwd_ws_rows(p.seqlen_q, T::kBlockM);
   const float* lse_ws = p.ws.get(WorkspaceId::kRowStats);
   const float* dsum_ws = p.ws.get(WorkspaceId::kDSum);
@@ -36,11 +36,11 @@ __device__ void bwd_producer(const AttnBwdParams& p, const BwdMaps& maps, const 
     const int stage = it % T::kStages;
     const uint32_t phase = static_cast<uint32_t>(it / T::kStages) & 1u;
     mbar_wait(sm.empty(stage), phase ^ 1);
-    mbar_arrive_expect_tx(sm.full(stage), 2 * T::kTileBytesQ + 2 * T::kRowBytes);
+    mbar_arrive_expect_tx(sm.full(stage), T::kTileBytesQ + T::kTileBytesDo + 2 * T::kRowBytes);
     const int row = rows.q_row0 + m_block * T::kBlockM;
     load_tile<T::kChunks>(sm.q(stage), maps.q, sm.full(stage), T::kChunks, T::kChunkBytesQ, row, head, rows.q_batch);
-    load_tile<T::kChunks>(sm.dout(stage), maps.dout, sm.full(stage), T::kChunks, T::kChunkBytesQ, row, head,
-                          rows.q_batch);
+    load_tile<T::kChunksV>(sm.dout(stage), maps.dout, sm.full(stage), T::kChunksV, T::kChunkBytesQ, row, head,
+                           rows.q_batch);
     const int64_t ws_row = (static_cast<int64_t>(batch) * p.num_heads + head) * ws_rows + m_block * T::kBlockM;
     bulk_load(sm.lse(stage), lse_ws + ws_row, T::kRowBytes, sm.full(stage));
     bulk_load(sm.dsum(stage), dsum_ws + ws_row, T::kRowBytes, sm.full(stage));

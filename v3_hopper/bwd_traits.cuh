@@ -32,13 +32,16 @@ enum BwdNamedBarrier : int {
 // up to whole query blocks, so every block's rows are one aligned, in-bounds bulk copy.
 FH_HD int64_t bwd_ws_rows(int seqlen_q, int block_m) { return (static_cast<int64_t>(seqlen_q) + block_m - 1) / block_m * block_m; }
 
-// kDqRowsTile: the d64 bucket's dq_rows tile (tile_config.h bwd_dq_rows_tile picks it per launch).
-template <typename Tag_, int kHeadDim_, bool kDqRowsTile = false>
+// kDqRowsTile: the d64 bucket's dq_rows tile (tile_config.h bwd_dq_rows_tile picks it per launch). kHeadDimV_: V's
+// (and dO's, dV's) own bucket (tile_config.h bwd_value_tile_ok: split buckets, V narrower), else q / k's.
+template <typename Tag_, int kHeadDim_, bool kDqRowsTile = false, int kHeadDimV_ = kHeadDim_>
 struct BwdTraits {
   using Tag = Tag_;
   using Element = typename Tag::type;
   static constexpr int kHeadDim = kHeadDim_;
-  static constexpr BwdTileConfig kConfig = bwd_tile_config(kHeadDim, kDqRowsTile);
+  static constexpr int kHeadDimV = kHeadDimV_;
+  static constexpr BwdTileConfig kConfig =
+      kHeadDimV == kHeadDim ? bwd_tile_config(kHeadDim, kDqRowsTile) : bwd_value_tile_config(kHeadDim);
   static constexpr int kBlockM = kConfig.block_m;  // query rows per step
   static constexpr int kBlockN = kConfig.block_n;  // keys per CTA
   static constexpr int kStages = kConfig.stages;
@@ -63,10 +66,13 @@ struct BwdTraits {
   static constexpr int kDqBarrierThreads = kWarpgroupThreads + 32;  // a consumer warpgroup and the writer warp
 
   static constexpr int kChunks = kHeadDim / kChunkCols;
+  static constexpr int kChunksV = kHeadDimV / kChunkCols;       // of V and dO
   static constexpr int kChunkBytesQ = kBlockM * kSwizzleBytes;   // one 64-column chunk of a Q or dO tile
   static constexpr int kChunkBytesK = kBlockN * kSwizzleBytes;   // one chunk of the K or V tile
   static constexpr int kTileBytesQ = kChunks * kChunkBytesQ;
   static constexpr int kTileBytesK = kChunks * kChunkBytesK;
+  static constexpr int kTileBytesDo = kChunksV * kChunkBytesQ;
+  static constexpr int kTileBytesV = kChunksV * kChunkBytesK;
   static constexpr int kWarpgroupRowBytes = kWarpgroupRows * kSwizzleBytes;  // a consumer's 64 keys of a K chunk
   static constexpr int kDsBytes = kBlockN * kBlockM * kElementBytes;         // dS^T (keys, queries), one chunk wide
   // A dS^T buffer holds kBlockM / 64 chunks of (kBlockN keys x 64 queries), one 128-byte swizzled row per key.
@@ -78,7 +84,8 @@ struct BwdTraits {
   static constexpr int kKStepBytes = kKStep * kElementBytes;      // along a K-major row
   static constexpr int kKStepRowsBytes = kKStep * kSwizzleBytes;  // along the rows of an MN-major operand
   static constexpr int kStepsPerChunk = kChunkCols / kKStep;
-  static constexpr int kStepsD = kHeadDim / kKStep;   // S^T, dP^T: K = head dim
+  static constexpr int kStepsD = kHeadDim / kKStep;   // S^T: K = head dim
+  static constexpr int kStepsDV = kHeadDimV / kKStep;  // dP^T: K = V's head dim
   static constexpr int kStepsM = kBlockM / kKStep;    // dV, dK: K = the block's queries
   // Queries of a warpgroup's S^T / dP^T tile (the wgmma N): the whole block, or its half with kSplit.
   static constexpr int kScoreCols = kSplit ? kBlockM / kConsumers : kBlockM;
@@ -99,23 +106,27 @@ struct BwdTraits {
   static constexpr int kSRegs = kScoreCols / 2;  // S^T, dP^T (64 keys x kScoreCols queries) fp32 per thread
   static constexpr int kPRegs = kScoreCols / 4;  // P^T, dS^T as 16-bit A fragments
   static constexpr int kGradRegs = kHeadDim / 2;  // dK, dV (64 keys x kHeadDim) fp32 per thread
+  static constexpr int kGradRegsV = kHeadDimV / 2;  // kSplit's dV (64 keys x kHeadDimV)
   static constexpr int kDqRegs = kDqCols / 2;
   using GemmS = WgmmaOps<kScoreCols>;
   using GemmGrad = WgmmaOps<kHeadDim>;
+  using GemmGradV = WgmmaOps<kHeadDimV>;
   using GemmDq = WgmmaOps<kDqCols>;
 
   static constexpr int kOffQ = 0;
   static constexpr int kOffDo = kOffQ + kStages * kTileBytesQ;
-  static constexpr int kOffK = kOffDo + kStages * kTileBytesQ;
+  static constexpr int kOffK = kOffDo + kStages * kTileBytesDo;
   static constexpr int kOffV = kOffK + kTileBytesK;
-  static constexpr int kOffDs = kOffV + kTileBytesK;
+  static constexpr int kOffDs = kOffV + kTileBytesV;
   static constexpr int kOffDq = kOffDs + kDsBuffers * kDsBytes;
   static constexpr int kOffLse = kOffDq + bwd_dq_staging_bytes(kConfig);
   static constexpr int kOffDsum = kOffLse + kStages * kRowBytes;
   static constexpr int kOffBarriers = kOffDsum + kStages * kRowBytes;
-  static constexpr int kSmemBytes = bwd_smem_bytes(kConfig, kHeadDim);
+  static constexpr int kSmemBytes = bwd_smem_bytes(kConfig, kHeadDim, kHeadDimV);
 
   static_assert(kHeadDim % kChunkCols == 0 && kHeadDim <= kBwdMaxHeadDim, "bucket: whole chunks, at most 256");
+  static_assert(kHeadDimV == kHeadDim || (kSplit && bwd_value_tile_ok(kHeadDim, kHeadDimV)),
+                "V's own bucket: the split layout (warpgroup 0 holds dV), V narrower (tile_config.h)");
   static_assert(kSplit ? kHeadDim % kDqCols == 0 : (kHeadDim == kDqCols || kHeadDim == kConsumers * kDqCols),
                 "dQ: split by keys (d64), columns (d128) or 64-column parts (split)");
 
@@ -162,7 +173,9 @@ struct BwdTraits {
   static_assert(kChunkBytesQ % kSwizzleAtomBytes == 0 && kDsBytes % kSwizzleAtomBytes == 0 &&
                     kOffLse % kSwizzleAtomBytes == 0,
                 "tiles start on swizzle atoms");
-  static_assert(kSRegs == GemmS::kRegs && kGradRegs == GemmGrad::kRegs && kDqRegs == GemmDq::kRegs, "accumulators");
+  static_assert(kSRegs == GemmS::kRegs && kGradRegs == GemmGrad::kRegs && kGradRegsV == GemmGradV::kRegs &&
+                    kDqRegs == GemmDq::kRegs,
+                "accumulators");
   static_assert(kBwdBarrierCount <= 16, "sm_90 has 16 named barriers per CTA");
   static_assert(launch_regs(TileConfig{kConsumers, kBlockN, kStages, false}) * kNumThreads <= kRegisterFile &&
                     kWarpgroupThreads * (launch_regs(TileConfig{kConsumers, kBlockN, kStages, false}) -
@@ -172,11 +185,18 @@ struct BwdTraits {
                 "register budget");
 };
 
+// V's (dO's, dV's) real head dim in instance T: head_dim where V shares q / k's bucket (v3_api.cu launches such an
+// instance only with head_dim_v unset or equal), so that instance's code is what it was before head_dim_v existed.
+template <typename T>
+__device__ __forceinline__ int bwd_value_dim(const AttnParams& p) {
+  return T::kHeadDimV == T::kHeadDim ? p.head_dim : value_dim(p);
+}
+
 template <typename T>
 struct BwdSmem {
   uint32_t base;  // kSwizzleAtomBytes-aligned
   __device__ __forceinline__ uint32_t q(int s) const { return base + T::kOffQ + s * T::kTileBytesQ; }
-  __device__ __forceinline__ uint32_t dout(int s) const { return base + T::kOffDo + s * T::kTileBytesQ; }
+  __device__ __forceinline__ uint32_t dout(int s) const { return base + T::kOffDo + s * T::kTileBytesDo; }
   __device__ __forceinline__ uint32_t k() const { return base + T::kOffK; }
   __device__ __forceinline__ uint32_t v() const { return base + T::kOffV; }
   __device__ __forceinline__ uint32_t ds(int buf) const { return base + T::kOffDs + buf * T::kDsBytes; }

@@ -27,6 +27,9 @@ constexpr int kRowAlignElems = 16;  // TMA: 16-byte aligned base and strides = m
 #define FG_FP8_IS_fwd_v64 0  // the 16-bit forwards with V's own head-dim bucket (v3_api.cu)
 #define FG_FP8_IS_fwd_v128 0
 #define FG_FP8_IS_fwd_v192 0
+#define FG_FP8_IS_bwd_v64 0  // the backwards with V's own head-dim bucket
+#define FG_FP8_IS_bwd_v128 0
+#define FG_FP8_IS_bwd_v192 0
 #define FG_FP8_CAT(a, b) a##b
 
 // Smallest compiled e4m3 forward bucket >= head_dim, or 0.

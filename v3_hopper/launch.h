@@ -52,6 +52,10 @@ inline bool bwd_has_mods(const AttnBwdParams& p) { return p.softcap > 0.f || p.a
 
 template <typename Tag, int kHeadDim>
 Status launch_bwd(const AttnBwdParams& p, const BwdLaunch& launch, cudaStream_t stream);
+// The backward whose V (dO, dV) has its own head-dim bucket kHeadDimV (tile_config.h bwd_value_tile_ok; instances of
+// kind bwd_v<kHeadDimV>, v3_hopper/CMakeLists.txt FLASHGEN_V3_VALUE_HEAD_DIMS).
+template <typename Tag, int kHeadDim, int kHeadDimV>
+Status launch_bwd_value(const AttnBwdParams& p, const BwdLaunch& launch, cudaStream_t stream);
 
 }  // namespace v3
 }  // namespace flashgen

@@ -451,13 +451,37 @@ constexpr int bwd_dq_staging_bytes(const BwdTileConfig& c) {
   return c.split ? 0 : c.dq_rows ? c.block_m * kBwdDqCols * 4 : kBwdConsumers * c.block_m * kBwdDqCols * 4;
 }
 // Q and dO per stage, K, V, the dS^T (and P^T) buffers, the dQ staging parts, LSE and D rows per stage, barriers,
-// align slack.
-constexpr int bwd_smem_bytes(const BwdTileConfig& c, int head_dim_bucket) {
-  return (2 * c.stages * c.block_m + 2 * c.block_n) * head_dim_bucket * kElementBytes +
+// align slack. value_bucket: V's and dO's head-dim bucket where V has its own (bwd_value_tile_ok), else q / k's.
+constexpr int bwd_smem_bytes(const BwdTileConfig& c, int head_dim_bucket, int value_bucket = 0) {
+  const int dv = value_bucket > 0 ? value_bucket : head_dim_bucket;
+  return (c.stages * c.block_m + c.block_n) * (head_dim_bucket + dv) * kElementBytes +
          bwd_ds_buffers(c) * c.block_n * c.block_m * kElementBytes + bwd_dq_staging_bytes(c) +
          2 * c.stages * c.block_m * 4 +
          bwd_barrier_count(c.stages) * kBarrierBytes + kSwizzleAtomBytes;
 }
+// ---- the backward with V's own head dim (FA3's hdim_v; MLA's q / k 192 with v 128) ----
+// The split layout only (q / k buckets from kBwdSplitMinHeadDim): warpgroup 0 holds dV, so with V narrower its
+// registers and its dV GEMM shrink to V's bucket (64 x 128 fp32: 64 registers, 96 at 192), dP^T = V dO^T runs over V's
+// columns, and Q, K keep q / k's. The work per step balances: at 192 / 128 warpgroup 0 does dV (128 columns) and dQ
+// parts 0, 2 (128), warpgroup 1 dK (192) and dQ part 1 (64). Buckets of V: 64, 128, 192, below q / k's (a wider V
+// would put more than d256's registers into dV).
+// Stages: d192's 2; V's narrower tiles leave room for a third (192 / 128: 157 KB with 2, 197 with 3), an A/B
+// (FLASHGEN_V3_BWD_VALUE_STAGES, v3_hopper/tools/ab_value.sh).
+#ifndef FLASHGEN_V3_BWD_VALUE_STAGES
+#define FLASHGEN_V3_BWD_VALUE_STAGES 2
+#endif
+constexpr BwdTileConfig bwd_value_tile_config(int head_dim_bucket) {
+  return BwdTileConfig{bwd_tile_config(head_dim_bucket).block_m, bwd_tile_config(head_dim_bucket).block_n,
+                       FLASHGEN_V3_BWD_VALUE_STAGES, true};
+}
+constexpr bool bwd_value_tile_ok(int head_dim_bucket, int value_bucket) {
+  return head_dim_bucket >= kBwdSplitMinHeadDim && head_dim_bucket <= kBwdMaxHeadDim && value_bucket > 0 &&
+         value_bucket % kChunkCols == 0 && value_bucket < head_dim_bucket &&
+         bwd_smem_bytes(bwd_value_tile_config(head_dim_bucket), head_dim_bucket, value_bucket) <= kMaxSmemPerBlock;
+}
+static_assert(bwd_value_tile_ok(192, 128) && bwd_value_tile_ok(192, 64) && !bwd_value_tile_ok(128, 64),
+              "the backward's value tiles: split buckets, V narrower");
+
 static_assert(bwd_tile_config(64, true).block_m == kBwdMaxBlockM && kBwdMaxBlockM % bwd_tile_config(64).block_m == 0 &&
                   kBwdMaxBlockM % bwd_tile_config(128).block_m == 0 &&
                   kBwdMaxBlockM % bwd_tile_config(256).block_m == 0,

@@ -27,23 +27,41 @@ namespace {
 constexpr int kVectorElems = 8;         // TMA: 16-byte aligned base and strides = multiples of 8 16-bit elements
 
 // The kinds of the instance list (cmake/flashgen.cmake, v3_hopper/CMakeLists.txt): fwd and bwd per head-dim bucket,
-// and fwd_v<V's bucket> beside a q / k bucket, a forward whose V has a bucket of its own (tile_config.h
-// value_tile_config). FG_V3_FWD_ / FG_V3_BWD_: the plain forward / backward; FG_V3_VALUE_: V's bucket (0: none).
+// and fwd_v<V's bucket> / bwd_v<V's bucket> beside a q / k bucket, a forward / backward whose V has a bucket of its
+// own (tile_config.h value_tile_config, bwd_value_tile_ok). FG_V3_FWD_ / FG_V3_BWD_: the plain forward / backward;
+// FG_V3_VALUE_ / FG_V3_BWD_VALUE_: V's bucket of a forward / backward (0: none).
 #define FG_V3_FWD_fwd 1
 #define FG_V3_FWD_bwd 0
 #define FG_V3_BWD_fwd 0
 #define FG_V3_BWD_bwd 1
 #define FG_V3_VALUE_fwd 0
 #define FG_V3_VALUE_bwd 0
+#define FG_V3_BWD_VALUE_fwd 0
+#define FG_V3_BWD_VALUE_bwd 0
 #define FG_V3_FWD_fwd_v64 0
 #define FG_V3_BWD_fwd_v64 0
 #define FG_V3_VALUE_fwd_v64 64
+#define FG_V3_BWD_VALUE_fwd_v64 0
 #define FG_V3_FWD_fwd_v128 0
 #define FG_V3_BWD_fwd_v128 0
 #define FG_V3_VALUE_fwd_v128 128
+#define FG_V3_BWD_VALUE_fwd_v128 0
 #define FG_V3_FWD_fwd_v192 0
 #define FG_V3_BWD_fwd_v192 0
 #define FG_V3_VALUE_fwd_v192 192
+#define FG_V3_BWD_VALUE_fwd_v192 0
+#define FG_V3_FWD_bwd_v64 0
+#define FG_V3_BWD_bwd_v64 0
+#define FG_V3_VALUE_bwd_v64 0
+#define FG_V3_BWD_VALUE_bwd_v64 64
+#define FG_V3_FWD_bwd_v128 0
+#define FG_V3_BWD_bwd_v128 0
+#define FG_V3_VALUE_bwd_v128 0
+#define FG_V3_BWD_VALUE_bwd_v128 128
+#define FG_V3_FWD_bwd_v192 0
+#define FG_V3_BWD_bwd_v192 0
+#define FG_V3_VALUE_bwd_v192 0
+#define FG_V3_BWD_VALUE_bwd_v192 192
 #define FG_V3_CAT(a, b) a##b
 
 
@@ -59,12 +77,14 @@ int fwd_bucket(DType dtype, int head_dim) {
   return bucket;
 }
 
-// Smallest compiled V bucket >= head_dim_v among the forwards with V's own bucket beside q / k's `bucket`, or 0.
-int fwd_value_bucket(DType dtype, int bucket, int head_dim_v) {
+// Smallest compiled V bucket >= head_dim_v among the forwards (backward: the backwards) with V's own bucket beside
+// q / k's `bucket`, or 0.
+int value_bucket_of(DType dtype, int bucket, int head_dim_v, bool backward) {
   int value_bucket = 0;
 #define FG_V3_VALUE_BUCKET(kind, dt, hd)                                                                  \
   {                                                                                                       \
-    constexpr int vb = FG_V3_CAT(FG_V3_VALUE_, kind);                                                     \
+    constexpr int vb_fwd = FG_V3_CAT(FG_V3_VALUE_, kind), vb_bwd = FG_V3_CAT(FG_V3_BWD_VALUE_, kind);    \
+    const int vb = backward ? vb_bwd : vb_fwd;                                                            \
     if (vb != 0 && dtype::dt::kDType == dtype && (hd) == bucket && vb >= head_dim_v &&                    \
         (value_bucket == 0 || vb < value_bucket))                                                         \
       value_bucket = vb;                                                                                  \
@@ -72,6 +92,12 @@ int fwd_value_bucket(DType dtype, int bucket, int head_dim_v) {
   FLASHGEN_V3_INSTANCES(FG_V3_VALUE_BUCKET)
 #undef FG_V3_VALUE_BUCKET
   return value_bucket;
+}
+int fwd_value_bucket(DType dtype, int bucket, int head_dim_v) {
+  return value_bucket_of(dtype, bucket, head_dim_v, false);
+}
+int bwd_value_bucket(DType dtype, int bucket, int head_dim_v) {
+  return value_bucket_of(dtype, bucket, head_dim_v, true);
 }
 
 // Smallest compiled backward bucket >= head_dim for dtype, or 0.
@@ -340,7 +366,8 @@ WorkspaceSpec bwd_workspaces(const AttnBwdParams& p) {
   return spec;
 }
 
-Status check_bwd(const AttnBwdParams& p, int* bucket) {
+// *bucket: q / k's backward bucket; *value_bucket: V's (its own where head_dim_v differs, else *bucket).
+Status check_bwd(const AttnBwdParams& p, int* bucket, int* value_bucket) {
   if (p.dtype != DType::kFloat16 && p.dtype != DType::kBFloat16) {
     return Status::not_implemented(std::string("dtype: v3 runs fp16 and bf16, got ") + dtype_name(p.dtype));
   }
@@ -357,6 +384,19 @@ Status check_bwd(const AttnBwdParams& p, int* bucket) {
     return Status::not_implemented("head_dim: the v3 backward loads every 64-column chunk of its bucket; " +
                                    std::to_string(p.head_dim) + " leaves one of bucket " + std::to_string(*bucket) +
                                    " empty (compile a smaller bucket)");
+  }
+  *value_bucket = *bucket;
+  if (value_dim(p) != p.head_dim) {  // V's own head dim: an instance with that V bucket, every chunk of it used
+    if (value_dim(p) % kVectorElems != 0) {
+      return Status::invalid("head_dim_v: v3 needs a positive multiple of 8 (the API pads), got " +
+                             std::to_string(value_dim(p)));
+    }
+    *value_bucket = bwd_value_bucket(p.dtype, *bucket, value_dim(p));
+    if (*value_bucket == 0 || value_dim(p) <= *value_bucket - kChunkCols) {
+      return Status::not_implemented("head_dim_v: no v3 backward with V's own head dim " +
+                                     std::to_string(value_dim(p)) + " beside q / k bucket " +
+                                     std::to_string(*bucket) + " in this build (the API pads V, out and dout)");
+    }
   }
   if (p.batch < 0 || p.seqlen_q < 0 || p.seqlen_k < 0 || p.num_heads <= 0 || p.num_heads_k <= 0) {
     return Status::invalid("sizes: batch, seqlen_q, seqlen_k must be >= 0 and num_heads, num_heads_k > 0");
@@ -403,8 +443,8 @@ Status check_bwd(const AttnBwdParams& p, int* bucket) {
 }  // namespace
 
 Status bwd(const AttnBwdParams& p, void* stream) {
-  int bucket = 0;
-  Status st = check_bwd(p, &bucket);
+  int bucket = 0, value_bucket = 0;
+  Status st = check_bwd(p, &bucket, &value_bucket);
   if (!st.is_ok()) return st;
   if (p.batch == 0 || (p.seqlen_q == 0 && p.seqlen_k == 0)) return Status::ok();  // no gradient element exists
   int num_sms = 0;
@@ -415,7 +455,7 @@ Status bwd(const AttnBwdParams& p, void* stream) {
   const bool mods = bwd_has_mods(p);
   const bool masked = p.window_left >= 0 || p.window_right >= 0;  // causal is window_right 0
   const bool dq_rows = bwd_dq_rows_tile(bucket, mods, masked, p.seqlen_k);
-  const BwdTileConfig tile = bwd_tile_config(bucket, dq_rows);
+  const BwdTileConfig tile = value_bucket != bucket ? bwd_value_tile_config(bucket) : bwd_tile_config(bucket, dq_rows);
   if (q_rows + tile.block_m > kTmaMaxCoord || k_rows + tile.block_n > kTmaMaxCoord) {
     return Status::not_implemented("sizes: v3 addresses rows with 32-bit coordinates");
   }
@@ -436,13 +476,13 @@ Status bwd(const AttnBwdParams& p, void* stream) {
     st = encode_map(&launch.q, "q", p.q, p.dtype, p.head_dim, q_rows, p.num_heads, q_batches, p.q_row_stride,
                     p.q_head_stride, p.q_batch_stride, tile.block_m);
     if (!st.is_ok()) return st;
-    st = encode_map(&launch.dout, "dout", p.dout, p.dtype, p.head_dim, q_rows, p.num_heads, q_batches,
+    st = encode_map(&launch.dout, "dout", p.dout, p.dtype, value_dim(p), q_rows, p.num_heads, q_batches,
                     p.do_row_stride, p.do_head_stride, p.do_batch_stride, tile.block_m);
     if (!st.is_ok()) return st;
     st = encode_map(&launch.k, "k", p.k, p.dtype, p.head_dim, k_rows, p.num_heads_k, k_batches, p.k_row_stride,
                     p.k_head_stride, p.k_batch_stride, tile.block_n);
     if (!st.is_ok()) return st;
-    st = encode_map(&launch.v, "v", p.v, p.dtype, p.head_dim, k_rows, p.num_heads_k, k_batches, p.v_row_stride,
+    st = encode_map(&launch.v, "v", p.v, p.dtype, value_dim(p), k_rows, p.num_heads_k, k_batches, p.v_row_stride,
                     p.v_head_stride, p.v_batch_stride, tile.block_n);
     if (!st.is_ok()) return st;
   }
@@ -450,8 +490,11 @@ Status bwd(const AttnBwdParams& p, void* stream) {
   cudaStream_t cuda_stream = static_cast<cudaStream_t>(stream);
 #define FG_V3_LAUNCH_BWD(kind, dt, hd)                                                            \
   if constexpr (FG_V3_CAT(FG_V3_BWD_, kind)) {                                                    \
-    if (dtype::dt::kDType == p.dtype && (hd) == bucket)                                           \
+    if (dtype::dt::kDType == p.dtype && (hd) == bucket && value_bucket == bucket)                 \
       return launch_bwd<dtype::dt, hd>(p, launch, cuda_stream);                                    \
+  } else if constexpr (FG_V3_CAT(FG_V3_BWD_VALUE_, kind) != 0) {                                  \
+    if (dtype::dt::kDType == p.dtype && (hd) == bucket && FG_V3_CAT(FG_V3_BWD_VALUE_, kind) == value_bucket) \
+      return launch_bwd_value<dtype::dt, hd, FG_V3_CAT(FG_V3_BWD_VALUE_, kind)>(p, launch, cuda_stream); \
   }
   FLASHGEN_V3_INSTANCES(FG_V3_LAUNCH_BWD)
 #undef FG_V3_LAUNCH_BWD
@@ -467,10 +510,18 @@ bool takes_value_head_dim(const AttnParams& p) {
   return bucket != 0 && fwd_value_bucket(p.dtype, bucket, value_dim(p)) != 0;
 }
 
+// The same for the backward (check_bwd says the rest, e.g. a V bucket with an empty chunk).
+bool takes_value_head_dim_bwd(const AttnBwdParams& p) {
+  if (p.dtype != DType::kFloat16 && p.dtype != DType::kBFloat16) return false;
+  const int bucket = bwd_bucket(p.dtype, p.head_dim);
+  return bucket != 0 && bwd_value_bucket(p.dtype, bucket, value_dim(p)) != 0;
+}
+
 }  // namespace
 
 const GenerationOps& ops() {
-  static const GenerationOps table{"v3", &fwd, &bwd, nullptr, &bwd_workspaces, &takes_value_head_dim};
+  static const GenerationOps table{"v3", &fwd, &bwd, nullptr, &bwd_workspaces, &takes_value_head_dim,
+                                   &takes_value_head_dim_bwd};
   return table;
 }
 
