@@ -96,14 +96,16 @@ const GenerationOps& ops_or_throw(const std::string& generation) {
   return *ops;
 }
 
-// V's own head dim (AttnParams::head_dim_v) reaches only a forward whose ops table takes it (the API pads V for the
-// others); before any launch, so a caller that skipped the API gets an error, not a read of V at the wrong width.
-void check_value_dim(const GenerationOps& ops, const AttnParams& p) {
+// V's own head dim (AttnParams::head_dim_v) reaches only a forward / backward whose ops table takes it (the API
+// pads for the others: V, and for a backward out and dout too); before any launch, so a caller that skipped the API
+// gets an error, not a read of V at the wrong width.
+template <typename Params>
+void check_value_dim(const GenerationOps& ops, const Params& p, bool (*takes)(const Params&), const char* direction) {
   if (p.head_dim_v < 0) throw py::value_error("head_dim_v: expected 0 (V has head_dim) or V's head dim, got " +
                                               std::to_string(p.head_dim_v));
   if (flashgen::value_dim(p) == p.head_dim) return;
-  if (ops.value_head_dim == nullptr || !ops.value_head_dim(p)) {
-    throw NotImplemented(std::string("head_dim_v: the forward of '") + ops.name + "' takes head_dim " +
+  if (takes == nullptr || !takes(p)) {
+    throw NotImplemented(std::string("head_dim_v: the ") + direction + " of '" + ops.name + "' takes head_dim " +
                          std::to_string(p.head_dim) + " for q and k only with V of the same width, got head_dim_v " +
                          std::to_string(p.head_dim_v) + " (the API pads V)");
   }
@@ -146,12 +148,12 @@ py::dict build_info() {
   for (const FlashgenInstance* it = kFlashgenInstances; it->generation; ++it) {
     instances.append(py::make_tuple(it->generation, it->kind, it->dtype, it->head_dim));
   }
-  // The CPU backend is not templated: any head dim up to kMaxHeadDim, fp32/fp16/bf16, forward and backward; its
-  // forward takes V at its own head dim, any up to kMaxHeadDim (kind "fwd_v<bucket of V>", as a GPU generation's
-  // forward instance with V's own head-dim bucket would be listed; python/flashgen/_native.py value_bucket).
-  const std::string value_kind = "fwd_v" + std::to_string(flashgen::kMaxHeadDim);
+  // The CPU backend is not templated: any head dim up to kMaxHeadDim, fp32/fp16/bf16, forward and backward; both
+  // take V at its own head dim, any up to kMaxHeadDim (kinds "fwd_v<bucket of V>" and "bwd_v<bucket of V>", as a GPU
+  // generation's instances with V's own head-dim bucket are listed; python/flashgen/_native.py value_bucket).
+  const std::string max_dim = std::to_string(flashgen::kMaxHeadDim);
   for (const char* dtype : {"fp32", "fp16", "bf16"}) {
-    for (const std::string& kind : {std::string("fwd"), std::string("bwd"), value_kind}) {
+    for (const std::string& kind : {std::string("fwd"), std::string("bwd"), "fwd_v" + max_dim, "bwd_v" + max_dim}) {
       instances.append(py::make_tuple("cpu", kind, dtype, flashgen::kMaxHeadDim));
     }
   }
@@ -381,7 +383,7 @@ PYBIND11_MODULE(_C, m) {
       "fwd",
       [](const std::string& generation, const AttnParams& p, std::uintptr_t stream) {
         const GenerationOps& ops = ops_or_throw(generation);
-        check_value_dim(ops, p);
+        check_value_dim(ops, p, ops.value_head_dim, "forward");
         Status s;
         {
           py::gil_scoped_release release;
@@ -403,11 +405,7 @@ PYBIND11_MODULE(_C, m) {
       [](const std::string& generation, const AttnBwdParams& p, std::uintptr_t stream) {
         const GenerationOps& ops = ops_or_throw(generation);
         if (ops.bwd == nullptr) throw NotImplemented("generation '" + generation + "' has no backward");
-        if (flashgen::value_dim(p) != p.head_dim) {  // the API pads V to head_dim for every backward
-          throw NotImplemented("head_dim_v: the backward of '" + generation + "' takes one head dim for q, k and v, "
-                               "got head_dim " + std::to_string(p.head_dim) + " and head_dim_v " +
-                               std::to_string(p.head_dim_v) + " (the API pads V)");
-        }
+        check_value_dim(ops, p, ops.value_head_dim_bwd, "backward");
         Status s;
         {
           py::gil_scoped_release release;

@@ -6,6 +6,8 @@
 // the result is deterministic. Per key tile and query tile (m_block_range): recompute P = exp(logit - lse),
 //   dV += P_drop^T dO,  dP = dO V^T,  dS = P * (dP * keep / (1 - p) - D),  D = rowsum(dO * O),
 //   dQ += dS' K,  dK += dS'^T Q,  dS' = dS * softmax_scale (* (1 - tanh^2) with softcap).
+// V, O, dO and dV have V's head dim (value_dim, common/params.h: FA3's hdim_v), which only D, dP and dV sum or span;
+// Q, K, dQ and dK have head_dim.
 #include <algorithm>
 #include <vector>
 
@@ -18,10 +20,11 @@ namespace {
 
 struct BwdScratch {
   std::vector<float> k, kt, vt, dk, dv, q, dout, s, cap_grad, pd, dp, keep, row, dsum, dq;
-  explicit BwdScratch(int head_dim, int ld)
-      : k(kBlockN * ld), kt(head_dim * kBlockN), vt(head_dim * kBlockN), dk(kBlockN * ld), dv(kBlockN * ld),
-        q(kBlockM * ld), dout(kBlockM * ld), s(kBlockM * kBlockN), cap_grad(kBlockM * kBlockN), pd(kBlockM * kBlockN),
-        dp(kBlockM * kBlockN), keep(kBlockM * kBlockN), row(ld) {}
+  // ld: q's and k's padded head dim; dim_v, ld_v: V's (and O's) head dim and its padding. row: one row of K, V or O.
+  BwdScratch(int head_dim, int ld, int dim_v, int ld_v)
+      : k(kBlockN * ld), kt(head_dim * kBlockN), vt(dim_v * kBlockN), dk(kBlockN * ld), dv(kBlockN * ld_v),
+        q(kBlockM * ld), dout(kBlockM * ld_v), s(kBlockM * kBlockN), cap_grad(kBlockM * kBlockN),
+        pd(kBlockM * kBlockN), dp(kBlockM * kBlockN), keep(kBlockM * kBlockN), row(std::max(ld, ld_v)) {}
 };
 
 struct BwdUnit {
@@ -30,16 +33,17 @@ struct BwdUnit {
 
 // A sequence's row 0 in dout, dq, dk, dv: common/mask.h q_side_offset / k_side_offset.
 
-// D = rowsum(dO * O) for every row of one head (less the LSE's gradient where one is given), into dsum (seqlen_q).
+// D = rowsum(dO * O) over V's head dim for every row of one head (less the LSE's gradient where one is given), into
+// dsum (seqlen_q).
 FG_INLINE void dsoftmax_sum(const AttnBwdParams& p, const HeadProblem& hp, float* dsum, BwdScratch& w) {
-  const int d = p.head_dim;
+  const int dim_v = value_dim(p);
   const int64_t o_base = hp.seq.o_offset + hp.head * p.o_head_stride;
   const int64_t do_base = q_side_offset(p, hp.batch, p.do_batch_stride, p.do_row_stride) + hp.head * p.do_head_stride;
   for (int r = 0; r < hp.mask.seqlen_q; ++r) {
-    load_row(elem_ptr(p.o, p.dtype, o_base + r * p.o_row_stride), p.dtype, w.row.data(), d);
-    load_row(elem_ptr(p.dout, p.dtype, do_base + r * p.do_row_stride), p.dtype, w.q.data(), d);
+    load_row(elem_ptr(p.o, p.dtype, o_base + r * p.o_row_stride), p.dtype, w.row.data(), dim_v);
+    load_row(elem_ptr(p.dout, p.dtype, do_base + r * p.do_row_stride), p.dtype, w.dout.data(), dim_v);
     float acc = 0.f;
-    for (int c = 0; c < d; ++c) acc += w.row[c] * w.q[c];
+    for (int c = 0; c < dim_v; ++c) acc += w.row[c] * w.dout[c];
     dsum[r] = dsum_minus_dlse(p, hp.seq, hp.batch, hp.head, r, acc);
   }
 }
@@ -49,10 +53,11 @@ FG_INLINE void bwd_tile(const AttnBwdParams& p, const HeadProblem& hp, int m0, i
                         SparseTile sparse, const float* dsum, float* dq, BwdScratch& w) {
   const int d = p.head_dim;
   const int ld = padded_dim(d);
+  const int dim_v = value_dim(p), ld_v = padded_dim(dim_v);  // V's, O's and dO's
   const int64_t q_base = hp.seq.q_offset + hp.head * p.q_head_stride;
   const int64_t do_base = q_side_offset(p, hp.batch, p.do_batch_stride, p.do_row_stride) + hp.head * p.do_head_stride;
   load_tile(p.q, p.dtype, q_base, p.q_row_stride, m0, rows, rows, d, ld, w.q.data());
-  load_tile(p.dout, p.dtype, do_base, p.do_row_stride, m0, rows, rows, d, ld, w.dout.data());
+  load_tile(p.dout, p.dtype, do_base, p.do_row_stride, m0, rows, rows, dim_v, ld_v, w.dout.data());
   const bool softcap = p.softcap > 0.f;
   score_tile(p, hp, w.q.data(), w.kt.data(), m0, rows, n0, sparse, w.s.data(), softcap ? w.cap_grad.data() : nullptr);
 
@@ -74,9 +79,9 @@ FG_INLINE void bwd_tile(const AttnBwdParams& p, const HeadProblem& hp, int m0, i
     }
   }
   // dV += P_drop^T dO.
-  gemm_pt_x(w.pd.data(), w.dout.data(), w.dv.data(), rows, valid_keys, ld);
+  gemm_pt_x(w.pd.data(), w.dout.data(), w.dv.data(), rows, valid_keys, ld_v);
   // dP = dO V^T.
-  gemm_q_kt(w.dout.data(), ld, w.vt.data(), w.dp.data(), rows, d);
+  gemm_q_kt(w.dout.data(), ld_v, w.vt.data(), w.dp.data(), rows, dim_v);
   // dS' = P * (dP * keep / (1 - p) - D) * softmax_scale (* softcap chain rule), into dp.
   for (int r = 0; r < rows; ++r) {
     const float* sr = w.s.data() + r * kBlockN;
@@ -102,6 +107,7 @@ FG_INLINE void bwd_tile(const AttnBwdParams& p, const HeadProblem& hp, int m0, i
 FG_CPU_KERNEL void bwd_unit(const AttnBwdParams& p, const BwdUnit& unit, float* dq_acc, BwdScratch& w) {
   const int d = p.head_dim;
   const int ld = padded_dim(d);
+  const int dim_v = value_dim(p), ld_v = padded_dim(dim_v);  // V's and dV's
   const int group = p.num_heads / p.num_heads_k;
   std::vector<HeadProblem> heads;
   for (int g = 0; g < group; ++g) heads.push_back(head_problem(p, unit.batch, unit.head_k * group + g));
@@ -113,14 +119,16 @@ FG_CPU_KERNEL void bwd_unit(const AttnBwdParams& p, const BwdUnit& unit, float* 
 
   const int64_t k_base = h0.seq.k_offset + unit.head_k * p.k_head_stride;
   const int64_t v_base = h0.seq.v_offset + unit.head_k * p.v_head_stride;
-  const int64_t dk_base = k_side_offset(p, unit.batch, p.dk_batch_stride, p.dk_row_stride) + unit.head_k * p.dk_head_stride;
-  const int64_t dv_base = k_side_offset(p, unit.batch, p.dv_batch_stride, p.dv_row_stride) + unit.head_k * p.dv_head_stride;
+  const int64_t dk_base =
+      k_side_offset(p, unit.batch, p.dk_batch_stride, p.dk_row_stride) + unit.head_k * p.dk_head_stride;
+  const int64_t dv_base =
+      k_side_offset(p, unit.batch, p.dv_batch_stride, p.dv_row_stride) + unit.head_k * p.dv_head_stride;
   for (int n_block = unit.n_block_begin; n_block < unit.n_block_end; ++n_block) {
     const int n0 = n_block * kBlockN;
     const int valid = std::min(kBlockN, seqlen_k - n0);
     load_tile(p.k, p.dtype, k_base, p.k_row_stride, n0, kBlockN, valid, d, ld, w.k.data());
     load_tile_t(p.k, p.dtype, k_base, p.k_row_stride, n0, valid, d, w.row.data(), w.kt.data());
-    load_tile_t(p.v, p.dtype, v_base, p.v_row_stride, n0, valid, d, w.row.data(), w.vt.data());
+    load_tile_t(p.v, p.dtype, v_base, p.v_row_stride, n0, valid, dim_v, w.row.data(), w.vt.data());
     std::fill(w.dk.begin(), w.dk.end(), 0.f);
     std::fill(w.dv.begin(), w.dv.end(), 0.f);
     for (int g = 0; g < group; ++g) {
@@ -137,7 +145,8 @@ FG_CPU_KERNEL void bwd_unit(const AttnBwdParams& p, const BwdUnit& unit, float* 
     }
     for (int j = 0; j < valid; ++j) {
       store_row(w.dk.data() + j * ld, p.dtype, elem_ptr(p.dk, p.dtype, dk_base + (n0 + j) * p.dk_row_stride), d);
-      store_row(w.dv.data() + j * ld, p.dtype, elem_ptr(p.dv, p.dtype, dv_base + (n0 + j) * p.dv_row_stride), d);
+      store_row(w.dv.data() + j * ld_v, p.dtype, elem_ptr(p.dv, p.dtype, dv_base + (n0 + j) * p.dv_row_stride),
+                dim_v);
     }
   }
 }
@@ -172,10 +181,6 @@ void zero_grad_tails(const AttnBwdParams& p) {
 Status bwd(const AttnBwdParams& p) {
   const Status ok = check_params(p);
   if (!ok.is_ok()) return ok;
-  if (value_dim(p) != p.head_dim) {  // the API pads V to head_dim for the backward
-    return Status::not_implemented("cpu: the backward takes V at head_dim, got head_dim_v " +
-                                   std::to_string(p.head_dim_v));
-  }
   const bool has_q = p.batch > 0 && p.seqlen_q > 0, has_k = p.batch > 0 && p.seqlen_k > 0;
   if (missing(p.dout, has_q) || missing(p.dq, has_q) || missing(p.dk, has_k) || missing(p.dv, has_k)) {
     return Status::invalid("cpu: dout, dq, dk and dv must be non-null when they hold elements");
@@ -207,7 +212,8 @@ Status bwd(const AttnBwdParams& p) {
     }
   }
   const int workers = resolve_threads_for(p.num_threads, static_cast<int64_t>(units.size()), tiles);
-  std::vector<BwdScratch> scratch(workers, BwdScratch(p.head_dim, padded_dim(p.head_dim)));
+  std::vector<BwdScratch> scratch(
+      workers, BwdScratch(p.head_dim, padded_dim(p.head_dim), value_dim(p), padded_dim(value_dim(p))));
   auto dq_size = [&](int b) { return static_cast<size_t>(group) * seq_info(p, b).seqlen_q * padded_dim(p.head_dim); };
 
   if (chunks == 1) {

@@ -6,13 +6,16 @@ namespace {
 
 Status fwd_on_stream(const AttnParams& p, void* /*stream*/) { return fwd(p); }
 Status bwd_on_stream(const AttnBwdParams& p, void* /*stream*/) { return bwd(p); }
-// The forward reads V and writes O at their own head dim (check_params bounds it as head_dim).
+// The forward reads V and writes O at their own head dim, the backward V, out, dout and dv (check_params bounds it
+// as head_dim).
 bool value_head_dim(const AttnParams& /*p*/) { return true; }
+bool value_head_dim_bwd(const AttnBwdParams& /*p*/) { return true; }
 
 }  // namespace
 
 const GenerationOps& ops() {
-  static const GenerationOps table{"cpu", &fwd_on_stream, &bwd_on_stream, nullptr, nullptr, &value_head_dim};
+  static const GenerationOps table{"cpu", &fwd_on_stream, &bwd_on_stream, nullptr, nullptr, &value_head_dim,
+                                   &value_head_dim_bwd};
   return table;
 }
 

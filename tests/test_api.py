@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import flashgen
-from flashgen import _ops, dispatch, interface, nvtx, testing
+from flashgen import _library, _ops, dispatch, interface, nvtx, testing
 from flashgen.reference import attention_ref, philox_keep_mask
 
 FWD_FACTOR, BWD_FACTOR = 2.0, 3.0
@@ -264,13 +264,15 @@ def test_value_head_dim_edges():
 
 
 def test_value_head_dim_runs_unpadded_where_the_generation_takes_it(monkeypatch):
-    """The CPU backend's forward takes V at its own head dim (build_info lists it, kind "fwd_v256"): nothing pads V,
-    out comes from the kernel at v's width, and the backward (one head dim) pads on its own side; the same answers
-    as the oracle. Where the chosen generation's forward takes one head dim (a build without that kind), V is padded
-    as before (interface._value_width)."""
+    """The CPU backend's forward and backward take V at its own head dim (build_info lists them, kinds "fwd_v256" and
+    "bwd_v256"): nothing pads V, out or dout, out comes from the kernel at v's width; the same answers as the oracle.
+    Where the chosen generation's forward takes one head dim (a build without that kind), V is padded as before
+    (interface._value_width); where only its backward does, the backward pads on its own side
+    (_library._bwd_one_width)."""
     def refuse(*_):
         raise AssertionError("V was padded for a generation that takes its own head dim")
     monkeypatch.setattr(interface, "_value_width", refuse)
+    monkeypatch.setattr(_library, "_bwd_one_width", refuse)
     for head_dim, head_dim_v in ((192, 128), (24, 72)):
         q = _rand(1, 19, 4, head_dim, dtype=torch.bfloat16, grad=True)
         k = _rand(1, 23, 2, head_dim, dtype=torch.bfloat16, grad=True)
@@ -281,11 +283,33 @@ def test_value_head_dim_runs_unpadded_where_the_generation_takes_it(monkeypatch)
         check_fa_rule(out.detach(), ref, naive, f"unpadded d{head_dim} dv{head_dim_v}")
         _check_grads(out, q, k, v, f"unpadded d{head_dim} dv{head_dim_v}", causal=True)
     monkeypatch.undo()
-    assert f"V at its own head dim {head_dim_v}, unpadded" in flashgen.explain(q, k, v).why
+    assert f"V at its own head dim {head_dim_v}, unpadded; its backward too" in flashgen.explain(q, k, v).why
     from flashgen import _native
     built = interface._BUILD
+    # the backward without the kind: it pads V, out and dout (q and k where V is wider), the forward does not
+    bwd_padded = []
+    monkeypatch.setattr(interface, "_BUILD", dataclasses.replace(built, instances=frozenset(
+        i for i in built.instances if not i[1].startswith(_native.BWD_VALUE_KIND))))
+    monkeypatch.setattr(_library, "_bwd_takes_value_dim", lambda *_: False)
+    monkeypatch.setattr(_library, "_bwd_one_width", lambda *t: bwd_padded.append(1) or _bwd_one_width(*t))
+    monkeypatch.setattr(interface, "_value_width", refuse)
+    for head_dim, head_dim_v in ((48, 16), (16, 40)):
+        q = _rand(1, 19, 4, head_dim, dtype=torch.bfloat16, grad=True)
+        k = _rand(1, 23, 2, head_dim, dtype=torch.bfloat16, grad=True)
+        v = _rand(1, 23, 2, head_dim_v, dtype=torch.bfloat16, grad=True)
+        out = flashgen.flash_attn_func(q, k, v, causal=True)
+        _check_grads(out, q, k, v, f"backward padded d{head_dim} dv{head_dim_v}", causal=True)
+        assert len(bwd_padded) == 1, "the backward padded on its own side"
+        bwd_padded.clear()
+    monkeypatch.setattr(interface, "_value_width", _value_width)  # explain chooses at the wider width
+    assert "unpadded; its backward pads q and k to head dim 40 (cpu has no backward with V's own head dim 40 " \
+        "beside 16" in flashgen.explain(q, k, v).why
+    q, k, v = _rand(1, 19, 4, 48, grad=True), _rand(1, 23, 2, 48), _rand(1, 23, 2, 16)
+    assert "its backward pads V, out and dout to head dim 48 (cpu has no backward with V's own head dim 16 beside " \
+        "48" in flashgen.explain(q, k, v).why
+    monkeypatch.undo()
     one_width = dataclasses.replace(built, instances=frozenset(
-        i for i in built.instances if not i[1].startswith(_native.VALUE_KIND)))
+        i for i in built.instances if not i[1].startswith((_native.VALUE_KIND, _native.BWD_VALUE_KIND))))
     monkeypatch.setattr(interface, "_BUILD", one_width)
     padded = []
     monkeypatch.setattr(interface, "_value_width", lambda *t: padded.append(1) or _value_width(*t))
@@ -301,34 +325,51 @@ def test_value_head_dim_runs_unpadded_where_the_generation_takes_it(monkeypatch)
 
 
 _value_width = interface._value_width
+_bwd_one_width = _library._bwd_one_width
 
 
 def test_the_native_call_names_head_dim_v_where_it_is_not_taken():
-    """Params with V's own head dim reach only a forward that takes it: every backward refuses them by name before
-    launching (bindings/module.cpp; the API pads V there), so a caller of the native module cannot have V read at
-    q's width."""
+    """Params with V's own head dim reach only a forward / backward whose ops table takes it (bindings/module.cpp
+    check_value_dim; the API pads V for the others): the CPU backend's backward takes them through the raw binding
+    (dv at V's width, against the oracle); a compiled GPU generation without such a backward refuses by name before
+    anything launches; a negative head_dim_v is refused in both directions."""
     from flashgen import _native
     q, k = torch.randn(1, 4, 1, 32), torch.randn(1, 5, 1, 32)
     v = torch.randn(1, 5, 1, 16)
     out, lse, _ = _ops.forward("cpu", q, k, v, softmax_scale=0.2)
     (ref, _), (naive, _) = _ref_pair(q, k, v, softmax_scale=0.2)
     check_fa_rule(out, ref, naive, "_ops.forward with dv 16")
-    p = _native.C.AttnBwdParams()
-    _ops._fill(p, q, k, v, out, lse, softmax_scale=0.2, window_size=(-1, -1), softcap=0.0, alibi_slopes=None,
-               dropout_p=0.0, seed=0, offset=0, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None,
-               max_seqlen_k=None, seqused_k=None, kv_batch_idx=None, block_mask=None, block_size=(128, 128),
-               probs=None, batch=1)
-    assert (p.head_dim, p.head_dim_v) == (32, 16)
+
+    def params():
+        p = _native.C.AttnBwdParams()
+        _ops._fill(p, q, k, v, out, lse, softmax_scale=0.2, window_size=(-1, -1), softcap=0.0, alibi_slopes=None,
+                   dropout_p=0.0, seed=0, offset=0, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None,
+                   max_seqlen_k=None, seqused_k=None, kv_batch_idx=None, block_mask=None, block_size=(128, 128),
+                   probs=None, batch=1)
+        p.set_grads(*(t.data_ptr() for t in (dout, dq, dk, dv)), dout.stride(), dq.stride(), dk.stride(),
+                    dv.stride(), False, False, 0, False)
+        return p
     dout = torch.randn_like(out)
-    dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
-    p.set_grads(*(t.data_ptr() for t in (dout, dq, dk, dv)), dout.stride(), dq.stride(), dk.stride(), dv.stride(),
-                False, False, 0, False)
-    with pytest.raises(NotImplementedError, match="head_dim_v: the backward of 'cpu' takes one head dim"):
-        _native.C.bwd("cpu", p)
+    dq, dk, dv = (torch.full_like(t, float("nan")) for t in (q, k, v))
+    p = params()
+    assert (p.head_dim, p.head_dim_v) == (32, 16)
+    _native.C.bwd("cpu", p)
+    leaves = [t.double().requires_grad_() for t in (q, k, v)]
+    ref, _ = attention_ref(*leaves, softmax_scale=0.2)
+    for name, got, want in zip(("dq", "dk", "dv"), (dq, dk, dv), torch.autograd.grad(ref, leaves, dout.double())):
+        torch.testing.assert_close(got.double(), want, atol=1e-5, rtol=1e-4, msg=lambda m, n=name: f"{n}: {m}")
+    for generation in sorted(_native.build_info().generations - {"cpu"}):  # none takes fp32 at V's own width
+        with pytest.raises(NotImplementedError, match=f"head_dim_v: the backward of '{generation}' takes "
+                                                      "head_dim 32 for q and k only with V of the same width"):
+            _native.C.bwd(generation, params())
     bad = _native.C.AttnParams()
     bad.head_dim, bad.head_dim_v = 32, -1
     with pytest.raises(ValueError, match="head_dim_v: expected 0 .V has head_dim. or V's head dim, got -1"):
         _native.C.fwd("cpu", bad)
+    p = params()
+    p.head_dim_v = -1
+    with pytest.raises(ValueError, match="head_dim_v: expected 0 .V has head_dim. or V's head dim, got -1"):
+        _native.C.bwd("cpu", p)
 
 
 def test_varlen_packed_forms():

@@ -264,9 +264,9 @@ def test_opcheck_fwd():
 
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_value_head_dim_of_its_own(backend):
-    """V with its own head dim, unpadded into the CPU backend's forward (interface._takes_value_dim): the fake gives
-    out at v's width and the backward pads on its side (_library._bwd_one_width) with gradients laid out as the fake
-    says; compiled equals eager."""
+    """V with its own head dim, unpadded into the CPU backend's forward and backward (interface._takes_value_dim,
+    _library._bwd_takes_value_dim): the fake gives out at v's width and gradients laid out as it says; compiled
+    equals eager."""
     def step(q, k, v):
         return flashgen.flash_attn_func(q, k, v, causal=True) * 2
 
@@ -287,7 +287,7 @@ def test_value_head_dim_of_its_own(backend):
 
 
 def test_opcheck_value_head_dim():
-    """opcheck of flashgen::fwd / bwd with V narrower than q and k (the fake's out width, the backward's padding)."""
+    """opcheck of flashgen::fwd / bwd with V narrower than q and k (the fake's out width; the backward at V's width)."""
     gen = torch.Generator().manual_seed(5)
     q, k = (torch.randn(2, n, h, 32, generator=gen, requires_grad=True) for n, h in ((9, 4), (11, 2)))
     v = torch.randn(2, 11, 2, 16, generator=gen, requires_grad=True)

@@ -362,3 +362,20 @@ def test_value_bucket_reads_the_forward_instances_with_their_own_value_head_dim(
     assert built.value_bucket("v3", "bf16", 300, 128) is None, "no forward bucket for q / k"
     assert built.value_bucket("cpu", "bf16", 24, 200) == 256
     assert built.head_dims("v3", "fwd", "bf16") == buckets, "the pair is not a plain forward bucket"
+
+
+def test_value_bucket_of_the_backward():
+    """BuildInfo.value_bucket(kind="bwd"): a backward instance listed with kind BWD_VALUE_KIND + V's bucket beside q /
+    k's backward bucket; v3's backward loads every 64-column chunk of a bucket (BUCKET_SPAN), of V's too, so V of 64
+    in the 128 bucket is padded instead. Forward and backward pairs are read apart."""
+    from flashgen._native import BWD_VALUE_KIND, VALUE_KIND
+    built = BuildInfo(_build(generations=("v3",), kinds=("fwd", "bwd"), head_dims=(64, 128, 192, 256)).instances |
+                      {("v3", BWD_VALUE_KIND + "128", "bf16", 192), ("v3", VALUE_KIND + "64", "bf16", 192)},
+                      ("90a",), "13.0", 256)
+    assert built.value_bucket("v3", "bf16", 192, 128, kind="bwd") == 128
+    assert built.value_bucket("v3", "bf16", 136, 72, kind="bwd") == 128, "every chunk of both buckets has columns"
+    assert built.value_bucket("v3", "bf16", 192, 64, kind="bwd") is None, "V's 128 bucket with an empty chunk"
+    assert built.value_bucket("v3", "bf16", 128, 64, kind="bwd") is None, "no pair beside the 128 bucket"
+    assert built.value_bucket("v3", "bf16", 192, 128) is None, "the forward has only the 64 pair"
+    assert built.value_bucket("v3", "bf16", 192, 64) == 64
+    assert built.value_bucket("v3", "bf16", 192, 64, kind="bwd") is None, "the backward has no 64 pair"

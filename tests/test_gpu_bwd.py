@@ -184,6 +184,87 @@ def test_varlen_rows_past_the_last_sequence(generation, head_dim):
         "dk / dv of rows past the last sequence must be 0"
 
 
+# V's own head-dim bucket in the backward (v3's bwd_v<bucket> instances, tile_config.h bwd_value_tile_ok: the split
+# layout, warpgroup 0's dV at V's width): the kernel through _ops (forward with its fwd_v instance, backward into
+# poisoned gradients, dv at V's width). (d, dv) inside the 192 / 128 instance: whole buckets, and widths that leave a
+# chunk of each partly empty (136 -> 3 chunks of q / k, 72 -> 2 of V).
+VALUE_BWD_CASES = [
+    # name, (batch, seqlen_q, seqlen_k, heads, heads_k), head_dim, head_dim_v, keywords
+    ("full", (2, 333, 517, 8, 2), 192, 128, {}),
+    ("causal", (2, 333, 517, 8, 2), 192, 128, {"window_size": (-1, 0)}),
+    ("causal-q-longer", (1, 517, 333, 4, 4), 192, 128, {"window_size": (-1, 0)}),
+    ("window", (1, 700, 700, 4, 1), 192, 128, {"window_size": (100, 7)}),
+    ("softcap-alibi", (2, 113, 257, 4, 4), 192, 128, {"softcap": 5.0, "window_size": (-1, 0)}),
+    ("odd-widths", (2, 129, 200, 4, 2), 136, 72, {"window_size": (-1, 0)}),
+    ("one-query", (3, 1, 1000, 8, 1), 192, 128, {}),
+    ("one-key", (2, 17, 1, 4, 4), 192, 128, {}),
+]
+
+
+@pytest.mark.parametrize("name,shape,head_dim,head_dim_v,kw", VALUE_BWD_CASES, ids=[c[0] for c in VALUE_BWD_CASES])
+def test_value_bucket_backward(generation, name, shape, head_dim, head_dim_v, kw):
+    """A backward instance with V's own head-dim bucket against the float64 oracle's autograd (FA rule, factor 3):
+    dq, dk at q's width, dv at V's, each written whole into NaN-poisoned gradients; the lse's gradient on the causal
+    case; varlen with an empty and a one-row sequence, and rows past the last sequence (gradient 0)."""
+    need(generation, "bf16", head_dim, "backward", *(["causal"] if kw.get("window_size") == (-1, 0) else []),
+         *(["window"] if kw.get("window_size") not in (None, (-1, 0)) else []),
+         *(["softcap", "alibi"] if "softcap" in kw else []), *(["gqa"] if shape[3] != shape[4] else []))
+    built = _native.build_info()
+    if built.value_bucket(generation, "bf16", head_dim, head_dim_v, kind="bwd") is None or \
+            built.value_bucket(generation, "bf16", head_dim, head_dim_v) is None:
+        pytest.skip(f"{generation} has no forward and backward with V's own head dim {head_dim_v} beside {head_dim}")
+    torch.manual_seed(31)
+    b, sq, sk, h, hk = shape
+    q = randn(b, sq, h, head_dim, dtype=torch.bfloat16)
+    k = randn(b, sk, hk, head_dim, dtype=torch.bfloat16)
+    v = randn(b, sk, hk, head_dim_v, dtype=torch.bfloat16)
+    if "softcap" in kw:
+        kw = dict(kw, alibi_slopes=torch.rand(h, device="cuda", dtype=torch.float32) * 0.3)
+    dq, dk, dv = check_grads(generation, f"value bucket {name}", q, k, v, with_lse=name == "causal", **kw)
+    assert dv.shape == v.shape and dq.shape == q.shape
+    if name not in ("full", "causal"):
+        return
+    lens_q, lens_k = [0, 1, 300, 77], [5, 1, 517, 0]  # an empty query side, one row, a longer sequence, no keys
+    rows_q, rows_k = sum(lens_q), sum(lens_k)
+    qv = randn(rows_q + 3, h, head_dim, dtype=torch.bfloat16)  # rows past the last sequence: gradient 0
+    kv = randn(rows_k + 5, hk, head_dim, dtype=torch.bfloat16)
+    vv = randn(rows_k + 5, hk, head_dim_v, dtype=torch.bfloat16)
+    dq, dk, dv = check_grads(generation, f"value bucket varlen {name}", qv, kv, vv, cu_seqlens_q=cu_seqlens(lens_q),
+                             cu_seqlens_k=cu_seqlens(lens_k), max_seqlen_q=max(lens_q), max_seqlen_k=max(lens_k),
+                             **kw)
+    assert bool((dq[rows_q:] == 0).all()) and bool((dk[rows_k:] == 0).all()) and bool((dv[rows_k:] == 0).all()), \
+        "gradients of rows past the last sequence must be 0"
+
+
+def test_value_bucket_backward_is_what_the_api_runs(generation, monkeypatch):
+    """Where the build has the 192 / 128 backward, flash_attn_func's autograd at MLA's shape runs it (V, out and dout
+    not padded: _library._bwd_one_width is never called) and its gradients pass the FA rule."""
+    from flashgen import _library
+    need(generation, "bf16", 192, "backward", "causal", "gqa")
+    built = _native.build_info()
+    if built.value_bucket(generation, "bf16", 192, 128, kind="bwd") is None:
+        pytest.skip(f"{generation} has no 192 / 128 backward in this build")
+
+    def refuse(*_):
+        raise AssertionError("V, out and dout were padded although the generation's backward takes V's own head dim")
+    monkeypatch.setattr(_library, "_bwd_one_width", refuse)
+    torch.manual_seed(37)
+    q = randn(2, 257, 8, 192, dtype=torch.bfloat16).requires_grad_()
+    k = randn(2, 300, 2, 192, dtype=torch.bfloat16).requires_grad_()
+    v = randn(2, 300, 2, 128, dtype=torch.bfloat16).requires_grad_()
+    out = flashgen.flash_attn_func(q, k, v, causal=True, version=generation)
+    dout = torch.randn_like(out)
+    got = torch.autograd.grad(out, (q, k, v), dout)
+    refs = {}
+    for dtype in (torch.float64, torch.bfloat16):
+        leaves = [t.detach().to(dtype).requires_grad_() for t in (q, k, v)]
+        ref, _ = attention_ref(*leaves, causal=True, dtype=dtype)
+        refs[dtype] = torch.autograd.grad(ref, leaves, dout.to(dtype))
+    for label, g, ref, naive in zip(("dq", "dk", "dv"), got, refs[torch.float64], refs[torch.bfloat16]):
+        check_fa_rule(f"api 192 / 128 {label}", g, ref, naive, factor=3.0, floor=grad_floor(g, ref, 300))
+    assert "its backward too" in flashgen.explain(q, k, v, causal=True, version=generation).why
+
+
 @pytest.mark.parametrize("head_dim", [64, 256])
 def test_softcap_and_alibi(generation, head_dim):
     need(generation, "bf16", head_dim, "backward", "softcap", "alibi", "causal")

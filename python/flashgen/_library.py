@@ -18,7 +18,7 @@ from typing import NamedTuple, Optional, Tuple
 
 import torch
 
-from . import _ops, nvtx
+from . import _native, _ops, nvtx, validate
 
 _DTYPE_NAMES = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16", torch.float8_e4m3fn: "e4m3"}
 
@@ -154,7 +154,7 @@ def run_bwd(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Ten
             dlse: Optional[Tensor] = None) -> Tuple[Tensor, Tensor, Tensor]:
     """What flashgen::bwd runs: (dq, dk, dv) of `generation` in the layouts and dtype of q, k, v. `a` may be the
     forward's FwdArgs (the fields read are BwdArgs'); dlse: the gradient of lse, or None."""
-    if v.shape[-1] != q.shape[-1]:
+    if v.shape[-1] != q.shape[-1] and not _bwd_takes_value_dim(a.generation, q, v):
         return _bwd_one_width(dout, q, k, v, out, lse, a, dlse)
     seed, offset = _seed_offset(a.rng_state)
     varlen = a.cu_seqlens_q is not None
@@ -168,11 +168,19 @@ def run_bwd(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Ten
         block_mask=a.block_mask, block_size=(a.block_m, a.block_n), deterministic=a.deterministic, dlse=dlse)
 
 
+def _bwd_takes_value_dim(generation: str, q, v) -> bool:
+    """Whether `generation`'s backward takes V, out and dout at V's own head dim for this call (build_info lists the
+    instance: _native.BuildInfo.value_bucket with kind 'bwd'; v3's 192 / 128, the CPU backend's any)."""
+    return _native.build_info().value_bucket(generation, validate.DTYPE_NAMES[q.dtype], q.shape[-1], v.shape[-1],
+                                             kind="bwd") is not None
+
+
 def _bwd_one_width(dout, q, k, v, out, lse, a, dlse):
-    """run_bwd of a forward that took V at its own head dim (interface._takes_value_dim): every backward takes one
-    head dim, so the narrower side is zero-padded to the wider (V, out and dout where V is narrower; q and k where it
-    is wider) and the padding's gradients cut off. Exact: zero columns of V give zero columns of out and take no part
-    in dP = dO V^T, and zero columns of dout add nothing to D = rowsum(dO o O) or dV = P^T dO."""
+    """run_bwd of a forward that took V at its own head dim (interface._takes_value_dim) where the backward has no such
+    instance (_bwd_takes_value_dim): the narrower side is zero-padded to the wider (V, out and dout where V is
+    narrower; q and k where it is wider) and the padding's gradients cut off. Exact: zero columns of V give zero
+    columns of out and take no part in dP = dO V^T, and zero columns of dout add nothing to D = rowsum(dO o O) or
+    dV = P^T dO."""
     width = max(q.shape[-1], v.shape[-1])
 
     def wide(t):

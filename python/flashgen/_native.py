@@ -17,7 +17,7 @@ except ImportError as exc:  # pragma: no cover - only without a build
 @dataclasses.dataclass(frozen=True)
 class BuildInfo:
     """What this build compiled. instances: (generation, kind, dtype, head_dim) with kind 'fwd', 'bwd' or, for a
-    forward that takes V at its own head dim, VALUE_KIND + V's bucket."""
+    forward / backward that takes V at its own head dim, VALUE_KINDS[kind] + V's bucket."""
 
     instances: FrozenSet[Tuple[str, str, str, int]]
     cuda_archs: Tuple[str, ...]
@@ -49,26 +49,37 @@ class BuildInfo:
     def has(self, generation: str, kind: str, dtype: str, head_dim: int) -> bool:
         return self.bucket(generation, kind, dtype, head_dim) is not None
 
-    def value_bucket(self, generation: str, dtype: str, head_dim: int, head_dim_v: int) -> Optional[int]:
-        """The bucket of V's own head dim in which `generation`'s forward runs q / k of `head_dim` with V of
-        `head_dim_v` (FA3's hdim_v), or None: then the API pads V to q's width. Such forward instances are listed with
-        kind VALUE_KIND + <V's bucket> beside q / k's bucket (the one `bucket` gives for kind 'fwd'); the smallest V
-        bucket >= head_dim_v runs it."""
-        bucket = self.bucket(generation, "fwd", dtype, head_dim)
+    def value_bucket(self, generation: str, dtype: str, head_dim: int, head_dim_v: int,
+                     kind: str = "fwd") -> Optional[int]:
+        """The bucket of V's own head dim in which `generation`'s forward (kind 'fwd') or backward ('bwd') runs q / k
+        of `head_dim` with V of `head_dim_v` (FA3's hdim_v), or None: then the API pads V (and for the backward out
+        and dout) to q's width. Such instances are listed with kind VALUE_KINDS[kind] + <V's bucket> beside q / k's
+        bucket (the one `bucket` gives for `kind`); the smallest V bucket >= head_dim_v runs it, within BUCKET_SPAN
+        of it as a bucket of `kind` is."""
+        bucket = self.bucket(generation, kind, dtype, head_dim)
         if bucket is None:
             return None
-        value_buckets = sorted(int(kind[len(VALUE_KIND):]) for g, kind, dt, d in self.instances
-                               if kind.startswith(VALUE_KIND) and (g, dt, d) == (generation, dtype, bucket))
-        return next((d for d in value_buckets if d >= head_dim_v), None)
+        prefix = VALUE_KINDS[kind]
+        value_buckets = sorted(int(k[len(prefix):]) for g, k, dt, d in self.instances
+                               if k.startswith(prefix) and (g, dt, d) == (generation, dtype, bucket))
+        value_bucket = next((d for d in value_buckets if d >= head_dim_v), None)
+        span = BUCKET_SPAN.get((generation, kind))
+        if value_bucket is None or (span is not None and head_dim_v <= value_bucket - span):
+            return None
+        return value_bucket
 
 
-# Kind prefix of a forward instance that takes V at its own head dim: "fwd_v128" beside head dim 192 is q / k in the
-# 192 bucket with V in the 128 one (bindings/module.cpp build_info; the CPU backend lists "fwd_v256": any).
+# Kind prefixes of the instances that take V at its own head dim: "fwd_v128" beside head dim 192 is a forward with q / k
+# in the 192 bucket and V in the 128 one, "bwd_v128" the backward (bindings/module.cpp build_info; the CPU backend
+# lists "fwd_v256" and "bwd_v256": any).
 VALUE_KIND = "fwd_v"
+BWD_VALUE_KIND = "bwd_v"
+VALUE_KINDS = {"fwd": VALUE_KIND, "bwd": BWD_VALUE_KIND}
 
 
 # (generation, kind): the span of one bucket. The v3 backward loads every 64-column chunk of its bucket, so it refuses
-# a head dim that leaves one of them empty (v3_api.cu, bwd checks): d192 in a build whose next backward bucket is 256.
+# a head dim that leaves one of them empty (v3_api.cu, bwd checks): d192 in a build whose next backward bucket is 256;
+# the same for V's own bucket (BuildInfo.value_bucket).
 BUCKET_SPAN = {("v3", "bwd"): 64}
 
 

@@ -221,14 +221,14 @@ def _attention(q, k, v, *, dropout_p, softmax_scale, causal, window_size, softca
     return (out if out.shape[-1] == head_dim_v else out[..., :head_dim_v].contiguous()), lse, probs
 
 
-def _takes_value_dim(choice: dispatch.Choice, q: torch.Tensor, head_dim_v: int) -> bool:
-    """Whether the chosen generation's forward takes V at its own head dim for this call (build_info lists such
-    instances, _native.BuildInfo.value_bucket), so that V is not padded to q's width (_value_width). Its backward
-    takes one head dim: the gradients pad there (_library.run_bwd)."""
+def _takes_value_dim(choice: dispatch.Choice, q: torch.Tensor, head_dim_v: int, kind: str = "fwd") -> bool:
+    """Whether the chosen generation's forward (kind 'bwd': backward) takes V at its own head dim for this call
+    (build_info lists such instances, _native.BuildInfo.value_bucket), so that V is not padded to q's width
+    (_value_width). A backward without it pads V, out and dout on its own side (_library.run_bwd)."""
     multiple = choice.head_dim_multiple
     return _BUILD.value_bucket(choice.generation, validate.DTYPE_NAMES[q.dtype],
                                dispatch._round_up(q.shape[-1], multiple),
-                               dispatch._round_up(head_dim_v, multiple)) is not None
+                               dispatch._round_up(head_dim_v, multiple), kind) is not None
 
 
 def _value_width(q, k, v):
@@ -823,4 +823,9 @@ def explain(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, window_siz
         why += (f"; V at its own head dim {head_dim_v}, unpadded" if _takes_value_dim(choice, q_in, head_dim_v) else
                 f"; {narrower} padded to head dim {q.shape[-1]} ({choice.generation} has no forward with V's own "
                 f"head dim {head_dim_v} beside {q_in.shape[-1]} in this build)")
+        if "backward" in features and _takes_value_dim(choice, q_in, head_dim_v):  # the backward's own route
+            why += ("; its backward too" if _takes_value_dim(choice, q_in, head_dim_v, "bwd") else
+                    f"; its backward pads {'V, out and dout' if narrower == 'V' else narrower} to head dim "
+                    f"{q.shape[-1]} ({choice.generation} has "
+                    f"no backward with V's own head dim {head_dim_v} beside {q_in.shape[-1]} in this build)")
     return Explanation(problem, choice.generation, why, reasons)
