@@ -9,6 +9,8 @@ are named after their classes, e.g. -k regex:FlashAttentionForwardSm90). With CU
 CUTE_DSL_DUMP_DIR set, FA4 also leaves the PTX it compiled there, for reading its SASS on a machine without a GPU.
 v3-fp8: v3's FP8 (e4m3) forward alone (-k regex:fp8_fwd_kernel) on the same shape, inputs quantized per head.
 FWD_ONLY=1 skips the generations' backward (a build without their backward instances).
+HEAD_DIM_V=dv: V and dO dv wide (MLA's prefill: 192 / 128). SDPA's cuDNN takes it natively; a generation gets V and
+dO zero-padded to head_dim, as flashgen's API does for a backward without V's own head dim (_library._bwd_one_width).
 """
 
 import math
@@ -26,7 +28,11 @@ impl = sys.argv[4] if len(sys.argv) > 4 else os.environ.get("GENERATION", "v2")
 generations = sorted(g for g in _native.build_info().generations if g != "cpu")
 b, h = FA_GRID_TOKENS // s, FA_GRID_HIDDEN // d
 torch.manual_seed(0)
-q, k, v, do = (torch.randn(b, s, h, d, device="cuda", dtype=torch.bfloat16) for _ in range(4))
+dv = int(os.environ.get("HEAD_DIM_V", d))
+q, k = (torch.randn(b, s, h, d, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+v, do = (torch.randn(b, s, h, dv, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+if impl in generations and dv != d:
+    v, do = (torch.nn.functional.pad(t, (0, d - dv)) for t in (v, do))
 kw = dict(softmax_scale=1 / math.sqrt(d), window_size=(-1, 0) if causal else (-1, -1))
 for _ in range(2):
     if impl in generations:

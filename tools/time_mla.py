@@ -8,13 +8,16 @@ zero-padded to 192 inside it; each row says which, `v_padded`):
   without the slice of out: what the copy costs is the difference);
 - `sdpa`: torch SDPA's own backend choice with Ev = 128 (its flash backend takes one head dim);
 - `sdpa-cudnn`: SDPA forced to cuDNN, which takes (192, 128) natively where its version does (else recorded);
+- `sdpa-cudnn-v192`: cuDNN with V padded to 192, as flashgen-v192 (what V's own head dim buys cuDNN: the backward
+  with V at 128 is what a flashgen backward with V's own head dim would be measured against);
 - `fa4` where FlashAttention-4's wheels were carried (flash_attn.cute; ../shared/tools/fa4_wheels.sh).
 Useful FLOPs are counted with the real head dims, 2 * s^2 * h * (d + dv) forward (halved causal), backward 2.5x the
 forward, so the padded route's extra PV columns are its own loss. Predicted (the count in interface._value_width):
 the padded route at <= 1 / 1.2 of its d192 TFLOP/s, plus the V copy (~2 x 8k x 128 x 192 x 2 B = 0.8 GB of traffic at
 8k, ~0.2 ms at 4 TB/s, against ~2-3 ms of forward); the unpadded forward ~1.15-1.2x the padded one's speed (its P V
-GEMM 128 columns instead of 192, on a 128-key tile where d192 has 112), its backward as the padded one's plus the
-copies of V, out and dout to 192 (_library._bwd_one_width).
+GEMM 128 columns instead of 192, on a 128-key tile where d192 has 112); its backward (session 45: v3's 192 / 128
+backward instance, V, out and dout unpadded; `v_padded_bwd` says which) ~0.87x the padded one's FLOPs (dP^T and dV
+at 128 columns) without the copies of V, out and dout to 192 (_library._bwd_one_width).
 
 Outputs checked first against flashgen.reference (FA rule). JSON lines to --out.
 --dry-run: the checks only, on the CPU backend at small sizes (runs anywhere).
@@ -45,14 +48,14 @@ def calls(q, k, v):
     scale = d ** -0.5
     v192 = F.pad(v.detach(), (0, d - dv)).requires_grad_()
 
-    def sdpa(backend=None):
+    def sdpa(backend=None, value=v):
         def run():
-            args = (q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2))
+            args = (q.transpose(1, 2), k.transpose(1, 2), value.transpose(1, 2))
             if backend is None:
                 return F.scaled_dot_product_attention(*args, is_causal=True, scale=scale).transpose(1, 2)
             from torch.nn.attention import sdpa_kernel
             with sdpa_kernel(backend):
-                return F.scaled_dot_product_attention(*args, is_causal=True, scale=scale).transpose(1, 2)
+                return F.scaled_dot_product_attention(*args, is_causal=True, scale=scale).transpose(1, 2)[..., :dv]
         return run
 
     out = {"flashgen": lambda: flashgen.flash_attn_func(q, k, v, causal=True),
@@ -61,6 +64,7 @@ def calls(q, k, v):
     if q.is_cuda:
         from torch.nn.attention import SDPBackend
         out["sdpa-cudnn"] = sdpa(SDPBackend.CUDNN_ATTENTION)
+        out["sdpa-cudnn-v192"] = sdpa(SDPBackend.CUDNN_ATTENTION, v192)
         try:
             import flash_attn.cute as cute
             out["fa4"] = lambda: cute.flash_attn_func(q, k, v, causal=True)[0]
@@ -81,12 +85,13 @@ def check(name, fn, q, k, v) -> None:
         testing.check_fa_rule(name, fn()[:, :, :CHECK_HEADS], ref, naive)
 
 
-def v_padded(q, k, v) -> bool:
-    """Whether flashgen's call pads V to q's width (its generation has no forward with V's own head dim)."""
+def v_padded(q, k, v, kind: str = "fwd") -> bool:
+    """Whether flashgen's call pads V to q's width in its forward (kind 'bwd': V, out and dout in its backward): its
+    generation has no such instance with V's own head dim."""
     from flashgen import _native, validate
     generation = flashgen.explain(q, k, v).generation
     return _native.build_info().value_bucket(generation, validate.DTYPE_NAMES[q.dtype], q.shape[-1],
-                                             v.shape[-1]) is None
+                                             v.shape[-1], kind) is None
 
 
 def flops(seqlen: int, heads: int, d: int, dv: int) -> float:
@@ -124,7 +129,7 @@ def main() -> None:
         from triton.testing import do_bench
         fwd_flops = flops(seqlen, heads, d, dv)
         for name, fn in fns.items():
-            leaves = (q, k, v192 if name == "flashgen-v192" else v)
+            leaves = (q, k, v192 if name.endswith("-v192") else v)
             dout = torch.randn(1, seqlen, heads, dv, device=device, dtype=torch.bfloat16)
 
             def step(fn=fn, leaves=leaves, dout=dout):
@@ -134,7 +139,7 @@ def main() -> None:
             row = {"seqlen": seqlen, "impl": name, "heads": heads, "head_dim": d, "head_dim_v": dv,
                    "fwd_ms": fwd_ms, "fwd_tflops": fwd_flops / fwd_ms * 1e-9, "label": args.label}
             if name == "flashgen":
-                row["v_padded"] = v_padded(q, k, v)
+                row.update(v_padded=v_padded(q, k, v), v_padded_bwd=v_padded(q, k, v, "bwd"))
             try:
                 fb_ms = do_bench(step, warmup=5, rep=30)
                 row.update(fwdbwd_ms=fb_ms, fwdbwd_tflops=3.5 * fwd_flops / fb_ms * 1e-9)
