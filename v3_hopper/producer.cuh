@@ -100,6 +100,7 @@ struct Loader {
   int first_key = 0;           // paged cache: the cache row of the sequence's key 0 (its left pad)
   int last_key = 0;            // paged cache: the cache row of the sequence's last key
   int box_rows = 0;            // paged cache: rows per TMA box of K / V (the maps' box, v3_api.cu)
+  int warp_chunk_bytes = 0;    // paged cache: the bytes of this warp's boxes in one column chunk of a K / V tile
   bool done = false;
   // The threads that run this Loader in step: 1 (lane 0 alone), or the loader warps with a paged cache
   // (producer_loop), every lane on the same sequence of steps; lane 0 alone arms Q's and a dense tile's barrier and
@@ -128,6 +129,9 @@ struct Loader {
         first_key = kv_first_row(p, tc.batch);  // the left pad (one page per sequence only, v3_api.cu)
         last_key = first_key + seq.seqlen_k - 1;
         box_rows = paged_tile_box_rows(p.page_block_size, p.seqlen_k, T::kBlockN);
+        // this warp's bytes of a paged tile per column chunk, here once a query tile: the divisions in each K / V
+        // tile's arm sat between its empty wait and its copies (session 40's SASS: I2F + MUFU.RCP x 2 a tile)
+        warp_chunk_bytes = paged_warp_boxes<T>(box_rows, lane / kWarpSize, lanes) * box_rows * kSwizzleBytes;
       }
       key_block_end = range.end;
       m_row = rows.q_row0 + m_begin;
@@ -175,10 +179,7 @@ struct Loader {
         if (pages != nullptr) {
           // each loading warp arms the buffer (its full barrier counts one arrival a warp, fwd_kernel.cuh) with the
           // bytes of its own boxes, then its lanes copy them
-          if (lane % kWarpSize == 0) {
-            mbar_arrive_expect_tx(full, paged_warp_boxes<T>(box_rows, lane / kWarpSize, lanes) * tile_chunks *
-                                            box_rows * kSwizzleBytes);
-          }
+          if (lane % kWarpSize == 0) mbar_arrive_expect_tx(full, tile_chunks * warp_chunk_bytes);
           if (lanes > 1) __syncwarp();
           if (kOneWidth || is_k) {
             load_paged_tile<T, T::kChunks>(dst, map, full, chunks, p, pages, first_key + key_row, last_key, box_rows,
