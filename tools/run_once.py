@@ -9,8 +9,9 @@ are named after their classes, e.g. -k regex:FlashAttentionForwardSm90). With CU
 CUTE_DSL_DUMP_DIR set, FA4 also leaves the PTX it compiled there, for reading its SASS on a machine without a GPU.
 v3-fp8: v3's FP8 (e4m3) forward alone (-k regex:fp8_fwd_kernel) on the same shape, inputs quantized per head.
 FWD_ONLY=1 skips the generations' backward (a build without their backward instances).
-HEAD_DIM_V=dv: V and dO dv wide (MLA's prefill: 192 / 128). SDPA's cuDNN takes it natively; a generation gets V and
-dO zero-padded to head_dim, as flashgen's API does for a backward without V's own head dim (_library._bwd_one_width).
+HEAD_DIM_V=dv: V and dO dv wide (MLA's prefill: 192 / 128). SDPA's cuDNN takes it natively, and so does a generation
+with forward and backward instances of V's own head dim (v3's 192 / 128); another gets V and dO zero-padded to
+head_dim, as flashgen's API does for it (interface._value_width, _library._bwd_one_width).
 """
 
 import math
@@ -31,7 +32,8 @@ torch.manual_seed(0)
 dv = int(os.environ.get("HEAD_DIM_V", d))
 q, k = (torch.randn(b, s, h, d, device="cuda", dtype=torch.bfloat16) for _ in range(2))
 v, do = (torch.randn(b, s, h, dv, device="cuda", dtype=torch.bfloat16) for _ in range(2))
-if impl in generations and dv != d:
+if impl in generations and dv != d and any(_native.build_info().value_bucket(impl, "bf16", d, dv, kind) is None
+                                           for kind in ("fwd", "bwd")):
     v, do = (torch.nn.functional.pad(t, (0, d - dv)) for t in (v, do))
 kw = dict(softmax_scale=1 / math.sqrt(d), window_size=(-1, 0) if causal else (-1, -1))
 for _ in range(2):
