@@ -50,9 +50,13 @@ def sink_calls(device: str, small: bool):
             return flashgen.attention_sink(o, lse, sink, return_lse=False)
 
         def check(window=window, sunk=sunk, name=name):
-            ref, _ = reference.attention_ref(q, k, v, causal=True, window_size=window, sink=sink)
-            naive, _ = reference.attention_ref(q, k, v, causal=True, window_size=window, sink=sink, dtype=dtype)
-            testing.check_fa_rule(name, sunk(window), ref, naive)
+            # the oracle on the first KV head's query heads: float64 scores of all 64 heads at 8k are 32 GiB
+            hq, hkv = h // hk, 1
+            qc, kc_, vc_ = q[:, :, :hq], k[:, :, :hkv], v[:, :, :hkv]
+            ref, _ = reference.attention_ref(qc, kc_, vc_, causal=True, window_size=window, sink=sink[:hq])
+            naive, _ = reference.attention_ref(qc, kc_, vc_, causal=True, window_size=window, sink=sink[:hq],
+                                               dtype=dtype)
+            testing.check_fa_rule(name, sunk(window)[:, :, :hq], ref, naive)
         out[name] = (plain, sunk, check)
 
     def dec_plain():
