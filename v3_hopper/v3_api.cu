@@ -510,11 +510,13 @@ bool takes_value_head_dim(const AttnParams& p) {
   return bucket != 0 && fwd_value_bucket(p.dtype, bucket, value_dim(p)) != 0;
 }
 
-// The same for the backward (check_bwd says the rest, e.g. a V bucket with an empty chunk).
+// The same for the backward, whose V bucket must have every 64-column chunk in use as q / k's (check_bwd; the API's
+// rule too, python/flashgen/_native.py BUCKET_SPAN), so that the binding names the refusal (check_bwd says the rest).
 bool takes_value_head_dim_bwd(const AttnBwdParams& p) {
   if (p.dtype != DType::kFloat16 && p.dtype != DType::kBFloat16) return false;
   const int bucket = bwd_bucket(p.dtype, p.head_dim);
-  return bucket != 0 && bwd_value_bucket(p.dtype, bucket, value_dim(p)) != 0;
+  const int value_bucket = bucket != 0 ? bwd_value_bucket(p.dtype, bucket, value_dim(p)) : 0;
+  return value_bucket != 0 && value_dim(p) > value_bucket - kChunkCols;
 }
 
 }  // namespace
