@@ -262,11 +262,18 @@ def test_opcheck_fwd():
                           test_utils=("test_schema", "test_faketensor"))
 
 
+@pytest.mark.parametrize("backward_route", ["unpadded", "padded"])
 @pytest.mark.parametrize("backend", BACKENDS)
-def test_value_head_dim_of_its_own(backend):
+def test_value_head_dim_of_its_own(backend, backward_route, monkeypatch):
     """V with its own head dim, unpadded into the CPU backend's forward and backward (interface._takes_value_dim,
     _library._bwd_takes_value_dim): the fake gives out at v's width and gradients laid out as it says; compiled
-    equals eager."""
+    equals eager. "padded": a backward without the instance (a GPU generation's in a build without the pair), which
+    pads V, out and dout and cuts the gradients back (_library._bwd_one_width)."""
+    if backward_route == "padded":
+        monkeypatch.setattr(_library, "_bwd_takes_value_dim", lambda *_: False)
+    padded, one_width = [], _library._bwd_one_width
+    monkeypatch.setattr(_library, "_bwd_one_width", lambda *a: padded.append(1) or one_width(*a))
+
     def step(q, k, v):
         return flashgen.flash_attn_func(q, k, v, causal=True) * 2
 
@@ -284,6 +291,7 @@ def test_value_head_dim_of_its_own(backend):
     _assert_close(out, out_eager, "out")
     for name, g, t in zip(("dq", "dk", "dv"), grads, (q, k, v)):
         _assert_close(g, t.grad, name)
+    assert len(padded) == (2 if backward_route == "padded" else 0), "compiled and eager: one backward each"
 
 
 def test_opcheck_value_head_dim():
