@@ -141,6 +141,21 @@ def run_bwd(generation: str, q, k, v, dout, out, lse, **kw):
 
 # ---- the FA rule on outputs, LSEs and gradients ----
 
+def check_autograd_grads(name: str, out, q, k, v, n_terms: int, **ref_kw) -> None:
+    """The FA rule (factor 3, grad_floor over n_terms) on the autograd gradients of out, a flashgen call on the
+    leaves q, k, v, under a random dout: against float64 autograd through the oracle (ref_kw: its keywords) and the
+    same-dtype naive run."""
+    dout = torch.randn_like(out)
+    got = torch.autograd.grad(out, (q, k, v), dout)
+    refs = {}
+    for dtype in (torch.float64, q.dtype):
+        leaves = [t.detach().to(dtype).requires_grad_() for t in (q, k, v)]
+        ref, _ = attention_ref(*leaves, dtype=dtype, **ref_kw)
+        refs[dtype] = torch.autograd.grad(ref, leaves, dout.to(dtype))
+    for label, g, ref, naive in zip(("dq", "dk", "dv"), got, refs[torch.float64], refs[q.dtype]):
+        check_fa_rule(f"{name} {label}", g, ref, naive, factor=3.0, floor=grad_floor(g, ref, n_terms))
+
+
 def check_lse(name: str, lse, ref_lse, atol: float = LSE_ATOL) -> None:
     """+inf exactly on the oracle's empty rows; elsewhere within atol (relative above magnitude 1)."""
     ref_lse = ref_lse.detach()

@@ -24,7 +24,7 @@ if not torch.cuda.is_available():
     pytest.skip("GPU backward tests need a CUDA device", allow_module_level=True)
 
 import flashgen  # noqa: E402
-from conftest import check_grads, cu_seqlens, gpu_generations, need, randn, run_bwd  # noqa: E402
+from conftest import check_autograd_grads, check_grads, cu_seqlens, gpu_generations, need, randn, run_bwd  # noqa: E402
 from flashgen import _native, _ops, dispatch  # noqa: E402
 from flashgen.reference import attention_ref, philox_keep_mask  # noqa: E402
 from flashgen.testing import check_fa_rule, grad_floor  # noqa: E402
@@ -252,15 +252,7 @@ def test_value_bucket_backward_is_what_the_api_runs(generation, monkeypatch):
     k = randn(2, 300, 2, 192, dtype=torch.bfloat16).requires_grad_()
     v = randn(2, 300, 2, 128, dtype=torch.bfloat16).requires_grad_()
     out = flashgen.flash_attn_func(q, k, v, causal=True, version=generation)
-    dout = torch.randn_like(out)
-    got = torch.autograd.grad(out, (q, k, v), dout)
-    refs = {}
-    for dtype in (torch.float64, torch.bfloat16):
-        leaves = [t.detach().to(dtype).requires_grad_() for t in (q, k, v)]
-        ref, _ = attention_ref(*leaves, causal=True, dtype=dtype)
-        refs[dtype] = torch.autograd.grad(ref, leaves, dout.to(dtype))
-    for label, g, ref, naive in zip(("dq", "dk", "dv"), got, refs[torch.float64], refs[torch.bfloat16]):
-        check_fa_rule(f"api 192 / 128 {label}", g, ref, naive, factor=3.0, floor=grad_floor(g, ref, 300))
+    check_autograd_grads("api 192 / 128", out, q, k, v, 300, causal=True)
     explained = flashgen.explain(q, k, v, causal=True)  # auto's choice
     if explained.generation == generation:
         assert "its backward too" in explained.why

@@ -21,7 +21,8 @@ if not torch.cuda.is_available():
     pytest.skip("GPU forward tests need a CUDA device", allow_module_level=True)
 
 import flashgen  # noqa: E402
-from conftest import GPU_DTYPES, check_out_and_lse, cu_seqlens, gpu_generations, need, randn, run_fwd  # noqa: E402
+from conftest import (GPU_DTYPES, check_autograd_grads, check_out_and_lse, cu_seqlens, gpu_generations,  # noqa: E402
+                      need, randn, run_fwd)
 from flashgen import _ops, dispatch  # noqa: E402
 from flashgen.reference import attention_ref, philox_keep_mask, visible_mask  # noqa: E402
 
@@ -387,7 +388,6 @@ def test_fa3_attention_chunk_on_the_device(generation, causal):
 def test_value_head_dim_on_the_device(generation, head_dim, head_dim_v):
     """v with its own head dim (FA3's hdim_v; flashgen pads the narrower side to one head dim, interface._value_width)
     on the generation: out (..., head_dim_v) against the float64 oracle, the gradients by the FA rule (3x)."""
-    from flashgen.testing import check_fa_rule, grad_floor
     need(generation, "bf16", max(head_dim, head_dim_v), "causal", "gqa", "backward")
     torch.manual_seed(17)
     q = randn(2, 333, 8, head_dim, dtype=torch.bfloat16).requires_grad_()
@@ -397,15 +397,7 @@ def test_value_head_dim_on_the_device(generation, head_dim, head_dim_v):
     assert out.shape == (2, 333, 8, head_dim_v)
     check_out_and_lse(f"d{head_dim} dv{head_dim_v}", out.detach(), lse, q.detach(), k.detach(), v.detach(),
                       causal=True)
-    dout = torch.randn_like(out)
-    got = torch.autograd.grad(out, (q, k, v), dout)
-    refs = {}
-    for dtype in (torch.float64, torch.bfloat16):
-        leaves = [t.detach().to(dtype).requires_grad_() for t in (q, k, v)]
-        ref, _ = attention_ref(*leaves, causal=True, dtype=dtype)
-        refs[dtype] = torch.autograd.grad(ref, leaves, dout.to(dtype))
-    for name, g, ref, naive in zip(("dq", "dk", "dv"), got, refs[torch.float64], refs[torch.bfloat16]):
-        check_fa_rule(f"d{head_dim} dv{head_dim_v} {name}", g, ref, naive, factor=3.0, floor=grad_floor(g, ref, 517))
+    check_autograd_grads(f"d{head_dim} dv{head_dim_v}", out, q, k, v, 517, causal=True)
 
 
 # V's own head-dim bucket beside q / k's (v3's fwd_v<bucket> instances, tile_config.h value_tile_config): the kernel
