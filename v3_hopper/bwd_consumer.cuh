@@ -482,11 +482,12 @@ __device__ __forceinline__ float (&split_dv(float (&grad)[T::kGradRegs]))[T::kGr
 
 // One step's GEMMs after the barrier, for warpgroup kWg of the split consumer (static, so every wgmma wait is too):
 // grad += P^T dO (kWg 0, V's columns) or dS^T Q (kWg 1), then dQ parts kWg, kWg + 2, ... < kDqParts (d192: 2 for
-// warpgroup 0, 1 for warpgroup 1) each added into the block's dq_accum. The stage is released once grad's GEMM has
-// completed.
+// warpgroup 0, 1 for warpgroup 1) each added into the block's dq_accum: by REDs, or with kDqStagedSplit staged in
+// slot `part` for the dQ writer (bwd_dq_writer), once it has read this warpgroup's slots of the step before
+// (first_step: none). The stage is released once grad's GEMM has completed.
 template <typename T, int kWg>
 __device__ __forceinline__ void split_grad_dq(float (&grad)[T::kGradRegs], const BwdSmem<T>& sm, int buf, int stage,
-                                              float* dq_block, int tid) {
+                                              float* dq_block, int tid, bool first_step) {
   fence_regs(grad);
   wgmma_fence();
   if constexpr (kWg == 0) {
@@ -509,7 +510,16 @@ __device__ __forceinline__ void split_grad_dq(float (&grad)[T::kGradRegs], const
     }
     wgmma_wait<0>();
     fence_regs(dq);
-    add_dq_part<T>(dq_block + part * T::kDqPartFloats, dq, tid);
+    if constexpr (T::kDqStagedSplit) {
+      if (part == kWg && !first_step) named_sync(kBwdBarrierDqEmpty0 + kWg, T::kDqBarrierThreads);
+      stage_dq<T>(sm.dq(part), dq, tid);
+    } else {
+      add_dq_part<T>(dq_block + part * T::kDqPartFloats, dq, tid);
+    }
+  }
+  if constexpr (T::kDqStagedSplit) {
+    fence_proxy_async_smem();
+    named_arrive(kBwdBarrierDqFull0 + kWg, T::kDqBarrierThreads);  // bwd_dq_writer adds the parts into dq_accum
   }
 }
 
@@ -519,7 +529,8 @@ __device__ __forceinline__ void split_grad_dq(float (&grad)[T::kGradRegs], const
 //   P^T, dS^T as bwd_consumer, for its 32 queries          (-> its half of the P^T and dS^T buffers, 16-bit)
 // then, both halves published by one named barrier,
 //   wg 0: dV += P^T dO,  wg 1: dK += dS^T Q                (SS, A from the buffers, N = head dim)
-//   dQ parts w, w + 2, ... (64 columns each) = dS K_part    (SS, both MN-major), added into dq_accum (REDs).
+//   dQ parts w, w + 2, ... (64 columns each) = dS K_part    (SS, both MN-major), added into dq_accum (REDs, or
+//                                                          kDqStagedSplit: staged for the dQ writer warp)
 // Loop invariant (after step i): grad = sum over steps <= i of P^T dO (wg 0) or dS^T Q (wg 1). The buffers are
 // double-buffered by step: buffer (i & 1) is rewritten at step i + 2, after both warpgroups passed the barrier of
 // step i + 1, which each reaches only after its step-i GEMMs completed (wgmma_wait<0> at the end of a step).
@@ -592,9 +603,9 @@ __device__ void bwd_consumer_split(const AttnBwdParams& p, const BwdSmem<T>& sm,
     float* dq_block = p.ws.get(WorkspaceId::kDqAccum) +
                       ((static_cast<int64_t>(batch) * p.num_heads + head) * ws_rows + m_begin) * T::kHeadDim;
     if (wg == 0) {
-      split_grad_dq<T, 0>(grad, sm, buf, stage, dq_block, tid);
+      split_grad_dq<T, 0>(grad, sm, buf, stage, dq_block, tid, it == 0);
     } else {
-      split_grad_dq<T, 1>(grad, sm, buf, stage, dq_block, tid);
+      split_grad_dq<T, 1>(grad, sm, buf, stage, dq_block, tid, it == 0);
     }
   }
 

@@ -48,9 +48,10 @@ __device__ void bwd_producer(const AttnBwdParams& p, const BwdMaps& maps, const 
 }
 
 // The dQ writer (BwdTraits::kDqWriter), one warp of warpgroup 0: per step, each consumer warpgroup's staged dQ part
-// (64 queries x kDqCols fp32, dq_offset's fragment order) is added into the block's dq_accum by one bulk reduce
-// from lane 0; the staging buffer is handed back once the reduce has read it. Invariant: it waits on DqFull w and
-// arrives on DqEmpty w once per step, except the last arrive (no consumer waits for it), in the consumers' order.
+// (64 queries x kDqCols fp32, dq_offset's fragment order; kDqStagedSplit: its parts) is added into the block's
+// dq_accum by a bulk reduce from lane 0; the staging buffer is handed back once the reduce has read it.
+// Invariant: it waits on DqFull w and arrives on DqEmpty w once per step, except the last arrive (no consumer waits
+// for it), in the consumers' order.
 template <typename T>
 __device__ void bwd_dq_writer(const AttnBwdParams& p, const BwdSmem<T>& sm, const BwdWork& w, int head_k, int batch,
                               int lane) {
@@ -66,7 +67,14 @@ __device__ void bwd_dq_writer(const AttnBwdParams& p, const BwdSmem<T>& sm, cons
     for (int wg = 0; wg < T::kConsumers; ++wg) {
       named_sync(kBwdBarrierDqFull0 + wg, T::kDqBarrierThreads);
       if (lane == 0) {
-        bulk_reduce_add_f32(dq_block + T::dq_part_offset(wg), sm.dq(wg), T::kDqPartBytes);
+        if constexpr (T::kDqStagedSplit) {  // parts wg, wg + 2, ... (bwd_consumer_split), one bulk group
+#pragma unroll
+          for (int part = wg; part < T::kDqParts; part += T::kConsumers) {
+            bulk_reduce_add_f32(dq_block + part * T::kDqPartFloats, sm.dq(part), T::kDqPartBytes);
+          }
+        } else {
+          bulk_reduce_add_f32(dq_block + T::dq_part_offset(wg), sm.dq(wg), T::kDqPartBytes);
+        }
         bulk_commit();
       }
     }

@@ -60,8 +60,10 @@ struct BwdTraits {
   static constexpr int kConsumerArrivals = kConsumers * kWarpgroupThreads;
   // d64 / d128: warp 1 of the producer warpgroup takes each consumer warpgroup's staged dQ part to dq_accum
   // (bwd_dq_writer), so the consumers arrive and go on instead of waiting for each other to stage and for the
-  // previous reduce to have read the buffer (FA3's dQ writer; bench/NOTES.md session 26).
-  static constexpr bool kDqWriter = !kSplit;
+  // previous reduce to have read the buffer (FA3's dQ writer; bench/NOTES.md session 26). Split: only with
+  // dq_staged (tile_config.h), each warpgroup's parts in their own slots; else REDs from registers.
+  static constexpr bool kDqStagedSplit = kSplit && kConfig.dq_staged;
+  static constexpr bool kDqWriter = !kSplit || kDqStagedSplit;
   static constexpr int kDqWriterWarp = 1;
   static constexpr int kDqBarrierThreads = kWarpgroupThreads + 32;  // a consumer warpgroup and the writer warp
 
@@ -119,7 +121,7 @@ struct BwdTraits {
   static constexpr int kOffV = kOffK + kTileBytesK;
   static constexpr int kOffDs = kOffV + kTileBytesV;
   static constexpr int kOffDq = kOffDs + kDsBuffers * kDsBytes;
-  static constexpr int kOffLse = kOffDq + bwd_dq_staging_bytes(kConfig);
+  static constexpr int kOffLse = kOffDq + bwd_dq_staging_bytes(kConfig, kHeadDim);
   static constexpr int kOffDsum = kOffLse + kStages * kRowBytes;
   static constexpr int kOffBarriers = kOffDsum + kStages * kRowBytes;
   static constexpr int kSmemBytes = bwd_smem_bytes(kConfig, kHeadDim, kHeadDimV);
@@ -164,7 +166,9 @@ struct BwdTraits {
                 "dS^T rows are 128-byte swizzle rows of 64 queries (kDqRows: one chunk per warpgroup's dQ rows)");
   static_assert(!kDqRows || (kHeadDim == kDqCols && !kSplit && kDqPartRows == kChunkCols),
                 "kDqRows: dQ parts of 64 rows x all columns, one per consumer warpgroup");
-  static_assert(bwd_dq_staging_bytes(kConfig) == (kSplit ? 0 : kConsumers * kDqPartBytes), "dQ staging parts");
+  static_assert(bwd_dq_staging_bytes(kConfig, kHeadDim) ==
+                    (kSplit ? (kDqStagedSplit ? kDqParts * kDqPartBytes : 0) : kConsumers * kDqPartBytes),
+                "dQ staging parts");
   static_assert(kSplit ? kBlockN == kWarpgroupRows && kScoreCols % 16 == 0 : kBlockN == kConsumers * kWarpgroupRows,
                 "each consumer warpgroup owns 64 keys (split: both the same 64, half the queries each)");
   static_assert(kSmemBytes <= kMaxSmemPerBlock, "tile_config.h: smem");
@@ -201,7 +205,8 @@ struct BwdSmem {
   __device__ __forceinline__ uint32_t v() const { return base + T::kOffV; }
   __device__ __forceinline__ uint32_t ds(int buf) const { return base + T::kOffDs + buf * T::kDsBytes; }
   __device__ __forceinline__ uint32_t pt(int buf) const { return base + T::kOffDs + (2 + buf) * T::kDsBytes; }  // kSplit
-  __device__ __forceinline__ uint32_t dq(int wg) const { return base + T::kOffDq + wg * T::kDqPartBytes; }
+  // dQ staging slot i: consumer warpgroup i's part, or with kDqStagedSplit part i
+  __device__ __forceinline__ uint32_t dq(int i) const { return base + T::kOffDq + i * T::kDqPartBytes; }
   __device__ __forceinline__ uint32_t lse(int s) const { return base + T::kOffLse + s * T::kRowBytes; }
   __device__ __forceinline__ uint32_t dsum(int s) const { return base + T::kOffDsum + s * T::kRowBytes; }
   __device__ __forceinline__ uint32_t bar(int i) const { return base + T::kOffBarriers + i * kBarrierBytes; }

@@ -408,6 +408,9 @@ struct BwdTileConfig {
   int block_m, block_n, stages;
   bool split;
   bool dq_rows = false;  // d64: 128 queries per step, dQ split by query rows (above)
+  // split: dQ's 64-column parts staged in shared memory for the dQ writer warp's bulk reduce-adds (as without split)
+  // instead of REDs from registers (bwd_value_tile_config's A/B)
+  bool dq_staged = false;
 };
 constexpr int kBwdConsumers = 2;
 constexpr int kBwdMaxHeadDim = 256;
@@ -446,16 +449,18 @@ constexpr int bwd_barrier_count(int stages) { return 1 + 2 * stages; }
 constexpr int kBwdDqCols = 64;
 // (block_n x block_m) 16-bit buffers: two dS^T (double-buffered over steps); split adds two P^T.
 constexpr int bwd_ds_buffers(const BwdTileConfig& c) { return c.split ? 4 : 2; }
-// dq_rows: a consumer warpgroup's dQ part is (block_m / 2 x kBwdDqCols) fp32, else (block_m x kBwdDqCols).
-constexpr int bwd_dq_staging_bytes(const BwdTileConfig& c) {
-  return c.split ? 0 : c.dq_rows ? c.block_m * kBwdDqCols * 4 : kBwdConsumers * c.block_m * kBwdDqCols * 4;
+// dq_rows: a consumer warpgroup's dQ part is (block_m / 2 x kBwdDqCols) fp32, else (block_m x kBwdDqCols); split
+// with dq_staged: every part of a query block (head_dim / kBwdDqCols), each in its own slot.
+constexpr int bwd_dq_staging_bytes(const BwdTileConfig& c, int head_dim_bucket) {
+  return c.split ? (c.dq_staged ? head_dim_bucket / kBwdDqCols * c.block_m * kBwdDqCols * 4 : 0)
+                 : c.dq_rows ? c.block_m * kBwdDqCols * 4 : kBwdConsumers * c.block_m * kBwdDqCols * 4;
 }
 // Q and dO per stage, K, V, the dS^T (and P^T) buffers, the dQ staging parts, LSE and D rows per stage, barriers,
 // align slack. value_bucket: V's and dO's head-dim bucket where V has its own (bwd_value_tile_ok), else q / k's.
 constexpr int bwd_smem_bytes(const BwdTileConfig& c, int head_dim_bucket, int value_bucket = 0) {
   const int dv = value_bucket > 0 ? value_bucket : head_dim_bucket;
   return (c.stages * c.block_m + c.block_n) * (head_dim_bucket + dv) * kElementBytes +
-         bwd_ds_buffers(c) * c.block_n * c.block_m * kElementBytes + bwd_dq_staging_bytes(c) +
+         bwd_ds_buffers(c) * c.block_n * c.block_m * kElementBytes + bwd_dq_staging_bytes(c, head_dim_bucket) +
          2 * c.stages * c.block_m * 4 +
          bwd_barrier_count(c.stages) * kBarrierBytes + kSwizzleAtomBytes;
 }
@@ -465,14 +470,20 @@ constexpr int bwd_smem_bytes(const BwdTileConfig& c, int head_dim_bucket, int va
 // columns, and Q, K keep q / k's. The work per step balances: at 192 / 128 warpgroup 0 does dV (128 columns) and dQ
 // parts 0, 2 (128), warpgroup 1 dK (192) and dQ part 1 (64). Buckets of V: 64, 128, 192, below q / k's (a wider V
 // would put more than d256's registers into dV).
-// Stages: d192's 2; V's narrower tiles leave room for a third (192 / 128: 157 KB with 2, 197 with 3), an A/B
-// (FLASHGEN_V3_BWD_VALUE_STAGES, v3_hopper/tools/ab_value.sh).
+// Stages: d192's 2; V's narrower tiles leave room for a third (192 / 128: 157 KB with 2, 197 with 3), measured even
+// (bench/NOTES.md session 45). dQ: REDs from registers as d192's, or (FLASHGEN_V3_BWD_VALUE_DQ_STAGED=1) its three
+// parts staged for the dQ writer warp's bulk reduce-adds (+48 KB: 205 KB with 2 stages). Session 45's ncu: this
+// kernel is bound by L2 (76%) with 8.1 GB of dQ REDs at 8k, where cuDNN's kernel of the same 64-key blocks (the same
+// dQ bytes) adds them in bulk at 71% over a shorter time. A/Bs: v3_hopper/tools/ab_value.sh.
 #ifndef FLASHGEN_V3_BWD_VALUE_STAGES
 #define FLASHGEN_V3_BWD_VALUE_STAGES 2
 #endif
+#ifndef FLASHGEN_V3_BWD_VALUE_DQ_STAGED
+#define FLASHGEN_V3_BWD_VALUE_DQ_STAGED 0
+#endif
 constexpr BwdTileConfig bwd_value_tile_config(int head_dim_bucket) {
   return BwdTileConfig{bwd_tile_config(head_dim_bucket).block_m, bwd_tile_config(head_dim_bucket).block_n,
-                       FLASHGEN_V3_BWD_VALUE_STAGES, true};
+                       FLASHGEN_V3_BWD_VALUE_STAGES, true, false, FLASHGEN_V3_BWD_VALUE_DQ_STAGED != 0};
 }
 constexpr bool bwd_value_tile_ok(int head_dim_bucket, int value_bucket) {
   return head_dim_bucket >= kBwdSplitMinHeadDim && head_dim_bucket <= kBwdMaxHeadDim && value_bucket > 0 &&
