@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Paged KV-cache changes measured against each other in one device call: every argument is a tree, `name` (this
-# working tree) or `name=a.patch+b.patch` (a copy of it with those patches applied, paths from the repository root;
-# one that does not apply stops the script before anything is built). The trees are built side by side (pip
+# working tree), `name=a.patch+b.patch` (a copy of it with those patches applied, paths from the repository root;
+# one that does not apply stops the script before anything is built) or `name=tree.tgz` (another commit's whole
+# tree, made here by `git archive --format=tar.gz -o tree.tgz <commit>` and carried untracked: the device's .git
+# can be stale, so it is not asked for commits). The trees are built side by side (pip
 # --target, as tools/compare_builds.sh), then, per tree: the paged GPU tests (TESTS, "none" skips them), and in
 # rotation over ROUNDS rounds v3's paged prefill (v3_hopper/tools/time_kvcache.py, pages of PAGES) and v2's paged
 # decode against its dense one (v2_partitioning/tools/time_paged.py); NCU=1 adds ncu_paged.sh of v3's prefill on
@@ -28,6 +30,11 @@ for arg in "$@"; do
   name=${arg%%=*}
   dst=/tmp/abp_src_$name
   rm -rf "$dst" && mkdir -p "$dst"
+  if [ "$name" != "$arg" ] && [[ "$arg" == *.tgz ]]; then  # another commit's tree, not this one
+    tar xzf "$here/${arg#*=}" -C "$dst" || { log "ab_paged: ${arg#*=}: no tree"; exit 2; }
+    names+=("$name")
+    continue
+  fi
   (cd "$here" && tar cf - --exclude=./.git --exclude=./build --exclude=./.scratch .) | tar xf - -C "$dst"
   if [ "$name" != "$arg" ]; then
     IFS='+' read -r -a patches <<< "${arg#*=}"
