@@ -12,7 +12,8 @@ zero-padded to 192 inside it; each row says which, `v_padded`):
   with V at 128 is what a flashgen backward with V's own head dim would be measured against);
 - `fa4` where FlashAttention-4's wheels were carried (flash_attn.cute; ../shared/tools/fa4_wheels.sh).
 Useful FLOPs are counted with the real head dims, 2 * s^2 * h * (d + dv) forward (halved causal), backward 2.5x the
-forward, so the padded route's extra PV columns are its own loss. Predicted (the count in interface._value_width):
+forward (FlashAttention's convention; the five GEMMs' own ratio at 192 / 128 is (3 d + 2 dv) / (d + dv) = 2.6, so
+fwd + bwd TFLOP/s read ~3% low), so the padded route's extra PV columns are its own loss. Predicted (the count in interface._value_width):
 the padded route at <= 1 / 1.2 of its d192 TFLOP/s, plus the V copy (~2 x 8k x 128 x 192 x 2 B = 0.8 GB of traffic at
 8k, ~0.2 ms at 4 TB/s, against ~2-3 ms of forward); the unpadded forward ~1.15-1.2x the padded one's speed (its P V
 GEMM 128 columns instead of 192, on a 128-key tile where d192 has 112); its backward (session 45: v3's 192 / 128
