@@ -254,7 +254,8 @@ def test_value_head_dim_edges():
     assert flashgen.explain(q, k, v).generation == "cpu"
     with pytest.raises(ValueError, match=r"v: expected head_dim in \[1, 256\], got 300"):
         flashgen.flash_attn_func(q, k, _rand(2, 9, 2, 300))
-    with pytest.raises(ValueError, match="v: expected the shape of k"):
+    with pytest.raises(ValueError, match=r"v: expected the shape of k but for its head dim, \(2, 9, 2\) \(V's head "
+                                         r"dim may be its own\), got \(2, 8, 2, 16\)"):
         flashgen.flash_attn_func(q, k, _rand(2, 8, 2, 16))
     with pytest.raises(ValueError, match="v_cache: expected head_dim 32 .the head_dim of k_cache., got 16"):
         flashgen.flash_attn_with_kvcache(q[:, :1], k, v, cache_seqlens=3)

@@ -72,9 +72,11 @@ def _check_against_oracle(what, q, k, v, grads, dout, n_terms, **kw):
 
 def _check_padded_route(what, q, k, v, out, lse, dout, grads, **kw):
     """The same call with the narrower side zero-padded to the wider width (V, out and dout where V is narrower; q
-    and k where it is wider, softmax_scale unchanged), gradients cut back to their widths. Found bitwise equal: the
-    padded columns add exact zeros to D, dP and Q K^T (fp32 x + 0 * 0 == x, in the same summation order), and every
-    column of dV, dQ and dK is its own sum, unchanged by the columns beside it."""
+    and k where it is wider, softmax_scale unchanged), gradients cut back to their widths. Bitwise equal at these
+    widths: the padded columns add exact zeros to D, dP and Q K^T (fp32 x + 0 * 0 == x, in the same summation order),
+    and every column of dV, dQ and dK is its own sum, unchanged by the columns beside it. (An outside probe found fp32
+    dq / dk ~1 ulp apart where the padding takes a width across a multiple of 8, e.g. dv 3 -> 17: the dot products'
+    vector blocking changes the summation order; inside the FA rule, not tested here.)"""
     d, d_v = q.shape[-1], v.shape[-1]
     if d_v < d:
         v_p, out_p, dout_p = (F.pad(t, (0, d - d_v)) for t in (v, out, dout))

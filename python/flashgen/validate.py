@@ -82,6 +82,9 @@ def check_qkv(q, k, v, *, varlen: bool = False, names: Tuple[str, str, str] = ("
     q_shape, k_shape, v_shape = q.shape, k.shape, v.shape
     if k_shape != v_shape:
         if k_shape[:-1] != v_shape[:-1]:
+            if value_dim:  # V's head dim may differ: name only the sizes it must share
+                raise ValueError(f"{vn}: expected the shape of {kn} but for its head dim, {tuple(k_shape[:-1])} "
+                                 f"(V's head dim may be its own), got {tuple(v_shape)}")
             raise ValueError(f"{vn}: expected the shape of {kn} {tuple(k_shape)}, got {tuple(v_shape)}")
         if not value_dim:
             raise ValueError(f"{vn}: expected head_dim {k_shape[-1]} (the head_dim of {kn}), got {v_shape[-1]}; a "
