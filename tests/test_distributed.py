@@ -306,14 +306,16 @@ def test_block_backward_with_global_lse_sums_to_the_full_gradient(causal, softca
 # ---- the ring loop on a simulated ring, world size 1, refusals ----
 
 @pytest.mark.parametrize("layout", D.LAYOUTS)
-@pytest.mark.parametrize("world", [3, 8])
-def test_simulated_ring_every_rank(layout, world):
+@pytest.mark.parametrize("world,head_dim_v", [(3, 16), (8, 16), (3, 8)], ids=["w3", "w8", "w3-dv8"])
+def test_simulated_ring_every_rank(layout, world, head_dim_v):
     """Every rank of a ring of 3 or 8 run in this process (LoopbackComm serves the K/V shard each step receives):
-    out, lse and dq of each rank against the float64 oracle (FA rule); causal, bf16, GQA."""
+    out, lse and dq of each rank against the float64 oracle (FA rule); causal, bf16, GQA; and V with a head dim of
+    its own (MLA's form: out at V's width)."""
     g = torch.Generator().manual_seed(3)
     length = 8 * 2  # shard rows: chunks of 8 (zigzag)
     total = world * length
-    q, k, v, dout = (torch.randn(1, total, h, 16, generator=g).to(torch.bfloat16) for h in (4, 2, 2, 4))
+    q, k, v, dout = (torch.randn(1, total, h, d, generator=g).to(torch.bfloat16)
+                     for h, d in ((4, 16), (2, 16), (2, head_dim_v), (4, head_dim_v)))
     ref, ref_lse = attention_ref(q, k, v, causal=True)
     naive, _ = attention_ref(q, k, v, causal=True, dtype=torch.bfloat16)
     leaves = [t.double().requires_grad_() for t in (q, k, v)]
@@ -327,6 +329,7 @@ def test_simulated_ring_every_rank(layout, world):
         comm = D.LoopbackComm(world, rank, kv_shards)
         out, lse, _ = D.ring_flash_attn_func(q_r, *kv_shards[rank], causal=True, return_attn_probs=True,
                                              layout=layout, comm=comm)
+        assert out.shape == (1, length, 4, head_dim_v)
         check_fa_rule(f"rank {rank} out", out, shard(ref, rank), shard(naive, rank))
         check_lse(f"rank {rank} lse", lse, shard(ref_lse, rank, 2))
         out.backward(shard(dout, rank))
@@ -334,18 +337,55 @@ def test_simulated_ring_every_rank(layout, world):
         check_fa_rule(f"rank {rank} dq", q_r.grad, want, nv, factor=3.0, floor=grad_floor(q_r.grad, want, total))
 
 
+@pytest.mark.parametrize("head_dim_v", [24, 40], ids=["dv24", "dv40"])
 @pytest.mark.parametrize("func", [D.ring_flash_attn_func, D.allgather_flash_attn_func])
-def test_world_size_one_is_flash_attn_func(func):
-    """Without a process group (a ring of one) the result is flash_attn_func's, bit for bit (one call, one block)."""
+def test_world_size_one_is_flash_attn_func(func, head_dim_v, monkeypatch):
+    """Without a process group (a ring of one) the result is flash_attn_func's, bit for bit (one call, one block);
+    also with V of its own head dim (40 beside q / k's 24), which the CPU backend's block takes unpadded."""
     assert not torch.distributed.is_initialized()
+    widths, block_fwd = [], D._block_fwd
+    monkeypatch.setattr(D, "_block_fwd", lambda cfg, q, k, v, block: widths.append((q.shape[-1], v.shape[-1])) or
+                        block_fwd(cfg, q, k, v, block))
     g = torch.Generator().manual_seed(4)
-    q, k, v = (torch.randn(2, 32, h, 24, generator=g).to(torch.bfloat16).requires_grad_() for h in (4, 1, 1))
+    q, k, v = (torch.randn(2, 32, h, d, generator=g).to(torch.bfloat16).requires_grad_()
+               for h, d in ((4, 24), (1, 24), (1, head_dim_v)))
     out, lse, _ = func(q, k, v, softcap=3.0, return_attn_probs=True, layout="contiguous")
+    assert widths == [(24, head_dim_v)], widths
     want, want_lse, _ = flashgen.flash_attn_func(q, k, v, softcap=3.0, return_attn_probs=True)
     assert torch.equal(out, want) and torch.equal(lse, want_lse)
     dout = torch.randn_like(out)
     assert all(torch.equal(a, b) for a, b in zip(torch.autograd.grad(out, (q, k, v), dout),
                                                   torch.autograd.grad(want, (q, k, v), dout)))
+
+
+@pytest.mark.parametrize("func", [D.ring_flash_attn_func, D.allgather_flash_attn_func])
+def test_value_head_dim_padded_where_the_forward_takes_one(func, monkeypatch):
+    """Where the chosen generation's forward takes one head dim (a build without the value kinds), _prepare pads the
+    narrower side (V; q and k where V is wider) before any block runs, and out comes back at V's width: the blocks
+    see one width, the answers are the oracle's (out by the FA rule, the gradients by its 3x)."""
+    from flashgen import _native
+    monkeypatch.setattr(D, "_BUILD", dataclasses.replace(D._BUILD, instances=frozenset(
+        i for i in D._BUILD.instances if not i[1].startswith((_native.VALUE_KIND, _native.BWD_VALUE_KIND)))))
+    widths, block_fwd = [], D._block_fwd
+    monkeypatch.setattr(D, "_block_fwd", lambda cfg, q, k, v, block: widths.append((q.shape[-1], v.shape[-1])) or
+                        block_fwd(cfg, q, k, v, block))
+    g = torch.Generator().manual_seed(8)
+    for d, dv in ((24, 8), (8, 24)):
+        q, k, v = (torch.randn(1, 32, h, w, generator=g).requires_grad_() for h, w in ((4, d), (2, d), (2, dv)))
+        out = func(q, k, v, causal=True, layout="contiguous")
+        assert out.shape == (1, 32, 4, dv) and widths and set(widths) == {(max(d, dv), max(d, dv))}
+        widths.clear()
+        dout = torch.randn(out.shape, generator=g)
+        got = torch.autograd.grad(out, (q, k, v), dout)
+        leaves = [t.detach().double().requires_grad_() for t in (q, k, v)]
+        ref, _ = attention_ref(*leaves, causal=True)
+        naive = [t.detach().clone().requires_grad_() for t in (q, k, v)]
+        naive_out, _ = attention_ref(*naive, causal=True, dtype=torch.float32)
+        check_fa_rule(f"d{d} dv{dv} out", out, ref, naive_out)
+        want = torch.autograd.grad(ref, leaves, dout.double())
+        naive_grads = torch.autograd.grad(naive_out, naive, dout)
+        for name, a, w, nv in zip(("dq", "dk", "dv"), got, want, naive_grads):
+            check_fa_rule(f"d{d} dv{dv} {name}", a, w, nv, factor=3.0, floor=grad_floor(a, w, 32))
 
 
 @pytest.mark.parametrize("func", [D.ring_flash_attn_func, D.allgather_flash_attn_func])

@@ -454,8 +454,8 @@ def ring_forward(cfg: _Config, comm, q, k, v) -> Tuple[torch.Tensor, torch.Tenso
                 if out is None and block.q == _rows(seqlen_q):
                     out, lse = block_out.float(), block_lse
                     continue
-                if out is None:
-                    out = q.new_zeros(q.shape, dtype=torch.float32)
+                if out is None:  # at V's head dim
+                    out = q.new_zeros((*q.shape[:-1], v.shape[-1]), dtype=torch.float32)
                     lse = q.new_full((q.shape[0], q.shape[2], seqlen_q), _INF, dtype=torch.float32)
                 _merge_into(out, lse, block.q, block_out, block_lse)
         if pending is not None:
@@ -513,7 +513,7 @@ class _RingAttention(torch.autograd.Function):
 
 def _allgather_forward(cfg: _Config, comm, q, k, v):
     k_all, v_all = comm.all_gather((k, v), cfg.layout)
-    out = torch.empty_like(q)
+    out = q.new_empty((*q.shape[:-1], v.shape[-1]))  # at V's head dim
     lse = q.new_empty((q.shape[0], q.shape[2], q.shape[1]), dtype=torch.float32)
     for block in allgather_blocks(cfg.layout, comm.world, comm.rank, q.shape[1], k_all.shape[1], cfg.window):
         block_out, block_lse = _block_fwd(cfg, q, k_all, v_all, block)
@@ -588,8 +588,11 @@ def _check_same_shards(name: str, comm: "RingComm", q, k, v) -> None:
 
 def _prepare(name: str, q, k, v, *, dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes,
              deterministic, group, layout, version, comm=None):
-    """Validate, refuse what does not compose, choose the generation, pad. Returns (cfg, comm, q, k, v)."""
-    validate.check_qkv(q, k, v)
+    """Validate, refuse what does not compose, choose the generation, pad. Returns (cfg, comm, q, k, v). V may have its
+    own head dim (MLA's 192 / 128): the narrower side is zero-padded to the wider one only where the generation's
+    forward has no instance of V's own (as interface._value_width; a block's backward pads on its own side where it has
+    none, _library.run_bwd), and each side to the generation's head-dim multiple."""
+    validate.check_qkv(q, k, v, value_dim=True)
     validate.check_scalars(dropout_p=dropout_p, softmax_scale=softmax_scale, causal=causal, window_size=window_size,
                            softcap=softcap, deterministic=deterministic)
     validate.check_alibi(alibi_slopes, q, q.shape[0])
@@ -600,7 +603,7 @@ def _prepare(name: str, q, k, v, *, dropout_p, softmax_scale, causal, window_siz
     comm = comm if comm is not None else RingComm(group)
     if isinstance(comm, RingComm) and comm.world > 1 and os.environ.get(validate.CHECK_INDICES_ENV, "0") == "1":
         _check_same_shards(name, comm, q, k, v)
-    head_dim = q.shape[-1]
+    head_dim, head_dim_v = q.shape[-1], v.shape[-1]
     softmax_scale = 1.0 / math.sqrt(head_dim) if softmax_scale is None else float(softmax_scale)
     window = (int(window_size[0]), 0 if causal else int(window_size[1]))
     per = _CHUNKS_PER_SHARD[layout]
@@ -615,21 +618,31 @@ def _prepare(name: str, q, k, v, *, dropout_p, softmax_scale, causal, window_siz
                          backward=backward)
     capability = tuple(torch.cuda.get_device_capability(q.device)) if q.is_cuda else None
     requested = version if version is not None else (os.environ.get(VERSION_ENV) or dispatch.AUTO)
-    choice = dispatch.choose_for(q.device.type, capability, validate.DTYPE_NAMES[q.dtype], head_dim, features, _BUILD,
-                                 requested)
+    choice = dispatch.choose_for(q.device.type, capability, validate.DTYPE_NAMES[q.dtype], max(head_dim, head_dim_v),
+                                 features, _BUILD, requested)
     multiple = choice.head_dim_multiple
-    pad = (0, -head_dim % multiple)
-    q = F.pad(validate.last_dim_contiguous(q), pad) if pad[1] else validate.last_dim_contiguous(q)
-    k, v = (F.pad(t, pad).contiguous() if pad[1] else t.contiguous() for t in (k, v))   # P2P sends contiguous
+    if head_dim_v != head_dim and _BUILD.value_bucket(choice.generation, validate.DTYPE_NAMES[q.dtype],
+                                                      _round_up(head_dim, multiple),
+                                                      _round_up(head_dim_v, multiple)) is None:
+        head_dim = head_dim_v = max(head_dim, head_dim_v)   # one width for a forward that takes one
+    pad_qk, pad_v = (0, _round_up(head_dim, multiple) - q.shape[-1]), (0, _round_up(head_dim_v, multiple) - v.shape[-1])
+    q = F.pad(validate.last_dim_contiguous(q), pad_qk) if pad_qk[1] else validate.last_dim_contiguous(q)
+    k = F.pad(k, pad_qk).contiguous() if pad_qk[1] else k.contiguous()  # P2P sends contiguous
+    v = F.pad(v, pad_v).contiguous() if pad_v[1] else v.contiguous()
     validate.check_alignment((("q", q), ("k", k), ("v", v)), choice.alignment_bytes)
     cfg = _Config(choice.generation, softmax_scale, bool(causal), window, float(softcap), alibi_slopes,
                   bool(deterministic), layout)
     return cfg, comm, q, k, v
 
 
-def _finish(out, lse, head_dim: int, return_attn_probs: bool):
-    if out.shape[-1] != head_dim:
-        out = out[..., :head_dim]
+def _round_up(n: int, multiple: int) -> int:
+    return -(-n // multiple) * multiple
+
+
+def _finish(out, lse, head_dim_v: int, return_attn_probs: bool):
+    """out cut to V's head dim (the padding's columns are zero) as flash_attn_func returns it."""
+    if out.shape[-1] != head_dim_v:
+        out = out[..., :head_dim_v]
     return (out, lse, None) if return_attn_probs else out
 
 
@@ -638,15 +651,16 @@ def ring_flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=Fals
                          layout="zigzag", version=None, comm=None):
     """Ring attention over the sequence shards of `group` (default: the default group).
 
-    q (batch, seqlen_q, num_heads, head_dim), k/v (batch, seqlen_k, num_heads_k, head_dim): this rank's shards, in
-    `layout` ("zigzag" or "contiguous"; `shard_sequence` cuts them), the same shapes on every rank. Causal needs
+    q (batch, seqlen_q, num_heads, head_dim), k/v (batch, seqlen_k, num_heads_k, head_dim; v may have its own head
+    dim, as flash_attn_func's, out then has it): this rank's shards, in `layout` ("zigzag" or "contiguous";
+    `shard_sequence` cuts them), the same shapes on every rank. Causal needs
     seqlen_q == seqlen_k. Arguments as flashgen.flash_attn_func; dropout, window_size and alibi_slopes are refused
     (allgather_flash_attn_func takes window_size). Returns this rank's out, or (out, lse fp32 (batch, num_heads,
     seqlen_q), None) with return_attn_probs. comm: a RingComm-like object instead of the group (bench/ring.py's
     simulated ring). Shards of other shapes on another rank fail inside the transfers (gloo aborts the process);
     FLASHGEN_CHECK_INDICES=1 compares them first (one all_gather_object) and raises naming the rank."""
     name = "ring_flash_attn_func"
-    validate.check_qkv(q, k, v)
+    validate.check_qkv(q, k, v, value_dim=True)
     dropout_p, softmax_scale, causal, window_size, softcap, deterministic, return_attn_probs = _args.scalars(
         dropout_p, softmax_scale, causal, window_size, softcap, deterministic, return_attn_probs)
     if tuple(window_size) != (-1, -1):
@@ -657,12 +671,12 @@ def ring_flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=Fals
         raise NotImplementedError(f"{name}: alibi_slopes is not supported in the ring (off-diagonal blocks need the "
                                   "ALiBi distance offset by the block's position); use allgather_flash_attn_func "
                                   "with causal=True")
-    head_dim = q.shape[-1]
+    head_dim_v = v.shape[-1]
     cfg, comm, q, k, v = _prepare(name, q, k, v, dropout_p=dropout_p, softmax_scale=softmax_scale, causal=causal,
                                   window_size=(-1, -1), softcap=softcap, alibi_slopes=None,
                                   deterministic=deterministic, group=group, layout=layout, version=version, comm=comm)
     out, lse = _RingAttention.apply(q, k, v, cfg, comm)
-    return _finish(out, lse, head_dim, return_attn_probs)
+    return _finish(out, lse, head_dim_v, return_attn_probs)
 
 
 def allgather_flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, window_size=(-1, -1),
@@ -672,10 +686,10 @@ def allgather_flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal
     ring_flash_attn_func, plus window_size, and ALiBi where every call is aligned with the global diagonal (causal;
     refused otherwise). The backward gathers K/V again and reduce-scatters dK/dV."""
     name = "allgather_flash_attn_func"
-    validate.check_qkv(q, k, v)
+    validate.check_qkv(q, k, v, value_dim=True)
     dropout_p, softmax_scale, causal, window_size, softcap, deterministic, return_attn_probs = _args.scalars(
         dropout_p, softmax_scale, causal, window_size, softcap, deterministic, return_attn_probs)
-    head_dim = q.shape[-1]
+    head_dim_v = v.shape[-1]
     cfg, comm, q, k, v = _prepare(name, q, k, v, dropout_p=dropout_p, softmax_scale=softmax_scale, causal=causal,
                                   window_size=window_size, softcap=softcap, alibi_slopes=alibi_slopes,
                                   deterministic=deterministic, group=group, layout=layout, version=version, comm=comm)
@@ -685,4 +699,4 @@ def allgather_flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal
             raise NotImplementedError(f"{name}: alibi_slopes needs every call's keys to end on its queries' diagonal "
                                       "(causal=True, or window_size right = 0); this call's are not")
     out, lse = _AllGatherAttention.apply(q, k, v, cfg, comm)
-    return _finish(out, lse, head_dim, return_attn_probs)
+    return _finish(out, lse, head_dim_v, return_attn_probs)
