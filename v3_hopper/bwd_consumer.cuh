@@ -622,8 +622,8 @@ __device__ void bwd_consumer_split(const AttnBwdParams& p, const BwdSmem<T>& sm,
     store_grad_smem<T, T::kHeadDim>(is_dv ? sm.v() : sm.k(), T::kChunkBytesK, rows, row_stride, p.head_dim, grad,
                                     w.seq.seqlen_k - key0, is_dv ? 1.f : p.softmax_scale, tid, wg);
   } else if (is_dv) {
-    store_grad_smem<T, T::kHeadDimV>(sm.v(), T::kChunkBytesK, rows, row_stride, bwd_value_dim<T>(p), split_dv<T>(grad),
-                                     w.seq.seqlen_k - key0, 1.f, tid, wg);
+    store_grad_smem<T, T::kHeadDimV>(sm.v(), T::kChunkBytesK, rows, row_stride, value_head_dim<T>(p),
+                                     split_dv<T>(grad), w.seq.seqlen_k - key0, 1.f, tid, wg);
   } else {
     store_grad_smem<T, T::kHeadDim>(sm.k(), T::kChunkBytesK, rows, row_stride, p.head_dim, grad,
                                     w.seq.seqlen_k - key0, p.softmax_scale, tid, wg);

@@ -58,7 +58,7 @@ __global__ void __launch_bounds__(kPrepostThreads) bwd_preprocess_kernel(const _
 #pragma unroll 4
     for (int64_t i = threadIdx.x; i < rows * (T::kHeadDim / 4); i += kPrepostThreads) dq_ws[i] = zero;
   }
-  const int sub = threadIdx.x % kPreLanesPerRow, value_cols = bwd_value_dim<T>(p);
+  const int sub = threadIdx.x % kPreLanesPerRow, value_cols = value_head_dim<T>(p);
   constexpr int kRowsPerPass = kPrepostThreads / kPreLanesPerRow;
 #pragma unroll 1
   for (int r = threadIdx.x / kPreLanesPerRow; r < kPrepostRows; r += kRowsPerPass) {

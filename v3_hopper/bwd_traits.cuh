@@ -189,13 +189,6 @@ struct BwdTraits {
                 "register budget");
 };
 
-// V's (dO's, dV's) real head dim in instance T: head_dim where V shares q / k's bucket (v3_api.cu launches such an
-// instance only with head_dim_v unset or equal), so that instance's code is what it was before head_dim_v existed.
-template <typename T>
-__device__ __forceinline__ int bwd_value_dim(const AttnParams& p) {
-  return T::kHeadDimV == T::kHeadDim ? p.head_dim : value_dim(p);
-}
-
 template <typename T>
 struct BwdSmem {
   uint32_t base;  // kSwizzleAtomBytes-aligned

@@ -119,8 +119,9 @@ struct FwdTraits {
   static_assert(kSRegs == GemmS::kRegs && kORegs == GemmO::kRegs, "accumulator counts");
 };
 
-// V's and O's head dim in the call: an instance without a V bucket of its own reads head_dim (the host launches it
-// only where V has q's head dim, v3_api.cu), so its code is what it was before head_dim_v existed.
+// V's and O's (the backward's: also dO's and dV's) head dim in the call, for a forward or backward traits type T: an
+// instance without a V bucket of its own reads head_dim (the host launches it only where V has q's head dim,
+// v3_api.cu), so its code is what it was before head_dim_v existed.
 template <typename T>
 __device__ __forceinline__ int value_head_dim(const AttnParams& p) {
   return T::kHeadDimV == T::kHeadDim ? p.head_dim : value_dim(p);
