@@ -622,10 +622,11 @@ def _prepare(name: str, q, k, v, *, dropout_p, softmax_scale, causal, window_siz
                                  features, _BUILD, requested)
     multiple = choice.head_dim_multiple
     if head_dim_v != head_dim and _BUILD.value_bucket(choice.generation, validate.DTYPE_NAMES[q.dtype],
-                                                      _round_up(head_dim, multiple),
-                                                      _round_up(head_dim_v, multiple)) is None:
+                                                      dispatch._round_up(head_dim, multiple),
+                                                      dispatch._round_up(head_dim_v, multiple)) is None:
         head_dim = head_dim_v = max(head_dim, head_dim_v)   # one width for a forward that takes one
-    pad_qk, pad_v = (0, _round_up(head_dim, multiple) - q.shape[-1]), (0, _round_up(head_dim_v, multiple) - v.shape[-1])
+    pad_qk = (0, dispatch._round_up(head_dim, multiple) - q.shape[-1])
+    pad_v = (0, dispatch._round_up(head_dim_v, multiple) - v.shape[-1])
     q = F.pad(validate.last_dim_contiguous(q), pad_qk) if pad_qk[1] else validate.last_dim_contiguous(q)
     k = F.pad(k, pad_qk).contiguous() if pad_qk[1] else k.contiguous()  # P2P sends contiguous
     v = F.pad(v, pad_v).contiguous() if pad_v[1] else v.contiguous()
@@ -633,10 +634,6 @@ def _prepare(name: str, q, k, v, *, dropout_p, softmax_scale, causal, window_siz
     cfg = _Config(choice.generation, softmax_scale, bool(causal), window, float(softcap), alibi_slopes,
                   bool(deterministic), layout)
     return cfg, comm, q, k, v
-
-
-def _round_up(n: int, multiple: int) -> int:
-    return -(-n // multiple) * multiple
 
 
 def _finish(out, lse, head_dim_v: int, return_attn_probs: bool):
