@@ -272,13 +272,16 @@ def test_value_head_dim_runs_unpadded_where_the_generation_takes_it(monkeypatch)
     (_library._bwd_one_width)."""
     def refuse(*_):
         raise AssertionError("V was padded for a generation that takes its own head dim")
-    monkeypatch.setattr(interface, "_value_width", refuse)
-    monkeypatch.setattr(_library, "_bwd_one_width", refuse)
-    for head_dim, head_dim_v in ((192, 128), (24, 72)):
+
+    def causal_call(head_dim, head_dim_v):
         q = _rand(1, 19, 4, head_dim, dtype=torch.bfloat16, grad=True)
         k = _rand(1, 23, 2, head_dim, dtype=torch.bfloat16, grad=True)
         v = _rand(1, 23, 2, head_dim_v, dtype=torch.bfloat16, grad=True)
-        out = flashgen.flash_attn_func(q, k, v, causal=True)
+        return q, k, v, flashgen.flash_attn_func(q, k, v, causal=True)
+    monkeypatch.setattr(interface, "_value_width", refuse)
+    monkeypatch.setattr(_library, "_bwd_one_width", refuse)
+    for head_dim, head_dim_v in ((192, 128), (24, 72)):
+        q, k, v, out = causal_call(head_dim, head_dim_v)
         (ref, _), (naive, _) = _ref_pair(q.detach(), k.detach(), v.detach(), causal=True)
         assert out.shape == (1, 19, 4, head_dim_v) and out.is_contiguous()
         check_fa_rule(out.detach(), ref, naive, f"unpadded d{head_dim} dv{head_dim_v}")
@@ -295,10 +298,7 @@ def test_value_head_dim_runs_unpadded_where_the_generation_takes_it(monkeypatch)
     monkeypatch.setattr(_library, "_bwd_one_width", lambda *t: bwd_padded.append(1) or _bwd_one_width(*t))
     monkeypatch.setattr(interface, "_value_width", refuse)
     for head_dim, head_dim_v in ((48, 16), (16, 40)):
-        q = _rand(1, 19, 4, head_dim, dtype=torch.bfloat16, grad=True)
-        k = _rand(1, 23, 2, head_dim, dtype=torch.bfloat16, grad=True)
-        v = _rand(1, 23, 2, head_dim_v, dtype=torch.bfloat16, grad=True)
-        out = flashgen.flash_attn_func(q, k, v, causal=True)
+        q, k, v, out = causal_call(head_dim, head_dim_v)
         _check_grads(out, q, k, v, f"backward padded d{head_dim} dv{head_dim_v}", causal=True)
         assert len(bwd_padded) == 1, "the backward padded on its own side"
         bwd_padded.clear()
