@@ -409,7 +409,7 @@ struct BwdTileConfig {
   bool split;
   bool dq_rows = false;  // d64: 128 queries per step, dQ split by query rows (above)
   // split: dQ's 64-column parts staged in shared memory for the dQ writer warp's bulk reduce-adds (as without split)
-  // instead of REDs from registers (bwd_value_tile_config's A/B)
+  // instead of REDs from registers (d192 and the value tiles; d256 has no room)
   bool dq_staged = false;
 };
 constexpr int kBwdConsumers = 2;
@@ -423,8 +423,17 @@ constexpr int kBwdSplitMinHeadDim = 160;  // buckets above 128 take the split la
 // of 64 x 256 Q and dO, K and V, and four 8 KB P^T / dS^T buffers take 226 KB.
 constexpr int kBwdRowsMaxHeadDim = 64;  // buckets up to 64 have the dq_rows tile beside the 64-query one
 // dq_rows: the launch's choice (bwd_dq_rows_tile); only buckets up to kBwdRowsMaxHeadDim have that tile.
+// Split buckets whose smem has room for all of a query block's dQ parts (d192: 48 KB more, 226 KB of 227; d256 has
+// none left) stage them for the dQ writer warp's bulk reduce-adds (dq_staged) instead of REDs from registers: d192
+// backward +11-14% at 2k-8k on an H100 (bench/NOTES.md session 46). FLASHGEN_V3_BWD_SPLIT_DQ_STAGED=0: REDs (A/Bs).
+#ifndef FLASHGEN_V3_BWD_SPLIT_DQ_STAGED
+#define FLASHGEN_V3_BWD_SPLIT_DQ_STAGED 1
+#endif
+constexpr bool kBwdSplitDqStaged = FLASHGEN_V3_BWD_SPLIT_DQ_STAGED != 0;
+constexpr int kBwdSplitDqStagedMaxHeadDim = 192;
 constexpr BwdTileConfig bwd_tile_config(int head_dim, bool dq_rows = false) {
-  return head_dim >= kBwdSplitMinHeadDim             ? BwdTileConfig{64, 64, 2, true}
+  const bool staged = kBwdSplitDqStaged && head_dim <= kBwdSplitDqStagedMaxHeadDim;
+  return head_dim >= kBwdSplitMinHeadDim             ? BwdTileConfig{64, 64, 2, true, false, staged}
          : head_dim <= kBwdRowsMaxHeadDim && dq_rows ? BwdTileConfig{128, 128, 2, false, true}
                                                      : BwdTileConfig{64, 128, head_dim <= 64 ? 4 : 2, false};
 }
@@ -471,15 +480,16 @@ constexpr int bwd_smem_bytes(const BwdTileConfig& c, int head_dim_bucket, int va
 // parts 0, 2 (128), warpgroup 1 dK (192) and dQ part 1 (64). Buckets of V: 64, 128, 192, below q / k's (a wider V
 // would put more than d256's registers into dV).
 // Stages: d192's 2; V's narrower tiles leave room for a third (192 / 128: 157 KB with 2, 197 with 3), measured even
-// (bench/NOTES.md session 45). dQ: REDs from registers as d192's, or (FLASHGEN_V3_BWD_VALUE_DQ_STAGED=1) its three
-// parts staged for the dQ writer warp's bulk reduce-adds (+48 KB: 205 KB with 2 stages). Session 45's ncu: this
-// kernel is bound by L2 (76%) with 8.1 GB of dQ REDs at 8k, where cuDNN's kernel of the same 64-key blocks (the same
-// dQ bytes) adds them in bulk at 71% over a shorter time. A/Bs: v3_hopper/tools/ab_value.sh.
+// (bench/NOTES.md session 45). dQ: its three parts staged for the dQ writer warp's bulk reduce-adds (+48 KB: 205 KB
+// with 2 stages), as d192's; FLASHGEN_V3_BWD_VALUE_DQ_STAGED=0: REDs from registers. Session 45's ncu: with REDs this
+// kernel was bound by L2 (76%) with 8.1 GB of dQ REDs at 8k, where cuDNN's kernel of the same 64-key blocks (the same
+// dQ bytes) adds them in bulk at 71% over a shorter time; staged, MLA's fwd + bwd ran 6-9% faster at 4k-8k (session
+// 46, H100). A/Bs: v3_hopper/tools/ab_value.sh.
 #ifndef FLASHGEN_V3_BWD_VALUE_STAGES
 #define FLASHGEN_V3_BWD_VALUE_STAGES 2
 #endif
 #ifndef FLASHGEN_V3_BWD_VALUE_DQ_STAGED
-#define FLASHGEN_V3_BWD_VALUE_DQ_STAGED 0
+#define FLASHGEN_V3_BWD_VALUE_DQ_STAGED 1
 #endif
 constexpr BwdTileConfig bwd_value_tile_config(int head_dim_bucket) {
   return BwdTileConfig{bwd_tile_config(head_dim_bucket).block_m, bwd_tile_config(head_dim_bucket).block_n,
@@ -500,8 +510,12 @@ static_assert(bwd_tile_config(64, true).block_m == kBwdMaxBlockM && kBwdMaxBlock
 static_assert(bwd_smem_bytes(bwd_tile_config(128), 128) <= kMaxSmemPerBlock &&
                   bwd_smem_bytes(bwd_tile_config(64), 64) <= kMaxSmemPerBlock &&
                   bwd_smem_bytes(bwd_tile_config(64, true), 64) <= kMaxSmemPerBlock &&
+                  bwd_smem_bytes(bwd_tile_config(192), 192) <= kMaxSmemPerBlock &&
                   bwd_smem_bytes(bwd_tile_config(256), 256) <= kMaxSmemPerBlock,
               "v3 backward tile exceeds smem");
+static_assert(bwd_smem_bytes(BwdTileConfig{64, 64, 2, true, false, true}, kBwdSplitDqStagedMaxHeadDim) <=
+                  kMaxSmemPerBlock,
+              "kBwdSplitDqStagedMaxHeadDim: its staged dQ parts fit");
 
 }  // namespace v3
 }  // namespace flashgen
