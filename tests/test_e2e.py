@@ -8,6 +8,7 @@ import os
 
 import pytest
 import torch
+from torch.nn.attention import SDPBackend
 
 transformers = pytest.importorskip("transformers")
 
@@ -44,6 +45,16 @@ def test_tiny_run_records_every_section(tmp_path):
                 assert gen["decode_tokens_per_s"] > 0 and gen["prefill_ms"] > 0 and gen["cache"] == cache
     for impl in [i for i in e2e.LONG_IMPLS if i not in e2e.EXTRA_IMPLS]:
         assert got[("long", impl, "longest context that trains")]["max_seqlen"] == max(plan.long_seqlens)
+    # SDPA's rows name the backend torch picked (forced to MATH in sdpa-math's); the others carry no such field
+    names = {b.name for b in (SDPBackend.MATH, SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION,
+                              SDPBackend.CUDNN_ATTENTION)}
+    for r in results:
+        if r["section"] in ("train", "llama", "long") and "max_seqlen" not in r:
+            if r["impl"] in e2e.SDPA_IMPLS:
+                assert r["sdpa_backends"] and set(r["sdpa_backends"]) <= names, r
+            else:
+                assert "sdpa_backends" not in r, r
+    assert {b for r in results if r["impl"] == "sdpa-math" for b in r.get("sdpa_backends", [])} == {"MATH"}
     # the run draws its plot next to the JSON (bench.plot.plot_e2e), one panel per section
     [png] = [f for f in os.listdir(tmp_path) if f.endswith(".png")]
     assert os.path.getsize(tmp_path / png) > 10_000

@@ -4,8 +4,8 @@
                                  [--impls eager,sdpa,flashgen] [--time-budget-s S]
 
 Every model is built from a config (`from_config`: random weights, nothing downloaded) and fed random tokens.
-Attention implementations: `eager` (transformers' explicit softmax), `sdpa` (torch SDPA, its own backend choice; in
-`long`, `sdpa-math` forces the math backend), `flashgen` (attn_implementation="FlashGen", flashgen.integrations.
+Attention implementations: `eager` (transformers' explicit softmax), `sdpa` (torch SDPA, its own backend choice, which
+each train / llama / long record names in `sdpa_backends`; in `long`, `sdpa-math` forces the math backend), `flashgen` (attn_implementation="FlashGen", flashgen.integrations.
 transformers, generation "auto"), and by name only `sdpa-flashgen` (the sdpa model with F.scaled_dot_product_attention
 routed through flashgen.sdpa: each record counts the calls flashgen took and why the others stayed). Sections:
 
@@ -235,6 +235,36 @@ class Run:
 
 # ---- sections ----
 
+SDPA_IMPLS = ("sdpa", "sdpa-math")  # the rows whose attention is torch's SDPA, which picks its own backend
+
+
+def sdpa_backends(fn: Callable[[], object]) -> List[str]:
+    """Run fn() once with F.scaled_dot_product_attention wrapped to note the backend torch picks for each of its calls
+    (torch._fused_sdp_choice on the same arguments, under whatever sdpa_kernel context is active), and return the
+    backends seen in order of first use, e.g. ["CUDNN_ATTENTION"]: a row then says which kernel its SDPA time is."""
+    import torch
+    import torch.nn.functional as F
+    from torch.nn.attention import SDPBackend
+    seen: List[str] = []
+    real = F.scaled_dot_product_attention
+
+    def spy(*args, **kwargs):
+        try:
+            name = SDPBackend(torch._fused_sdp_choice(*args, **kwargs)).name
+        except Exception as exc:   # noqa: BLE001 - a private torch function: the row says so instead of failing
+            name = f"unknown ({type(exc).__name__})"
+        if name not in seen:
+            seen.append(name)
+        return real(*args, **kwargs)
+
+    F.scaled_dot_product_attention = spy
+    try:
+        fn()
+    finally:
+        F.scaled_dot_product_attention = real
+    return seen
+
+
 def _train(run: Run, section: str, kind: str, cfg_kwargs: dict, batch: int, seqlen: int, impl: str) -> dict:
     import torch
     device, plan = run.device, run.plan
@@ -252,7 +282,8 @@ def _train(run: Run, section: str, kind: str, cfg_kwargs: dict, batch: int, seql
         opt.zero_grad(set_to_none=True)
         return loss
 
-    for _ in range(plan.warmup_steps):
+    backends = sdpa_backends(step) if impl in SDPA_IMPLS else None   # the first warmup step
+    for _ in range(plan.warmup_steps - (backends is not None)):
         step()
     _sync(device)
     _reset_peak(device)
@@ -267,6 +298,8 @@ def _train(run: Run, section: str, kind: str, cfg_kwargs: dict, batch: int, seql
     out = {"batch": batch, "seqlen": seqlen, "step_ms": 1e3 * seconds, "tokens_per_s": tokens / seconds,
            "matmul_params": n, "model_flops_per_step": step_flops, "loss": float(loss.detach()),
            "peak_gib": _peak_gib(device), **run.utilization(step_flops / seconds)}
+    if backends is not None:
+        out["sdpa_backends"] = backends
     return out
 
 
@@ -401,7 +434,9 @@ def _attention_layer(run: Run, impl: str, seqlen: int) -> dict:
             out, _ = layer(x, position_embeddings=cos_sin, attention_mask=mask)
             out.backward(dout)
 
-    once()
+    backends = sdpa_backends(once) if impl in SDPA_IMPLS else None   # the warmup call
+    if backends is None:
+        once()
     _sync(device)
     _reset_peak(device)
     t = time.perf_counter()
@@ -414,6 +449,8 @@ def _attention_layer(run: Run, impl: str, seqlen: int) -> dict:
     proj = 6.0 * sum(w.numel() for w in layer.parameters()) * seqlen
     out = {"seqlen": seqlen, "ms": 1e3 * seconds, "peak_gib": _peak_gib(device), "attention_tflops": fl / seconds
            / 1e12, **run.utilization((fl + proj) / seconds)}
+    if backends is not None:
+        out["sdpa_backends"] = backends
     return out
 
 
@@ -473,6 +510,8 @@ def format_table(records: Sequence[dict]) -> str:
             else:
                 peak = f", peak {r['peak_gib']:.1f} GiB" if r.get("peak_gib") is not None else ""
                 cell = f"{r['ms']:.1f} ms, attention {r['attention_tflops']:.1f} TFLOP/s{peak}"
+            if r.get("sdpa_backends"):
+                cell += f" [SDPA: {', '.join(r['sdpa_backends'])}]"
             lines.append(f"  {r['label']:<45} {r['impl']:<10} {cell}")
     return "\n".join(lines)
 
