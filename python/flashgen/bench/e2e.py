@@ -5,9 +5,10 @@
 
 Every model is built from a config (`from_config`: random weights, nothing downloaded) and fed random tokens.
 Attention implementations: `eager` (transformers' explicit softmax), `sdpa` (torch SDPA, its own backend choice, which
-each train / llama / long record names in `sdpa_backends`; in `long`, `sdpa-math` forces the math backend), `flashgen` (attn_implementation="FlashGen", flashgen.integrations.
-transformers, generation "auto"), and by name only `sdpa-flashgen` (the sdpa model with F.scaled_dot_product_attention
-routed through flashgen.sdpa: each record counts the calls flashgen took and why the others stayed). Sections:
+each train / llama / long record names in `sdpa_backends`; in `long`, `sdpa-math` forces the math backend), `flashgen`
+(attn_implementation="FlashGen", flashgen.integrations.transformers, generation "auto"), and by name only
+`sdpa-flashgen` (the sdpa model with F.scaled_dot_product_attention routed through flashgen.sdpa: each record counts
+the calls flashgen took and why the others stayed). Sections:
 
 - `train`: GPT-2 small (124M), seqlen 1024, bf16 autocast over fp32 weights, AdamW: training tokens/s, model FLOPs
   utilization, peak memory.
