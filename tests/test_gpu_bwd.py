@@ -198,6 +198,7 @@ VALUE_BWD_CASES = [
     ("odd-widths", (2, 129, 200, 4, 2), 136, 72, {"window_size": (-1, 0)}),
     ("one-query", (3, 1, 1000, 8, 1), 192, 128, {}),
     ("one-key", (2, 17, 1, 4, 4), 192, 128, {}),
+    ("fp16-causal", (2, 333, 517, 8, 2), 192, 128, {"window_size": (-1, 0), "dtype": torch.float16}),
 ]
 
 
@@ -205,19 +206,24 @@ VALUE_BWD_CASES = [
 def test_value_bucket_backward(generation, name, shape, head_dim, head_dim_v, kw):
     """A backward instance with V's own head-dim bucket against the float64 oracle's autograd (FA rule, factor 3):
     dq, dk at q's width, dv at V's, each written whole into NaN-poisoned gradients; the lse's gradient on the causal
-    case; varlen with an empty and a one-row sequence, and rows past the last sequence (gradient 0)."""
-    need(generation, "bf16", head_dim, "backward", *(["causal"] if kw.get("window_size") == (-1, 0) else []),
+    case; varlen with an empty and a one-row sequence, and rows past the last sequence (gradient 0). bf16, and one
+    fp16 case (the instances are built for both)."""
+    kw = dict(kw)
+    dtype = kw.pop("dtype", torch.bfloat16)
+    dt = "fp16" if dtype == torch.float16 else "bf16"
+    need(generation, dt, head_dim, "backward", *(["causal"] if kw.get("window_size") == (-1, 0) else []),
          *(["window"] if kw.get("window_size") not in (None, (-1, 0)) else []),
          *(["softcap", "alibi"] if "softcap" in kw else []), *(["gqa"] if shape[3] != shape[4] else []))
     built = _native.build_info()
-    if built.value_bucket(generation, "bf16", head_dim, head_dim_v, kind="bwd") is None or \
-            built.value_bucket(generation, "bf16", head_dim, head_dim_v) is None:
-        pytest.skip(f"{generation} has no forward and backward with V's own head dim {head_dim_v} beside {head_dim}")
+    if built.value_bucket(generation, dt, head_dim, head_dim_v, kind="bwd") is None or \
+            built.value_bucket(generation, dt, head_dim, head_dim_v) is None:
+        pytest.skip(f"{generation} has no {dt} forward and backward with V's own head dim {head_dim_v} beside "
+                    f"{head_dim}")
     torch.manual_seed(31)
     b, sq, sk, h, hk = shape
-    q = randn(b, sq, h, head_dim, dtype=torch.bfloat16)
-    k = randn(b, sk, hk, head_dim, dtype=torch.bfloat16)
-    v = randn(b, sk, hk, head_dim_v, dtype=torch.bfloat16)
+    q = randn(b, sq, h, head_dim, dtype=dtype)
+    k = randn(b, sk, hk, head_dim, dtype=dtype)
+    v = randn(b, sk, hk, head_dim_v, dtype=dtype)
     if "softcap" in kw:
         kw = dict(kw, alibi_slopes=torch.rand(h, device="cuda", dtype=torch.float32) * 0.3)
     check_grads(generation, f"value bucket {name}", q, k, v, with_lse=name == "causal", **kw)

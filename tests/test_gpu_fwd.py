@@ -413,6 +413,7 @@ VALUE_KERNEL_CASES = [
     ("odd-widths", (2, 129, 200, 4, 2), 136, 72, {"window_size": (-1, 0)}),
     ("one-query", (3, 1, 4097, 8, 1), 192, 128, {}),
     ("one-key", (2, 17, 1, 4, 4), 192, 128, {}),
+    ("fp16-causal", (2, 333, 517, 8, 2), 192, 128, {"window_size": (-1, 0), "dtype": torch.float16}),
 ]
 
 
@@ -420,18 +421,22 @@ VALUE_KERNEL_CASES = [
                          ids=[c[0] for c in VALUE_KERNEL_CASES])
 def test_value_bucket_kernel(generation, name, shape, head_dim, head_dim_v, kw):
     """A forward instance with V's own head-dim bucket against the float64 oracle: out (..., head_dim_v) written
-    whole into a NaN-poisoned tensor, LSE; and varlen with empty and one-row sequences."""
+    whole into a NaN-poisoned tensor, LSE; and varlen with empty and one-row sequences. bf16, and one fp16 case."""
     from flashgen import _native
     from conftest import poison_like
-    need(generation, "bf16", head_dim, *(["window"] if "window_size" in kw else []),
+    kw = dict(kw)
+    dtype = kw.pop("dtype", torch.bfloat16)
+    dt = "fp16" if dtype == torch.float16 else "bf16"
+    need(generation, dt, head_dim, *(["window"] if "window_size" in kw else []),
          *(["softcap"] if "softcap" in kw else []), *(["gqa"] if shape[3] != shape[4] else []))
-    if _native.build_info().value_bucket(generation, "bf16", head_dim, head_dim_v) is None:
-        pytest.skip(f"{generation} has no forward with V's own head dim {head_dim_v} beside {head_dim} in this build")
+    if _native.build_info().value_bucket(generation, dt, head_dim, head_dim_v) is None:
+        pytest.skip(f"{generation} has no {dt} forward with V's own head dim {head_dim_v} beside {head_dim} in this "
+                    "build")
     torch.manual_seed(23)
     b, sq, sk, h, hk = shape
-    q = randn(b, sq, h, head_dim, dtype=torch.bfloat16)
-    k = randn(b, sk, hk, head_dim, dtype=torch.bfloat16)
-    v = randn(b, sk, hk, head_dim_v, dtype=torch.bfloat16)
+    q = randn(b, sq, h, head_dim, dtype=dtype)
+    k = randn(b, sk, hk, head_dim, dtype=dtype)
+    v = randn(b, sk, hk, head_dim_v, dtype=dtype)
     out = poison_like(q.new_empty(b, sq, h, head_dim_v))
     scale = 1.0 / math.sqrt(head_dim)
     o, lse, _ = _ops.forward(generation, q, k, v, softmax_scale=scale, out=out, **kw)
