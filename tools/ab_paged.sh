@@ -9,7 +9,7 @@
 # decode against its dense one (v2_partitioning/tools/time_paged.py); NCU=1 adds ncu_paged.sh of v3's prefill on
 # each tree (GENERATION / ROWS / CACHE / BATCH as that script takes them). Output under ${OUT:-.}/ab_paged: logs,
 # rows as JSON lines with "tree" and "round", and a summary (per tree and round: v3 TFLOP/s per page size, v2 paged
-# TB/s and its ratio to dense).
+# TB/s and its ratio to dense); everything else is packed into ${OUT:-.}/ab_paged_files.tgz at the end.
 #   OUT=$OUT NCU=1 bash tools/ab_paged.sh base \
 #       a=bench/results/v3-dev/2026-12-05-s40-paged-arm-bytes-per-query-tile.patch \
 #       dec=bench/results/v2-tuning/2026-12-05-s41-paged-decode-page-entry-ahead.patch
@@ -106,3 +106,7 @@ print("per tree, one value per round (rotation: every tree once a round)")
 for tree, what in sorted(cells, key=lambda c: (c[1], c[0])):
     print(f"{what:<44} {tree:<8} " + " ".join(f"{x:.3f}" for x in cells[(tree, what)]))
 PY
+# The device returns at most 8 files: the logs and per-round rows go back as one archive beside the summary rows
+# (ab_paged.log stays readable on its own).
+(cd "$out" && tar czf ../ab_paged_files.tgz --exclude=ab_paged.log . && find . -type f ! -name ab_paged.log \
+   ! -name rows.jsonl -delete)
