@@ -150,7 +150,8 @@ def test_paged_split_decode(generation, page, variant, splits_seen):
 @pytest.mark.parametrize("num_splits", [1, 2, 5])
 def test_num_splits_bounds_the_split(generation, num_splits, page, splits_seen):
     """num_splits = n: at most n splits (1: the decode instance unsplit); the result is the same attention. Pages of
-    256 with one split: one CTA walks every tile of 24 pages, each tile's entry read a tile ahead (fwd_kernel.cuh)."""
+    256 with one split: one CTA walks every tile of 24 pages, one block-table read per tile (fwd_kernel.cuh
+    tile_in_page)."""
     case = KvCase("bounded", page, cache_lens=(LONG, 900), capacity=LONG, head_dim=128, heads=8, heads_k=2)
     need(generation, "bf16", 128, *_features(case))
     inputs = build(case, "cuda", torch.bfloat16)
