@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Times two things session 42 added, on the device, so their notes' predictions meet numbers:
+"""Times what session 42 added (and the sink pass's variants), on the device, so the notes' predictions meet numbers:
 
 1. sinks: flashgen's attention with and without flashgen.attention_sink after it (return_lse=False), at gpt-oss's
    attention shape (64 query heads over 8 KV heads, head_dim 64, bf16): the prefill of one 8k sequence on a sliding
@@ -14,6 +14,8 @@
 
 Median of eager calls (do_bench) and, for the forward-only rows, of CUDA-graph replays. Outputs checked first: the
 sink'd output against flashgen.reference with the sink, the patched SDPA against torch's. JSON lines to --out.
+3. the sink's scaling pass alone (mul_probe): the scale as today's transposed view, made contiguous, or through an
+   fp32 copy of out (session 45 read the pass at ~0.7 TB/s).
 --dry-run: the checks only, on the CPU backend at small sizes (runs anywhere).
     python3 tools/time_sinks_sdpa.py [--out rows.jsonl] [--dry-run]
 """
@@ -124,6 +126,34 @@ def sdpa_calls(device: str, small: bool):
     return out
 
 
+def mul_probe(device: str, small: bool):
+    """flashgen.attention_sink's one pass over out (out * sigmoid(lse - sink), in fp32, rounded once to out's dtype),
+    three ways, at the 8k prefill's out (1, 8192, 64, 64) bf16: the (rows, heads) scale as the transposed view of lse's
+    (heads, rows) order that the function uses today (session 45: ~0.7 TB/s), made contiguous first, and through an
+    fp32 copy of out. The results must be equal bit for bit (the same products rounded once); {name: fn}."""
+    h, d, seqlen = (8, 64, 96) if small else (64, 64, 8192)
+    out = torch.randn(1, seqlen, h, d, device=device, dtype=torch.bfloat16)
+    lse = torch.randn(1, h, seqlen, device=device, dtype=torch.float32) * 3
+    t = torch.linspace(-1.0, 3.0, h, device=device).view(1, h, 1)
+
+    def view():
+        scale = torch.sigmoid(lse - t).transpose(1, 2).unsqueeze(-1)
+        return torch.mul(out, scale, out=torch.empty_like(out))
+
+    def contiguous():
+        scale = torch.sigmoid(lse - t).transpose(1, 2).contiguous().unsqueeze(-1)
+        return torch.mul(out, scale, out=torch.empty_like(out))
+
+    def via_fp32():
+        return (out.float() * torch.sigmoid(lse - t).transpose(1, 2).unsqueeze(-1)).to(out.dtype)
+
+    fns = {"view": view, "contiguous": contiguous, "via_fp32": via_fp32}
+    want = view()
+    for name, fn in fns.items():
+        assert torch.equal(fn(), want), f"sink mul probe: {name} differs from the transposed-view product"
+    return fns, 2 * out.numel() * out.element_size()
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--dry-run", action="store_true", help="CPU backend, small sizes, the checks only")
@@ -136,8 +166,9 @@ def main() -> None:
             check()
     for name, (_, _, check, _) in sdpa.items():
         check()
+    muls, mul_bytes = mul_probe(device, args.dry_run)  # checks its variants' equality
     if args.dry_run:
-        print("checks passed:", ", ".join(list(sinks) + [f"sdpa {n}" for n in sdpa]))
+        print("checks passed:", ", ".join(list(sinks) + [f"sdpa {n}" for n in sdpa] + [f"mul {n}" for n in muls]))
         return
     from triton.testing import do_bench
 
@@ -160,6 +191,10 @@ def main() -> None:
             print(f"sink {name:16s} plain {row['plain_us']:8.1f} us  +sink {row['sink_us']:8.1f} us   graphs "
                   f"{row['plain_graph_us']:8.1f} / {row['sink_graph_us']:8.1f} us   fa4+sink "
                   f"{row.get('fa4_sink_us', float('nan')):8.1f} us {row.get('fa4_error', '')}", flush=True)
+    for name, fn in muls.items():
+        us = do_bench(fn, warmup=25, rep=100) * 1e3
+        rows.append({"what": "sink_mul", "variant": name, "us": us, "tb_s": mul_bytes / (us * 1e-6) / 1e12})
+        print(f"sink mul {name:10s} {us:8.1f} us  {rows[-1]['tb_s']:.2f} TB/s (out read + written)", flush=True)
     for name, (torch_fwd, routed_fwd, _, (q, k, v, dout)) in sdpa.items():
         def step(fwd):
             return lambda: torch.autograd.grad(fwd(), (q, k, v), dout)
