@@ -13,7 +13,8 @@
 // order, heaviest sparse rows first (common/block_sparse.h sparse_cta; the grid launch_fwd_instances sizes).
 // Decode instance (T::kDecode, tile_config.h decode_tile_config): blockIdx.x also carries the split s of
 // p.num_splits; the CTA visits share s of the key blocks (common/split_kv.h) and, with more than one split,
-// writes O normalized by its own sum and its row state (m, l) to the oaccum / lse_accum workspaces for fwd_combine.cuh.
+// writes O normalized by its own sum and its row state (m, l) to the oaccum / lse_accum workspaces for
+// common/split_combine.cuh.
 // Loop invariant (after tile i): o = sum_{j<=i} exp2(S_j*scale_log2 - m*scale_log2) V_j (dropout applied) and
 // l = the same sum of undropped probabilities, m = the running max: the max of all scores seen, or below it by at
 // most kLazyRescaleLog2 / scale_log2 (lazy rescaling, fwd_softmax.cuh); O = o / l once at the end.
@@ -452,7 +453,7 @@ __global__ void __launch_bounds__(T::kNThreads, T::kMinBlocksPerSm) fwd_kernel(c
   finalize_rows(acc_o, rows, dropout_keep_scale(p.p_dropout));
   const int row_in_warp = lane / 4;
   if constexpr (T::kDecode) {
-    if (num_splits > 1) {  // this split's O (normalized by its own sum) and row state, fp32, for fwd_combine.cuh
+    if (num_splits > 1) {  // this split's O (over its own sum) and row state, fp32, for common/split_combine.cuh
       cp_async_wait<0>();  // nothing may stay in flight into shared memory at exit
       const int64_t row0 = ((static_cast<int64_t>(split) * p.batch + batch) * p.num_heads + head) * p.seqlen_q;
 #pragma unroll

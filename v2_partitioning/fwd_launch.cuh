@@ -9,7 +9,7 @@
 #include <string>
 
 #include "common/mask.h"
-#include "v2_partitioning/fwd_combine.cuh"
+#include "common/split_combine.cuh"
 #include "v2_partitioning/fwd_kernel.cuh"
 #include "v2_partitioning/launch.h"
 #include "v2_partitioning/launch_util.cuh"

@@ -109,8 +109,8 @@ constexpr int kMaxTilesForSplit = 1 << 30;  // beyond this many query tiles the 
 // The decode instance's plan (AttnParams::num_splits): dense queries that fit one of its tiles (one token, or a
 // folded GQA group), without the features whose outputs it does not write (probabilities) or whose RNG it does not
 // split (dropout). The split count is split_kv_count's, at most p.max_splits when the caller bounds it (flash_attn's
-// num_splits: 0 = this rule alone, 1 = no split). Workspaces (fwd_kernel.cuh / fwd_combine.cuh), element (split s,
-// batch b, head h, row r):
+// num_splits: 0 = this rule alone, 1 = no split). Workspaces (fwd_kernel.cuh / common/split_combine.cuh), element
+// (split s, batch b, head h, row r):
 //   oaccum    (((s * batch + b) * num_heads + h) * seqlen_q + r) * bucket + col: O of split s over its own sum
 //   lse_accum  ((s * batch + b) * num_heads + h) * seqlen_q + r: its row state (m, l), a float2
 //              (common/softmax.h split_numerator)

@@ -1,5 +1,9 @@
-// Split-KV combine: out and LSE of each query row from the num_splits partial results the decode instance of
-// fwd_kernel wrote (layouts on AttnParams::oaccum / lse_accum, common/params.h). One warp per (row, head, batch).
+// Split-KV combine: out and LSE of each query row from the num_splits partial results a split-KV kernel wrote: v2's
+// decode instance and v3's (v2_partitioning/v2_api.cu plan_fwd, v3_hopper/v3_api.cu plan_fwd), which lay them out
+// alike: for split s, batch b, head h, row r, oaccum (((s * batch + b) * num_heads + h) * seqlen_q + r) * kBucket + col
+// (O of the split over its own sum, fp32; kBucket: the generation's head-dim bucket) and lse_accum at the same row
+// index the split's row state (m, l) as a float2. One kernel for both generations, as common/dq_out.cuh is the
+// backwards' write-out: nothing in it depends on a generation's tiles. One warp per (row, head, batch).
 // First the row states: lane i holds splits i, i + 32, i + 64, i + 96 (kMaxSplits = 128), each as its (m, l); a warp
 // max and a warp sum give the merged state, its LSE and every split's weight (common/softmax.h split_numerator; an
 // empty split, l = 0, weighs 0; a row with no visible key ends with O = 0 and LSE = +inf), staged in shared memory.
@@ -7,21 +11,36 @@
 // lanes x 8); the loads of different splits are independent, so they are issued several at a time.
 #pragma once
 
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
 #include <cstdint>
 
+#include "common/config.h"
 #include "common/mask.h"
 #include "common/params.h"
 #include "common/softmax.h"
 #include "common/split_kv.h"
-#include "v2_partitioning/mma.cuh"
 
 namespace flashgen {
-namespace v2 {
 
 constexpr int kCombineWarps = 4;  // rows per CTA
 constexpr int kCombineUnroll = 4;  // splits whose partial outputs a lane loads before it accumulates them
 constexpr int kLseSlots = kMaxSplits / 32;  // split row states per lane: lane i holds splits i, i + 32, ...
 static_assert(kLseSlots * 32 == kMaxSplits, "the split row states fill whole lanes");
+
+// Two fp32 values -> one b32 of two 16-bit elements of Tag (lo = x, hi = y), round to nearest.
+template <typename Tag>
+__device__ __forceinline__ uint32_t combine_pack2(float x, float y) {
+  if constexpr (Tag::kDType == DType::kBFloat16) {
+    __nv_bfloat162 h = __floats2bfloat162_rn(x, y);
+    return *reinterpret_cast<uint32_t*>(&h);
+  } else {
+    static_assert(Tag::kDType == DType::kFloat16, "the combine writes fp16 or bf16");
+    __half2 h = __floats2half2_rn(x, y);
+    return *reinterpret_cast<uint32_t*>(&h);
+  }
+}
 
 template <typename Tag, int kBucket>
 __global__ void __launch_bounds__(kCombineWarps * 32) combine_kernel(const __grid_constant__ AttnParams p) {
@@ -101,16 +120,15 @@ __global__ void __launch_bounds__(kCombineWarps * 32) combine_kernel(const __gri
   const SeqInfo seq = seq_info(p, batch);
   if (owns) {
     uint4 packed;
-    packed.x = pack2<Tag>(acc[0], acc[1]);
-    packed.y = pack2<Tag>(acc[2], acc[3]);
-    packed.z = pack2<Tag>(acc[4], acc[5]);
-    packed.w = pack2<Tag>(acc[6], acc[7]);
+    packed.x = combine_pack2<Tag>(acc[0], acc[1]);
+    packed.y = combine_pack2<Tag>(acc[2], acc[3]);
+    packed.z = combine_pack2<Tag>(acc[4], acc[5]);
+    packed.w = combine_pack2<Tag>(acc[6], acc[7]);
     Element* dst = static_cast<Element*>(p.o) + seq.o_offset + head * p.o_head_stride +
                    static_cast<int64_t>(row) * p.o_row_stride + col;
-    *reinterpret_cast<uint4*>(dst) = packed;  // 16-byte aligned: v2_api.cu checks out's pointer and strides
+    *reinterpret_cast<uint4*>(dst) = packed;  // 16-byte aligned: both generations' hosts check out's alignment
   }
   if (lane == 0) p.lse[lse_offset(p, seq, batch, head) + row] = lse;
 }
 
-}  // namespace v2
 }  // namespace flashgen
