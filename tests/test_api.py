@@ -766,7 +766,7 @@ def test_explain():
     cu = _cu([8, 8])
     ex_var = flashgen.explain(q[0], q[0], q[0], cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=8, max_seqlen_k=8)
     assert "varlen" in ex_var.problem.features
-    # A KV-cache call is a decode step below DECODE_MAX_SEQLEN_Q query rows (v2's split-KV path), prefill from there.
+    # A KV-cache call is a decode step below DECODE_MAX_SEQLEN_Q query rows (a split-KV path), prefill from there.
     kc = _rand(2, 300, 4, 64)
     for rows, decode in ((1, True), (dispatch.DECODE_MAX_SEQLEN_Q - 1, True), (dispatch.DECODE_MAX_SEQLEN_Q, False)):
         features = flashgen.explain(_rand(2, rows, 4, 64), kc, kc, kvcache=True).problem.features

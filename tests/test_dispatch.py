@@ -59,7 +59,7 @@ def test_sm90_runs_v3_forward_and_v2_for_what_v3_lacks():
     built = _build(generations=("v2", "v3"), kinds=("fwd", "bwd"))
     assert choose(_cuda((9, 0)), built).generation == "v3"
     assert choose(_cuda((9, 0), features={"backward", "causal", "gqa"}), built).generation == "v3"
-    for features in ({"dropout"}, {"kvcache", "decode"}, {"kvcache", "paged_kv", "cache_leftpad"},
+    for features in ({"dropout"}, {"kvcache", "paged_kv", "cache_leftpad"},
                      {"kvcache", "paged_kv", "unaligned_pages"}, {"return_probs"}):
         assert choose(_cuda((9, 0), features=features), built).generation == "v2", features
     # Pages (of multiples of 8 rows) or a left pad, one at a time, run on v3 from DECODE_MAX_SEQLEN_Q rows.
@@ -69,9 +69,9 @@ def test_sm90_runs_v3_forward_and_v2_for_what_v3_lacks():
         "cache_leftpad with paged_kv together is not implemented in v3 yet"]
     # A KV-cache call with DECODE_MAX_SEQLEN_Q query rows or more (chunked prefill into a dense cache) runs on v3.
     assert choose(_cuda((9, 0), features={"kvcache", "gqa", "causal"}), built).generation == "v3"
-    assert explain(_cuda((9, 0), features={"kvcache", "decode"}), built)["v3"] == [
-        f"decode (a KV-cache call of fewer than {dispatch.DECODE_MAX_SEQLEN_Q} query rows) needs a split-KV path, "
-        "which v3 does not have yet"]
+    # A decode step (fewer query rows) too: v3's split instance (v3_hopper/v3_api.cu plan_fwd) splits the keys.
+    for features in ({"kvcache", "decode"}, {"kvcache", "decode", "paged_kv", "gqa"}):
+        assert choose(_cuda((9, 0), features=features), built).generation == "v3", features
     deterministic = explain(_cuda((9, 0), features={"backward", "deterministic"}), built)
     assert deterministic["v3"] == ["deterministic is not implemented in v3 yet"]
     assert choose(_cuda((9, 0), features={"backward", "deterministic"}), built).generation == "v2"

@@ -321,6 +321,39 @@ __device__ __forceinline__ void store_tile(const AttnParams& p, const SmemMap<T>
   }
 }
 
+// The split-KV instance's epilogue (T::kSplit): this warpgroup's rows of split tc.split, O over the split's own sum
+// (fp32, 8-byte stores of the accumulator pairs) and the row state (m, l), in common/split_combine.cuh's layout (rows
+// of kHeadDimV floats, the bucket), which the combine merges into out and LSE. An empty share (no key block, or none of
+// these rows' blocks) writes O = 0 and (m, l) = (-inf, 0), which weighs 0 there. Every row < seqlen_q is written: the
+// launch has one query block, whose rows one warpgroup holds (plan_fwd's 64 rows at most).
+template <typename T>
+__device__ __forceinline__ void store_split(const AttnParams& p, const SeqInfo& seq, const TileCoord& tc,
+                                            const AccCoord& coord, int wg_row0, float (&o)[T::kORegs],
+                                            RowState (&rows)[2], int lane) {
+  if constexpr (T::kBottomRows) {
+    if (wg_row0 < 0) return;  // rows before the sequence (tile_m_begin): whole warpgroups
+  }
+  finalize_rows<T::kHeadDimV>(o, rows);
+  const int64_t row0 = ((static_cast<int64_t>(tc.split) * p.batch + tc.batch) * p.num_heads + tc.head) * p.seqlen_q;
+  const int head_dim = p.head_dim;  // V's too (plan_fwd)
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    const int row = coord.row(half);
+    if (row >= seq.seqlen_q) continue;
+    float* dst = p.ws.get(WorkspaceId::kOAccum) + (row0 + row) * T::kHeadDimV + coord.col0;
+#pragma unroll
+    for (int j = 0; j < T::kHeadDimV / 8; ++j) {
+      if (8 * j < head_dim) {
+        *reinterpret_cast<float2*>(dst + 8 * j) = make_float2(o[4 * j + 2 * half], o[4 * j + 2 * half + 1]);
+      }
+    }
+    if (lane % 4 == 0) {  // (m, l), not the LSE: common/softmax.h split_numerator
+      reinterpret_cast<float2*>(p.ws.get(WorkspaceId::kLseAccum))[row0 + row] =
+          make_float2(rows[half].m, rows[half].l);
+    }
+  }
+}
+
 template <typename T, typename Loads>
 __device__ __forceinline__ void consumer_loop(const AttnParams& p, const SmemMap<T>& sm, const Loads& loads,
                                               const TileScheduler& sched, const CUtensorMap* map_o, int wg) {
@@ -334,12 +367,12 @@ __device__ __forceinline__ void consumer_loop(const AttnParams& p, const SmemMap
   for (int round = 0;; ++round) {
     const int tile = sched.tile_of_round(round);
     if (tile >= sched.num_tiles()) break;
-    const TileCoord tc = sched.coord(tile);
+    const TileCoord tc = tile_coord<T>(sched, tile);
     const SeqInfo seq = seq_info(p, tc.batch);
     const int m_begin = tile_m_begin<T>(tc.m_block, seq.seqlen_q);
     if (m_begin >= seq.seqlen_q) continue;  // varlen: this sequence is shorter than max_seqlen_q
     const MaskSpec mask = seq.mask(p);
-    const BlockRange range = tile_n_range<T>(mask, m_begin);
+    const BlockRange range = tile_key_range<T>(mask, m_begin, tc, p.num_splits);
     const int n_tiles = range.end - range.begin;
     const int wg_row0 = m_begin + wg * kWarpgroupRows;
 
@@ -366,6 +399,10 @@ __device__ __forceinline__ void consumer_loop(const AttnParams& p, const SmemMap
       BlockRange own = range;
       if constexpr (T::kMasked && T::kOwnBlocks) {
         if (compute) own = n_block_range(mask, wg_row0, wg_row0 + kWarpgroupRows, T::kBlockN);
+        if constexpr (T::kSplit) {  // inside the split's share (a prefill tile's range holds every warpgroup's)
+          own.begin = own.begin > range.begin ? own.begin : range.begin;
+          own.end = own.end < range.end ? own.end : range.end;
+        }
         compute = own.end > own.begin;
       }
       if (compute) {
@@ -395,7 +432,11 @@ __device__ __forceinline__ void consumer_loop(const AttnParams& p, const SmemMap
       ++q_iter;
     }
     const AccCoord coord{wg_row0 + 16 * (tid / 32) + lane / 4, 2 * (lane % 4)};
-    store_tile<T>(p, sm, map_o, seq, tc, coord, wg_row0, o, rows, tid, wg);
+    if constexpr (T::kSplit) {
+      store_split<T>(p, seq, tc, coord, wg_row0, o, rows, lane);
+    } else {
+      store_tile<T>(p, sm, map_o, seq, tc, coord, wg_row0, o, rows, tid, wg);
+    }
   }
   if constexpr (T::kOThroughSmem) {
     if (tid == 0) bulk_wait_all();  // the last stores have read the stage before the CTA's shared memory goes

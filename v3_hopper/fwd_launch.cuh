@@ -1,12 +1,13 @@
-// Launch of one forward instance: picks the masked or unmasked kernel (tile_config.h), opts in to its shared memory,
-// launches the persistent grid on the caller's stream with the tensor maps as __grid_constant__ parameters. Never
-// synchronizes; returns the launch error.
+// Launch of one forward instance: picks the masked or unmasked kernel (tile_config.h), or the split-KV one and the
+// combine behind it (common/split_combine.cuh), opts in to its shared memory, launches the persistent grid on the
+// caller's stream with the tensor maps as __grid_constant__ parameters. Never synchronizes; returns the launch error.
 #pragma once
 
 #include <cuda_runtime.h>
 
 #include <string>
 
+#include "common/split_combine.cuh"
 #include "common/status.h"
 #include "v3_hopper/fwd_kernel.cuh"
 #include "v3_hopper/launch.h"
@@ -32,6 +33,13 @@ Status launch_fwd_kernel(const AttnParams& p, const FwdLaunch& launch, cudaStrea
 
 template <typename Tag, int kHeadDim>
 Status launch_fwd(const AttnParams& p, const FwdLaunch& launch, cudaStream_t stream) {
+  if (launch.split) {  // every split's partial result, then one warp per (row, head, batch) merges them
+    Status st = launch_fwd_kernel<FwdTraits<Tag, kHeadDim, true, false, kHeadDim, true>>(p, launch, stream);
+    if (!st.is_ok()) return st;
+    combine_kernel<Tag, kHeadDim><<<dim3(ceil_div(p.seqlen_q, kCombineWarps), p.num_heads, p.batch),
+                                    kCombineWarps * kWarpSize, 0, stream>>>(p);
+    return cuda_status(cudaGetLastError(), "combine_kernel launch");
+  }
   if constexpr (has_short_tile(kHeadDim)) {
     if (launch.short_tile) return launch_fwd_kernel<FwdTraits<Tag, kHeadDim, true, true>>(p, launch, stream);
   }

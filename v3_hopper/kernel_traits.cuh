@@ -10,6 +10,7 @@
 
 #include "common/mask.h"
 #include "common/params.h"
+#include "common/split_kv.h"
 #include "v3_hopper/dtype.cuh"
 #include "v3_hopper/ptx.cuh"
 #include "v3_hopper/tile_config.h"
@@ -43,15 +44,21 @@ static_assert(kBarrierCount <= 16, "sm_90 has 16 named barriers per CTA");
 // kMasked: the instance for launches with a window (causal or local); tile_config.h may give it another tile.
 // kShortTile: the masked code on tile_config.h's short_tile_config (buckets with has_short_tile only).
 // kHeadDimV: V's (and O's) head-dim bucket where V has its own (tile_config.h value_tile_config), else kHeadDim.
-template <typename Tag_, int kHeadDim_, bool kMasked_, bool kShortTile = false, int kHeadDimV_ = kHeadDim_>
+// kSplit: the split-KV decode instance (v3_api.cu plan_fwd): the masked code, each tile one split of the key blocks of
+// one query block of at most 64 rows, its O and row state written to the workspaces for common/split_combine.cuh.
+template <typename Tag_, int kHeadDim_, bool kMasked_, bool kShortTile = false, int kHeadDimV_ = kHeadDim_,
+          bool kSplit_ = false>
 struct FwdTraits {
   using Tag = Tag_;
   using Element = typename Tag::type;
   static constexpr int kHeadDim = kHeadDim_;
   static constexpr int kHeadDimV = kHeadDimV_;
   static constexpr bool kMasked = kMasked_;
+  static constexpr bool kSplit = kSplit_;
   static_assert(!kShortTile || (kMasked && has_short_tile(kHeadDim) && kHeadDimV == kHeadDim),
                 "the short tile runs the masked code");
+  static_assert(!kSplit || (kMasked && !kShortTile && kHeadDimV == kHeadDim),
+                "the split instance runs the masked code on the bucket's own tile, V at q's head dim");
   static constexpr TileConfig kConfig = kShortTile ? short_tile_config(kHeadDim)
                                                    : value_tile_config(kHeadDim, kHeadDimV, kMasked);
   static constexpr int kConsumers = kConfig.consumers;  // consumer warpgroups
@@ -159,6 +166,7 @@ struct RingSlot {
 // odd rounds also run backwards over the CTAs (snake), so each CTA pairs heavier with lighter tiles.
 struct TileCoord {
   int m_block, head, batch;
+  int split = 0;  // the split-KV instance's share of the key blocks (tile_coord)
 };
 struct TileScheduler {
   TileOrder order;  // the launch's, made on the host (v3_api.cu launch_tile_order: choose_tile_group's group)
@@ -175,6 +183,19 @@ struct TileScheduler {
     return {m_block, head_batch - batch * num_heads, batch};
   }
 };
+
+// The tile's coordinates for instance T. The split-KV instance's launch (v3_api.cu fwd) orders num_splits "query
+// blocks" per head_batch, where each is one split of the one real query block (seqlen_q <= 64 rows: plan_fwd): the
+// order's query block is the split.
+template <typename T>
+__device__ __forceinline__ TileCoord tile_coord(const TileScheduler& sched, int tile) {
+  TileCoord c = sched.coord(tile);
+  if constexpr (T::kSplit) {
+    c.split = c.m_block;
+    c.m_block = 0;
+  }
+  return c;
+}
 
 // Where batch entry b's rows are in the 4-D tensor maps (head_dim, rows, heads, batches) that v3_api.cu encodes:
 // varlen stacks rows (one batch of total rows, row offset cu_seqlens[b]); the KV cache picks its batch row through
@@ -206,6 +227,16 @@ __device__ __forceinline__ int tile_m_begin(int m_block, int seqlen_q) {
 template <typename T>
 __device__ __forceinline__ BlockRange tile_n_range(const MaskSpec& mask, int m_begin) {
   return n_block_range(mask, m_begin > 0 ? m_begin : 0, m_begin + T::kBlockM, T::kBlockN);
+}
+
+// The K/V tiles tile tc visits: tile_n_range, and for the split-KV instance its split's share of them
+// (common/split_kv.h split_block_range; a share may be empty).
+template <typename T>
+__device__ __forceinline__ BlockRange tile_key_range(const MaskSpec& mask, int m_begin, const TileCoord& tc,
+                                                     int num_splits) {
+  const BlockRange range = tile_n_range<T>(mask, m_begin);
+  if constexpr (T::kSplit) return split_block_range(range, tc.split, num_splits);
+  return range;
 }
 
 }  // namespace v3

@@ -116,11 +116,11 @@ struct Loader {
         done = true;
         return false;
       }
-      const TileCoord tc = sched.coord(tile);
+      const TileCoord tc = tile_coord<T>(sched, tile);
       const SeqInfo seq = seq_info(p, tc.batch);
       const int m_begin = tile_m_begin<T>(tc.m_block, seq.seqlen_q);
       if (m_begin >= seq.seqlen_q) continue;  // varlen: this sequence is shorter than max_seqlen_q
-      const BlockRange range = tile_n_range<T>(seq.mask(p), m_begin);
+      const BlockRange range = tile_key_range<T>(seq.mask(p), m_begin, tc, p.num_splits);
       n_tiles = range.end - range.begin;
       if (n_tiles <= 0) continue;  // every row of the tile is empty: the consumers write 0 and +inf without loads
       rows = tma_rows(p, tc.batch);

@@ -8,9 +8,11 @@
 #include <cstdint>
 #include <string>
 
+#include "common/generation.h"
 #include "common/host_checks.h"
 #include "common/mask.h"
 #include "common/params.h"
+#include "common/split_kv.h"
 #include "common/status.h"
 #include "v3_hopper/dtype.cuh"
 #include "v3_hopper/fp8_launch.h"
@@ -152,6 +154,38 @@ Status encode_map(CUtensorMap* map, const char* name, const void* ptr, DType dty
 
 Status check_device(int* num_sms) { return check_sm90(num_sms, "v3"); }
 
+constexpr int kMaxTilesForSplit = 1 << 30;  // beyond this many query tiles the split count's int math overflows
+
+// The split-KV instance's plan (AttnParams::num_splits; fwd_launch.cuh launch_fwd): 16-bit dense queries of at most
+// one consumer warpgroup's 64 rows (one token, or a folded GQA group: python/flashgen/_ops.py), V at q's head dim,
+// without the features v3 leaves to v2 (dropout, probabilities, block-sparse). Its tile is the bucket's masked one
+// (tile_config.h), one query block per (head, batch), and split_kv_count (common/split_kv.h) cuts the key blocks over
+// enough of them to fill the SMs, one CTA each (the persistent grid), at most p.max_splits when the caller bounds it
+// (flash_attn's num_splits: 0 = this rule alone, 1 = no split). A count of 1 plans nothing: the prefill instances run
+// the call as they did before the plan existed. Workspaces: common/split_combine.cuh's layout at the bucket's width.
+FwdPlan plan_fwd(const AttnParams& p) {
+  FwdPlan plan;
+  if (p.dtype != DType::kFloat16 && p.dtype != DType::kBFloat16) return plan;
+  const int bucket = fwd_bucket(p.dtype, p.head_dim);
+  if (bucket == 0 || value_dim(p) != p.head_dim) return plan;
+  if (p.batch < 1 || p.seqlen_q < 1 || p.seqlen_q > kWarpgroupRows || p.seqlen_k < 1 || p.num_heads < 1 ||
+      p.cu_seqlens_q != nullptr || p.p_dropout > 0.f || p.p_out != nullptr || p.block_mask != nullptr ||
+      p.num_sms < 1) {
+    return plan;
+  }
+  const int64_t tiles = static_cast<int64_t>(p.num_heads) * p.batch;  // one query block each
+  if (tiles > kMaxTilesForSplit) return plan;
+  const int max_splits = p.max_splits > 0 ? imin(p.max_splits, kMaxSplits) : kMaxSplits;
+  const int n_blocks = ceil_div(p.seqlen_k, tile_config(bucket, true).block_n);
+  const int splits = split_kv_count(static_cast<int>(tiles), p.num_sms, n_blocks, max_splits);
+  if (splits <= 1) return plan;
+  plan.num_splits = splits;
+  const int64_t rows = splits * tiles * p.seqlen_q;
+  plan.workspaces.need(WorkspaceId::kLseAccum, 2 * rows, /*zero=*/false);  // (m, l) per row
+  plan.workspaces.need(WorkspaceId::kOAccum, rows * bucket, /*zero=*/false);
+  return plan;
+}
+
 // Every check before anything is encoded or launched; *bucket receives the compiled head-dim bucket.
 Status check_fwd(const AttnParams& p, int* bucket) {
   if (p.dtype != DType::kFloat16 && p.dtype != DType::kBFloat16) {
@@ -193,7 +227,19 @@ Status check_fwd(const AttnParams& p, int* bucket) {
   if (p.p_dropout > 0.f) return Status::not_implemented("dropout: v3 has no dropout; v2 runs it");
   if (p.p_out != nullptr) return Status::not_implemented("return_attn_probs: v3 returns no probabilities; v2 does");
   if (p.block_mask != nullptr) return Status::not_implemented("block_mask: v3 has no block-sparse forward");
-  if (p.num_splits != 0) return Status::not_implemented("num_splits: v3 has no split-KV decode path");
+  if (p.num_splits != 0) {
+    const FwdPlan plan = plan_fwd(p);
+    if (plan.num_splits == 0) {
+      return Status::invalid("num_splits: this problem does not run v3's split-KV instance; leave num_splits 0 "
+                             "unless the forward plan gave a count");
+    }
+    if (p.num_splits != plan.num_splits) {  // the workspace sizes hold for the plan's count only
+      return Status::invalid("num_splits: expected the forward plan's " + std::to_string(plan.num_splits) +
+                             ", got " + std::to_string(p.num_splits));
+    }
+    const std::string ws = check_workspaces(plan.workspaces, p.ws, "v3");
+    if (!ws.empty()) return Status::invalid(ws);
+  }
   if (p.cache_leftpad != nullptr && (p.block_table == nullptr || !paged_one_page(p.page_block_size, p.seqlen_k))) {
     return Status::not_implemented("cache_leftpad: v3 reads a left pad in a cache of one page per sequence (the API's "
                                    "form of a dense cache); a paged cache with a left pad is v2's");
@@ -286,7 +332,12 @@ Status fwd(const AttnParams& caller_params, void* stream) {
   const int value_bucket = value_dim(p) != p.head_dim ? fwd_value_bucket(p.dtype, bucket, value_dim(p)) : bucket;
   const bool window = p.window_left >= 0 || p.window_right >= 0;
   TileConfig tile;
-  if (value_bucket != bucket) {  // one tile either way (value_tile_config): the masked instance only for a window
+  launch.split = p.num_splits > 1;  // planned by plan_fwd (check_fwd compared the count and the workspaces)
+  if (launch.split) {  // the masked code on the bucket's masked tile, each tile one split (kernel_traits.cuh kSplit)
+    launch.short_tile = false;
+    launch.masked = true;
+    tile = tile_config(bucket, true);
+  } else if (value_bucket != bucket) {  // one tile either way (value_tile_config): masked only for a window
     launch.short_tile = false;
     launch.masked = window;
     tile = value_tile_config(bucket, value_bucket, launch.masked);
@@ -304,7 +355,9 @@ Status fwd(const AttnParams& caller_params, void* stream) {
   }
   const int kv_box_rows = paged ? paged_tile_box_rows(p.page_block_size, p.seqlen_k, tile.block_n) : tile.block_n;
   const int tile_rows = block_m(tile);
-  const int64_t tiles = static_cast<int64_t>(ceil_div(p.seqlen_q, tile_rows)) * p.num_heads * p.batch;
+  // the split instance's tiles: one query block per (head, batch) and split (kernel_traits.cuh tile_coord)
+  const int64_t m_blocks = launch.split ? p.num_splits : ceil_div(p.seqlen_q, tile_rows);
+  const int64_t tiles = m_blocks * p.num_heads * p.batch;
   if (q_rows + tile_rows > kTmaMaxCoord || k_rows + kMaxHeadDim > kTmaMaxCoord || tiles > kTmaMaxCoord) {
     return Status::not_implemented("sizes: v3 addresses rows and tiles with 32-bit coordinates");
   }
@@ -324,7 +377,7 @@ Status fwd(const AttnParams& caller_params, void* stream) {
                     p.v_head_stride, p.v_batch_stride, kv_box_rows);
     if (!st.is_ok()) return st;
   }
-  if (o_through_smem(tile, bucket, value_bucket)) {  // each consumer warpgroup stores its 64 rows (store_o_smem)
+  if (!launch.split && o_through_smem(tile, bucket, value_bucket)) {  // each consumer warpgroup's rows (store_o_smem)
     st = encode_output_map(&launch.o, p, p.dtype);
     if (!st.is_ok()) return st;
     launch.o_tma = true;
@@ -334,7 +387,13 @@ Status fwd(const AttnParams& caller_params, void* stream) {
   // One CTA per SM (384-512 threads, 120-225 KB), or one per tile when the persistent grid is ablated.
   const int64_t slots = !kPersistentGrid ? tiles : (p.num_sms > 0 ? p.num_sms : num_sms);
   launch.grid = static_cast<int>(tiles < slots ? tiles : slots);
-  launch.order = launch_tile_order(p, tile_rows, kElementBytes, launch.grid);
+  if (launch.split) {  // splits fastest: a round's CTAs stream different shares of the same heads' keys
+    const int heads_batches = p.num_heads * p.batch;
+    launch.order = make_tile_order(p.num_splits, heads_batches, false, heads_batches);
+    launch.order.by_heads = RowDivider::make(p.num_heads);
+  } else {
+    launch.order = launch_tile_order(p, tile_rows, kElementBytes, launch.grid);
+  }
 
   cudaStream_t cuda_stream = static_cast<cudaStream_t>(stream);
 #define FG_V3_LAUNCH(kind, dt, hd)                                                                \
@@ -522,7 +581,7 @@ bool takes_value_head_dim_bwd(const AttnBwdParams& p) {
 }  // namespace
 
 const GenerationOps& ops() {
-  static const GenerationOps table{"v3", &fwd, &bwd, nullptr, &bwd_workspaces, &takes_value_head_dim,
+  static const GenerationOps table{"v3", &fwd, &bwd, &plan_fwd, &bwd_workspaces, &takes_value_head_dim,
                                    &takes_value_head_dim_bwd};
   return table;
 }

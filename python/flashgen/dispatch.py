@@ -33,12 +33,13 @@ FEATURES: Tuple[str, ...] = (
 # the CPU backend read any page size.
 PAGE_ROWS_MULTIPLE = 8
 
-# A flash_attn_with_kvcache call with fewer query rows than this is a decode step ("decode"): v2's split-KV path
-# runs it (v3 does not split the keys, so a call of a few rows leaves most SMs idle). Calls of this many rows or more
-# (speculative verification, chunked prefill into a cache) are "kvcache" only, which v3 implements for dense caches.
-# The value is measured (v3_hopper/tools/time_kvcache.py --graph, bench/results/v3-dev/2026-12-02-s16-kvcache-graph.txt:
-# bf16 d128, 32/8 heads, batch 4, caches of 2k and 8k rows): at 1 row v3 takes 1.4-1.8x v2's time, at 16 and 64 rows
-# 0.89-1.01x, from 127 rows 0.43-0.64x.
+# A flash_attn_with_kvcache call with fewer query rows than this is a decode step ("decode"): a generation runs it
+# only with a split-KV path (v2's decode instance, v3's split instance: v3_hopper/v3_api.cu plan_fwd), since a call of
+# a few rows leaves most SMs idle unless the keys are split. Calls of this many rows or more (speculative verification,
+# chunked prefill into a cache) are "kvcache" only. The value was measured before v3 split the keys
+# (v3_hopper/tools/time_kvcache.py --graph, bench/results/v3-dev/2026-12-02-s16-kvcache-graph.txt: bf16 d128, 32/8
+# heads, batch 4, caches of 2k and 8k rows): at 1 row v3 took 1.4-1.8x v2's time, at 16 and 64 rows 0.89-1.01x, from
+# 127 rows 0.43-0.64x.
 DECODE_MAX_SEQLEN_Q = 16
 
 # A paged call of fewer query rows per sequence than PAGED_SHORT_MAX_SEQLEN_Q whose page size is not a multiple of
@@ -53,8 +54,6 @@ PAGED_ONE_BOX_ROWS = 128
 # What a refusal says for a feature whose name alone does not explain it (default: "<feature> is not implemented in
 # <generation> yet").
 FEATURE_REASONS: Mapping[str, str] = {
-    "decode": f"decode (a KV-cache call of fewer than {DECODE_MAX_SEQLEN_Q} query rows) needs a split-KV path, which "
-              "{generation} does not have yet",
     "unaligned_pages": f"unaligned_pages (a page size that is not a multiple of {PAGE_ROWS_MULTIPLE} rows): "
                        "{generation} loads a page's keys in TMA boxes of whole 8-row swizzle atoms",
 }
@@ -132,7 +131,7 @@ GENERATIONS: Dict[str, GenerationSpec] = _Table({
     # 2026-12-05-s40-kvcache-paged*.jsonl, 128-2048 rows: 0.47-0.72 of v2's time at pages of 16, 64 and 256 rows).
     "v3": GenerationSpec("v3", "cuda", frozenset({"fp16", "bf16", "e4m3"}),
                          frozenset({"forward", "causal", "window", "softcap", "alibi", "gqa", "varlen", "kvcache",
-                                    "paged_kv", "cache_leftpad", "short_paged", "backward"}),
+                                    "paged_kv", "cache_leftpad", "short_paged", "backward", "decode"}),
                          not_together=frozenset({frozenset({"paged_kv", "cache_leftpad"})}),
                          min_capability=(9, 0),
                          max_capability=(9, 0), head_dim_multiple=_GPU_HEAD_DIM_MULTIPLE,

@@ -1,0 +1,252 @@
+"""v3's split-KV instance (v3_hopper/v3_api.cu plan_fwd, kernel_traits.cuh kSplit, common/split_combine.cuh): the plan
+and its checks (host code: they need a build with v3, not a GPU) and the kernels. All in the GPU tier, the one that
+runs on builds with v3.
+
+The plan's rule, as v3_api.cu states it: 16-bit dense queries of at most one consumer warpgroup's 64 rows, V at q's
+head dim, no dropout / probabilities / block-sparse mask; one query block per (head, batch) on the bucket's masked
+tile; split_kv_count over one CTA per SM; a count of 1 plans nothing (0), so the prefill instances run the call. The
+masked tile's block_n is read back through the plan (`_block_n`), not typed in: no tile data is exported.
+"""
+
+import functools
+import math
+
+import pytest
+import torch
+
+import flashgen
+from flashgen import _native, _ops, testing
+from flashgen.reference import attention_ref
+from test_v2_split_kv import K_MAX_SPLITS, _decode_case, _params, split_kv_count
+
+pytestmark = pytest.mark.gpu
+
+V3_ROWS = 64  # the plan's most query rows: one consumer warpgroup's (v3_hopper/tile_config.h kWarpgroupRows)
+
+
+def _has_v3(head_dim: int = 128) -> bool:
+    return _native.build_info().has("v3", "fwd", "bf16", head_dim)
+
+
+def _plan(**kw):
+    """(num_splits, oaccum floats, lse_accum floats) of v3's forward plan for _params(**kw)."""
+    splits, spec = _native.C.fwd_plan("v3", _params(**kw))
+    floats = {name: n for name, n, _ in spec}
+    return splits, floats.get("oaccum", 0), floats.get("lse_accum", 0)
+
+
+@functools.lru_cache(maxsize=None)
+def _block_n(head_dim: int) -> int:
+    """The split tile's keys per block: one tile on 1000 SMs splits once it has two key blocks (split_kv_count gives 1
+    for a single block), so the fewest keys that the plan splits are block_n + 1."""
+    first = next(keys for keys in range(2, 1025)
+                 if _plan(batch=1, heads=1, seqlen_q=1, seqlen_k=keys, num_sms=1000, head_dim=head_dim)[0] > 0)
+    return first - 1
+
+
+def _bucket(head_dim: int) -> int:
+    return _native.build_info().bucket("v3", "fwd", "bf16", head_dim)
+
+
+def _expected(*, batch, heads, seqlen_q, seqlen_k, num_sms, head_dim=128, max_splits=K_MAX_SPLITS):
+    splits = split_kv_count(batch * heads, num_sms, math.ceil(seqlen_k / _block_n(head_dim)), max_splits)
+    if splits == 1:
+        return 0, 0, 0
+    rows = splits * batch * heads * seqlen_q
+    return splits, rows * _bucket(head_dim), 2 * rows
+
+
+needs_v3 = pytest.mark.skipif(not _has_v3(), reason="v3 not compiled into this build")
+
+
+@needs_v3
+@pytest.mark.parametrize("head_dim", [64, 128, 256])
+def test_split_tile_reads_back(head_dim):
+    if not _has_v3(head_dim):
+        pytest.skip(f"v3 d{head_dim} not compiled")
+    block_n = _block_n(head_dim)
+    assert block_n % 16 == 0 and 16 <= block_n <= 256, block_n  # a wgmma N and a P V K
+
+
+@needs_v3
+@pytest.mark.parametrize("num_sms", [132, 78, 16])
+@pytest.mark.parametrize("batch", [1, 4, 16, 64])
+@pytest.mark.parametrize("seqlen_q", [1, 4, V3_ROWS])
+def test_split_plan_follows_the_rule(batch, num_sms, seqlen_q):
+    shape = dict(batch=batch, heads=8, seqlen_q=seqlen_q, seqlen_k=32768, num_sms=num_sms)
+    got = _plan(**shape)
+    assert got == _expected(**shape), f"{shape}: plan {got}, the rule gives {_expected(**shape)}"
+    assert got[0] == 0 or 2 <= got[0] <= min(math.ceil(32768 / _block_n(128)), K_MAX_SPLITS, num_sms)
+
+
+@needs_v3
+@pytest.mark.parametrize("max_splits", [1, 2, 7])
+def test_split_plan_honours_max_splits(max_splits):
+    """flash_attn's num_splits: 1 = no split (the plan gives 0: the prefill instances run it), n = at most n."""
+    shape = dict(batch=1, heads=8, seqlen_q=1, seqlen_k=32768, num_sms=132)
+    got = _plan(**shape, max_splits=max_splits)
+    assert got == _expected(**shape, max_splits=max_splits), got
+    ok = got[0] == 0 if max_splits == 1 else 2 <= got[0] <= max_splits
+    assert ok, f"max_splits {max_splits}: the plan gave {got[0]}"
+
+
+@needs_v3
+@pytest.mark.parametrize("case", ["rows-past-a-warpgroup", "dropout", "varlen", "no-keys", "no-sm-count", "probs",
+                                  "value-head-dim", "fp8"])
+def test_split_plan_declines(case):
+    assert _plan(batch=1, seqlen_q=V3_ROWS)[0] > 1, "the plan declined a split it should make"
+    extra = {"rows-past-a-warpgroup": dict(seqlen_q=V3_ROWS + 1), "dropout": dict(p_dropout=0.1),
+             "varlen": dict(cu_seqlens_q=512), "no-keys": dict(seqlen_k=0), "no-sm-count": dict(num_sms=0),
+             "probs": dict(p_out=512), "value-head-dim": dict(head_dim_v=64),
+             "fp8": dict(dtype=_native.C.DType.float8_e4m3fn)}[case]
+    assert _plan(batch=1, **extra)[0] == 0, f"planned a split for {extra}"
+
+
+@needs_v3
+@pytest.mark.parametrize("case", ["not-decode", "not-the-plan", "no-workspace", "workspace-too-small"])
+def test_split_checks_refuse_before_launch(case):
+    shape = dict(batch=1)  # 8 tiles on 132 SMs: the plan splits
+    splits, o_floats, lse_floats = _plan(**shape)
+    assert splits > 1, f"the check needs a split plan, got {splits}"
+    extra, message = {
+        "not-decode": (dict(num_splits=splits, seqlen_q=V3_ROWS + 1), "does not run v3's split-KV instance"),
+        "not-the-plan": (dict(num_splits=splits + 1), f"expected the forward plan's {splits}, got {splits + 1}"),
+        "no-workspace": (dict(num_splits=splits), f"oaccum: v3 needs {o_floats} floats for this problem, got 0"),
+        "workspace-too-small": (dict(num_splits=splits, workspaces=dict(oaccum=o_floats, lse_accum=lse_floats - 1)),
+                                f"lse_accum: v3 needs {lse_floats} floats for this problem, got {lse_floats - 1}"),
+    }[case]
+    with pytest.raises(ValueError, match=message):
+        _native.C.fwd("v3", _params(**shape, **extra), 0)
+
+
+# ---- the kernels (GPU tier) ----
+
+@pytest.fixture
+def splits_seen(monkeypatch):
+    """The split plan on (FLASHGEN_SPLIT_KV=1); p.num_splits of every v3 forward launch recorded."""
+    monkeypatch.setenv(_ops.DECODE_ENV, "1")
+    seen = []
+    real = _native.C.fwd
+
+    def spy(generation, p, stream):
+        if generation == "v3":
+            seen.append(p.num_splits)
+        return real(generation, p, stream)
+
+    monkeypatch.setattr(_native.C, "fwd", spy)
+    return seen
+
+
+def _need_gpu_v3(head_dim=128):
+    if not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("needs an sm_90 device")
+    if not _has_v3(head_dim):
+        pytest.skip(f"v3 fwd bf16 d{head_dim} not compiled into this build")
+
+
+def _check(name, q, k_cache, v_cache, seqlens, out, lse, ref_kw):
+    ref, ref_lse = attention_ref(q.cpu(), k_cache.cpu(), v_cache.cpu(), seqused_k=seqlens.cpu(), **ref_kw)
+    naive, _ = attention_ref(q.cpu(), k_cache.cpu(), v_cache.cpu(), seqused_k=seqlens.cpu(), dtype=q.dtype, **ref_kw)
+    testing.check_fa_rule(name, out.cpu(), ref, naive, 2.0)
+    lse = lse.cpu().double()
+    assert torch.equal(torch.isinf(lse), torch.isinf(ref_lse)), f"{name}: lse +inf exactly on the rows with no key"
+    finite = torch.isfinite(ref_lse)
+    lse_err = (lse[finite] - ref_lse[finite]).abs().max().item()
+    assert lse_err <= 2e-3, f"{name}: lse max error {lse_err:.3e} > 2e-3"
+
+
+@pytest.mark.parametrize("head_dim", [64, 128, 192, 256, 72])
+@pytest.mark.parametrize("case", ["gqa-1-token", "mha-1-token", "mha-5-tokens-causal", "mha-64-tokens-window",
+                                  "alibi-softcap", "gqa-1-token-fp16"])
+def test_split_against_oracle(head_dim, case, splits_seen):
+    """Each mask and modifier through the split instance, four sequences: empty, shorter than a key block, not a
+    multiple of any block, the whole cache; the output NaN-poisoned before the call (flash_attn_with_kvcache's out)."""
+    _need_gpu_v3(head_dim)
+    heads, heads_k, seqlen_q = {"gqa-1-token": (8, 2, 1), "mha-1-token": (4, 4, 1), "mha-5-tokens-causal": (4, 4, 5),
+                                "mha-64-tokens-window": (2, 2, 64), "alibi-softcap": (4, 2, 1),
+                                "gqa-1-token-fp16": (8, 2, 1)}[case]
+    dtype = torch.float16 if case.endswith("fp16") else torch.bfloat16
+    q, k_cache, v_cache, seqlens = _decode_case("cuda", heads, heads_k, head_dim, seqlen_q, [0, 37, 3001, 4096], 4096,
+                                                dtype=dtype)
+    kw = dict(cache_seqlens=seqlens, return_softmax_lse=True)
+    if case == "mha-5-tokens-causal":
+        kw["causal"] = True
+    if case == "mha-64-tokens-window":
+        kw["window_size"] = (300, 0)
+    if case == "alibi-softcap":
+        kw.update(alibi_slopes=torch.rand(heads, device="cuda"), softcap=15.0)
+    out, lse = flashgen.flash_attn_with_kvcache(q, k_cache, v_cache, version="v3", **kw)
+    assert splits_seen and splits_seen[-1] > 1, f"expected a split launch, saw num_splits {splits_seen}"
+    ref_kw = {k: v for k, v in kw.items() if k in ("causal", "window_size", "softcap")}
+    if "alibi_slopes" in kw:
+        ref_kw["alibi_slopes"] = kw["alibi_slopes"].cpu()
+    _check(f"v3 split {case} d{head_dim}", q, k_cache, v_cache, seqlens, out, lse, ref_kw)
+
+
+@pytest.mark.parametrize("key_blocks", [100, K_MAX_SPLITS])
+def test_split_many_shares(key_blocks, splits_seen):
+    """One sequence and one KV head are one tile, split into one share per key block up to kMaxSplits (the combine's
+    lanes hold several row states each); the cache's last block and more unused, so the last shares are empty."""
+    _need_gpu_v3()
+    block_n = _block_n(128)
+    capacity, unused = key_blocks * block_n, block_n + 22
+    num_sms = _ops._num_sms(torch.cuda.current_device())
+    want = _expected(batch=1, heads=1, seqlen_q=8, seqlen_k=capacity, num_sms=num_sms)[0]
+    assert want > 32, f"{key_blocks} key blocks: the rule gives {want} splits on this device"
+    q, k_cache, v_cache, seqlens = _decode_case("cuda", 8, 1, 128, 1, [capacity - unused], capacity)
+    out, lse = flashgen.flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=seqlens, version="v3",
+                                                return_softmax_lse=True)
+    assert splits_seen[-1] == want, f"expected {want} splits, saw {splits_seen}"
+    _check(f"v3 {want} splits", q, k_cache, v_cache, seqlens, out, lse, {})
+
+
+def test_split_and_prefill_agree_and_repeat(splits_seen, monkeypatch):
+    """The split instance bit for bit the same over 5 runs (each split writes its own slots, the combine sums them in
+    one order), and the prefill instance on the same call (FLASHGEN_SPLIT_KV=0) within the FA rule."""
+    _need_gpu_v3()
+    q, k_cache, v_cache, seqlens = _decode_case("cuda", 32, 8, 128, 1, [3001, 17, 4000, 0], 4096)
+    runs = [flashgen.flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=seqlens, version="v3",
+                                             return_softmax_lse=True) for _ in range(5)]
+    assert splits_seen[-1] > 1, f"expected a split launch, saw {splits_seen}"
+    for out, lse in runs[1:]:
+        assert torch.equal(out, runs[0][0]) and torch.equal(lse, runs[0][1]), "split runs differ"
+    monkeypatch.setenv(_ops.DECODE_ENV, "0")
+    prefill, lse = flashgen.flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=seqlens, version="v3",
+                                                    return_softmax_lse=True)
+    assert splits_seen[-1] == 0
+    _check("v3 split", q, k_cache, v_cache, seqlens, *runs[0], {})
+    _check("v3 prefill", q, k_cache, v_cache, seqlens, prefill, lse, {})
+
+
+@pytest.mark.parametrize("append", [False, True], ids=["read-cache", "append-then-read"])
+def test_split_step_replays_from_a_cuda_graph(append, splits_seen):
+    """A decode step captured once and replayed with new tokens and cache lengths (nothing on the path reads a tensor
+    value on the host): the replay equals the eager call bit for bit."""
+    _need_gpu_v3()
+    q, k_cache, v_cache, seqlens = _decode_case("cuda", 32, 8, 128, 1, [3001, 17, 4000, 0], 4096)
+    new_k, new_v = (torch.randn(4, 1, 8, 128, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+    kv = dict(k=new_k, v=new_v) if append else {}
+
+    def step():
+        return flashgen.flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=seqlens, version="v3", **kv)
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        step()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        static_out = step()
+    assert splits_seen[-1] > 1, f"expected the split instance in the graph, saw num_splits {splits_seen}"
+    for lens in ([5, 4095, 64, 1], [4000, 0, 2048, 3999]):
+        for t in (q, new_k, new_v):
+            t.copy_(torch.randn_like(t))
+        seqlens.copy_(torch.tensor(lens, dtype=torch.int32))
+        k_before, v_before = k_cache.clone(), v_cache.clone()
+        static_out.fill_(float("nan"))
+        graph.replay()
+        replayed = static_out.clone()
+        k_cache.copy_(k_before)  # undo the replay's append so the eager call sees the same cache
+        v_cache.copy_(v_before)
+        assert torch.equal(replayed, step()), f"cache lengths {lens}: graph replay differs from the eager call"
