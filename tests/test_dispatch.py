@@ -184,7 +184,7 @@ def test_unaligned_pages_are_v2s():
 def test_short_paged_calls_prefer_v2_on_sm90():
     """A paged call of few query rows on pages that are not multiples of 128 rows ("short_paged"): every generation
     that reads pages runs it, and auto prefers v2 on sm_90 (v3's tiles of such pages are several TMA boxes, slower
-    there); v3 runs it when asked; other archs keep their order."""
+    there) unless it is a decode step; v3 runs it when asked; other archs keep their order."""
     built = _build(generations=("v2", "v3"), kinds=("fwd",), archs=("80", "90a"))
     short = _cuda((9, 0), features={"kvcache", "paged_kv", "short_paged"})
     assert explain(short, built)["v3"] == [] and explain(short, built)["v2"] == []
@@ -193,6 +193,8 @@ def test_short_paged_calls_prefer_v2_on_sm90():
     assert choose(short, built, "v3").generation == "v3"
     assert choose(_cuda((9, 0), features={"kvcache", "paged_kv"}), built).generation == "v3"
     assert choose(_cuda((8, 0), features={"kvcache", "paged_kv", "short_paged"}), built).generation == "v2"
+    # A decode step on such pages: v3's split instance (dispatch.py, measured in session 47).
+    assert choose(_cuda((9, 0), features={"kvcache", "paged_kv", "short_paged", "decode"}), built).generation == "v3"
 
 
 def test_sm75_refuses_v2():

@@ -48,6 +48,11 @@ DECODE_MAX_SEQLEN_Q = 16
 # larger tile gains while the query block is mostly empty. Measured (v3_hopper/tools/time_kvcache.py, bf16 d128 causal,
 # 32/8 heads, batch 4, caches of 2k and 8k, bench/results/v3-dev/2026-12-05-s39-kvcache-paged*-short.jsonl): pages of
 # 16 at 16-64 rows 1.16-1.35x v2's time, from 128 rows 0.55-0.78x; pages of 256 (one box) at 16-64 rows 0.68-1.04x.
+# A decode step on such pages ("decode" too) stays v3's: its split instance or, where the tiles fill a wave, the prefill
+# one beat v2's decode instance on the decode bench (session 47, bench/results/2026-12-05-nvidia-h200-decode-s47.txt,
+# pages of 16: 1.05-1.17x v2's speed at batch 16 and one token, 1.69-1.76x at four, 1.16x at batch 1, four tokens,
+# 32k-128k); in CUDA graphs at batch 1 and one token v3 took 1.04-1.08x v2's time (H100,
+# bench/results/v3-dev/2026-12-05-s47-split-profile-kvcache-fp16-h100.txt).
 PAGED_SHORT_MAX_SEQLEN_Q = 128
 PAGED_ONE_BOX_ROWS = 128
 
@@ -269,7 +274,7 @@ def preference(problem: Problem) -> Tuple[Tuple[str, ...], str]:
     cap = tuple(cap)
     # v1 last on sm_80+: it runs what v2 and v3 do not implement (block-sparse while v2's is opt-in, FA1 Sec. 3.3).
     if cap == (9, 0):
-        if "short_paged" in problem.features:
+        if "short_paged" in problem.features and "decode" not in problem.features:
             return ("v2", "v3", "v1"), (f"sm_90, a paged call of fewer than {PAGED_SHORT_MAX_SEQLEN_Q} query rows on "
                                         f"pages that are not multiples of {PAGED_ONE_BOX_ROWS} rows: v2 (v3 loads "
                                         "those tiles in several TMA boxes), else v3, else v1")
