@@ -1,8 +1,7 @@
 #!/usr/bin/env python3
-"""Times v2 and v3 on KV-cache calls (dense cache, seqused_k, bottom-right causal, GQA), to place the dispatcher's
-decode / prefill threshold (flashgen.dispatch.DECODE_MAX_SEQLEN_Q): below it auto runs v2's split-KV decode path,
-from it on v3. The kernels are called through flashgen._ops (no append, no dispatch), so v3 is timed below the
-threshold too; one row per (cache length, query rows). bf16 d128, 32 query heads over 8 KV heads (a Llama-style GQA
+"""Times v2 and v3 on KV-cache calls (dense cache, seqused_k, bottom-right causal, GQA): decode steps (below
+flashgen.dispatch.DECODE_MAX_SEQLEN_Q rows; each generation's split-KV plan where it splits) and chunked prefill. The
+kernels are called through flashgen._ops (no append, no dispatch); one row per (cache length, query rows). bf16 d128, 32 query heads over 8 KV heads (a Llama-style GQA
 layer), batch 4, caches of 2k and 8k rows filled to the end. Median of triton's do_bench; each v3 output checked
 against v2's before timing. JSON lines to --out. --graph times the replay of a CUDA graph holding the call, so the
 host side of _ops.forward (~40-90 us, which the plain timing of small calls holds) drops out of the rows below 128.
