@@ -5,7 +5,8 @@ Under sustained load the H200 holds ~600 W, so a kernel that moves more DRAM byt
 single-launch (ncu) timing suggests (bench/NOTES.md session 25).
     PYTHONPATH=<package> python3 v3_hopper/tools/clock_probe.py [label]
 Env: CFGS="head_dim,seqlen,causal;..." (default 128,8192,0;128,8192,1;128,2048,0), bench grid shapes (16k tokens,
-hidden 2048); REPS: v3 / cuDNN alternations per shape (default 2)."""
+hidden 2048); REPS: v3 / cuDNN alternations per shape (default 2); DTYPES: a comma list of bf16 and fp16 (default
+bf16), each shape run in each (issue 16's "fp16 within 3% of bf16": whether fp16 runs at another clock or power)."""
 import datetime
 import math
 import os
@@ -46,6 +47,8 @@ def main() -> None:
     cfgs = [tuple(int(x) for x in c.split(",")) for c in
             os.environ.get("CFGS", "128,8192,0;128,8192,1;128,2048,0").split(";")]
     reps = int(os.environ.get("REPS", "2"))
+    dtypes = {"bf16": torch.bfloat16, "fp16": torch.float16}
+    chosen = os.environ.get("DTYPES", "bf16").split(",")
     try:
         from flash_attn.cute import flash_attn_func as fa4_func
     except ImportError:
@@ -55,9 +58,9 @@ def main() -> None:
                             "--format=csv,noheader,nounits", "-lms", "50"], stdout=log)
     time.sleep(0.5)
     phases = []
-    for d, s, causal in cfgs:
+    for (d, s, causal), dtype_name in ((c, n) for c in cfgs for n in chosen):
         b, h = TOKENS // s, HIDDEN // d
-        q, k, v = (torch.randn(b, s, h, d, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+        q, k, v = (torch.randn(b, s, h, d, device="cuda", dtype=dtypes[dtype_name]) for _ in range(3))
         qt, kt, vt = (t.transpose(1, 2) for t in (q, k, v))
         flop = 4 * b * h * s * s * d / (2 if causal else 1)
 
@@ -76,7 +79,7 @@ def main() -> None:
             impls.append(("fa4", fa4))
         for name, fn in impls * reps:
             t0, t1, tflops = run_phase(fn, flop)
-            phases.append((f"d{d} s{s} {'causal' if causal else 'full'}", name, t0 + SKIP_S, t1, tflops))
+            phases.append((f"d{d} s{s} {'causal' if causal else 'full'} {dtype_name}", name, t0 + SKIP_S, t1, tflops))
             time.sleep(0.5)
     smi.terminate()
     log.close()
@@ -91,7 +94,7 @@ def main() -> None:
         sel = [x for x in samples if t0 <= x[0] <= t1]
         clk = sum(x[1] for x in sel) / max(len(sel), 1)
         pw = sum(x[2] for x in sel) / max(len(sel), 1)
-        print(f"{label:>8} {cfg:<18} {name:<6} {tflops:7.1f} TFLOP/s  SM clock {clk:6.0f} MHz  power {pw:5.0f} W  "
+        print(f"{label:>8} {cfg:<23} {name:<6} {tflops:7.1f} TFLOP/s  SM clock {clk:6.0f} MHz  power {pw:5.0f} W  "
               f"({len(sel)} samples)")
 
 
