@@ -178,6 +178,10 @@ def test_unaligned_pages_are_v2s():
     reasons = explain(problem, built)
     assert any("unaligned_pages" in r and "8-row" in r for r in reasons["v3"]), reasons["v3"]
     assert reasons["v2"] == [] and choose(problem, built).generation == "v2"
+    # A generation that reads no pages is refused for the paged cache alone, not for its page size (v3's reason).
+    v1 = _build(generations=("v1", "v2"), kinds=("fwd",), archs=("80",))
+    for features in ({"kvcache", "paged_kv", "unaligned_pages"}, {"kvcache", "paged_kv", "short_paged"}):
+        assert explain(_cuda((8, 0), features=features), v1)["v1"] == ["paged_kv is not implemented in v1 yet"]
     assert choose(_cuda((9, 0), features={"kvcache", "paged_kv"}), built).generation == "v3"
 
 

@@ -56,6 +56,10 @@ DECODE_MAX_SEQLEN_Q = 16
 PAGED_SHORT_MAX_SEQLEN_Q = 128
 PAGED_ONE_BOX_ROWS = 128
 
+# Features that only describe a paged cache ("paged_kv" is there too): a generation without paged caches is refused
+# for "paged_kv" alone (v1 said "unaligned_pages: v1 loads a page's keys in TMA boxes", which is v3's reason).
+PAGE_DETAIL_FEATURES = frozenset({"unaligned_pages", "short_paged"})
+
 # What a refusal says for a feature whose name alone does not explain it (default: "<feature> is not implemented in
 # <generation> yet").
 FEATURE_REASONS: Mapping[str, str] = {
@@ -230,6 +234,8 @@ def _reasons(spec: GenerationSpec, problem: Problem, built: BuildInfo) -> Tuple[
                        else f"{spec.name} forward for {problem.dtype} is not implemented yet")
     else:
         for feature in sorted(problem.features - implements):
+            if feature in PAGE_DETAIL_FEATURES and "paged_kv" not in implements:
+                continue  # details of a paged cache, for a generation that reads none: "paged_kv" says it
             if feature in FEATURE_REASONS:
                 reasons.append(FEATURE_REASONS[feature].format(generation=spec.name))
             else:
