@@ -50,7 +50,7 @@ DECODE_MAX_SEQLEN_Q = 16
 # 16 at 16-64 rows 1.16-1.35x v2's time, from 128 rows 0.55-0.78x; pages of 256 (one box) at 16-64 rows 0.68-1.04x.
 # A decode step on such pages ("decode" too) stays v3's: its split instance or, where the tiles fill a wave, the prefill
 # one beat v2's decode instance on the decode bench (session 47, bench/results/2026-12-05-nvidia-h200-decode-s47.txt,
-# pages of 16: 1.05-1.17x v2's speed at batch 16 and one token, 1.69-1.76x at four, 1.16x at batch 1, four tokens,
+# pages of 16: 1.05-1.17x v2's speed at batch 16 and one token, 1.72-1.76x at four, 1.16x at batch 1, four tokens,
 # 32k-128k); in CUDA graphs at batch 1 and one token v3 took 1.04-1.08x v2's time (H100,
 # bench/results/v3-dev/2026-12-05-s47-split-profile-kvcache-fp16-h100.txt).
 PAGED_SHORT_MAX_SEQLEN_Q = 128
