@@ -231,20 +231,18 @@ def splits_seen(monkeypatch):
     return seen
 
 
-@pytest.mark.gpu
-@pytest.mark.parametrize("head_dim", [64, 128, 256, 72])
-@pytest.mark.parametrize("case", ["gqa-1-token", "mha-1-token", "mha-5-tokens-causal", "mha-64-tokens-window",
-                                  "alibi-softcap"])
-def test_decode_instance_against_oracle(head_dim, case, splits_seen):
-    if not torch.cuda.is_available():
-        pytest.skip("needs a CUDA device")
-    if not _has_v2(head_dim):
-        pytest.skip(f"v2 fwd bf16 d{head_dim} not compiled into this build")
-    heads, heads_k, seqlen_q = {"gqa-1-token": (8, 2, 1), "mha-1-token": (4, 4, 1), "mha-5-tokens-causal": (4, 4, 5),
-                                "mha-64-tokens-window": (2, 2, 64), "alibi-softcap": (4, 2, 1)}[case]
-    # Sequence lengths: empty, shorter than one key block, not a multiple of any block, the whole cache.
-    seqlens_k = [0, 37, 3001, 4096]
-    q, k_cache, v_cache, seqlens = _decode_case("cuda", heads, heads_k, head_dim, seqlen_q, seqlens_k, 4096)
+# (query heads, KV heads, query rows) of each decode case; its mask or modifiers in run_decode_case.
+DECODE_CASES = {"gqa-1-token": (8, 2, 1), "mha-1-token": (4, 4, 1), "mha-5-tokens-causal": (4, 4, 5),
+                "mha-64-tokens-window": (2, 2, 64), "alibi-softcap": (4, 2, 1)}
+
+
+def run_decode_case(generation: str, case: str, head_dim: int, dtype=torch.bfloat16):
+    """flash_attn_with_kvcache on `generation` for DECODE_CASES[case] over four sequences: empty, shorter than one key
+    block, not a multiple of any block, the whole cache. Returns ((q, k_cache, v_cache, seqlens), out, lse, the
+    oracle's keywords) for check_decode (tests/test_v3_split_kv.py runs the cases on v3)."""
+    heads, heads_k, seqlen_q = DECODE_CASES[case]
+    q, k_cache, v_cache, seqlens = _decode_case("cuda", heads, heads_k, head_dim, seqlen_q, [0, 37, 3001, 4096], 4096,
+                                                dtype=dtype)
     kw = dict(cache_seqlens=seqlens, return_softmax_lse=True)
     if case == "mha-5-tokens-causal":
         kw["causal"] = True
@@ -252,19 +250,38 @@ def test_decode_instance_against_oracle(head_dim, case, splits_seen):
         kw["window_size"] = (300, 0)
     if case == "alibi-softcap":
         kw.update(alibi_slopes=torch.rand(heads, device="cuda"), softcap=15.0)
-    out, lse = flashgen.flash_attn_with_kvcache(q, k_cache, v_cache, version="v2", **kw)
-    assert splits_seen and splits_seen[-1] > 1, f"expected a split launch, saw num_splits {splits_seen}"
+    out, lse = flashgen.flash_attn_with_kvcache(q, k_cache, v_cache, version=generation, **kw)
     ref_kw = {k: v for k, v in kw.items() if k in ("causal", "window_size", "softcap")}
     if "alibi_slopes" in kw:
         ref_kw["alibi_slopes"] = kw["alibi_slopes"].cpu()
-    ref, ref_lse = attention_ref(q.cpu(), k_cache.cpu(), v_cache.cpu(), seqused_k=seqlens.cpu(), **ref_kw)
-    naive, _ = attention_ref(q.cpu(), k_cache.cpu(), v_cache.cpu(), seqused_k=seqlens.cpu(), dtype=q.dtype, **ref_kw)
-    testing.check_fa_rule(f"decode {case} d{head_dim}", out.cpu(), ref, naive, 2.0)
+    return (q, k_cache, v_cache, seqlens), out, lse, ref_kw
+
+
+def check_decode(name: str, inputs, out, lse, ref_kw) -> None:
+    """out by the FA rule against the float64 oracle (factor 2), lse +inf exactly on the rows that see no key and
+    within 2e-3 elsewhere."""
+    q, k_cache, v_cache, seqlens = (t.cpu() for t in inputs)
+    ref, ref_lse = attention_ref(q, k_cache, v_cache, seqused_k=seqlens, **ref_kw)
+    naive, _ = attention_ref(q, k_cache, v_cache, seqused_k=seqlens, dtype=q.dtype, **ref_kw)
+    testing.check_fa_rule(name, out.cpu(), ref, naive, 2.0)
     lse = lse.cpu().double()
-    assert torch.equal(torch.isinf(lse), torch.isinf(ref_lse)), "lse: +inf exactly on the rows with no visible key"
+    assert torch.equal(torch.isinf(lse), torch.isinf(ref_lse)), f"{name}: lse +inf exactly on the rows with no key"
     finite = torch.isfinite(ref_lse)
     lse_err = (lse[finite] - ref_lse[finite]).abs().max().item()
-    assert lse_err <= 2e-3, f"decode lse: max error {lse_err:.3e} > 2e-3"
+    assert lse_err <= 2e-3, f"{name}: lse max error {lse_err:.3e} > 2e-3"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("head_dim", [64, 128, 256, 72])
+@pytest.mark.parametrize("case", sorted(DECODE_CASES))
+def test_decode_instance_against_oracle(head_dim, case, splits_seen):
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA device")
+    if not _has_v2(head_dim):
+        pytest.skip(f"v2 fwd bf16 d{head_dim} not compiled into this build")
+    inputs, out, lse, ref_kw = run_decode_case("v2", case, head_dim)
+    assert splits_seen and splits_seen[-1] > 1, f"expected a split launch, saw num_splits {splits_seen}"
+    check_decode(f"decode {case} d{head_dim}", inputs, out, lse, ref_kw)
 
 
 @pytest.mark.gpu
@@ -296,12 +313,18 @@ def test_decode_step_replays_from_a_cuda_graph(append, splits_seen):
     the inputs of that moment, bit for bit (same plan, same kernels)."""
     if not torch.cuda.is_available() or not _has_v2():
         pytest.skip("needs a CUDA device and v2 d128")
+    replay_decode_step("v2", append, splits_seen)
+
+
+def replay_decode_step(generation: str, append: bool, splits_seen: list) -> None:
+    """test_decode_step_replays_from_a_cuda_graph on `generation` (tests/test_v3_split_kv.py runs it on v3):
+    splits_seen, the split counts of the launches (its last entry must be a split)."""
     q, k_cache, v_cache, seqlens = _decode_case("cuda", 32, 8, 128, 1, [3001, 17, 4000, 0], 4096)
     new_k, new_v = (torch.randn(4, 1, 8, 128, device="cuda", dtype=torch.bfloat16) for _ in range(2))
     kv = dict(k=new_k, v=new_v) if append else {}
 
     def step():
-        return flashgen.flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=seqlens, version="v2", **kv)
+        return flashgen.flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=seqlens, version=generation, **kv)
 
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())

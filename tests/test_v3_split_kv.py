@@ -15,9 +15,12 @@ import pytest
 import torch
 
 import flashgen
-from flashgen import _native, _ops, testing
-from flashgen.reference import attention_ref
-from test_v2_split_kv import K_MAX_SPLITS, _decode_case, _params, split_kv_count
+from flashgen import _native, _ops
+import test_v2_split_kv
+from test_v2_split_kv import (DECODE_CASES, K_MAX_SPLITS, _decode_case, _params, check_decode, replay_decode_step,
+                              run_decode_case, split_kv_count)
+
+splits_seen = test_v2_split_kv.splits_seen  # the fixture: the split plan on, every launch's p.num_splits recorded
 
 pytestmark = pytest.mark.gpu
 
@@ -121,22 +124,6 @@ def test_split_checks_refuse_before_launch(case):
 
 # ---- the kernels (GPU tier) ----
 
-@pytest.fixture
-def splits_seen(monkeypatch):
-    """The split plan on (FLASHGEN_SPLIT_KV=1); p.num_splits of every v3 forward launch recorded."""
-    monkeypatch.setenv(_ops.DECODE_ENV, "1")
-    seen = []
-    real = _native.C.fwd
-
-    def spy(generation, p, stream):
-        if generation == "v3":
-            seen.append(p.num_splits)
-        return real(generation, p, stream)
-
-    monkeypatch.setattr(_native.C, "fwd", spy)
-    return seen
-
-
 def _need_gpu_v3(head_dim=128):
     if not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0):
         pytest.skip("needs an sm_90 device")
@@ -144,43 +131,17 @@ def _need_gpu_v3(head_dim=128):
         pytest.skip(f"v3 fwd bf16 d{head_dim} not compiled into this build")
 
 
-def _check(name, q, k_cache, v_cache, seqlens, out, lse, ref_kw):
-    ref, ref_lse = attention_ref(q.cpu(), k_cache.cpu(), v_cache.cpu(), seqused_k=seqlens.cpu(), **ref_kw)
-    naive, _ = attention_ref(q.cpu(), k_cache.cpu(), v_cache.cpu(), seqused_k=seqlens.cpu(), dtype=q.dtype, **ref_kw)
-    testing.check_fa_rule(name, out.cpu(), ref, naive, 2.0)
-    lse = lse.cpu().double()
-    assert torch.equal(torch.isinf(lse), torch.isinf(ref_lse)), f"{name}: lse +inf exactly on the rows with no key"
-    finite = torch.isfinite(ref_lse)
-    lse_err = (lse[finite] - ref_lse[finite]).abs().max().item()
-    assert lse_err <= 2e-3, f"{name}: lse max error {lse_err:.3e} > 2e-3"
-
-
 @pytest.mark.parametrize("head_dim", [64, 128, 192, 256, 72])
-@pytest.mark.parametrize("case", ["gqa-1-token", "mha-1-token", "mha-5-tokens-causal", "mha-64-tokens-window",
-                                  "alibi-softcap", "gqa-1-token-fp16"])
+@pytest.mark.parametrize("case", sorted(DECODE_CASES) + ["gqa-1-token-fp16"])
 def test_split_against_oracle(head_dim, case, splits_seen):
-    """Each mask and modifier through the split instance, four sequences: empty, shorter than a key block, not a
-    multiple of any block, the whole cache; the output NaN-poisoned before the call (flash_attn_with_kvcache's out)."""
+    """test_v2_split_kv.py's decode cases (each mask and modifier; empty, short and full caches) through the split
+    instance, and one in fp16."""
     _need_gpu_v3(head_dim)
-    heads, heads_k, seqlen_q = {"gqa-1-token": (8, 2, 1), "mha-1-token": (4, 4, 1), "mha-5-tokens-causal": (4, 4, 5),
-                                "mha-64-tokens-window": (2, 2, 64), "alibi-softcap": (4, 2, 1),
-                                "gqa-1-token-fp16": (8, 2, 1)}[case]
-    dtype = torch.float16 if case.endswith("fp16") else torch.bfloat16
-    q, k_cache, v_cache, seqlens = _decode_case("cuda", heads, heads_k, head_dim, seqlen_q, [0, 37, 3001, 4096], 4096,
-                                                dtype=dtype)
-    kw = dict(cache_seqlens=seqlens, return_softmax_lse=True)
-    if case == "mha-5-tokens-causal":
-        kw["causal"] = True
-    if case == "mha-64-tokens-window":
-        kw["window_size"] = (300, 0)
-    if case == "alibi-softcap":
-        kw.update(alibi_slopes=torch.rand(heads, device="cuda"), softcap=15.0)
-    out, lse = flashgen.flash_attn_with_kvcache(q, k_cache, v_cache, version="v3", **kw)
+    fp16 = case.endswith("-fp16")
+    inputs, out, lse, ref_kw = run_decode_case("v3", case.removesuffix("-fp16"), head_dim,
+                                               torch.float16 if fp16 else torch.bfloat16)
     assert splits_seen and splits_seen[-1] > 1, f"expected a split launch, saw num_splits {splits_seen}"
-    ref_kw = {k: v for k, v in kw.items() if k in ("causal", "window_size", "softcap")}
-    if "alibi_slopes" in kw:
-        ref_kw["alibi_slopes"] = kw["alibi_slopes"].cpu()
-    _check(f"v3 split {case} d{head_dim}", q, k_cache, v_cache, seqlens, out, lse, ref_kw)
+    check_decode(f"v3 split {case} d{head_dim}", inputs, out, lse, ref_kw)
 
 
 @pytest.mark.parametrize("key_blocks", [100, K_MAX_SPLITS])
@@ -197,7 +158,7 @@ def test_split_many_shares(key_blocks, splits_seen):
     out, lse = flashgen.flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=seqlens, version="v3",
                                                 return_softmax_lse=True)
     assert splits_seen[-1] == want, f"expected {want} splits, saw {splits_seen}"
-    _check(f"v3 {want} splits", q, k_cache, v_cache, seqlens, out, lse, {})
+    check_decode(f"v3 {want} splits", (q, k_cache, v_cache, seqlens), out, lse, {})
 
 
 def test_split_and_prefill_agree_and_repeat(splits_seen, monkeypatch):
@@ -214,39 +175,13 @@ def test_split_and_prefill_agree_and_repeat(splits_seen, monkeypatch):
     prefill, lse = flashgen.flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=seqlens, version="v3",
                                                     return_softmax_lse=True)
     assert splits_seen[-1] == 0
-    _check("v3 split", q, k_cache, v_cache, seqlens, *runs[0], {})
-    _check("v3 prefill", q, k_cache, v_cache, seqlens, prefill, lse, {})
+    check_decode("v3 split", (q, k_cache, v_cache, seqlens), *runs[0], {})
+    check_decode("v3 prefill", (q, k_cache, v_cache, seqlens), prefill, lse, {})
 
 
 @pytest.mark.parametrize("append", [False, True], ids=["read-cache", "append-then-read"])
 def test_split_step_replays_from_a_cuda_graph(append, splits_seen):
     """A decode step captured once and replayed with new tokens and cache lengths (nothing on the path reads a tensor
-    value on the host): the replay equals the eager call bit for bit."""
+    value on the host): the replay equals the eager call bit for bit (test_v2_split_kv.py's check on v3)."""
     _need_gpu_v3()
-    q, k_cache, v_cache, seqlens = _decode_case("cuda", 32, 8, 128, 1, [3001, 17, 4000, 0], 4096)
-    new_k, new_v = (torch.randn(4, 1, 8, 128, device="cuda", dtype=torch.bfloat16) for _ in range(2))
-    kv = dict(k=new_k, v=new_v) if append else {}
-
-    def step():
-        return flashgen.flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=seqlens, version="v3", **kv)
-
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        step()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        static_out = step()
-    assert splits_seen[-1] > 1, f"expected the split instance in the graph, saw num_splits {splits_seen}"
-    for lens in ([5, 4095, 64, 1], [4000, 0, 2048, 3999]):
-        for t in (q, new_k, new_v):
-            t.copy_(torch.randn_like(t))
-        seqlens.copy_(torch.tensor(lens, dtype=torch.int32))
-        k_before, v_before = k_cache.clone(), v_cache.clone()
-        static_out.fill_(float("nan"))
-        graph.replay()
-        replayed = static_out.clone()
-        k_cache.copy_(k_before)  # undo the replay's append so the eager call sees the same cache
-        v_cache.copy_(v_before)
-        assert torch.equal(replayed, step()), f"cache lengths {lens}: graph replay differs from the eager call"
+    replay_decode_step("v3", append, splits_seen)
