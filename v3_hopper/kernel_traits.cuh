@@ -44,8 +44,9 @@ static_assert(kBarrierCount <= 16, "sm_90 has 16 named barriers per CTA");
 // kMasked: the instance for launches with a window (causal or local); tile_config.h may give it another tile.
 // kShortTile: the masked code on tile_config.h's short_tile_config (buckets with has_short_tile only).
 // kHeadDimV: V's (and O's) head-dim bucket where V has its own (tile_config.h value_tile_config), else kHeadDim.
-// kSplit: the split-KV decode instance (v3_api.cu plan_fwd): the masked code, each tile one split of the key blocks of
-// one query block of at most 64 rows, its O and row state written to the workspaces for common/split_combine.cuh.
+// kSplit: the split-KV decode instance (v3_api.cu plan_fwd): the masked code on tile_config.h's split_tile_config, each
+// tile one split of the key blocks of one query block of at most 64 rows, its O and row state written to the
+// workspaces for common/split_combine.cuh.
 template <typename Tag_, int kHeadDim_, bool kMasked_, bool kShortTile = false, int kHeadDimV_ = kHeadDim_,
           bool kSplit_ = false>
 struct FwdTraits {
@@ -58,9 +59,10 @@ struct FwdTraits {
   static_assert(!kShortTile || (kMasked && has_short_tile(kHeadDim) && kHeadDimV == kHeadDim),
                 "the short tile runs the masked code");
   static_assert(!kSplit || (kMasked && !kShortTile && kHeadDimV == kHeadDim),
-                "the split instance runs the masked code on the bucket's own tile, V at q's head dim");
+                "the split instance runs the masked code, V at q's head dim");
   static constexpr TileConfig kConfig = kShortTile ? short_tile_config(kHeadDim)
-                                                   : value_tile_config(kHeadDim, kHeadDimV, kMasked);
+                                         : kSplit    ? split_tile_config(kHeadDim)
+                                                     : value_tile_config(kHeadDim, kHeadDimV, kMasked);
   static constexpr int kConsumers = kConfig.consumers;  // consumer warpgroups
   static constexpr int kBlockM = block_m(kConfig);
   static constexpr int kBlockN = kConfig.block_n;

@@ -174,13 +174,15 @@ constexpr int num_threads(const TileConfig& c, bool producer = true) {
 // ---- register budgets (setmaxnreg): the SM's 64K registers split unevenly between the roles ----
 // __launch_bounds__(threads, 1) starts every thread at launch_regs; the producer gives registers back to the CTA's
 // pool and the consumers take them, so the producer must free at least what the consumers claim. FA3's budgets:
-// 2 consumer warpgroups 24 / 240 (from 168), 3 consumer warpgroups 32 / 160 (from 128).
+// 2 consumer warpgroups 24 / 240 (from 168), 3 consumer warpgroups 32 / 160 (from 128), one 56 / 256 (from 255: ptxas
+// gives a 256-thread kernel 255, and setmaxnreg.inc may not lower a count).
 constexpr int kRegisterFile = 65536;
 constexpr int kRegisterGranule = 8;  // setmaxnreg counts and the per-thread allocation are multiples of 8
 struct RegisterBudget {
   int producer, consumer;
 };
 constexpr RegisterBudget register_budget(const TileConfig& c) {
+  if (c.consumers == 1) return {56, 256};  // only split_tile_config's one-warpgroup option has one
   return c.consumers == 2 ? RegisterBudget{24, 240} : RegisterBudget{32, 160};
 }
 constexpr int launch_regs(const TileConfig& c) {
@@ -237,6 +239,23 @@ constexpr bool o_through_smem(const TileConfig& c, int head_dim_bucket, int valu
 constexpr bool o_through_smem(const TileConfig& c, int head_dim_bucket) {
   return o_through_smem(c, head_dim_bucket, head_dim_bucket);
 }
+
+// ---- the split-KV instance (kernel_traits.cuh kSplit, v3_api.cu plan_fwd) ----
+// The bucket's masked tile. FLASHGEN_V3_SPLIT_ONE_WARPGROUP=1 (an option, not measured yet: session 47's Next) gives it
+// one consumer warpgroup instead: the split instance's query block holds <= 64 rows, so with two warpgroups one of
+// them only waits for each buffer and passes the ping-pong turn, and Q's tile is 128 rows where 64 do; against v2's
+// decode kernel the split instance is ~1.3 us longer at small caches (bench/NOTES.md session 47).
+#ifndef FLASHGEN_V3_SPLIT_ONE_WARPGROUP
+#define FLASHGEN_V3_SPLIT_ONE_WARPGROUP 0
+#endif
+constexpr TileConfig split_tile_config(int head_dim) {
+  const TileConfig c = tile_config(head_dim, true);
+  return FLASHGEN_V3_SPLIT_ONE_WARPGROUP != 0 ? TileConfig{1, c.block_n, c.stages, false} : c;
+}
+static_assert(budget_fits(split_tile_config(64)) && budget_fits(split_tile_config(128)) &&
+                  budget_fits(split_tile_config(256)) &&
+                  smem_bytes(split_tile_config(256), 256) <= kMaxSmemPerBlock,
+              "the split tile exceeds the shared memory of one CTA or its register budget");
 
 // ---- V with its own head dim (FA3's hdim_v; MLA's prefill: q / k 192, v 128) ----
 // The forward instances whose V bucket differs from Q's and K's (v3_hopper/CMakeLists.txt FLASHGEN_V3_VALUE_HEAD_DIMS

@@ -158,8 +158,8 @@ constexpr int kMaxTilesForSplit = 1 << 30;  // beyond this many query tiles the 
 
 // The split-KV instance's plan (AttnParams::num_splits; fwd_launch.cuh launch_fwd): 16-bit dense queries of at most
 // one consumer warpgroup's 64 rows (one token, or a folded GQA group: python/flashgen/_ops.py), V at q's head dim,
-// without the features v3 leaves to v2 (dropout, probabilities, block-sparse). Its tile is the bucket's masked one
-// (tile_config.h), one query block per (head, batch), and split_kv_count (common/split_kv.h) cuts the key blocks over
+// without the features v3 leaves to v2 (dropout, probabilities, block-sparse). Its tile is tile_config.h's
+// split_tile_config (the masked one's keys), one query block per (head, batch), and split_kv_count (common/split_kv.h) cuts the key blocks over
 // enough of them to fill the SMs, one CTA each (the persistent grid), at most p.max_splits when the caller bounds it
 // (flash_attn's num_splits: 0 = this rule alone, 1 = no split). A count of 1 plans nothing: the prefill instances run
 // the call as they did before the plan existed. Workspaces: common/split_combine.cuh's layout at the bucket's width.
@@ -176,7 +176,7 @@ FwdPlan plan_fwd(const AttnParams& p) {
   const int64_t tiles = static_cast<int64_t>(p.num_heads) * p.batch;  // one query block each
   if (tiles > kMaxTilesForSplit) return plan;
   const int max_splits = p.max_splits > 0 ? imin(p.max_splits, kMaxSplits) : kMaxSplits;
-  const int n_blocks = ceil_div(p.seqlen_k, tile_config(bucket, true).block_n);
+  const int n_blocks = ceil_div(p.seqlen_k, split_tile_config(bucket).block_n);
   const int splits = split_kv_count(static_cast<int>(tiles), p.num_sms, n_blocks, max_splits);
   if (splits <= 1) return plan;
   plan.num_splits = splits;
@@ -333,10 +333,10 @@ Status fwd(const AttnParams& caller_params, void* stream) {
   const bool window = p.window_left >= 0 || p.window_right >= 0;
   TileConfig tile;
   launch.split = p.num_splits > 1;  // planned by plan_fwd (check_fwd compared the count and the workspaces)
-  if (launch.split) {  // the masked code on the bucket's masked tile, each tile one split (kernel_traits.cuh kSplit)
+  if (launch.split) {  // the masked code on the split tile, each tile one split (kernel_traits.cuh kSplit)
     launch.short_tile = false;
     launch.masked = true;
-    tile = tile_config(bucket, true);
+    tile = split_tile_config(bucket);
   } else if (value_bucket != bucket) {  // one tile either way (value_tile_config): masked only for a window
     launch.short_tile = false;
     launch.masked = window;
