@@ -5,7 +5,9 @@
 #include <cstdint>
 #include <string>
 
+#include "common/generation.h"
 #include "common/status.h"
+#include "common/workspace.h"
 
 namespace flashgen {
 
@@ -27,6 +29,22 @@ inline Status check_rows_aligned(const char* generation, const char* name, const
                            std::to_string(head_stride) + ")");
   }
   return Status::ok();
+}
+
+// A launch's p.num_splits against the forward plan the generation makes for p (`plan`, its plan_fwd): 0 runs no split
+// path; a count must be the plan's (its workspace sizes hold for that count only), with the plan's workspaces given.
+inline Status check_split_plan(int num_splits, const FwdPlan& plan, const Workspaces& given, const char* generation) {
+  if (num_splits == 0) return Status::ok();
+  if (plan.num_splits == 0) {
+    return Status::invalid(std::string("num_splits: this problem does not run ") + generation +
+                           "'s split-KV decode path; leave num_splits 0 unless the forward plan gave a count");
+  }
+  if (num_splits != plan.num_splits) {
+    return Status::invalid("num_splits: expected the forward plan's " + std::to_string(plan.num_splits) + ", got " +
+                           std::to_string(num_splits));
+  }
+  const std::string ws = check_workspaces(plan.workspaces, given, generation);
+  return ws.empty() ? Status::ok() : Status::invalid(ws);
 }
 
 }  // namespace flashgen

@@ -1,14 +1,26 @@
 // Split-KV (decoding): the key blocks a query tile visits are cut into num_splits contiguous shares, one CTA
 // each; every CTA writes its share's output normalized by its own sum plus that share's LSE, and a combine pass
 // merges the shares (common/softmax.h: merged_lse, merge_weight). Shared by the GPU host (how many splits) and the
-// kernels (which share a CTA owns); tested on the host in tests/cpp/test_common.cpp.
+// kernels (which share a CTA owns); tested on the host in tests/cpp/test_common.cpp. The partial results' layout
+// (split_row0, split_workspaces) is common/split_combine.cuh's, which v2's decode instance and v3's split instance
+// write.
 #pragma once
 
+#include <cstdint>
+
 #include "common/mask.h"
+#include "common/workspace.h"
 
 namespace flashgen {
 
 constexpr int kMaxSplits = 128;  // the combine reads at most this many partial results per row
+constexpr int kMaxTilesForSplit = 1 << 30;  // beyond this many query tiles the split count's int math overflows
+
+// Row 0 of (batch entry b, head h) in split `split`'s partial results: row r of them is element split_row0 + r of
+// lse_accum (its (m, l), a float2) and starts at (split_row0 + r) * bucket in oaccum (its O over the split's own sum).
+FH_HD int64_t split_row0(int split, int batch, int num_heads, int seqlen_q, int b, int h) {
+  return ((static_cast<int64_t>(split) * batch + b) * num_heads + h) * seqlen_q;
+}
 
 // Share `split` of `num_splits` of the key blocks [r.begin, r.end): contiguous, ceil(size / num_splits) blocks
 // each, the last ones shorter or empty (begin == end). The shares partition the range in order.
@@ -41,6 +53,24 @@ inline int split_kv_count(int tiles, int slots, int n_blocks, int max_splits = k
     if (distinct(s) && efficiency(s) >= 0.85 * best) return s;
   }
   return 1;
+}
+
+// A generation's split plan for `tiles` query tiles of seqlen_q rows (one per (head, batch)) on `slots` CTAs over
+// n_blocks key blocks: split_kv_count, at most max_splits_param where the caller bounds it (flash_attn's num_splits:
+// 0 = the rule alone, 1 = no split), 1 for more tiles than the count's int math takes. With more than one split, *ws
+// receives the partial results' workspaces (split_row0's layout, rows of `bucket` floats; neither needs zeroing: every
+// row is written).
+inline int plan_split_count(int64_t tiles, int slots, int n_blocks, int max_splits_param, int seqlen_q, int bucket,
+                            WorkspaceSpec* ws) {
+  const int max_splits = max_splits_param > 0 ? imin(max_splits_param, kMaxSplits) : kMaxSplits;
+  const int splits =
+      tiles > kMaxTilesForSplit ? 1 : split_kv_count(static_cast<int>(tiles), slots, n_blocks, max_splits);
+  if (splits > 1) {
+    const int64_t rows = splits * tiles * seqlen_q;
+    ws->need(WorkspaceId::kLseAccum, 2 * rows, /*zero=*/false);  // (m, l) per row
+    ws->need(WorkspaceId::kOAccum, rows * bucket, /*zero=*/false);
+  }
+  return splits;
 }
 
 }  // namespace flashgen

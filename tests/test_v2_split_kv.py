@@ -194,7 +194,8 @@ def test_split_checks_refuse_before_launch(case):
     splits, o_floats, lse_floats = _plan(**shape)
     assert splits > 1, f"the check needs a split plan, got {splits}"
     extra, message = {
-        "not-decode": (dict(num_splits=splits, seqlen_q=_decode_tile()[0] + 1), "does not run v2's decode instance"),
+        "not-decode": (dict(num_splits=splits, seqlen_q=_decode_tile()[0] + 1),
+                       "does not run v2's split-KV decode path"),
         "not-the-plan": (dict(num_splits=splits + 1), f"expected the forward plan's {splits}, got {splits + 1}"),
         "no-workspace": (dict(num_splits=splits), f"oaccum: v2 needs {o_floats} floats for this problem, got 0"),
         "workspace-too-small": (dict(num_splits=splits, workspaces=dict(oaccum=o_floats, lse_accum=lse_floats - 1)),

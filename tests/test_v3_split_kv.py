@@ -112,7 +112,7 @@ def test_split_checks_refuse_before_launch(case):
     splits, o_floats, lse_floats = _plan(**shape)
     assert splits > 1, f"the check needs a split plan, got {splits}"
     extra, message = {
-        "not-decode": (dict(num_splits=splits, seqlen_q=V3_ROWS + 1), "does not run v3's split-KV instance"),
+        "not-decode": (dict(num_splits=splits, seqlen_q=V3_ROWS + 1), "does not run v3's split-KV decode path"),
         "not-the-plan": (dict(num_splits=splits + 1), f"expected the forward plan's {splits}, got {splits + 1}"),
         "no-workspace": (dict(num_splits=splits), f"oaccum: v3 needs {o_floats} floats for this problem, got 0"),
         "workspace-too-small": (dict(num_splits=splits, workspaces=dict(oaccum=o_floats, lse_accum=lse_floats - 1)),

@@ -455,7 +455,7 @@ __global__ void __launch_bounds__(T::kNThreads, T::kMinBlocksPerSm) fwd_kernel(c
   if constexpr (T::kDecode) {
     if (num_splits > 1) {  // this split's O (over its own sum) and row state, fp32, for common/split_combine.cuh
       cp_async_wait<0>();  // nothing may stay in flight into shared memory at exit
-      const int64_t row0 = ((static_cast<int64_t>(split) * p.batch + batch) * p.num_heads + head) * p.seqlen_q;
+      const int64_t row0 = split_row0(split, p.batch, p.num_heads, p.seqlen_q, batch, head);
 #pragma unroll
       for (int a = 0; a < T::kMAtoms; ++a)
 #pragma unroll

@@ -104,16 +104,11 @@ Status check_shared(const AttnParams& p, bool forward, int* bucket) {
   return Status::ok();
 }
 
-constexpr int kMaxTilesForSplit = 1 << 30;  // beyond this many query tiles the split count's int math overflows
-
 // The decode instance's plan (AttnParams::num_splits): dense queries that fit one of its tiles (one token, or a
 // folded GQA group), without the features whose outputs it does not write (probabilities) or whose RNG it does not
-// split (dropout). The split count is split_kv_count's, at most p.max_splits when the caller bounds it (flash_attn's
-// num_splits: 0 = this rule alone, 1 = no split). Workspaces (fwd_kernel.cuh / common/split_combine.cuh), element
-// (split s, batch b, head h, row r):
-//   oaccum    (((s * batch + b) * num_heads + h) * seqlen_q + r) * bucket + col: O of split s over its own sum
-//   lse_accum  ((s * batch + b) * num_heads + h) * seqlen_q + r: its row state (m, l), a float2
-//              (common/softmax.h split_numerator)
+// split (dropout). The split count is common/split_kv.h's plan_split_count over the decode tile's CTAs, at most
+// p.max_splits when the caller bounds it (flash_attn's num_splits: 0 = this rule alone, 1 = no split); its workspaces
+// are in split_row0's layout (fwd_kernel.cuh writes them, common/split_combine.cuh merges them).
 FwdPlan plan_fwd(const AttnParams& p) {
   FwdPlan plan;
   const int bucket = fwd_bucket(p.dtype, p.head_dim);
@@ -124,16 +119,8 @@ FwdPlan plan_fwd(const AttnParams& p) {
     return plan;
   }
   const int64_t tiles = static_cast<int64_t>(p.num_heads) * p.batch;  // one query block each
-  const int max_splits = p.max_splits > 0 ? imin(p.max_splits, kMaxSplits) : kMaxSplits;
-  plan.num_splits = tiles > kMaxTilesForSplit
-                        ? 1
-                        : split_kv_count(static_cast<int>(tiles), p.num_sms * c.ctas_per_sm,
-                                         ceil_div(p.seqlen_k, c.block_n), max_splits);
-  if (plan.num_splits > 1) {
-    const int64_t rows = plan.num_splits * tiles * p.seqlen_q;
-    plan.workspaces.need(WorkspaceId::kLseAccum, 2 * rows, /*zero=*/false);  // (m, l) per row
-    plan.workspaces.need(WorkspaceId::kOAccum, rows * bucket, /*zero=*/false);
-  }
+  plan.num_splits = plan_split_count(tiles, p.num_sms * c.ctas_per_sm, ceil_div(p.seqlen_k, c.block_n), p.max_splits,
+                                     p.seqlen_q, bucket, &plan.workspaces);
   return plan;
 }
 
@@ -155,17 +142,8 @@ Status fwd(const AttnParams& caller_params, void* stream) {
   const Status shared = check_shared(p, /*forward=*/true, &bucket);
   if (!shared.is_ok()) return shared;
   if (p.num_splits != 0) {
-    const FwdPlan plan = plan_fwd(p);
-    if (plan.num_splits == 0) {
-      return Status::invalid("num_splits: this problem does not run v2's decode instance; leave num_splits 0 "
-                             "unless the forward plan gave a count");
-    }
-    if (p.num_splits != plan.num_splits) {  // the workspace sizes below hold for the plan's count only
-      return Status::invalid("num_splits: expected the forward plan's " + std::to_string(plan.num_splits) +
-                             ", got " + std::to_string(p.num_splits));
-    }
-    const std::string ws = check_workspaces(plan.workspaces, p.ws, "v2");
-    if (!ws.empty()) return Status::invalid(ws);
+    const Status planned = check_split_plan(p.num_splits, plan_fwd(p), p.ws, "v2");
+    if (!planned.is_ok()) return planned;
   }
   if (p.batch == 0 || p.seqlen_q == 0) return Status::ok();  // nothing to compute, nothing to launch
 

@@ -334,7 +334,7 @@ __device__ __forceinline__ void store_split(const AttnParams& p, const SeqInfo& 
     if (wg_row0 < 0) return;  // rows before the sequence (tile_m_begin): whole warpgroups
   }
   finalize_rows<T::kHeadDimV>(o, rows);
-  const int64_t row0 = ((static_cast<int64_t>(tc.split) * p.batch + tc.batch) * p.num_heads + tc.head) * p.seqlen_q;
+  const int64_t row0 = split_row0(tc.split, p.batch, p.num_heads, p.seqlen_q, tc.batch, tc.head);
   const int head_dim = p.head_dim;  // V's too (plan_fwd)
 #pragma unroll
   for (int half = 0; half < 2; ++half) {

@@ -154,15 +154,14 @@ Status encode_map(CUtensorMap* map, const char* name, const void* ptr, DType dty
 
 Status check_device(int* num_sms) { return check_sm90(num_sms, "v3"); }
 
-constexpr int kMaxTilesForSplit = 1 << 30;  // beyond this many query tiles the split count's int math overflows
-
 // The split-KV instance's plan (AttnParams::num_splits; fwd_launch.cuh launch_fwd): 16-bit dense queries of at most
 // one consumer warpgroup's 64 rows (one token, or a folded GQA group: python/flashgen/_ops.py), V at q's head dim,
 // without the features v3 leaves to v2 (dropout, probabilities, block-sparse). Its tile is tile_config.h's
-// split_tile_config (the masked one's keys), one query block per (head, batch), and split_kv_count (common/split_kv.h) cuts the key blocks over
-// enough of them to fill the SMs, one CTA each (the persistent grid), at most p.max_splits when the caller bounds it
-// (flash_attn's num_splits: 0 = this rule alone, 1 = no split). A count of 1 plans nothing: the prefill instances run
-// the call as they did before the plan existed. Workspaces: common/split_combine.cuh's layout at the bucket's width.
+// split_tile_config (the masked one's keys), one query block per (head, batch), and common/split_kv.h's
+// plan_split_count cuts the key blocks over enough of them to fill the SMs, one CTA each (the persistent grid), at
+// most p.max_splits when the caller bounds it (flash_attn's num_splits: 0 = this rule alone, 1 = no split). A count of
+// 1 plans nothing: the prefill instances run the call as they did before the plan existed. Workspaces:
+// common/split_combine.cuh's layout at the bucket's width.
 FwdPlan plan_fwd(const AttnParams& p) {
   FwdPlan plan;
   if (p.dtype != DType::kFloat16 && p.dtype != DType::kBFloat16) return plan;
@@ -174,15 +173,9 @@ FwdPlan plan_fwd(const AttnParams& p) {
     return plan;
   }
   const int64_t tiles = static_cast<int64_t>(p.num_heads) * p.batch;  // one query block each
-  if (tiles > kMaxTilesForSplit) return plan;
-  const int max_splits = p.max_splits > 0 ? imin(p.max_splits, kMaxSplits) : kMaxSplits;
-  const int n_blocks = ceil_div(p.seqlen_k, split_tile_config(bucket).block_n);
-  const int splits = split_kv_count(static_cast<int>(tiles), p.num_sms, n_blocks, max_splits);
-  if (splits <= 1) return plan;
-  plan.num_splits = splits;
-  const int64_t rows = splits * tiles * p.seqlen_q;
-  plan.workspaces.need(WorkspaceId::kLseAccum, 2 * rows, /*zero=*/false);  // (m, l) per row
-  plan.workspaces.need(WorkspaceId::kOAccum, rows * bucket, /*zero=*/false);
+  const int splits = plan_split_count(tiles, p.num_sms, ceil_div(p.seqlen_k, split_tile_config(bucket).block_n),
+                                      p.max_splits, p.seqlen_q, bucket, &plan.workspaces);
+  plan.num_splits = splits > 1 ? splits : 0;  // one: the prefill instances (no workspace was asked for)
   return plan;
 }
 
@@ -228,17 +221,8 @@ Status check_fwd(const AttnParams& p, int* bucket) {
   if (p.p_out != nullptr) return Status::not_implemented("return_attn_probs: v3 returns no probabilities; v2 does");
   if (p.block_mask != nullptr) return Status::not_implemented("block_mask: v3 has no block-sparse forward");
   if (p.num_splits != 0) {
-    const FwdPlan plan = plan_fwd(p);
-    if (plan.num_splits == 0) {
-      return Status::invalid("num_splits: this problem does not run v3's split-KV instance; leave num_splits 0 "
-                             "unless the forward plan gave a count");
-    }
-    if (p.num_splits != plan.num_splits) {  // the workspace sizes hold for the plan's count only
-      return Status::invalid("num_splits: expected the forward plan's " + std::to_string(plan.num_splits) +
-                             ", got " + std::to_string(p.num_splits));
-    }
-    const std::string ws = check_workspaces(plan.workspaces, p.ws, "v3");
-    if (!ws.empty()) return Status::invalid(ws);
+    const Status planned = check_split_plan(p.num_splits, plan_fwd(p), p.ws, "v3");
+    if (!planned.is_ok()) return planned;
   }
   if (p.cache_leftpad != nullptr && (p.block_table == nullptr || !paged_one_page(p.page_block_size, p.seqlen_k))) {
     return Status::not_implemented("cache_leftpad: v3 reads a left pad in a cache of one page per sequence (the API's "

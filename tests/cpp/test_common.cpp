@@ -504,6 +504,33 @@ void test_split_kv() {
   // Never more than kMaxSplits.
   CHECK(flashgen::split_kv_count(1, 100000, 100000) <= flashgen::kMaxSplits, "max splits: %d",
         flashgen::split_kv_count(1, 100000, 100000));
+
+  // plan_split_count: the count above, bounded by the caller's max_splits (0: none), and the workspaces of the layout
+  // split_row0 addresses (row r of (batch entry b, head h) in split s at ((s * batch + b) * heads + h) * seqlen_q + r).
+  {
+    flashgen::WorkspaceSpec ws;
+    const int n = flashgen::plan_split_count(16, 264, 512, 0, 4, 128, &ws);  // 16 tiles of 4 rows: 14 splits (above)
+    const int64_t rows = 14 * 16 * 4;
+    CHECK(n == 14 && ws.floats[static_cast<int>(flashgen::WorkspaceId::kLseAccum)] == 2 * rows &&
+              ws.floats[static_cast<int>(flashgen::WorkspaceId::kOAccum)] == 128 * rows,
+          "plan of 16 tiles: %d splits", n);
+    flashgen::WorkspaceSpec bounded;
+    CHECK(flashgen::plan_split_count(16, 264, 512, 5, 4, 128, &bounded) <= 5, "max_splits 5 not honoured");
+    flashgen::WorkspaceSpec one;
+    CHECK(flashgen::plan_split_count(16, 264, 512, 1, 4, 128, &one) == 1 &&
+              one.floats[static_cast<int>(flashgen::WorkspaceId::kOAccum)] == 0,
+          "max_splits 1: a split, or a workspace, was planned");
+    flashgen::WorkspaceSpec many;
+    CHECK(flashgen::plan_split_count(int64_t{1} << 31, 264, 512, 0, 1, 128, &many) == 1,
+          "2^31 tiles: the count's int math must not run");
+    // The layout: 3 splits x 2 batch entries x 5 heads x 7 rows tile [0, 210) without a gap or an overlap.
+    std::vector<int> seen(3 * 2 * 5 * 7, 0);
+    for (int s = 0; s < 3; ++s)
+      for (int b = 0; b < 2; ++b)
+        for (int h = 0; h < 5; ++h)
+          for (int r = 0; r < 7; ++r) ++seen.at(static_cast<size_t>(flashgen::split_row0(s, 2, 5, 7, b, h) + r));
+    for (size_t i = 0; i < seen.size(); ++i) CHECK(seen[i] == 1, "split layout row %zu written %d times", i, seen[i]);
+  }
 }
 
 // ---- masks whose sums overflow int32: huge windows on small problems, small windows on huge sequences ----
