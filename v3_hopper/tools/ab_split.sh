@@ -45,27 +45,20 @@ for spec in "$@"; do
   names+=("$name")
 done
 : > "$OUT/ab_split.jsonl"
-run() {  # run <name> <round> <tag> <time_kvcache arguments>
-  local name=$1 round=$2 tag=$3; shift 3
+run() {  # run <name> <round> <time_kvcache arguments>
+  local name=$1 round=$2; shift 2
   rm -f /tmp/ab_split/rows.jsonl
   (cd /tmp && PYTHONPATH=/tmp/ab_split/pkg-$name timeout -s KILL "${TIMEOUT:-100}" python3 \
-     "$here/v3_hopper/tools/time_kvcache.py" --graph "$@" --out /tmp/ab_split/rows.jsonl) \
+     "$here/v3_hopper/tools/time_kvcache.py" --graph --label "$name" "$@" --out /tmp/ab_split/rows.jsonl) \
      >> "$OUT/ab_split_runs_$name.txt" 2>&1
   [ -f /tmp/ab_split/rows.jsonl ] &&
-    python3 - "$name" "$round" "$tag" >> "$OUT/ab_split.jsonl" <<'PY'
-import json, sys
-name, round_, tag = sys.argv[1], int(sys.argv[2]), sys.argv[3]
-for line in open("/tmp/ab_split/rows.jsonl"):
-    row = json.loads(line)
-    row.update(label=name, round=round_, rows_set=tag)
-    print(json.dumps(row))
-PY
+    python3 "$here/v3_hopper/tools/add_round.py" /tmp/ab_split/rows.jsonl "$round" >> "$OUT/ab_split.jsonl"
 }
 for round in $(seq 1 "${ROUNDS:-2}"); do
   for name in "${names[@]}"; do
     echo "== round $round: $name"
-    run "$name" "$round" b4 --rows 1,4 --caches 2048,8192,32768
-    run "$name" "$round" b1p16 --rows 1 --caches 8192,32768 --batch 1 --page 16
+    run "$name" "$round" --rows 1,4 --caches 2048,8192,32768
+    run "$name" "$round" --rows 1 --caches 8192,32768 --batch 1 --page 16
   done
 done
 python3 - "$OUT/ab_split.jsonl" <<'PY'
@@ -73,10 +66,10 @@ import collections, json, sys
 rows = [json.loads(line) for line in open(sys.argv[1])]
 times = collections.defaultdict(list)
 for r in rows:
-    times[(r["rows_set"], r["cache"], r["rows"], r["label"])].append(r["v3_us"] / r["v2_us"])
-for key in sorted(times):
-    print(f"{key[0]:>6} cache {key[1]:>6} rows {key[2]:>3} {key[3]:>10}: v3 / v2 time "
-          + " ".join(f"{t:.3f}" for t in times[key]))
+    times[(r["batch"], r["page"], r["cache"], r["rows"], r["label"])].append(r["v3_us"] / r["v2_us"])
+for (batch, page, cache, n, label), ratios in sorted(times.items()):
+    print(f"b{batch} page {page:>3} cache {cache:>6} rows {n:>3} {label:>10}: v3 / v2 time "
+          + " ".join(f"{t:.3f}" for t in ratios))
 PY
 (cd "$OUT" && tar cJf ab_split_logs.tar.xz ab_split_build_*.log ab_split_ptxas_*.txt ab_split_runs_*.txt \
    $(ls ab_split_tests_*.log 2>/dev/null) && rm -f ab_split_build_*.log ab_split_ptxas_*.txt ab_split_runs_*.txt \

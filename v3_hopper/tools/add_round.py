@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
-"""Prints the JSON rows of a timing tool's output with "round" set: the A/B scripts (ab_v3.sh, ab_value.sh) append
-each run's rows to one file this way.
+"""Prints the JSON rows of a timing tool's output with "round" set: the A/B scripts (ab_v3.sh, ab_value.sh,
+ab_split.sh) append each run's rows to one file this way.
     python3 add_round.py rows.jsonl ROUND >> all.jsonl
 """
 import json

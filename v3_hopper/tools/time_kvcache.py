@@ -1,14 +1,15 @@
 #!/usr/bin/env python3
 """Times v2 and v3 on KV-cache calls (dense cache, seqused_k, bottom-right causal, GQA): decode steps (below
 flashgen.dispatch.DECODE_MAX_SEQLEN_Q rows; each generation's split-KV plan where it splits) and chunked prefill. The
-kernels are called through flashgen._ops (no append, no dispatch); one row per (cache length, query rows). bf16 d128, 32 query heads over 8 KV heads (a Llama-style GQA
-layer), batch 4, caches of 2k and 8k rows filled to the end. Median of triton's do_bench; each v3 output checked
-against v2's before timing. JSON lines to --out. --graph times the replay of a CUDA graph holding the call, so the
-host side of _ops.forward (~40-90 us, which the plain timing of small calls holds) drops out of the rows below 128.
+kernels are called through flashgen._ops (no append, no dispatch); one row per (cache length, query rows). bf16 d128, 32
+query heads over 8 KV heads (a Llama-style GQA layer), batch 4, caches of 2k and 8k rows filled to the end. Median of
+triton's do_bench; each v3 output checked against v2's before timing. JSON lines to --out. --graph times the replay of a
+CUDA graph holding the call, so the host side of _ops.forward (~40-90 us, which the plain timing of small calls holds)
+drops out of the rows below 128.
 --page N: the caches are paged, pages of N rows in a shuffled block table (both generations read the same pages;
 v3's paged forward takes N a multiple of 8).
     python3 v3_hopper/tools/time_kvcache.py [--out rows.jsonl] [--rows 1,16,64,127,128,256,512,1024,2048] [--graph]
-        [--page 16]
+        [--page 16] [--label name]
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=4)
     ap.add_argument("--graph", action="store_true", help="time CUDA-graph replays (kernel time, no host side)")
     ap.add_argument("--page", type=int, default=0, help="page size of a paged cache (0: dense caches)")
+    ap.add_argument("--label", default="", help="recorded in every row (e.g. the build's variant, tools/ab_split.sh)")
     args = ap.parse_args()
     b, h, hk, d = args.batch, 32, 8, 128
     timer = measure.graph_replay_ms if args.graph else (lambda fn: do_bench(fn, warmup=25, rep=100))
@@ -69,7 +71,7 @@ def main() -> None:
                 raise SystemExit(f"cache {cap} rows {rows}: v3 and v2 differ by {err}")
             times = {gen: timer(lambda gen=gen: run(gen)) * 1e3 for gen in ("v2", "v3")}
             fl = causal_flops(b, h, rows, cap, d)
-            row = dict(cache=cap, rows=rows, page=args.page, batch=b, heads=h, heads_k=hk, head_dim=d,
+            row = dict(label=args.label, cache=cap, rows=rows, page=args.page, batch=b, heads=h, heads_k=hk, head_dim=d,
                        v2_us=times["v2"],
                        v3_us=times["v3"], flops=fl, max_abs_diff=err, graph=args.graph)
             out_rows.append(row)
