@@ -27,8 +27,8 @@ pytestmark = pytest.mark.gpu
 V3_ROWS = 64  # the plan's most query rows: one consumer warpgroup's (v3_hopper/tile_config.h kWarpgroupRows)
 
 
-def _has_v3(head_dim: int = 128) -> bool:
-    return _native.build_info().has("v3", "fwd", "bf16", head_dim)
+def _has_v3(head_dim: int = 128, dtype: str = "bf16") -> bool:
+    return _native.build_info().has("v3", "fwd", dtype, head_dim)
 
 
 def _plan(**kw):
@@ -124,11 +124,11 @@ def test_split_checks_refuse_before_launch(case):
 
 # ---- the kernels (GPU tier) ----
 
-def _need_gpu_v3(head_dim=128):
+def _need_gpu_v3(head_dim=128, dtype="bf16"):
     if not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0):
         pytest.skip("needs an sm_90 device")
-    if not _has_v3(head_dim):
-        pytest.skip(f"v3 fwd bf16 d{head_dim} not compiled into this build")
+    if not _has_v3(head_dim, dtype):
+        pytest.skip(f"v3 fwd {dtype} d{head_dim} not compiled into this build")
 
 
 @pytest.mark.parametrize("head_dim", [64, 128, 192, 256, 72])
@@ -136,8 +136,8 @@ def _need_gpu_v3(head_dim=128):
 def test_split_against_oracle(head_dim, case, splits_seen):
     """test_v2_split_kv.py's decode cases (each mask and modifier; empty, short and full caches) through the split
     instance, and one in fp16."""
-    _need_gpu_v3(head_dim)
     fp16 = case.endswith("-fp16")
+    _need_gpu_v3(head_dim, "fp16" if fp16 else "bf16")
     inputs, out, lse, ref_kw = run_decode_case("v3", case.removesuffix("-fp16"), head_dim,
                                                torch.float16 if fp16 else torch.bfloat16)
     assert splits_seen and splits_seen[-1] > 1, f"expected a split launch, saw num_splits {splits_seen}"
