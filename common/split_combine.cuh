@@ -13,6 +13,7 @@
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
+#include <cuda_runtime.h>
 
 #include <cstdint>
 
@@ -129,6 +130,15 @@ __global__ void __launch_bounds__(kCombineWarps * 32) combine_kernel(const __gri
     *reinterpret_cast<uint4*>(dst) = packed;  // 16-byte aligned: both generations' hosts check out's alignment
   }
   if (lane == 0) p.lse[lse_offset(p, seq, batch, head) + row] = lse;
+}
+
+// The combine behind a split-KV kernel, on the same stream: one CTA of kCombineWarps rows per (row block, head, batch).
+// Returns the launch's error; never synchronizes.
+template <typename Tag, int kBucket>
+cudaError_t launch_combine(const AttnParams& p, cudaStream_t stream) {
+  const int row_blocks = (p.seqlen_q + kCombineWarps - 1) / kCombineWarps;
+  combine_kernel<Tag, kBucket><<<dim3(row_blocks, p.num_heads, p.batch), kCombineWarps * 32, 0, stream>>>(p);
+  return cudaGetLastError();
 }
 
 }  // namespace flashgen

@@ -36,9 +36,7 @@ Status launch_fwd(const AttnParams& p, const FwdLaunch& launch, cudaStream_t str
   if (launch.split) {  // every split's partial result, then one warp per (row, head, batch) merges them
     Status st = launch_fwd_kernel<FwdTraits<Tag, kHeadDim, true, false, kHeadDim, true>>(p, launch, stream);
     if (!st.is_ok()) return st;
-    combine_kernel<Tag, kHeadDim><<<dim3(ceil_div(p.seqlen_q, kCombineWarps), p.num_heads, p.batch),
-                                    kCombineWarps * kWarpSize, 0, stream>>>(p);
-    return cuda_status(cudaGetLastError(), "combine_kernel launch");
+    return cuda_status(launch_combine<Tag, kHeadDim>(p, stream), "combine_kernel launch");
   }
   if constexpr (has_short_tile(kHeadDim)) {
     if (launch.short_tile) return launch_fwd_kernel<FwdTraits<Tag, kHeadDim, true, true>>(p, launch, stream);
