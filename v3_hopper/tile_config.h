@@ -241,12 +241,13 @@ constexpr bool o_through_smem(const TileConfig& c, int head_dim_bucket) {
 }
 
 // ---- the split-KV instance (kernel_traits.cuh kSplit, v3_api.cu plan_fwd) ----
-// The bucket's masked tile. FLASHGEN_V3_SPLIT_ONE_WARPGROUP=1 (an option, not measured yet: session 47's Next) gives it
-// one consumer warpgroup instead: the split instance's query block holds <= 64 rows, so with two warpgroups one of
-// them only waits for each buffer and passes the ping-pong turn, and Q's tile is 128 rows where 64 do; against v2's
-// decode kernel the split instance is ~1.3 us longer at small caches (bench/NOTES.md session 47).
+// The bucket's masked tile with one consumer warpgroup (FLASHGEN_V3_SPLIT_ONE_WARPGROUP, default 1; 0 gives it the
+// masked tile's two): the split instance's query block holds <= 64 rows, so with two warpgroups one of them only
+// waits for each buffer and passes the ping-pong turn, and Q's tile is 128 rows where 64 do. Measured (H100, CUDA
+// graphs, bench/NOTES.md session 48): one query row 1.0-2.3 us less a step (b4 2k 29.6 -> 28.6 us, pages of 16 at
+// 8k 31.2 -> 29.5), four rows even.
 #ifndef FLASHGEN_V3_SPLIT_ONE_WARPGROUP
-#define FLASHGEN_V3_SPLIT_ONE_WARPGROUP 0
+#define FLASHGEN_V3_SPLIT_ONE_WARPGROUP 1
 #endif
 constexpr TileConfig split_tile_config(int head_dim) {
   const TileConfig c = tile_config(head_dim, true);

@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # v3's split-KV decode instance in several variants, one module each (v3 and v2 at d128 bf16, built in parallel), then
 # tools/time_kvcache.py --graph from each in rotation (A B A B ...), so every row has its own same-process v2. Each
-# argument is name=<extra nvcc defines>, e.g. the one-warpgroup split tile (tile_config.h split_tile_config; written in
-# session 47, not run yet; that session's extra-stage A/B ran an earlier form of this script):
-#   OUT=... TESTS=1 bash v3_hopper/tools/ab_split.sh base= onewg=-DFLASHGEN_V3_SPLIT_ONE_WARPGROUP=1
+# argument is name=<extra nvcc defines>, e.g. the split tile's two consumer warpgroups against its default one
+# (tile_config.h split_tile_config; session 48 measured it this way):
+#   OUT=... TESTS=1 bash v3_hopper/tools/ab_split.sh base= twowg=-DFLASHGEN_V3_SPLIT_ONE_WARPGROUP=0
 # Env: ROUNDS (default 2); TESTS=1 first runs tests/test_v3_split_kv.py on each module (a variant must pass before it is
 # timed); TIMEOUT per run (default 100 s). Rows: batch 4 (32 / 8 heads, d128) one and four query rows at caches of 2k,
 # 8k and 32k, and batch 1 one row over pages of 16 at 8k and 32k. Output: $OUT/ab_split.jsonl (rows with "label" =
