@@ -111,6 +111,16 @@ void check_value_dim(const GenerationOps& ops, const Params& p, bool (*takes)(co
   }
 }
 
+// Packed query rows (AttnParams::q_pack) reach only a forward whose ops table runs them: another one would read the
+// rows as positions and mask them wrongly.
+void check_q_pack(const GenerationOps& ops, const AttnParams& p) {
+  if (p.q_pack < 0) throw py::value_error("q_pack: expected 0 (off) or the query heads per KV head, got " +
+                                          std::to_string(p.q_pack));
+  if (p.q_pack > 1 && !ops.packs_rows) {
+    throw NotImplemented(std::string("q_pack: the forward of '") + ops.name + "' does not run packed query rows");
+  }
+}
+
 // A workspace spec as Python sees it: ((name, floats, zeroed), ...) for the workspaces asked for.
 py::tuple workspaces_to_py(const WorkspaceSpec& spec) {
   py::list out;
@@ -281,7 +291,7 @@ PYBIND11_MODULE(_C, m) {
       FG_RW(AttnParams, lse_batch_stride) FG_RW(AttnParams, lse_head_stride)
       FG_RW(AttnParams, batch) FG_RW(AttnParams, seqlen_q) FG_RW(AttnParams, seqlen_k)
       FG_RW(AttnParams, num_heads) FG_RW(AttnParams, num_heads_k) FG_RW(AttnParams, head_dim)
-      FG_RW(AttnParams, head_dim_v)
+      FG_RW(AttnParams, head_dim_v) FG_RW(AttnParams, q_pack)
       FG_RW(AttnParams, dtype) FG_RW(AttnParams, out_dtype)
       FG_RW(AttnParams, total_q) FG_RW(AttnParams, total_k) FG_RW(AttnParams, batch_k)
       FG_PTR(AttnParams, q_descale, const float*) FG_PTR(AttnParams, k_descale, const float*)
@@ -384,6 +394,7 @@ PYBIND11_MODULE(_C, m) {
       [](const std::string& generation, const AttnParams& p, std::uintptr_t stream) {
         const GenerationOps& ops = ops_or_throw(generation);
         check_value_dim(ops, p, ops.value_head_dim, "forward");
+        check_q_pack(ops, p);
         Status s;
         {
           py::gil_scoped_release release;
@@ -424,6 +435,7 @@ PYBIND11_MODULE(_C, m) {
       "fwd_plan",
       [](const std::string& generation, const AttnParams& p) {
         const GenerationOps& ops = ops_or_throw(generation);
+        check_q_pack(ops, p);
         const flashgen::FwdPlan plan = ops.plan_fwd ? ops.plan_fwd(p) : flashgen::FwdPlan{};
         return py::make_tuple(plan.num_splits, workspaces_to_py(plan.workspaces));
       },

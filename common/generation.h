@@ -32,6 +32,8 @@ struct GenerationOps {
   // The same for the backward (V, out, dout and dv at head_dim_v); null = never: the API then pads V, out and dout
   // to q's width for it (python/flashgen/_library.py _bwd_one_width).
   bool (*value_head_dim_bwd)(const AttnBwdParams& p) = nullptr;
+  // Whether the forward runs packed query rows (AttnParams::q_pack > 1); false: the binding refuses such params.
+  bool packs_rows = false;
 };
 
 }  // namespace flashgen

@@ -126,6 +126,15 @@ struct AttnParams {
   // binding refuses it for the others, and the API zero-pads V to head_dim for them instead. Read it through
   // value_dim(p) ----
   int head_dim_v = 0;
+
+  // ---- packed query rows (FA3's PackGQA for decoding with more than one query token): 0 or 1 = off; g > 1: q's
+  // seqlen_q rows of num_heads (= KV) heads are (query position i, query head j of a KV head's group of g) pairs, row
+  // r = i * g + j of KV head h holding query head h * g + j at position r / g (python/flashgen/_ops.py _pack_rows
+  // makes q in that order). The mask and the key ranges take the position: seqlen_q / g positions. o and lse (their
+  // pointers and strides) stay the call's own, (batch, positions, num_heads * g heads), where the split combine
+  // writes each row (common/split_combine.cuh kPacked). Only a generation whose ops table says so
+  // (common/generation.h packs_rows) sees it set; the binding refuses the rest ----
+  int q_pack = 0;
 };
 
 struct AttnBwdParams : AttnParams {

@@ -43,7 +43,10 @@ __device__ __forceinline__ uint32_t combine_pack2(float x, float y) {
   }
 }
 
-template <typename Tag, int kBucket>
+// kPacked: packed query rows (AttnParams::q_pack, v3's split instance): row r of KV head h is query position
+// r / q_pack of query head h * q_pack + r % q_pack, and out and lse are the call's own (their strides: position-major
+// rows of num_heads * q_pack heads), so each row lands where the unpacked call puts it.
+template <typename Tag, int kBucket, bool kPacked>
 __global__ void __launch_bounds__(kCombineWarps * 32) combine_kernel(const __grid_constant__ AttnParams p) {
   static_assert(kBucket % 8 == 0 && kBucket <= 256, "a lane owns 8 columns; 32 lanes cover at most 256");
   using Element = typename Tag::type;
@@ -119,25 +122,35 @@ __global__ void __launch_bounds__(kCombineWarps * 32) combine_kernel(const __gri
   }
 
   const SeqInfo seq = seq_info(p, batch);
+  int out_row = row, out_head = head;
+  if constexpr (kPacked) {
+    out_row = row / p.q_pack;
+    out_head = head * p.q_pack + (row - out_row * p.q_pack);
+  }
   if (owns) {
     uint4 packed;
     packed.x = combine_pack2<Tag>(acc[0], acc[1]);
     packed.y = combine_pack2<Tag>(acc[2], acc[3]);
     packed.z = combine_pack2<Tag>(acc[4], acc[5]);
     packed.w = combine_pack2<Tag>(acc[6], acc[7]);
-    Element* dst = static_cast<Element*>(p.o) + seq.o_offset + head * p.o_head_stride +
-                   static_cast<int64_t>(row) * p.o_row_stride + col;
+    Element* dst = static_cast<Element*>(p.o) + seq.o_offset + out_head * p.o_head_stride +
+                   static_cast<int64_t>(out_row) * p.o_row_stride + col;
     *reinterpret_cast<uint4*>(dst) = packed;  // 16-byte aligned: both generations' hosts check out's alignment
   }
-  if (lane == 0) p.lse[lse_offset(p, seq, batch, head) + row] = lse;
+  if (lane == 0) p.lse[lse_offset(p, seq, batch, out_head) + out_row] = lse;
 }
 
 // The combine behind a split-KV kernel, on the same stream: one CTA of kCombineWarps rows per (row block, head, batch).
-// Returns the launch's error; never synchronizes.
-template <typename Tag, int kBucket>
+// kMayPack: the generation runs packed query rows (v3), so p.q_pack > 1 picks the packed combine. Returns the launch's
+// error; never synchronizes.
+template <typename Tag, int kBucket, bool kMayPack = false>
 cudaError_t launch_combine(const AttnParams& p, cudaStream_t stream) {
-  const int row_blocks = (p.seqlen_q + kCombineWarps - 1) / kCombineWarps;
-  combine_kernel<Tag, kBucket><<<dim3(row_blocks, p.num_heads, p.batch), kCombineWarps * 32, 0, stream>>>(p);
+  const dim3 grid((p.seqlen_q + kCombineWarps - 1) / kCombineWarps, p.num_heads, p.batch);
+  if (kMayPack && p.q_pack > 1) {
+    combine_kernel<Tag, kBucket, kMayPack><<<grid, kCombineWarps * 32, 0, stream>>>(p);
+  } else {
+    combine_kernel<Tag, kBucket, false><<<grid, kCombineWarps * 32, 0, stream>>>(p);
+  }
   return cudaGetLastError();
 }
 

@@ -59,12 +59,14 @@ inline int split_kv_count(int tiles, int slots, int n_blocks, int max_splits = k
 // n_blocks key blocks: split_kv_count, at most max_splits_param where the caller bounds it (flash_attn's num_splits:
 // 0 = the rule alone, 1 = no split), 1 for more tiles than the count's int math takes. With more than one split, *ws
 // receives the partial results' workspaces (split_row0's layout, rows of `bucket` floats; neither needs zeroing: every
-// row is written).
+// row is written). min_splits: the fewest the caller takes where the bound allows them (v3's packed query rows run in
+// its split instance only: 2), even where the tiles alone fill the SMs.
 inline int plan_split_count(int64_t tiles, int slots, int n_blocks, int max_splits_param, int seqlen_q, int bucket,
-                            WorkspaceSpec* ws) {
+                            WorkspaceSpec* ws, int min_splits = 1) {
   const int max_splits = max_splits_param > 0 ? imin(max_splits_param, kMaxSplits) : kMaxSplits;
-  const int splits =
-      tiles > kMaxTilesForSplit ? 1 : split_kv_count(static_cast<int>(tiles), slots, n_blocks, max_splits);
+  if (tiles > kMaxTilesForSplit) return 1;
+  int splits = split_kv_count(static_cast<int>(tiles), slots, n_blocks, max_splits);
+  if (splits < min_splits) splits = imin(min_splits, max_splits);
   if (splits > 1) {
     const int64_t rows = splits * tiles * seqlen_q;
     ws->need(WorkspaceId::kLseAccum, 2 * rows, /*zero=*/false);  // (m, l) per row

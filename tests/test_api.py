@@ -325,6 +325,45 @@ def test_value_head_dim_runs_unpadded_where_the_generation_takes_it(monkeypatch)
         flashgen.explain(q[..., :16], k[..., :16], _rand(1, 9, 2, 48)).why
 
 
+def test_packed_query_rows_only_where_a_generation_runs_them():
+    """AttnParams::q_pack (several query tokens of a GQA group in one tile's rows, v3's split instance: _ops
+    _packed_rows) reaches only a forward whose ops table runs it (bindings/module.cpp check_q_pack): any other
+    generation would mask the rows as positions. Negative values are refused too. The API packs for PACKS_ROWS only,
+    so the CPU backend's calls with several tokens and GQA stay unpacked."""
+    from flashgen import _native
+    q, k = torch.randn(1, 4, 8, 16), torch.randn(1, 9, 2, 16)
+    out, lse = torch.empty_like(q), torch.empty(1, 8, 4)
+    p = _native.C.AttnParams()
+    _ops._fill(p, q, k, k, out, lse, softmax_scale=0.25, window_size=(-1, 0), softcap=0.0, alibi_slopes=None,
+               dropout_p=0.0, seed=0, offset=0, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None,
+               max_seqlen_k=None, seqused_k=None, kv_batch_idx=None, block_mask=None, block_size=(128, 128),
+               probs=None, batch=1)
+    for generation in sorted(_native.build_info().generations - set(_ops.PACKS_ROWS)):
+        p.q_pack = 4
+        with pytest.raises(NotImplementedError, match=f"q_pack: the forward of '{generation}' does not run packed"):
+            _native.C.fwd(generation, p)
+        with pytest.raises(NotImplementedError, match="q_pack"):
+            _native.C.fwd_plan(generation, p)
+        p.q_pack = -1
+        with pytest.raises(ValueError, match="q_pack: expected 0 .off. or the query heads per KV head, got -1"):
+            _native.C.fwd(generation, p)
+    assert _ops._packed_rows("cpu", q, k, k, None, None, 0.0, None, False, None, 0, None) == 0
+
+
+def test_packed_rows_layout():
+    """_ops._pack_rows, the layout the kernel reads (AttnParams::q_pack): row i * g + j of KV head h is token i of
+    query head h * g + j, from a strided q too (the combine writes out and lse back in the call's layout, a GPU test:
+    tests/test_v3_split_kv.py)."""
+    batch, tokens, heads_k, groups, dim = 2, 3, 4, 5, 8
+    q = torch.randn(batch, tokens, heads_k * groups * 2, dim)[:, :, ::2]  # a strided q
+    packed = _ops._pack_rows(q, groups)
+    assert packed.shape == (batch, tokens * groups, heads_k, dim) and packed.is_contiguous()
+    for i in range(tokens):
+        for j in range(groups):
+            for h in range(heads_k):
+                assert torch.equal(packed[:, i * groups + j, h], q[:, i, h * groups + j])
+
+
 _value_width = interface._value_width
 _bwd_one_width = _library._bwd_one_width
 

@@ -16,9 +16,10 @@ import torch
 
 import flashgen
 from flashgen import _native, _ops
+from flashgen.bench.impls import paged_cache
 import test_v2_split_kv
-from test_v2_split_kv import (DECODE_CASES, K_MAX_SPLITS, _decode_case, _params, check_decode, replay_decode_step,
-                              run_decode_case, split_kv_count)
+from test_v2_split_kv import (DECODE_CASES, K_MAX_SPLITS, _decode_case, _params, _plan_of, check_decode,
+                              replay_decode_step, run_decode_case, split_kv_count)
 
 splits_seen = test_v2_split_kv.splits_seen  # the fixture: the split plan on, every launch's p.num_splits recorded
 
@@ -185,3 +186,121 @@ def test_split_step_replays_from_a_cuda_graph(append, splits_seen):
     value on the host): the replay equals the eager call bit for bit (test_v2_split_kv.py's check on v3)."""
     _need_gpu_v3()
     replay_decode_step("v3", append, splits_seen)
+
+
+# ---- packed query rows (AttnParams::q_pack; python/flashgen/_ops.py _packed_rows): several tokens of a GQA group in
+# one tile, each row masked at its own token ----
+
+@pytest.fixture
+def packs_seen(monkeypatch):
+    """The split plan on; (num_splits, q_pack) of every forward launch."""
+    monkeypatch.setenv(_ops.DECODE_ENV, "1")
+    seen = []
+    real = _native.C.fwd
+
+    def spy(generation, p, stream):
+        seen.append((p.num_splits, p.q_pack))
+        return real(generation, p, stream)
+
+    monkeypatch.setattr(_native.C, "fwd", spy)
+    return seen
+
+
+# (query heads, KV heads, tokens, keywords): groups of 2-8 (7: not a power of two) with 2-8 tokens, up to the split
+# tile's 64 rows; each mask, and softcap.
+PACKED_CASES = {"g4-4-tokens-causal": (16, 4, 4, dict(causal=True)),
+                "g8-8-tokens-causal": (16, 2, 8, dict(causal=True)),
+                "g7-2-tokens-causal": (14, 2, 2, dict(causal=True)),
+                "g2-3-tokens-full": (4, 2, 3, {}),
+                "g4-5-tokens-window": (8, 2, 5, dict(window_size=(100, 0))),
+                "g4-3-tokens-two-sided-window": (8, 2, 3, dict(window_size=(50, 1))),
+                "g4-4-tokens-softcap-causal": (8, 2, 4, dict(causal=True, softcap=15.0))}
+
+
+@pytest.mark.parametrize("head_dim", [64, 128, 256])
+@pytest.mark.parametrize("case", sorted(PACKED_CASES))
+def test_packed_rows_against_oracle(head_dim, case, packs_seen):
+    """Caches empty, shorter than the tokens (causal: the first rows see no key, out 0 and lse +inf), shorter than one
+    key block, odd, full; the launch packed the group's rows (q_pack = g) into the split instance."""
+    _need_gpu_v3(head_dim)
+    heads, heads_k, tokens, kw = PACKED_CASES[case]
+    q, k_cache, v_cache, seqlens = _decode_case("cuda", heads, heads_k, head_dim, tokens, [0, 2, 37, 3001, 4096], 4096)
+    out, lse = flashgen.flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=seqlens, version="v3",
+                                                return_softmax_lse=True, **kw)
+    assert packs_seen[-1][1] == heads // heads_k and packs_seen[-1][0] >= 2, f"not packed: {packs_seen}"
+    check_decode(f"v3 packed {case} d{head_dim}", (q, k_cache, v_cache, seqlens), out, lse, kw)
+
+
+@pytest.mark.parametrize("page", [16, 256])
+def test_packed_rows_paged(page, packs_seen):
+    """A paged cache (shuffled pages), four tokens of groups of 4, causal: the dense cache's oracle."""
+    _need_gpu_v3()
+    q, k_cache, v_cache, seqlens = _decode_case("cuda", 32, 8, 128, 4, [5, 1000, 4096, 2500], 4096)
+    (k_pages, table), (v_pages, _) = paged_cache(k_cache, page), paged_cache(v_cache, page)
+    out, lse = flashgen.flash_attn_with_kvcache(q, k_pages, v_pages, cache_seqlens=seqlens, block_table=table,
+                                                causal=True, version="v3", return_softmax_lse=True)
+    assert packs_seen[-1][1] == 4, f"not packed: {packs_seen}"
+    check_decode(f"v3 packed pages of {page}", (q, k_cache, v_cache, seqlens), out, lse, dict(causal=True))
+
+
+def test_packed_rows_when_the_tiles_fill_the_sms(packs_seen):
+    """(batch x KV heads) tiles enough for a wave: the plan alone would not split, but packed rows run in the split
+    instance only, so it plans 2 splits."""
+    _need_gpu_v3(64)
+    num_sms = _ops._num_sms(torch.cuda.current_device())
+    batch = math.ceil(num_sms / 8)
+    lengths = [(97 * b) % 512 for b in range(batch)]
+    q, k_cache, v_cache, seqlens = _decode_case("cuda", 32, 8, 64, 4, lengths, 512)
+    out, lse = flashgen.flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=seqlens, causal=True,
+                                                version="v3", return_softmax_lse=True)
+    assert packs_seen[-1] == (2, 4), packs_seen
+    check_decode("v3 packed, 2 splits", (q, k_cache, v_cache, seqlens), out, lse, dict(causal=True))
+
+
+def test_packed_rows_repeat_replay_and_agree_unpacked(packs_seen, monkeypatch):
+    """Bit for bit over 3 runs and from a CUDA graph (the pack and unpack copies are captured with the launch); unpacked
+    under num_splits=1 and under FLASHGEN_SPLIT_KV=0 (the prefill instance), both within the FA rule."""
+    _need_gpu_v3()
+    q, k_cache, v_cache, seqlens = _decode_case("cuda", 32, 8, 128, 4, [3001, 17, 4000, 0], 4096)
+    kw = dict(cache_seqlens=seqlens, causal=True, version="v3", return_softmax_lse=True)
+    runs = [flashgen.flash_attn_with_kvcache(q, k_cache, v_cache, **kw) for _ in range(3)]
+    assert packs_seen[-1][1] == 4, packs_seen
+    for out, lse in runs[1:]:
+        assert torch.equal(out, runs[0][0]) and torch.equal(lse, runs[0][1]), "packed runs differ"
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        flashgen.flash_attn_with_kvcache(q, k_cache, v_cache, **kw)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        static_out, static_lse = flashgen.flash_attn_with_kvcache(q, k_cache, v_cache, **kw)
+    static_out.fill_(float("nan"))
+    static_lse.fill_(float("nan"))
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(static_out, runs[0][0]) and torch.equal(static_lse, runs[0][1]), "graph replay differs"
+    check_decode("v3 packed", (q, k_cache, v_cache, seqlens), *runs[0], dict(causal=True))
+    unsplit = flashgen.flash_attn_with_kvcache(q, k_cache, v_cache, num_splits=1, **kw)
+    assert packs_seen[-1] == (0, 0), packs_seen
+    check_decode("v3 num_splits=1", (q, k_cache, v_cache, seqlens), *unsplit, dict(causal=True))
+    monkeypatch.setenv(_ops.DECODE_ENV, "0")
+    prefill = flashgen.flash_attn_with_kvcache(q, k_cache, v_cache, **kw)
+    assert packs_seen[-1] == (0, 0), packs_seen
+    check_decode("v3 prefill", (q, k_cache, v_cache, seqlens), *prefill, dict(causal=True))
+
+
+def test_packed_rows_refused_without_the_split_instance():
+    """Host checks (no launch): packed rows with no split plan, or with rows that are not whole groups, are refused
+    by name; the plan takes them with at least 2 splits."""
+    if not _has_v3():
+        pytest.skip("v3 not compiled into this build")
+    p = _params(batch=16, seqlen_q=16, heads=8, num_sms=132, q_pack=4)
+    splits, _, _ = _plan_of("v3", p)
+    assert splits >= 2, splits
+    with pytest.raises(ValueError, match="q_pack: v3 runs packed query rows in its split-KV instance only"):
+        _native.C.fwd("v3", p, 0)
+    p.max_splits = 1
+    assert _plan_of("v3", p)[0] == 0
+    p = _params(batch=1, seqlen_q=6, heads=8, num_sms=132, q_pack=4)
+    assert _plan_of("v3", p)[0] == 0

@@ -122,7 +122,8 @@ __device__ __forceinline__ void skip_steps(const SmemMap<T>& sm, const Loads& lo
 template <typename T, bool kMods, typename Loads>
 __device__ __forceinline__ void consume_tile(const SmemMap<T>& sm, const Loads& loads, const PingPong<T>& turn,
                                              uint64_t desc_q, int kv_iter, int n_tiles, const BlockRange& range,
-                                             const MaskSpec& mask, const ScoreMods& mods, bool zero_v_tail,
+                                             const MaskSpec& mask, int pack, const ScoreMods& mods,
+                                             bool zero_v_tail,
                                              float scale_log2, int wg_row0, int tid, int wg, float (&o)[T::kORegs],
                                              RowState (&rows)[2]) {
   const int lane = tid % 32;
@@ -136,7 +137,8 @@ __device__ __forceinline__ void consume_tile(const SmemMap<T>& sm, const Loads& 
   // The columns every row of this warpgroup sees, once per tile: each key tile is then tested with two compares
   // (tile_fully_visible per tile was ~30 instructions of 64-bit limit arithmetic per step, ~5% of the loop's samples
   // in the profile, bench/NOTES.md session 13).
-  const ColRange full = full_cols(mask, wg_row0, wg_row0 + kWarpgroupRows);
+  const ColRange wg_pos = row_positions(wg_row0, wg_row0 + kWarpgroupRows, pack);  // (rows without packing)
+  const ColRange full = full_cols(mask, wg_pos.begin, wg_pos.end);
   auto n_begin = [&](int i) { return (range.end - 1 - i) * T::kBlockN; };
   // Score modifiers, mask and the softmax step on tile i's S; returns whether a row's max was raised. may_mask
   // (a constant where it is called): without a window (the unmasked instance) only the first tile visited, the last
@@ -145,7 +147,9 @@ __device__ __forceinline__ void consume_tile(const SmemMap<T>& sm, const Loads& 
   auto softmax_tile = [&](int i, bool may_mask) {
     const AccCoord c{coord0.row0, n_begin(i) + coord0.col0};
     if (kMods) apply_score_mods<T::kBlockN>(s, c, mods);
-    if (may_mask && !full_cols_contain(full, n_begin(i), n_begin(i) + T::kBlockN)) apply_mask<T::kBlockN>(s, c, mask);
+    if (may_mask && !full_cols_contain(full, n_begin(i), n_begin(i) + T::kBlockN)) {
+      apply_mask<T::kBlockN>(s, c, mask, pack);
+    }
     return softmax_step<T::kBlockN>(s, rows, scale_log2, lazy_gap, alpha);
   };
   // Only the first tile visited (the last key block) can reach past seqlen_k; decided once per tile (the key loop
@@ -371,8 +375,9 @@ __device__ __forceinline__ void consumer_loop(const AttnParams& p, const SmemMap
     const SeqInfo seq = seq_info(p, tc.batch);
     const int m_begin = tile_m_begin<T>(tc.m_block, seq.seqlen_q);
     if (m_begin >= seq.seqlen_q) continue;  // varlen: this sequence is shorter than max_seqlen_q
-    const MaskSpec mask = seq.mask(p);
-    const BlockRange range = tile_key_range<T>(mask, m_begin, tc, p.num_splits);
+    const MaskSpec mask = tile_mask<T>(p, seq);
+    const int pack = row_pack<T>(p);  // rows per query position: 1 but for packed rows (kernel_traits.cuh)
+    const BlockRange range = tile_key_range<T>(mask, m_begin, tc, p);
     const int n_tiles = range.end - range.begin;
     const int wg_row0 = m_begin + wg * kWarpgroupRows;
 
@@ -398,7 +403,10 @@ __device__ __forceinline__ void consumer_loop(const AttnParams& p, const SmemMap
       bool compute = !T::kOwnBlocks || (wg_row0 >= 0 && wg_row0 < seq.seqlen_q);
       BlockRange own = range;
       if constexpr (T::kMasked && T::kOwnBlocks) {
-        if (compute) own = n_block_range(mask, wg_row0, wg_row0 + kWarpgroupRows, T::kBlockN);
+        if (compute) {
+          const ColRange pos = row_positions(wg_row0, wg_row0 + kWarpgroupRows, pack);
+          own = n_block_range(mask, pos.begin, pos.end, T::kBlockN);
+        }
         if constexpr (T::kSplit) {  // inside the split's share (a prefill tile's range holds every warpgroup's)
           own.begin = own.begin > range.begin ? own.begin : range.begin;
           own.end = own.end < range.end ? own.end : range.end;
@@ -411,10 +419,10 @@ __device__ __forceinline__ void consumer_loop(const AttnParams& p, const SmemMap
         // Softcap / ALiBi: their key loop is its own copy, so the plain loop carries none of their code.
         const ScoreMods mods = score_mods(p, tc.batch, tc.head, seq.seqlen_q, seq.seqlen_k);
         if (mods.any()) {
-          consume_tile<T, true>(sm, loads, turn, desc_q, kv_iter + lead, n_own, own, mask, mods, zero_v_tail,
+          consume_tile<T, true>(sm, loads, turn, desc_q, kv_iter + lead, n_own, own, mask, pack, mods, zero_v_tail,
                                 p.scale_log2, wg_row0, tid, wg, o, rows);
         } else {
-          consume_tile<T, false>(sm, loads, turn, desc_q, kv_iter + lead, n_own, own, mask, mods, zero_v_tail,
+          consume_tile<T, false>(sm, loads, turn, desc_q, kv_iter + lead, n_own, own, mask, pack, mods, zero_v_tail,
                                  p.scale_log2, wg_row0, tid, wg, o, rows);
         }
         if constexpr (T::kMasked && T::kOwnBlocks) {

@@ -162,7 +162,9 @@ __device__ __forceinline__ void consume_tile_fp8(const SmemMap<T>& sm, const Pin
       for (int e = 0; e < T::kSRegs; ++e) s[e] *= sc;
       apply_score_mods<T::kBlockN>(s, c, mods);
     }
-    if (may_mask && !full_cols_contain(full, n_begin(i), n_begin(i) + T::kBlockN)) apply_mask<T::kBlockN>(s, c, mask);
+    if (may_mask && !full_cols_contain(full, n_begin(i), n_begin(i) + T::kBlockN)) {
+      apply_mask<T::kBlockN>(s, c, mask, 1);
+    }
     return softmax_step<T::kBlockN>(s, rows, scale_log2, lazy_gap, alpha);
   };
 

@@ -14,14 +14,15 @@
 namespace flashgen {
 namespace v3 {
 
-// Elements outside [col_begin(row), col_end(row)) become -inf (window, causal, the seqlen_k tail).
+// Elements outside [col_begin(row), col_end(row)) become -inf (window, causal, the seqlen_k tail); row = the
+// accumulator row's query position, its row / pack (kernel_traits.cuh row_pack: 1 but for packed query rows).
 template <int kN>
-__device__ __forceinline__ void apply_mask(float (&s)[kN / 2], const AccCoord& c, const MaskSpec& mask) {
+__device__ __forceinline__ void apply_mask(float (&s)[kN / 2], const AccCoord& c, const MaskSpec& mask, int pack) {
   int begin[2], end[2];
 #pragma unroll
   for (int half = 0; half < 2; ++half) {
-    begin[half] = mask.col_begin(c.row(half));
-    end[half] = mask.col_end(c.row(half));
+    begin[half] = mask.col_begin(c.row(half) / pack);
+    end[half] = mask.col_end(c.row(half) / pack);
   }
 #pragma unroll
   for (int i = 0; i < kN / 2; ++i) {

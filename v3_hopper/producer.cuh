@@ -120,7 +120,7 @@ struct Loader {
       const SeqInfo seq = seq_info(p, tc.batch);
       const int m_begin = tile_m_begin<T>(tc.m_block, seq.seqlen_q);
       if (m_begin >= seq.seqlen_q) continue;  // varlen: this sequence is shorter than max_seqlen_q
-      const BlockRange range = tile_key_range<T>(seq.mask(p), m_begin, tc, p.num_splits);
+      const BlockRange range = tile_key_range<T>(tile_mask<T>(p, seq), m_begin, tc, p);
       n_tiles = range.end - range.begin;
       if (n_tiles <= 0) continue;  // every row of the tile is empty: the consumers write 0 and +inf without loads
       rows = tma_rows(p, tc.batch);

@@ -160,8 +160,10 @@ Status check_device(int* num_sms) { return check_sm90(num_sms, "v3"); }
 // split_tile_config (the masked one's keys), one query block per (head, batch), and common/split_kv.h's
 // plan_split_count cuts the key blocks over enough of them to fill the SMs, one CTA each (the persistent grid), at
 // most p.max_splits when the caller bounds it (flash_attn's num_splits: 0 = this rule alone, 1 = no split). A count of
-// 1 plans nothing: the prefill instances run the call as they did before the plan existed. Workspaces:
-// common/split_combine.cuh's layout at the bucket's width.
+// 1 plans nothing: the prefill instances run the call as they did before the plan existed. Packed query rows
+// (AttnParams::q_pack > 1: several query tokens of a GQA group in one tile, python/flashgen/_ops.py _pack_rows) run in
+// the split instance only (kernel_traits.cuh row_pack), so they plan at least 2 splits, and nothing under num_splits 1
+// (check_fwd refuses them then). Workspaces: common/split_combine.cuh's layout at the bucket's width.
 FwdPlan plan_fwd(const AttnParams& p) {
   FwdPlan plan;
   if (p.dtype != DType::kFloat16 && p.dtype != DType::kBFloat16) return plan;
@@ -173,8 +175,10 @@ FwdPlan plan_fwd(const AttnParams& p) {
     return plan;
   }
   const int64_t tiles = static_cast<int64_t>(p.num_heads) * p.batch;  // one query block each
+  const bool packed = p.q_pack > 1;
+  if (packed && (p.max_splits == 1 || p.seqlen_q % p.q_pack != 0 || p.alibi_slopes != nullptr)) return plan;
   const int splits = plan_split_count(tiles, p.num_sms, ceil_div(p.seqlen_k, split_tile_config(bucket).block_n),
-                                      p.max_splits, p.seqlen_q, bucket, &plan.workspaces);
+                                      p.max_splits, p.seqlen_q, bucket, &plan.workspaces, packed ? 2 : 1);
   plan.num_splits = splits > 1 ? splits : 0;  // one: the prefill instances (no workspace was asked for)
   return plan;
 }
@@ -223,6 +227,11 @@ Status check_fwd(const AttnParams& p, int* bucket) {
   if (p.num_splits != 0) {
     const Status planned = check_split_plan(p.num_splits, plan_fwd(p), p.ws, "v3");
     if (!planned.is_ok()) return planned;
+  }
+  if (p.q_pack > 1 && p.num_splits < 2) {  // only the split instance reads a row as (position, head of the group)
+    return Status::invalid("q_pack: v3 runs packed query rows in its split-KV instance only; this call has "
+                           "num_splits " + std::to_string(p.num_splits) + " (its plan: 16-bit, at most 64 rows, "
+                           "seqlen_q a multiple of q_pack, no ALiBi, num_splits not 1)");
   }
   if (p.cache_leftpad != nullptr && (p.block_table == nullptr || !paged_one_page(p.page_block_size, p.seqlen_k))) {
     return Status::not_implemented("cache_leftpad: v3 reads a left pad in a cache of one page per sequence (the API's "
@@ -296,7 +305,10 @@ TileOrder launch_tile_order(const AttnParams& p, int block_m, int element_bytes,
 }
 
 Status fwd(const AttnParams& caller_params, void* stream) {
-  if (caller_params.dtype == DType::kFloat8E4M3) return fwd_fp8(caller_params, stream);
+  if (caller_params.dtype == DType::kFloat8E4M3) {
+    if (caller_params.q_pack > 1) return Status::not_implemented("q_pack: v3's FP8 forward runs no packed query rows");
+    return fwd_fp8(caller_params, stream);
+  }
   AttnParams p = caller_params;
   p.page_div = RowDivider::make(p.page_block_size);  // a paged cache's TMA boxes divide by it (producer.cuh)
   int bucket = 0;
@@ -566,7 +578,7 @@ bool takes_value_head_dim_bwd(const AttnBwdParams& p) {
 
 const GenerationOps& ops() {
   static const GenerationOps table{"v3", &fwd, &bwd, &plan_fwd, &bwd_workspaces, &takes_value_head_dim,
-                                   &takes_value_head_dim_bwd};
+                                   &takes_value_head_dim_bwd, /*packs_rows=*/true};
   return table;
 }
 

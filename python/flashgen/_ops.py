@@ -381,6 +381,43 @@ def _fold_groups(t: torch.Tensor, groups: int) -> torch.Tensor:
                         (batch_stride, head_stride, head_stride * groups, dim_stride), t.storage_offset())
 
 
+# Generations whose forward runs packed query rows (AttnParams::q_pack; their ops table's packs_rows, which the binding
+# enforces): v3, in its split-KV instance (v3_hopper/v3_api.cu plan_fwd).
+PACKS_ROWS = ("v3",)
+PACK_MAX_ROWS = 64  # v3's split instance holds one consumer warpgroup's rows (its plan's seqlen_q bound)
+
+
+def _packed_rows(generation, q, k, v, cu_seqlens_q, alibi_slopes, dropout_p, block_mask, return_probs, q_descale,
+                 max_splits, block_table) -> int:
+    """The query heads per KV head to pack with the query tokens into one tile's rows, or 0 (FA3's PackGQA).
+
+    _grouped_decode folds one token's g heads of a KV head into g rows by a view; with s > 1 tokens the rows of one
+    position would need their own mask, so the s x g rows are instead packed in a copy of q, row i * g + j holding
+    token i of query head h * g + j, and the kernel masks row r as position r / g (AttnParams::q_pack). A CTA then
+    reads its KV head's keys once for all s x g rows, where unpacked each of the g heads reads them again (s47: four
+    tokens at b4 32k ran 2.4x the time of one). Only where the generation's split-KV plan takes the packed call (v3's:
+    16-bit, at most 64 rows, no ALiBi, num_splits not 1, V at q's head dim, keys to read); its combine writes out and
+    lse in the call's own layout."""
+    if generation not in PACKS_ROWS or not q.is_cuda or cu_seqlens_q is not None or q.dim() != 4:
+        return 0
+    tokens, groups = q.shape[1], q.shape[2] // k.shape[2]
+    if tokens < 2 or groups < 2 or tokens * groups > PACK_MAX_ROWS or q.dtype not in (torch.float16, torch.bfloat16):
+        return 0
+    if alibi_slopes is not None or dropout_p > 0 or block_mask is not None or return_probs or q_descale is not None:
+        return 0
+    if max_splits == 1 or v.shape[-1] != q.shape[-1] or os.environ.get(DECODE_ENV, "1") == "0":
+        return 0
+    keys = block_table.shape[1] * k.shape[1] if block_table is not None else k.shape[1]
+    return groups if keys > 0 else 0
+
+
+def _pack_rows(q: torch.Tensor, groups: int) -> torch.Tensor:
+    """(batch, s, h_k * g, d) -> contiguous (batch, s * g, h_k, d): row i * g + j of KV head h is q[:, i, h * g + j]."""
+    batch, tokens, heads, head_dim = q.shape
+    return q.unflatten(2, (heads // groups, groups)).transpose(2, 3).reshape(batch, tokens * groups, heads // groups,
+                                                                              head_dim)
+
+
 def on_device(t: torch.Tensor, fn, *args):
     """fn(*args) with t's CUDA device current (as flash_attn's device guard does), for the native section of a
     launch: the plan, workspace queries and the launch act on the current device, and a process whose tensors sit on
@@ -444,11 +481,17 @@ def forward(generation: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, 
         probs = (torch.zeros if cu_seqlens_q is not None else torch.empty)(shape, dtype=torch.float32, device=q.device)
     groups = _grouped_decode(q, k, cu_seqlens_q, window_size, alibi_slopes, dropout_p, block_mask, return_probs,
                              q_descale)
+    packed = 0 if groups else _packed_rows(generation, q, k, v, cu_seqlens_q, alibi_slopes, dropout_p, block_mask,
+                                           return_probs, q_descale, max_splits, block_table)
     q_run, o_run, lse_run = q, o, lse
     if groups:  # lse (batch, h_k * g, 1) contiguous == (batch, h_k, g): row i of KV head j is query head j * g + i
         q_run, o_run = _fold_groups(q, groups), _fold_groups(o, groups)
         lse_run = lse.view(batch, k.shape[2], groups)
         window_size = (-1, -1)  # every row sees every key (see _grouped_decode)
+    elif packed:
+        # rows (token, head of the group); the window stays (the kernel masks each row at its token); out and lse stay
+        # the call's: the combine writes each row where it belongs (common/split_combine.cuh kPacked)
+        q_run = _pack_rows(q, packed)
     p = _native.C.AttnParams()
     _fill(p, q_run, k, v, o_run, lse_run, softmax_scale=softmax_scale, window_size=window_size, softcap=softcap,
           alibi_slopes=alibi_slopes, dropout_p=dropout_p, seed=seed, offset=offset, cu_seqlens_q=cu_seqlens_q,
@@ -456,6 +499,7 @@ def forward(generation: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, 
           kv_batch_idx=kv_batch_idx, block_mask=block_mask, block_size=block_size, probs=probs, batch=batch,
           block_table=block_table, cache_leftpad=cache_leftpad, max_splits=max_splits,
           q_descale=q_descale, k_descale=k_descale, v_descale=v_descale)
+    p.q_pack = packed
     on_device(q, _launch_fwd, generation, p, q, block_mask, block_size)
     return o, lse, probs
 

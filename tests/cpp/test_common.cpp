@@ -523,6 +523,18 @@ void test_split_kv() {
     flashgen::WorkspaceSpec many;
     CHECK(flashgen::plan_split_count(int64_t{1} << 31, 264, 512, 0, 1, 128, &many) == 1,
           "2^31 tiles: the count's int math must not run");
+    // min_splits (v3's packed query rows): 300 tiles fill 264 slots, so the rule gives 1; the caller's 2 where the
+    // bound allows it, with its workspaces; none under max_splits 1.
+    flashgen::WorkspaceSpec least;
+    CHECK(flashgen::plan_split_count(300, 264, 512, 0, 16, 64, &least, 2) == 2 &&
+              least.floats[static_cast<int>(flashgen::WorkspaceId::kOAccum)] == 2 * 300 * 16 * 64,
+          "min_splits 2: not planned with its workspace");
+    flashgen::WorkspaceSpec least_one;
+    CHECK(flashgen::plan_split_count(300, 264, 512, 1, 16, 64, &least_one, 2) == 1 &&
+              least_one.floats[static_cast<int>(flashgen::WorkspaceId::kOAccum)] == 0,
+          "min_splits 2 under max_splits 1: a split was planned");
+    flashgen::WorkspaceSpec more;
+    CHECK(flashgen::plan_split_count(16, 264, 512, 0, 4, 128, &more, 2) == 14, "min_splits 2 changed a count of 14");
     // The layout: 3 splits x 2 batch entries x 5 heads x 7 rows tile [0, 210) without a gap or an overlap.
     std::vector<int> seen(3 * 2 * 5 * 7, 0);
     for (int s = 0; s < 3; ++s)
