@@ -27,6 +27,7 @@ from flashgen.reference import attention_ref, philox_keep_mask  # noqa: E402
 from paged_kv_cases import (PAGE_SIZES, PREFILL_SCENARIOS, SCENARIOS, KvCase, build, call, check_cache_after, clone_inputs,  # noqa: E402
                             expected, keys_used, with_page)
 import paged_varlen_cases as pv  # noqa: E402
+from test_v2_split_kv import spy_fwd_launches  # noqa: E402
 
 
 @pytest.fixture(params=gpu_generations("fwd"))
@@ -37,16 +38,7 @@ def generation(request):
 @pytest.fixture
 def splits_seen(monkeypatch):
     """The decode path on (FLASHGEN_SPLIT_KV=1), and p.num_splits / p.max_splits of every forward launch recorded."""
-    monkeypatch.setenv(_ops.DECODE_ENV, "1")
-    seen = []
-    real = _native.C.fwd
-
-    def spy(generation, p, stream):
-        seen.append((p.num_splits, p.max_splits))
-        return real(generation, p, stream)
-
-    monkeypatch.setattr(_native.C, "fwd", spy)
-    return seen
+    return spy_fwd_launches(monkeypatch, lambda p: (p.num_splits, p.max_splits))
 
 
 def _features(case: KvCase):

@@ -217,19 +217,25 @@ def _decode_case(device, heads, heads_k, head_dim, seqlen_q, seqlens_k, capacity
     return q, k_cache, v_cache, torch.tensor(seqlens_k, dtype=torch.int32, device=device)
 
 
-@pytest.fixture
-def splits_seen(monkeypatch):
-    """Turns the decode instance on and records p.num_splits of every v2 forward launch."""
+def spy_fwd_launches(monkeypatch, record):
+    """The decode path on (FLASHGEN_SPLIT_KV=1); record(p) of every forward launch's params appended to the list
+    returned (this file's, tests/test_v3_split_kv.py's and tests/test_gpu_paged_kv.py's launch spies)."""
     monkeypatch.setenv(_ops.DECODE_ENV, "1")
     seen = []
     real = _native.C.fwd
 
     def spy(generation, p, stream):
-        seen.append(p.num_splits)
+        seen.append(record(p))
         return real(generation, p, stream)
 
     monkeypatch.setattr(_native.C, "fwd", spy)
     return seen
+
+
+@pytest.fixture
+def splits_seen(monkeypatch):
+    """Turns the decode instance on and records p.num_splits of every forward launch."""
+    return spy_fwd_launches(monkeypatch, lambda p: p.num_splits)
 
 
 # (query heads, KV heads, query rows) of each decode case; its mask or modifiers in run_decode_case.

@@ -19,7 +19,7 @@ from flashgen import _native, _ops
 from flashgen.bench.impls import paged_cache
 import test_v2_split_kv
 from test_v2_split_kv import (DECODE_CASES, K_MAX_SPLITS, _decode_case, _params, _plan_of, check_decode,
-                              replay_decode_step, run_decode_case, split_kv_count)
+                              replay_decode_step, run_decode_case, split_kv_count, spy_fwd_launches)
 
 splits_seen = test_v2_split_kv.splits_seen  # the fixture: the split plan on, every launch's p.num_splits recorded
 
@@ -194,16 +194,7 @@ def test_split_step_replays_from_a_cuda_graph(append, splits_seen):
 @pytest.fixture
 def packs_seen(monkeypatch):
     """The split plan on; (num_splits, q_pack) of every forward launch."""
-    monkeypatch.setenv(_ops.DECODE_ENV, "1")
-    seen = []
-    real = _native.C.fwd
-
-    def spy(generation, p, stream):
-        seen.append((p.num_splits, p.q_pack))
-        return real(generation, p, stream)
-
-    monkeypatch.setattr(_native.C, "fwd", spy)
-    return seen
+    return spy_fwd_launches(monkeypatch, lambda p: (p.num_splits, p.q_pack))
 
 
 # (query heads, KV heads, tokens, keywords): groups of 2-8 (7: not a power of two) with 2-8 tokens, up to the split
