@@ -417,6 +417,9 @@ PYBIND11_MODULE(_C, m) {
         const GenerationOps& ops = ops_or_throw(generation);
         if (ops.bwd == nullptr) throw NotImplemented("generation '" + generation + "' has no backward");
         check_value_dim(ops, p, ops.value_head_dim_bwd, "backward");
+        if (p.q_pack > 1 || p.q_pack < 0) {  // packed rows are a forward's (_ops.forward packs; the backward never)
+          throw NotImplemented("q_pack: no backward runs packed query rows, got " + std::to_string(p.q_pack));
+        }
         Status s;
         {
           py::gil_scoped_release release;

@@ -113,6 +113,23 @@ FH_HD bool tile_fully_visible(const MaskSpec& mask, int m_begin, int m_end, int 
   return full_cols_contain(full_cols(mask, m_begin, m_end), n_begin, n_end);
 }
 
+// ---- packed query rows (AttnParams::q_pack; python/flashgen/_ops.py _packed_rows) ----
+// Row r of a KV head's packed rows is query position r / pack of query head head * pack + r % pack; pack = q_pack
+// where it is > 1, else 1 (rows are positions). The mask takes positions (MaskSpec::seqlen_q = rows / pack), so the
+// functions above take row_positions' ranges, and out / LSE take packed_row's (position, head).
+FH_HD int row_pack(int q_pack) { return q_pack > 1 ? q_pack : 1; }
+// Rows [begin, end) (begin >= 0) as the query positions they hold; an empty range stays empty.
+FH_HD ColRange row_positions(int begin, int end, int pack) {
+  return {begin / pack, end > begin ? (end - 1) / pack + 1 : begin / pack};
+}
+struct PackedRow {
+  int position, head;
+};
+FH_HD PackedRow packed_row(int row, int head, int pack) {
+  const int position = row / pack;
+  return {position, head * pack + (row - position * pack)};
+}
+
 // ---- index values: clamped, never trusted (issue 17) ----
 // The kernels read cu_seqlens, seqused_k, kv_batch_idx, cache_leftpad and block_table values on the device, where
 // the host does not check them (that would cost a sync; FLASHGEN_CHECK_INDICES=1 does it, and CPU tensors are

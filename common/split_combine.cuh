@@ -122,11 +122,9 @@ __global__ void __launch_bounds__(kCombineWarps * 32) combine_kernel(const __gri
   }
 
   const SeqInfo seq = seq_info(p, batch);
-  int out_row = row, out_head = head;
-  if constexpr (kPacked) {
-    out_row = row / p.q_pack;
-    out_head = head * p.q_pack + (row - out_row * p.q_pack);
-  }
+  // where the row goes: itself, or with packed rows its (position, query head) (common/mask.h packed_row)
+  const PackedRow out = packed_row(row, head, kPacked ? p.q_pack : 1);
+  const int out_row = out.position, out_head = out.head;
   if (owns) {
     uint4 packed;
     packed.x = combine_pack2<Tag>(acc[0], acc[1]);

@@ -140,13 +140,14 @@ FG_CPU_KERNEL void fwd_unit(const AttnParams& p, const KVTiles& kv, const FwdUni
   const int ld = padded_dim(d);
   const int dv = value_dim(p), ld_v = padded_dim(dv);  // V's and O's
   const int m0 = unit.m_block * kBlockM;
-  const int rows = std::min(kBlockM, hp.mask.seqlen_q - m0);
+  const int rows = std::min(kBlockM, hp.seq.seqlen_q - m0);  // query rows (packed rows: hp.pack per position)
   load_tile(p.q, p.dtype, hp.seq.q_offset + hp.head * p.q_head_stride, p.q_row_stride, m0, rows, rows, d, ld,
             w.q.data());
   std::fill(w.o.begin(), w.o.end(), 0.f);
   RowState st[kBlockM];
 
-  const BlockRange nr = n_block_range(hp.mask, m0, m0 + rows, kBlockN);
+  const ColRange positions = row_positions(m0, m0 + rows, hp.pack);
+  const BlockRange nr = n_block_range(hp.mask, positions.begin, positions.end, kBlockN);
   for (int n_block = nr.begin; n_block < nr.end; ++n_block) {
     const int n0 = n_block * kBlockN;
     const int valid_keys = std::min(kBlockN, hp.mask.seqlen_k - n0);
@@ -174,16 +175,17 @@ FG_CPU_KERNEL void fwd_unit(const AttnParams& p, const KVTiles& kv, const FwdUni
     gemm_p_v(w.s.data(), kv.v(hp.batch, hp.head_k, n_block, w), w.o.data(), rows, valid_keys, ld_v);
   }
 
-  // Epilogue: O / l (empty rows: 0), scaled by 1 / (1 - p_dropout); LSE in natural-log logit units.
+  // Epilogue: O / l (empty rows: 0), scaled by 1 / (1 - p_dropout); LSE in natural-log logit units. Each row at its
+  // (position, head): itself, or with packed rows where the unpacked call puts it (common/mask.h packed_row).
   const float keep_scale = dropout_keep_scale(p.p_dropout);
-  const int64_t o_base = hp.seq.o_offset + hp.head * p.o_head_stride;
-  float* lse = p.lse + lse_offset(p, hp.seq, hp.batch, hp.head);
   for (int r = 0; r < rows; ++r) {
     float* orow = w.o.data() + r * ld_v;
     const float scale = st[r].inv_sum() * keep_scale;
     for (int c = 0; c < dv; ++c) orow[c] *= scale;
-    store_row(orow, p.dtype, elem_ptr(p.o, p.dtype, o_base + (m0 + r) * p.o_row_stride), dv);
-    lse[m0 + r] = st[r].lse(p.scale_log2);
+    const PackedRow out = packed_row(m0 + r, hp.head, hp.pack);
+    const int64_t o_row = hp.seq.o_offset + out.head * p.o_head_stride + out.position * p.o_row_stride;
+    store_row(orow, p.dtype, elem_ptr(p.o, p.dtype, o_row), dv);
+    p.lse[lse_offset(p, hp.seq, hp.batch, out.head) + out.position] = st[r].lse(p.scale_log2);
   }
   if (p.p_out) write_probs(p, hp, kv, m0, rows, st, w);
 }
@@ -195,10 +197,10 @@ Status fwd(const AttnParams& p) {
   if (!ok.is_ok()) return ok;
   std::vector<FwdUnit> units;
   for (int b = 0; b < p.batch; ++b) {
-    const SeqInfo seq = seq_info(p, b);
-    const MaskSpec mask = seq.mask(p);
-    for (int m_block = 0; m_block < ceil_div(seq.seqlen_q, kBlockM); ++m_block) {
-      const BlockRange nr = n_block_range(mask, m_block * kBlockM, (m_block + 1) * kBlockM, kBlockN);
+    const HeadProblem hp = head_problem(p, b, 0);  // the mask over positions (packed rows: hp.pack rows each)
+    for (int m_block = 0; m_block < ceil_div(hp.seq.seqlen_q, kBlockM); ++m_block) {
+      const ColRange pos = row_positions(m_block * kBlockM, (m_block + 1) * kBlockM, hp.pack);
+      const BlockRange nr = n_block_range(hp.mask, pos.begin, pos.end, kBlockN);
       for (int h = 0; h < p.num_heads; ++h) units.push_back({b, h, m_block, std::max(0, nr.end - nr.begin)});
     }
   }

@@ -78,6 +78,17 @@ inline Status check_params(const AttnParams& p) {
   if (p.block_mask && (p.sparse_block_m < 1 || p.sparse_block_n < 1)) {
     return Status::invalid("cpu: block_size must be positive with block_mask");
   }
+  if (p.q_pack > 1) {  // packed query rows (common/mask.h packed_row): whole groups, each row masked at its position
+    if (p.seqlen_q % p.q_pack != 0 || p.num_heads != p.num_heads_k) {
+      return Status::invalid("cpu: q_pack " + std::to_string(p.q_pack) + " needs seqlen_q (" +
+                             std::to_string(p.seqlen_q) + ") a multiple of it and one query head per KV head (" +
+                             std::to_string(p.num_heads) + " / " + std::to_string(p.num_heads_k) + ")");
+    }
+    if (p.cu_seqlens_q || p.alibi_slopes || p.p_dropout > 0.f || p.p_out || p.block_mask) {
+      return Status::not_implemented("cpu: q_pack with varlen queries, ALiBi, dropout, probabilities or a block mask "
+                                     "(each indexed by the query head or row)");
+    }
+  }
   // Stacked queries read stacked keys, or a paged cache (flash_attn_varlen_func with a block_table: each sequence's
   // keys counted by seqused_k); stacked keys always come with stacked queries.
   if (p.cu_seqlens_k ? p.cu_seqlens_q == nullptr : (p.cu_seqlens_q != nullptr && p.block_table == nullptr)) {

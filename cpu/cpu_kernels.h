@@ -264,17 +264,20 @@ FG_INLINE void load_tile_t(const void* base, DType dtype, int64_t base_offset, i
 // ---- one (batch, head) problem: the sequence, its mask and score path (common/score.h), resolved once ----
 struct HeadProblem {
   SeqInfo seq;
-  MaskSpec mask;
+  MaskSpec mask;          // over query positions: seq.seqlen_q / pack of them
   ScorePath path;
   int batch;
   int head;
   int head_k;             // kv head: head / (num_heads / num_heads_k)
+  int pack;               // query rows per position (common/mask.h row_pack: 1 but for packed rows, a forward's)
 };
 
 FG_INLINE HeadProblem head_problem(const AttnParams& p, int b, int h) {
   HeadProblem hp;
   hp.seq = seq_info(p, b);
+  hp.pack = row_pack(p.q_pack);
   hp.mask = hp.seq.mask(p);
+  hp.mask.seqlen_q = hp.seq.seqlen_q / hp.pack;
   hp.path = ScorePath::make(p, b, h, hp.mask.seqlen_q, hp.mask.seqlen_k);
   hp.batch = b;
   hp.head = h;
@@ -309,12 +312,13 @@ FG_INLINE void score_tile(const AttnParams& p, const HeadProblem& hp, const floa
   } else if (hp.path.slope != 0.f) {
     score_mods<false, true>(hp.path, m0, rows, n0, s, cap_grad);
   }
-  const bool full = tile_fully_visible(hp.mask, m0, m0 + rows, n0, n0 + kBlockN);
+  const ColRange positions = row_positions(m0, m0 + rows, hp.pack);
+  const bool full = tile_fully_visible(hp.mask, positions.begin, positions.end, n0, n0 + kBlockN);
   if (full && sparse == SparseTile::kOn) return;
   for (int r = 0; r < rows; ++r) {
     float* sr = s + r * kBlockN;
     const int row = m0 + r;
-    const RowLimits lim = row_limits(hp.mask, row);
+    const RowLimits lim = row_limits(hp.mask, row / hp.pack);
     for (int j = 0; j < kBlockN; ++j) {
       sr[j] = ScorePath::masked(sr[j], n0 + j, lim);
       if (sparse == SparseTile::kMixed && !sparse_visible(p, hp.head, row, n0 + j)) sr[j] = -INFINITY;

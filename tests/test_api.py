@@ -328,8 +328,8 @@ def test_value_head_dim_runs_unpadded_where_the_generation_takes_it(monkeypatch)
 def test_packed_query_rows_only_where_a_generation_runs_them():
     """AttnParams::q_pack (several query tokens of a GQA group in one tile's rows, v3's split instance: _ops
     _packed_rows) reaches only a forward whose ops table runs it (bindings/module.cpp check_q_pack): any other
-    generation would mask the rows as positions. Negative values are refused too. The API packs for PACKS_ROWS only,
-    so the CPU backend's calls with several tokens and GQA stay unpacked."""
+    generation would mask the rows as positions. Negative values, rows that are not whole groups, and any backward are
+    refused too. The API packs for PACKS_ROWS only (v3 and the CPU backend)."""
     from flashgen import _native
     q, k = torch.randn(1, 4, 8, 16), torch.randn(1, 9, 2, 16)
     out, lse = torch.empty_like(q), torch.empty(1, 8, 4)
@@ -344,10 +344,21 @@ def test_packed_query_rows_only_where_a_generation_runs_them():
             _native.C.fwd(generation, p)
         with pytest.raises(NotImplementedError, match="q_pack"):
             _native.C.fwd_plan(generation, p)
-        p.q_pack = -1
-        with pytest.raises(ValueError, match="q_pack: expected 0 .off. or the query heads per KV head, got -1"):
-            _native.C.fwd(generation, p)
-    assert _ops._packed_rows("cpu", q, k, k, None, None, 0.0, None, False, None, 0, None) == 0
+    p.q_pack = -1
+    with pytest.raises(ValueError, match="q_pack: expected 0 .off. or the query heads per KV head, got -1"):
+        _native.C.fwd("cpu", p)
+    p.q_pack = 3  # 4 rows are not whole groups of 3; and 8 query heads over 2 KV heads are not packed rows
+    with pytest.raises(ValueError, match="cpu: q_pack 3 needs seqlen_q .4. a multiple of it and one query head per"):
+        _native.C.fwd("cpu", p)
+    bwd = _native.C.AttnBwdParams()
+    bwd.q_pack = 2
+    with pytest.raises(NotImplementedError, match="q_pack: no backward runs packed query rows, got 2"):
+        _native.C.bwd("cpu", bwd)
+    # the API packs several tokens of a group on the CPU too, not one token (the fold's view) or no group
+    assert _ops._packed_rows("cpu", q, k, k, None, None, 0.0, None, False, None, 0, None) == 4
+    assert _ops._packed_rows("cpu", q[:, :1], k, k, None, None, 0.0, None, False, None, 0, None) == 0
+    assert _ops._packed_rows("cpu", q, q, q, None, None, 0.0, None, False, None, 0, None) == 0
+    assert _ops._packed_rows("v2", q, k, k, None, None, 0.0, None, False, None, 0, None) == 0
 
 
 def test_packed_rows_layout():

@@ -56,12 +56,14 @@ def test_which_calls_fold(launches, kw, folds):
 
 
 def test_no_fold_for_two_queries_mha_or_dropout(launches):
+    """Two queries do not fold (their rows would need two masks): they run packed instead (AttnParams::q_pack,
+    tests/test_packed_rows.py), 2 x g rows of each KV head, the window kept; MHA and dropout neither fold nor pack."""
     k, v = (torch.randn(BATCH, 40, HEADS_K, HEAD_DIM) for _ in range(2))
-    flashgen.flash_attn_func(torch.randn(BATCH, 2, HEADS, HEAD_DIM), k, v, version="cpu")
+    flashgen.flash_attn_func(torch.randn(BATCH, 2, HEADS, HEAD_DIM), k, v, causal=True, version="cpu")
     kf, vf = (torch.randn(BATCH, 40, HEADS, HEAD_DIM) for _ in range(2))
     flashgen.flash_attn_func(torch.randn(BATCH, 1, HEADS, HEAD_DIM), kf, vf, version="cpu")
     flashgen.flash_attn_func(torch.randn(BATCH, 1, HEADS, HEAD_DIM), k, v, dropout_p=0.3, version="cpu")
-    assert [(s, h) for s, h, _, _ in launches] == [(2, HEADS), (1, HEADS), (1, HEADS)]
+    assert launches == [(2 * HEADS // HEADS_K, HEADS_K, -1, 0), (1, HEADS, -1, -1), (1, HEADS, -1, -1)], launches
 
 
 @pytest.mark.parametrize("generation, device, dtype", list(_runs()))

@@ -376,7 +376,7 @@ __device__ __forceinline__ void consumer_loop(const AttnParams& p, const SmemMap
     const int m_begin = tile_m_begin<T>(tc.m_block, seq.seqlen_q);
     if (m_begin >= seq.seqlen_q) continue;  // varlen: this sequence is shorter than max_seqlen_q
     const MaskSpec mask = tile_mask<T>(p, seq);
-    const int pack = row_pack<T>(p);  // rows per query position: 1 but for packed rows (kernel_traits.cuh)
+    const int pack = tile_row_pack<T>(p);  // rows per query position: 1 but for packed rows (kernel_traits.cuh)
     const BlockRange range = tile_key_range<T>(mask, m_begin, tc, p);
     const int n_tiles = range.end - range.begin;
     const int wg_row0 = m_begin + wg * kWarpgroupRows;

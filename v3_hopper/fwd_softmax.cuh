@@ -15,7 +15,7 @@ namespace flashgen {
 namespace v3 {
 
 // Elements outside [col_begin(row), col_end(row)) become -inf (window, causal, the seqlen_k tail); row = the
-// accumulator row's query position, its row / pack (kernel_traits.cuh row_pack: 1 but for packed query rows).
+// accumulator row's query position, its row / pack (kernel_traits.cuh tile_row_pack: 1 but for packed query rows).
 template <int kN>
 __device__ __forceinline__ void apply_mask(float (&s)[kN / 2], const AccCoord& c, const MaskSpec& mask, int pack) {
   int begin[2], end[2];

@@ -231,23 +231,19 @@ __device__ __forceinline__ BlockRange tile_n_range(const MaskSpec& mask, int m_b
   return n_block_range(mask, m_begin > 0 ? m_begin : 0, m_begin + T::kBlockM, T::kBlockN);
 }
 
-// Packed query rows (AttnParams::q_pack; the split instance only, v3_api.cu plan_fwd refuses them elsewhere): row r
-// of the tile is query position r / pack, with pack = q_pack (> 1) or 1. Every other instance gets the constant 1,
-// so its code is what it was.
+// Packed query rows (AttnParams::q_pack, common/mask.h row_pack / row_positions; the split instance only, v3_api.cu
+// plan_fwd refuses them elsewhere): row r of the tile is query position r / pack. Every other instance gets the
+// constant 1, so its code is what it was.
 template <typename T>
-__device__ __forceinline__ int row_pack(const AttnParams& p) {
-  if constexpr (T::kSplit) return p.q_pack > 1 ? p.q_pack : 1;
+__device__ __forceinline__ int tile_row_pack(const AttnParams& p) {
+  if constexpr (T::kSplit) return row_pack(p.q_pack);
   return 1;
-}
-// Rows [begin, end) (begin >= 0) as the query positions they hold; an empty range stays empty.
-__device__ __forceinline__ ColRange row_positions(int begin, int end, int pack) {
-  return {begin / pack, end > begin ? (end - 1) / pack + 1 : begin / pack};
 }
 // The tile's mask: common/mask.h's over query positions (seqlen_q / pack of them with packed rows).
 template <typename T>
 __device__ __forceinline__ MaskSpec tile_mask(const AttnParams& p, const SeqInfo& seq) {
   MaskSpec mask = seq.mask(p);
-  if constexpr (T::kSplit) mask.seqlen_q = seq.seqlen_q / row_pack<T>(p);
+  if constexpr (T::kSplit) mask.seqlen_q = seq.seqlen_q / tile_row_pack<T>(p);
   return mask;
 }
 
@@ -257,7 +253,7 @@ template <typename T>
 __device__ __forceinline__ BlockRange tile_key_range(const MaskSpec& mask, int m_begin, const TileCoord& tc,
                                                      const AttnParams& p) {
   if constexpr (T::kSplit) {
-    const ColRange pos = row_positions(m_begin, m_begin + T::kBlockM, row_pack<T>(p));
+    const ColRange pos = row_positions(m_begin, m_begin + T::kBlockM, tile_row_pack<T>(p));
     return split_block_range(n_block_range(mask, pos.begin, pos.end, T::kBlockN), tc.split, p.num_splits);
   }
   return tile_n_range<T>(mask, m_begin);

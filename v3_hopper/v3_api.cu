@@ -162,8 +162,8 @@ Status check_device(int* num_sms) { return check_sm90(num_sms, "v3"); }
 // most p.max_splits when the caller bounds it (flash_attn's num_splits: 0 = this rule alone, 1 = no split). A count of
 // 1 plans nothing: the prefill instances run the call as they did before the plan existed. Packed query rows
 // (AttnParams::q_pack > 1: several query tokens of a GQA group in one tile, python/flashgen/_ops.py _pack_rows) run in
-// the split instance only (kernel_traits.cuh row_pack), so they plan at least 2 splits, and nothing under num_splits 1
-// (check_fwd refuses them then). Workspaces: common/split_combine.cuh's layout at the bucket's width.
+// the split instance only (kernel_traits.cuh tile_row_pack), so they plan at least 2 splits, and nothing under
+// num_splits 1 (check_fwd refuses them then). Workspaces: common/split_combine.cuh's layout at the bucket's width.
 FwdPlan plan_fwd(const AttnParams& p) {
   FwdPlan plan;
   if (p.dtype != DType::kFloat16 && p.dtype != DType::kBFloat16) return plan;

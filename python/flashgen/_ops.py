@@ -382,8 +382,10 @@ def _fold_groups(t: torch.Tensor, groups: int) -> torch.Tensor:
 
 
 # Generations whose forward runs packed query rows (AttnParams::q_pack; their ops table's packs_rows, which the binding
-# enforces): v3, in its split-KV instance (v3_hopper/v3_api.cu plan_fwd).
-PACKS_ROWS = ("v3",)
+# enforces), each with whether it runs them in its split-KV plan only: v3 in its split instance (v3_hopper/v3_api.cu
+# plan_fwd: 16-bit, FLASHGEN_SPLIT_KV on, num_splits not 1, V at q's head dim); the CPU backend in its forward
+# (cpu/attention_cpu.cpp), so the CPU tier runs the same packing as the GPU's.
+PACKS_ROWS = {"v3": True, "cpu": False}
 PACK_MAX_ROWS = 64  # v3's split instance holds one consumer warpgroup's rows (its plan's seqlen_q bound)
 
 
@@ -395,18 +397,23 @@ def _packed_rows(generation, q, k, v, cu_seqlens_q, alibi_slopes, dropout_p, blo
     position would need their own mask, so the s x g rows are instead packed in a copy of q, row i * g + j holding
     token i of query head h * g + j, and the kernel masks row r as position r / g (AttnParams::q_pack). A CTA then
     reads its KV head's keys once for all s x g rows, where unpacked each of the g heads reads them again (s47: four
-    tokens at b4 32k ran 2.4x the time of one). Only where the generation's split-KV plan takes the packed call (v3's:
-    16-bit, at most 64 rows, no ALiBi, num_splits not 1, V at q's head dim, keys to read); its combine writes out and
-    lse in the call's own layout."""
-    if generation not in PACKS_ROWS or not q.is_cuda or cu_seqlens_q is not None or q.dim() != 4:
+    tokens at b4 32k ran 2.4x the time of one). At most 64 rows, no ALiBi / dropout / probabilities / block mask /
+    varlen queries / FP8 (each indexed by the query head or row); only on a generation in PACKS_ROWS, and for v3 only
+    where its split-KV plan takes the call (16-bit, num_splits not 1, V at q's head dim, keys to read). out and lse
+    stay the call's: v3's combine and the CPU's epilogue write each row where it belongs (common/mask.h
+    packed_row)."""
+    if generation not in PACKS_ROWS or cu_seqlens_q is not None or q.dim() != 4:
         return 0
     tokens, groups = q.shape[1], q.shape[2] // k.shape[2]
-    if tokens < 2 or groups < 2 or tokens * groups > PACK_MAX_ROWS or q.dtype not in (torch.float16, torch.bfloat16):
+    if tokens < 2 or groups < 2 or tokens * groups > PACK_MAX_ROWS:
         return 0
     if alibi_slopes is not None or dropout_p > 0 or block_mask is not None or return_probs or q_descale is not None:
         return 0
-    if max_splits == 1 or v.shape[-1] != q.shape[-1] or os.environ.get(DECODE_ENV, "1") == "0":
-        return 0
+    if PACKS_ROWS[generation]:  # in the split-KV plan only
+        if not q.is_cuda or q.dtype not in (torch.float16, torch.bfloat16) or max_splits == 1:
+            return 0
+        if v.shape[-1] != q.shape[-1] or os.environ.get(DECODE_ENV, "1") == "0":
+            return 0
     keys = block_table.shape[1] * k.shape[1] if block_table is not None else k.shape[1]
     return groups if keys > 0 else 0
 

@@ -545,6 +545,39 @@ void test_split_kv() {
   }
 }
 
+// ---- packed query rows (AttnParams::q_pack): row_positions and packed_row against the layout's definition ----
+// Row r of KV head h is token r / g of query head h * g + r % g (python/flashgen/_ops.py _pack_rows); a range of rows
+// holds exactly the positions some row of it maps to; with pack 1 both are the identity.
+void test_packed_rows() {
+  for (int pack : {1, 2, 3, 4, 7, 8}) {
+    for (int head = 0; head < 3; ++head) {
+      for (int row = 0; row < 70; ++row) {
+        const flashgen::PackedRow out = flashgen::packed_row(row, head, pack);
+        CHECK(out.position * pack + (out.head - head * pack) == row && out.head / pack == head &&
+                  out.head % pack == row % pack,
+              "packed_row(%d, %d, %d) = (%d, %d)", row, head, pack, out.position, out.head);
+      }
+    }
+    for (int begin = 0; begin < 40; ++begin) {
+      for (int end = begin; end < 80; ++end) {
+        int lo = 1 << 30, hi = -1;
+        for (int r = begin; r < end; ++r) {
+          lo = std::min(lo, r / pack);
+          hi = std::max(hi, r / pack + 1);
+        }
+        const flashgen::ColRange pos = flashgen::row_positions(begin, end, pack);
+        if (end == begin) {
+          CHECK(pos.end <= pos.begin, "row_positions(%d, %d, %d) not empty", begin, end, pack);
+        } else {
+          CHECK(pos.begin == lo && pos.end == hi, "row_positions(%d, %d, %d) = [%d, %d), want [%d, %d)", begin, end,
+                pack, pos.begin, pos.end, lo, hi);
+        }
+      }
+    }
+  }
+  CHECK(flashgen::row_pack(0) == 1 && flashgen::row_pack(1) == 1 && flashgen::row_pack(4) == 4, "row_pack");
+}
+
 // ---- masks whose sums overflow int32: huge windows on small problems, small windows on huge sequences ----
 constexpr int kIntMax = 2147483647;
 
@@ -942,5 +975,6 @@ int main() {
   test_philox();
   test_score_mod();
   test_split_kv();
+  test_packed_rows();
   return flashgen_test::finish();
 }
