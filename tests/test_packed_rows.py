@@ -9,7 +9,7 @@ import torch
 import flashgen
 from flashgen import _ops
 from flashgen.bench.impls import paged_cache
-from test_v2_split_kv import _decode_case, check_decode, spy_fwd_launches
+from test_v2_split_kv import PACKED_CASES, _decode_case, check_decode, spy_fwd_launches
 
 
 @pytest.fixture
@@ -18,22 +18,12 @@ def packs_seen(monkeypatch):
     return spy_fwd_launches(monkeypatch, lambda p: p.q_pack)
 
 
-# (query heads, KV heads, tokens, keywords), as tests/test_v3_split_kv.py's PACKED_CASES
-CASES = {"g4-4-tokens-causal": (16, 4, 4, dict(causal=True)),
-         "g8-8-tokens-causal": (16, 2, 8, dict(causal=True)),
-         "g7-2-tokens-causal": (14, 2, 2, dict(causal=True)),
-         "g2-3-tokens-full": (4, 2, 3, {}),
-         "g4-5-tokens-window": (8, 2, 5, dict(window_size=(100, 0))),
-         "g4-3-tokens-two-sided-window": (8, 2, 3, dict(window_size=(50, 1))),
-         "g4-4-tokens-softcap-causal": (8, 2, 4, dict(causal=True, softcap=15.0))}
-
-
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
-@pytest.mark.parametrize("case", sorted(CASES))
+@pytest.mark.parametrize("case", sorted(PACKED_CASES))
 def test_packed_rows_against_oracle(case, dtype, packs_seen):
     """Caches empty, shorter than the tokens (causal: the first rows see no key, out 0 and lse +inf), shorter than one
     key tile, odd and full; the call ran packed (q_pack = g)."""
-    heads, heads_k, tokens, kw = CASES[case]
+    heads, heads_k, tokens, kw = PACKED_CASES[case]
     q, k_cache, v_cache, seqlens = _decode_case("cpu", heads, heads_k, 32, tokens, [0, 2, 37, 300, 512], 512,
                                                 dtype=dtype)
     out, lse = flashgen.flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=seqlens, version="cpu",

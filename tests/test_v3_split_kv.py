@@ -18,8 +18,8 @@ import flashgen
 from flashgen import _native, _ops
 from flashgen.bench.impls import paged_cache
 import test_v2_split_kv
-from test_v2_split_kv import (DECODE_CASES, K_MAX_SPLITS, _decode_case, _params, _plan_of, check_decode,
-                              replay_decode_step, run_decode_case, split_kv_count, spy_fwd_launches)
+from test_v2_split_kv import (DECODE_CASES, K_MAX_SPLITS, PACKED_CASES, _decode_case, _params, _plan_of,
+                              check_decode, replay_decode_step, run_decode_case, split_kv_count, spy_fwd_launches)
 
 splits_seen = test_v2_split_kv.splits_seen  # the fixture: the split plan on, every launch's p.num_splits recorded
 
@@ -195,17 +195,6 @@ def test_split_step_replays_from_a_cuda_graph(append, splits_seen):
 def packs_seen(monkeypatch):
     """The split plan on; (num_splits, q_pack) of every forward launch."""
     return spy_fwd_launches(monkeypatch, lambda p: (p.num_splits, p.q_pack))
-
-
-# (query heads, KV heads, tokens, keywords): groups of 2-8 (7: not a power of two) with 2-8 tokens, up to the split
-# tile's 64 rows; each mask, and softcap.
-PACKED_CASES = {"g4-4-tokens-causal": (16, 4, 4, dict(causal=True)),
-                "g8-8-tokens-causal": (16, 2, 8, dict(causal=True)),
-                "g7-2-tokens-causal": (14, 2, 2, dict(causal=True)),
-                "g2-3-tokens-full": (4, 2, 3, {}),
-                "g4-5-tokens-window": (8, 2, 5, dict(window_size=(100, 0))),
-                "g4-3-tokens-two-sided-window": (8, 2, 3, dict(window_size=(50, 1))),
-                "g4-4-tokens-softcap-causal": (8, 2, 4, dict(causal=True, softcap=15.0))}
 
 
 @pytest.mark.parametrize("head_dim", [64, 128, 256])
