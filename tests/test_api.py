@@ -354,9 +354,10 @@ def test_packed_query_rows_only_where_a_generation_runs_them():
     bwd.q_pack = 2
     with pytest.raises(NotImplementedError, match="q_pack: no backward runs packed query rows, got 2"):
         _native.C.bwd("cpu", bwd)
-    # the API packs several tokens of a group on the CPU too, not one token (the fold's view) or no group
+    # the API packs a group's tokens on the CPU too (one token only where the fold declines: test_gqa_fold), not
+    # zero tokens or no group
     assert _ops._packed_rows("cpu", q, k, k, None, None, 0.0, None, False, None, 0, None) == 4
-    assert _ops._packed_rows("cpu", q[:, :1], k, k, None, None, 0.0, None, False, None, 0, None) == 0
+    assert _ops._packed_rows("cpu", q[:, :0], k, k, None, None, 0.0, None, False, None, 0, None) == 0
     assert _ops._packed_rows("cpu", q, q, q, None, None, 0.0, None, False, None, 0, None) == 0
     assert _ops._packed_rows("v2", q, k, k, None, None, 0.0, None, False, None, 0, None) == 0
 

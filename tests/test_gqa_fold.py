@@ -40,18 +40,18 @@ def launches(monkeypatch):
     return seen
 
 
-@pytest.mark.parametrize("kw, folds", [
-    (dict(causal=True), True),
-    (dict(), True),
-    (dict(window_size=(-1, 5)), True),         # no left limit: one query still sees every key
-    (dict(window_size=(7, 0)), False),         # a left limit would differ per folded row
-    (dict(alibi_slopes=torch.linspace(0.1, 0.8, HEADS)), False),  # ALiBi's slope depends on the head
+@pytest.mark.parametrize("kw, expect", [
+    (dict(causal=True), (HEADS // HEADS_K, HEADS_K, -1, -1)),
+    (dict(), (HEADS // HEADS_K, HEADS_K, -1, -1)),
+    (dict(window_size=(-1, 5)), (HEADS // HEADS_K, HEADS_K, -1, -1)),  # no left limit: one query sees every key
+    # a left limit would differ per folded row: packed instead (AttnParams::q_pack), the window kept
+    (dict(window_size=(7, 0)), (HEADS // HEADS_K, HEADS_K, 7, 0)),
+    (dict(alibi_slopes=torch.linspace(0.1, 0.8, HEADS)), (1, HEADS)),  # ALiBi's slope depends on the head
 ], ids=["causal", "full", "window-right", "window-left", "alibi"])
-def test_which_calls_fold(launches, kw, folds):
+def test_which_calls_fold(launches, kw, expect):
     q = torch.randn(BATCH, 1, HEADS, HEAD_DIM)
     k, v = (torch.randn(BATCH, 40, HEADS_K, HEAD_DIM) for _ in range(2))
     flashgen.flash_attn_func(q, k, v, version="cpu", **kw)
-    expect = (HEADS // HEADS_K, HEADS_K, -1, -1) if folds else (1, HEADS)
     assert launches[-1][:len(expect)] == expect, f"{kw}: launch {launches[-1]}, expected {expect}"
 
 

@@ -245,14 +245,15 @@ DECODE_CASES = {"gqa-1-token": (8, 2, 1), "mha-1-token": (4, 4, 1), "mha-5-token
 
 # Packed query rows (AttnParams::q_pack, python/flashgen/_ops.py _packed_rows; tests/test_v3_split_kv.py and
 # tests/test_packed_rows.py): (query heads, KV heads, tokens, keywords), groups of 2-8 (7: not a power of two) with
-# 2-8 tokens, up to a split tile's 64 rows; each mask, and softcap.
+# 1-8 tokens, up to a split tile's 64 rows; each mask, and softcap.
 PACKED_CASES = {"g4-4-tokens-causal": (16, 4, 4, dict(causal=True)),
                 "g8-8-tokens-causal": (16, 2, 8, dict(causal=True)),
                 "g7-2-tokens-causal": (14, 2, 2, dict(causal=True)),
                 "g2-3-tokens-full": (4, 2, 3, {}),
                 "g4-5-tokens-window": (8, 2, 5, dict(window_size=(100, 0))),
                 "g4-3-tokens-two-sided-window": (8, 2, 3, dict(window_size=(50, 1))),
-                "g4-4-tokens-softcap-causal": (8, 2, 4, dict(causal=True, softcap=15.0))}
+                "g4-4-tokens-softcap-causal": (8, 2, 4, dict(causal=True, softcap=15.0)),
+                "g4-1-token-window": (8, 2, 1, dict(window_size=(100, 0)))}  # the fold declines a left limit
 
 
 def run_decode_case(generation: str, case: str, head_dim: int, dtype=torch.bfloat16):

@@ -393,11 +393,11 @@ def _packed_rows(generation, q, k, v, cu_seqlens_q, alibi_slopes, dropout_p, blo
                  max_splits, block_table) -> int:
     """The query heads per KV head to pack with the query tokens into one tile's rows, or 0 (FA3's PackGQA).
 
-    _grouped_decode folds one token's g heads of a KV head into g rows by a view; with s > 1 tokens the rows of one
-    position would need their own mask, so the s x g rows are instead packed in a copy of q, row i * g + j holding
-    token i of query head h * g + j, and the kernel masks row r as position r / g (AttnParams::q_pack). A CTA then
-    reads its KV head's keys once for all s x g rows, where unpacked each of the g heads reads them again (s47: four
-    tokens at b4 32k ran 2.4x the time of one). At most 64 rows, no ALiBi / dropout / probabilities / block mask /
+    _grouped_decode folds one token's g heads of a KV head into g rows by a view, where every row sees every key; with
+    s > 1 tokens (or one under a window's left limit) the rows need their token's mask, so the s x g rows are instead
+    packed in a copy of q, row i * g + j holding token i of query head h * g + j, and the kernel masks row r as
+    position r / g (AttnParams::q_pack). A CTA then reads its KV head's keys once for all s x g rows, where unpacked
+    each of the g heads reads them again (s47: four tokens at b4 32k ran 2.4x the time of one). At most 64 rows, no ALiBi / dropout / probabilities / block mask /
     varlen queries / FP8 (each indexed by the query head or row); only on a generation in PACKS_ROWS, and for v3 only
     where its split-KV plan takes the call (16-bit, num_splits not 1, V at q's head dim, keys to read). out and lse
     stay the call's: v3's combine and the CPU's epilogue write each row where it belongs (common/mask.h
@@ -405,7 +405,7 @@ def _packed_rows(generation, q, k, v, cu_seqlens_q, alibi_slopes, dropout_p, blo
     if generation not in PACKS_ROWS or cu_seqlens_q is not None or q.dim() != 4:
         return 0
     tokens, groups = q.shape[1], q.shape[2] // k.shape[2]
-    if tokens < 2 or groups < 2 or tokens * groups > PACK_MAX_ROWS:
+    if tokens < 1 or groups < 2 or tokens * groups > PACK_MAX_ROWS:  # one token: where the fold declined it
         return 0
     if alibi_slopes is not None or dropout_p > 0 or block_mask is not None or return_probs or q_descale is not None:
         return 0
