@@ -46,9 +46,14 @@ __device__ __forceinline__ uint32_t combine_pack2(float x, float y) {
 // kPacked: packed query rows (AttnParams::q_pack, v3's split instance): row r of KV head h is query position
 // r / q_pack of query head h * q_pack + r % q_pack, and out and lse are the call's own (their strides: position-major
 // rows of num_heads * q_pack heads), so each row lands where the unpacked call puts it.
-template <typename Tag, int kBucket, bool kPacked>
+// kWaitGrid: launched as a programmatic dependent of the split kernel (launch_combine's kPdl), so the partial results
+// are read only after griddepcontrol.wait (the split grid complete, its writes visible).
+template <typename Tag, int kBucket, bool kPacked, bool kWaitGrid = false>
 __global__ void __launch_bounds__(kCombineWarps * 32) combine_kernel(const __grid_constant__ AttnParams p) {
   static_assert(kBucket % 8 == 0 && kBucket <= 256, "a lane owns 8 columns; 32 lanes cover at most 256");
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  if constexpr (kWaitGrid) asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
   using Element = typename Tag::type;
   __shared__ float weights[kCombineWarps][kMaxSplits];
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -141,15 +146,31 @@ __global__ void __launch_bounds__(kCombineWarps * 32) combine_kernel(const __gri
 // The combine behind a split-KV kernel, on the same stream: one CTA of kCombineWarps rows per (row block, head, batch).
 // kMayPack: the generation runs packed query rows (v3), so p.q_pack > 1 picks the packed combine. Returns the launch's
 // error; never synchronizes.
-template <typename Tag, int kBucket, bool kMayPack = false>
+// kPdl (sm_90 callers only: v3 under FLASHGEN_V3_COMBINE_PDL): launched as a programmatic dependent of the kernel
+// before it on the stream, which signals griddepcontrol.launch_dependents.
+template <typename Tag, int kBucket, bool kMayPack = false, bool kPdl = false>
 cudaError_t launch_combine(const AttnParams& p, cudaStream_t stream) {
   const dim3 grid((p.seqlen_q + kCombineWarps - 1) / kCombineWarps, p.num_heads, p.batch);
-  if (kMayPack && p.q_pack > 1) {
-    combine_kernel<Tag, kBucket, kMayPack><<<grid, kCombineWarps * 32, 0, stream>>>(p);
+  if constexpr (kPdl) {
+    cudaLaunchConfig_t config = {};
+    config.gridDim = grid;
+    config.blockDim = dim3(kCombineWarps * 32);
+    config.stream = stream;
+    cudaLaunchAttribute attribute;
+    attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attribute.val.programmaticStreamSerializationAllowed = 1;
+    config.attrs = &attribute;
+    config.numAttrs = 1;
+    return kMayPack && p.q_pack > 1 ? cudaLaunchKernelEx(&config, combine_kernel<Tag, kBucket, kMayPack, true>, p)
+                                    : cudaLaunchKernelEx(&config, combine_kernel<Tag, kBucket, false, true>, p);
   } else {
-    combine_kernel<Tag, kBucket, false><<<grid, kCombineWarps * 32, 0, stream>>>(p);
+    if (kMayPack && p.q_pack > 1) {
+      combine_kernel<Tag, kBucket, kMayPack><<<grid, kCombineWarps * 32, 0, stream>>>(p);
+    } else {
+      combine_kernel<Tag, kBucket, false><<<grid, kCombineWarps * 32, 0, stream>>>(p);
+    }
+    return cudaGetLastError();
   }
-  return cudaGetLastError();
 }
 
 }  // namespace flashgen

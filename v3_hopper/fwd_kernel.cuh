@@ -53,6 +53,11 @@ __global__ void __launch_bounds__(T::kNumThreads, 1)
                                ? paged_loader_warps(p.page_block_size, p.seqlen_k, T::kBlockN)
                                : 1;
   if (threadIdx.x == 0) {
+    if constexpr (T::kSplit && FLASHGEN_V3_COMBINE_PDL != 0) {
+      // the combine behind this grid may launch once every CTA has started (fwd_launch.cuh): its CTAs then wait in
+      // griddepcontrol.wait for this grid's end and its writes, instead of the launch's latency after it
+      asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+    }
     mbar_init(sm.q_full(), 1);
     mbar_init(sm.q_empty(), T::kConsumerArrivals);
     for (int s = 0; s < T::kStages; ++s) {

@@ -36,7 +36,8 @@ Status launch_fwd(const AttnParams& p, const FwdLaunch& launch, cudaStream_t str
   if (launch.split) {  // every split's partial result, then one warp per (row, head, batch) merges them
     Status st = launch_fwd_kernel<FwdTraits<Tag, kHeadDim, true, false, kHeadDim, true>>(p, launch, stream);
     if (!st.is_ok()) return st;
-    return cuda_status(launch_combine<Tag, kHeadDim, /*kMayPack=*/true>(p, stream), "combine_kernel launch");
+    constexpr bool kPdl = FLASHGEN_V3_COMBINE_PDL != 0;  // tile_config.h
+    return cuda_status(launch_combine<Tag, kHeadDim, /*kMayPack=*/true, kPdl>(p, stream), "combine_kernel launch");
   }
   if constexpr (has_short_tile(kHeadDim)) {
     if (launch.short_tile) return launch_fwd_kernel<FwdTraits<Tag, kHeadDim, true, true>>(p, launch, stream);

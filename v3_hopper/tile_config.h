@@ -249,6 +249,14 @@ constexpr bool o_through_smem(const TileConfig& c, int head_dim_bucket) {
 #ifndef FLASHGEN_V3_SPLIT_ONE_WARPGROUP
 #define FLASHGEN_V3_SPLIT_ONE_WARPGROUP 1
 #endif
+// FLASHGEN_V3_COMBINE_PDL=1 (an option, not measured yet): the combine behind the split instance is launched as a
+// programmatic dependent (cudaLaunchAttributeProgrammaticStreamSerialization; the split kernel signals
+// griddepcontrol.launch_dependents as each CTA starts, the combine waits in griddepcontrol.wait), so its launch
+// overlaps the split kernel instead of following it: aimed at the ~2 us a decode step that v3 spends over v2 at
+// small caches (bench/NOTES.md session 48).
+#ifndef FLASHGEN_V3_COMBINE_PDL
+#define FLASHGEN_V3_COMBINE_PDL 0
+#endif
 constexpr TileConfig split_tile_config(int head_dim) {
   const TileConfig c = tile_config(head_dim, true);
   return FLASHGEN_V3_SPLIT_ONE_WARPGROUP != 0 ? TileConfig{1, c.block_n, c.stages, false} : c;
