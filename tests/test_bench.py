@@ -355,3 +355,24 @@ def test_tool_helpers(tmp_path):
     report.write_jsonl(str(path), ({"i": i, "t": (i, i)} for i in range(3)))
     assert [json.loads(line) for line in path.read_text().splitlines()] == [{"i": i, "t": [i, i]} for i in range(3)]
     report.write_jsonl(None, [{"i": 0}])  # no path: nothing written, no error
+
+
+def test_decode_graphs_times_replays_or_says_why_not(monkeypatch):
+    """--decode-graphs: a decode step timed as CUDA-graph replays (measure.graph_replay_ms), and where the call cannot
+    be captured, eagerly with the reason in the record's timing; never for a CPU run."""
+    calls = []
+    monkeypatch.setattr(runner.measure, "graph_replay_ms", lambda fn, **kw: calls.append("graph") or 1.5)
+    monkeypatch.setattr(runner.measure, "time_ms", lambda fn, device, **kw: calls.append("eager") or (2.0, "eager"))
+    run = runner.Runner(runner.RunOptions("cuda", measure_memory=False, decode_graphs=True), 1.0, 1.0)
+    assert run._time_and_memory(lambda: None, graph=True) == {"time_ms": 1.5, "timing": "cuda graph replay median"}
+    assert run._time_and_memory(lambda: None) == {"time_ms": 2.0, "timing": "eager"}
+
+    def refuse(fn, **kw):
+        raise RuntimeError("operation not permitted when stream is capturing")
+    monkeypatch.setattr(runner.measure, "graph_replay_ms", refuse)
+    got = run._time_and_memory(lambda: None, graph=True)
+    why = "RuntimeError: operation not permitted when stream is capturing"
+    assert got == {"time_ms": 2.0, "timing": f"eager (no graph: {why})"}, got
+    cpu = runner.Runner(runner.RunOptions("cpu", measure_memory=False, decode_graphs=True), 1.0, 1.0)
+    calls.clear()
+    assert cpu._time_and_memory(lambda: None, graph=True)["timing"] == "eager" and calls == ["eager"]

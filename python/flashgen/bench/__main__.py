@@ -54,6 +54,8 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
                     help="compile FlexAttention per shape (slower to compile) instead of dynamic=True")
     ap.add_argument("--no-memory", action="store_true", help="skip the peak-memory measurement")
     ap.add_argument("--no-plots", action="store_true")
+    ap.add_argument("--decode-graphs", action="store_true",
+                    help="time decode steps as CUDA-graph replays (kernel time without the host side of each call)")
     return ap.parse_args(argv)
 
 
@@ -180,7 +182,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     warmup_ms = next(x for x in (args.warmup_ms, plan.warmup_ms, measure.WARMUP_MS) if x is not None)
     rep_ms = next(x for x in (args.rep_ms, plan.rep_ms, measure.REP_MS) if x is not None)
     opts = RunOptions(device=device, time_budget_s=budget, measure_memory=not args.no_memory,
-                      warmup_ms=warmup_ms, rep_ms=rep_ms)
+                      warmup_ms=warmup_ms, rep_ms=rep_ms, decode_graphs=args.decode_graphs)
 
     os.makedirs(args.out, exist_ok=True)
     dev_slug = slug(torch.cuda.get_device_name()) if device == "cuda" else "cpu"

@@ -35,6 +35,7 @@ class RunOptions:
     pause_s: float = measure.PAUSE_S
     time_budget_s: Optional[float] = None
     measure_memory: bool = True
+    decode_graphs: bool = False       # decode mode timed as CUDA-graph replays (the kernels' time, no host side)
 
 
 def _git(args, cwd) -> str:
@@ -165,9 +166,23 @@ class Runner:
         b = self.opts.time_budget_s
         return b is not None and time.monotonic() - self.t_start > b
 
-    def _time_and_memory(self, fn, grad_to_none=None) -> dict:
-        ms, method = measure.time_ms(fn, self.opts.device, warmup_ms=self.opts.warmup_ms, rep_ms=self.opts.rep_ms,
-                                     grad_to_none=grad_to_none)
+    def _time_and_memory(self, fn, grad_to_none=None, graph=False) -> dict:
+        """Median time of fn and its peak extra memory. graph (decode_graphs, CUDA): the median replay of a CUDA graph
+        captured from fn, the host side of the call left out (a decode step's kernels take microseconds, its eager
+        call tens of them on the host); an implementation whose call cannot be captured is timed eagerly, and the
+        record's timing says which."""
+        method, graph_error = None, ""
+        if graph and self.opts.device == "cuda":
+            try:
+                ms = measure.graph_replay_ms(fn, warmup_ms=self.opts.warmup_ms, rep_ms=self.opts.rep_ms)
+                method = "cuda graph replay median"
+            except RuntimeError as exc:
+                graph_error = _error_reason(exc)
+        if method is None:
+            ms, method = measure.time_ms(fn, self.opts.device, warmup_ms=self.opts.warmup_ms, rep_ms=self.opts.rep_ms,
+                                         grad_to_none=grad_to_none)
+            if graph and self.opts.device == "cuda":
+                method += f" (no graph: {graph_error})"
         out = {"timing": method}
         if self.opts.measure_memory:
             def once():
@@ -210,7 +225,7 @@ class Runner:
                                               f"allowed {fwd_check.allowed:.3g}", check=fwd_check.as_dict())
                         todo = []
                     for m in [m for m in todo if m in ("fwd", DECODE_MODE)]:
-                        extra = self._time_and_memory(bound.run)
+                        extra = self._time_and_memory(bound.run, graph=m == DECODE_MODE and self.opts.decode_graphs)
                         extra.update(_metrics(cfg, m, extra["time_ms"], self.matmul, self.copy))
                         recs[m] = _record(impl, cfg, m, "ok", bound.note, check=fwd_check.as_dict(), **extra)
                     del bound
