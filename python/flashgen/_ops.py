@@ -397,11 +397,11 @@ def _packed_rows(generation, q, k, v, cu_seqlens_q, alibi_slopes, dropout_p, blo
     s > 1 tokens (or one under a window's left limit) the rows need their token's mask, so the s x g rows are instead
     packed in a copy of q, row i * g + j holding token i of query head h * g + j, and the kernel masks row r as
     position r / g (AttnParams::q_pack). A CTA then reads its KV head's keys once for all s x g rows, where unpacked
-    each of the g heads reads them again (s47: four tokens at b4 32k ran 2.4x the time of one). At most 64 rows, no ALiBi / dropout / probabilities / block mask /
-    varlen queries / FP8 (each indexed by the query head or row); only on a generation in PACKS_ROWS, and for v3 only
-    where its split-KV plan takes the call (16-bit, num_splits not 1, V at q's head dim, keys to read). out and lse
-    stay the call's: v3's combine and the CPU's epilogue write each row where it belongs (common/mask.h
-    packed_row)."""
+    each of the g heads reads them again (s47: four tokens at b4 32k ran 2.4x the time of one). At most 64 rows, no
+    ALiBi / dropout / probabilities / block mask / varlen queries / FP8 (each indexed by the query head or row); only
+    on a generation in PACKS_ROWS, and for v3 only where its split-KV plan takes the call (16-bit, num_splits not 1,
+    V at q's head dim, keys to read). out and lse stay the call's: v3's combine and the CPU's epilogue write each row
+    where it belongs (common/mask.h packed_row)."""
     if generation not in PACKS_ROWS or cu_seqlens_q is not None or q.dim() != 4:
         return 0
     tokens, groups = q.shape[1], q.shape[2] // k.shape[2]
@@ -497,7 +497,7 @@ def forward(generation: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, 
         window_size = (-1, -1)  # every row sees every key (see _grouped_decode)
     elif packed:
         # rows (token, head of the group); the window stays (the kernel masks each row at its token); out and lse stay
-        # the call's: the combine writes each row where it belongs (common/split_combine.cuh kPacked)
+        # the call's: v3's combine (common/split_combine.cuh kPacked) and the CPU's epilogue write each row there
         q_run = _pack_rows(q, packed)
     p = _native.C.AttnParams()
     _fill(p, q_run, k, v, o_run, lse_run, softmax_scale=softmax_scale, window_size=window_size, softcap=softcap,
