@@ -187,22 +187,34 @@ def test_split_plan_declines(case):
     assert _plan_of("cpu", _params())[0] == 0
 
 
-@pytest.mark.skipif(not _has_v2(), reason="v2 not compiled into this build")
-@pytest.mark.parametrize("case", ["not-decode", "not-the-plan", "no-workspace", "workspace-too-small"])
-def test_split_checks_refuse_before_launch(case):
-    shape = dict(batch=1)  # 8 tiles on 132 SMs: far from a wave, so the plan splits
-    splits, o_floats, lse_floats = _plan(**shape)
+SPLIT_REFUSALS = ["not-decode", "not-the-plan", "no-workspace", "workspace-too-small"]
+
+
+def check_split_refusal(generation: str, case: str, plan_rows: int) -> None:
+    """One of SPLIT_REFUSALS on `generation`'s forward (common/host_checks.h check_split_plan), refused by name before
+    any launch: a split count on rows past the plan's plan_rows, a count other than the plan's, no workspace, a
+    workspace too small. On 8 tiles over 132 SMs, far from a wave, so the plan splits."""
+    shape = dict(batch=1)
+    splits, o_floats, lse_floats = _plan_of(generation, _params(**shape))
     assert splits > 1, f"the check needs a split plan, got {splits}"
     extra, message = {
-        "not-decode": (dict(num_splits=splits, seqlen_q=_decode_tile()[0] + 1),
-                       "does not run v2's split-KV decode path"),
+        "not-decode": (dict(num_splits=splits, seqlen_q=plan_rows + 1),
+                       f"does not run {generation}'s split-KV decode path"),
         "not-the-plan": (dict(num_splits=splits + 1), f"expected the forward plan's {splits}, got {splits + 1}"),
-        "no-workspace": (dict(num_splits=splits), f"oaccum: v2 needs {o_floats} floats for this problem, got 0"),
+        "no-workspace": (dict(num_splits=splits),
+                         f"oaccum: {generation} needs {o_floats} floats for this problem, got 0"),
         "workspace-too-small": (dict(num_splits=splits, workspaces=dict(oaccum=o_floats, lse_accum=lse_floats - 1)),
-                                f"lse_accum: v2 needs {lse_floats} floats for this problem, got {lse_floats - 1}"),
+                                f"lse_accum: {generation} needs {lse_floats} floats for this problem, got "
+                                f"{lse_floats - 1}"),
     }[case]
     with pytest.raises(ValueError, match=message):
-        _native.C.fwd("v2", _params(**shape, **extra), 0)
+        _native.C.fwd(generation, _params(**shape, **extra), 0)
+
+
+@pytest.mark.skipif(not _has_v2(), reason="v2 not compiled into this build")
+@pytest.mark.parametrize("case", SPLIT_REFUSALS)
+def test_split_checks_refuse_before_launch(case):
+    check_split_refusal("v2", case, _decode_tile()[0])
 
 
 def _decode_case(device, heads, heads_k, head_dim, seqlen_q, seqlens_k, capacity, dtype=torch.bfloat16, seed=0):

@@ -18,8 +18,9 @@ import flashgen
 from flashgen import _native, _ops
 from flashgen.bench.impls import paged_cache
 import test_v2_split_kv
-from test_v2_split_kv import (DECODE_CASES, K_MAX_SPLITS, PACKED_CASES, _decode_case, _params, _plan_of,
-                              check_decode, replay_decode_step, run_decode_case, split_kv_count, spy_fwd_launches)
+from test_v2_split_kv import (DECODE_CASES, K_MAX_SPLITS, PACKED_CASES, SPLIT_REFUSALS, _decode_case, _params,
+                              _plan_of, check_decode, check_split_refusal, replay_decode_step, run_decode_case,
+                              split_kv_count, spy_fwd_launches)
 
 splits_seen = test_v2_split_kv.splits_seen  # the fixture: the split plan on, every launch's p.num_splits recorded
 
@@ -107,20 +108,9 @@ def test_split_plan_declines(case):
 
 
 @needs_v3
-@pytest.mark.parametrize("case", ["not-decode", "not-the-plan", "no-workspace", "workspace-too-small"])
+@pytest.mark.parametrize("case", SPLIT_REFUSALS)
 def test_split_checks_refuse_before_launch(case):
-    shape = dict(batch=1)  # 8 tiles on 132 SMs: the plan splits
-    splits, o_floats, lse_floats = _plan(**shape)
-    assert splits > 1, f"the check needs a split plan, got {splits}"
-    extra, message = {
-        "not-decode": (dict(num_splits=splits, seqlen_q=V3_ROWS + 1), "does not run v3's split-KV decode path"),
-        "not-the-plan": (dict(num_splits=splits + 1), f"expected the forward plan's {splits}, got {splits + 1}"),
-        "no-workspace": (dict(num_splits=splits), f"oaccum: v3 needs {o_floats} floats for this problem, got 0"),
-        "workspace-too-small": (dict(num_splits=splits, workspaces=dict(oaccum=o_floats, lse_accum=lse_floats - 1)),
-                                f"lse_accum: v3 needs {lse_floats} floats for this problem, got {lse_floats - 1}"),
-    }[case]
-    with pytest.raises(ValueError, match=message):
-        _native.C.fwd("v3", _params(**shape, **extra), 0)
+    check_split_refusal("v3", case, V3_ROWS)
 
 
 # ---- the kernels (GPU tier) ----
