@@ -405,3 +405,43 @@ def test_decode_instance_many_splits(key_blocks, splits_seen):
     testing.check_fa_rule(f"{expected_splits} splits", out.cpu(), ref, naive, 2.0)
     lse_err = (lse.cpu().double() - ref_lse).abs().max().item()
     assert lse_err <= 2e-3, f"{expected_splits} splits: lse max error {lse_err:.3e} > 2e-3"
+
+
+# ---- packed query rows on the decode instance (AttnParams::q_pack: v2_api.cu plan_fwd, fwd_kernel.cuh) ----
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("head_dim", [64, 128, 256])
+@pytest.mark.parametrize("case", sorted(PACKED_CASES))
+def test_decode_instance_packed_rows(head_dim, case, monkeypatch):
+    """PACKED_CASES through the decode instance (caches empty, shorter than the tokens, odd, full), split at least in
+    two (the combine writes each row where it belongs)."""
+    if not torch.cuda.is_available() or not _has_v2(head_dim):
+        pytest.skip(f"needs a CUDA device and v2 fwd bf16 d{head_dim}")
+    seen = spy_fwd_launches(monkeypatch, lambda p: (p.num_splits, p.q_pack))
+    heads, heads_k, tokens, kw = PACKED_CASES[case]
+    q, k_cache, v_cache, seqlens = _decode_case("cuda", heads, heads_k, head_dim, tokens, [0, 2, 37, 3001, 4096], 4096)
+    out, lse = flashgen.flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=seqlens, version="v2",
+                                                return_softmax_lse=True, **kw)
+    assert seen[-1][1] == heads // heads_k and seen[-1][0] >= 2, f"not packed: {seen}"
+    check_decode(f"v2 packed {case} d{head_dim}", (q, k_cache, v_cache, seqlens), out, lse, kw)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("page", [16, 256])
+def test_decode_instance_packed_rows_paged_and_floor(page, monkeypatch):
+    """Pages (shuffled), four tokens of groups of 4, causal, on enough tiles to fill the SMs (the plan alone would not
+    split: packed rows take 2 splits); then num_splits=1 runs unpacked. Both against the dense oracle."""
+    if not torch.cuda.is_available() or not _has_v2():
+        pytest.skip("needs a CUDA device and v2 fwd bf16 d128")
+    from flashgen.bench.impls import paged_cache
+    seen = spy_fwd_launches(monkeypatch, lambda p: (p.num_splits, p.q_pack))
+    batch = 2 * math.ceil(_ops._num_sms(torch.cuda.current_device()) / 8)
+    q, k_cache, v_cache, seqlens = _decode_case("cuda", 32, 8, 128, 4, [(97 * b) % 1024 for b in range(batch)], 1024)
+    (k_pages, table), (v_pages, _) = paged_cache(k_cache, page), paged_cache(v_cache, page)
+    kw = dict(cache_seqlens=seqlens, block_table=table, causal=True, version="v2", return_softmax_lse=True)
+    out, lse = flashgen.flash_attn_with_kvcache(q, k_pages, v_pages, **kw)
+    assert seen[-1][1] == 4 and seen[-1][0] >= 2, seen
+    check_decode(f"v2 packed pages of {page}", (q, k_cache, v_cache, seqlens), out, lse, dict(causal=True))
+    out, lse = flashgen.flash_attn_with_kvcache(q, k_pages, v_pages, num_splits=1, **kw)
+    assert seen[-1] == (1, 0), seen
+    check_decode(f"v2 num_splits=1 pages of {page}", (q, k_cache, v_cache, seqlens), out, lse, dict(causal=True))

@@ -59,15 +59,16 @@ __device__ __forceinline__ void apply_score_mods(float (&s)[kMAtoms][kNTiles][4]
   if (path.slope != 0.f) apply_score_mods_with<false, true>(s, fc, path);
 }
 
-// Step 2: elements outside the row's visible columns become -inf (window, causal, seqlen_k tail).
+// Step 2: elements outside the row's visible columns become -inf (window, causal, seqlen_k tail); a row's limits are
+// its query position's, row / pack (common/mask.h row_pack: 1 but for the decode instance's packed rows).
 template <int kMAtoms, int kNTiles>
 __device__ __forceinline__ void apply_mask(float (&s)[kMAtoms][kNTiles][4], const FragCoord& fc,
-                                           const MaskSpec& mask) {
+                                           const MaskSpec& mask, int pack = 1) {
 #pragma unroll
   for (int a = 0; a < kMAtoms; ++a)
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
-      const RowLimits lim = row_limits(mask, fc.row(a, half));
+      const RowLimits lim = row_limits(mask, fc.row(a, half) / pack);
 #pragma unroll
       for (int j = 0; j < kNTiles; ++j)
 #pragma unroll

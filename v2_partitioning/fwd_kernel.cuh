@@ -181,8 +181,13 @@ __global__ void __launch_bounds__(T::kNThreads, T::kMinBlocksPerSm) fwd_kernel(c
   if (m_begin >= seq.seqlen_q) return;  // varlen: this sequence is shorter than max_seqlen_q
 
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
-  const MaskSpec mask = seq.mask(p);
-  BlockRange range = n_block_range(mask, m_begin, m_begin + T::kBlockM, T::kBlockN);
+  // Packed query rows (AttnParams::q_pack; the decode instance only, v2_api.cu plan_fwd): row r is query position
+  // r / pack, the mask over positions (common/mask.h row_positions). Other instances: the constant 1.
+  const int pack = T::kDecode ? row_pack(p.q_pack) : 1;
+  MaskSpec mask = seq.mask(p);
+  mask.seqlen_q = seq.seqlen_q / pack;
+  const ColRange positions = row_positions(m_begin, m_begin + T::kBlockM, pack);
+  BlockRange range = n_block_range(mask, positions.begin, positions.end, T::kBlockN);
   if constexpr (T::kDecode) range = split_block_range(range, split, num_splits);
   const int n_tiles = range.end > range.begin ? range.end - range.begin : 0;
   const int head_k = head / (p.num_heads / p.num_heads_k);
@@ -431,8 +436,8 @@ __global__ void __launch_bounds__(T::kNThreads, T::kMinBlocksPerSm) fwd_kernel(c
     }
 
     if (has_mods) apply_score_mods(s, fc, path);
-    if (!tile_fully_visible(mask, m_begin, m_begin + T::kBlockM, n_begin, n_begin + T::kBlockN)) {
-      apply_mask(s, fc, mask);
+    if (!tile_fully_visible(mask, positions.begin, positions.end, n_begin, n_begin + T::kBlockN)) {
+      apply_mask(s, fc, mask, pack);
     }
     if (tiles.mixed()) apply_sparse_mask(s, hidden);
     softmax_step(s, acc_o, rows, scale_log2);

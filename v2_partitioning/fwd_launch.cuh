@@ -43,7 +43,7 @@ Status launch_fwd_instances(const AttnParams& p, cudaStream_t stream) {
       const dim3 grid(ceil_div(p.seqlen_q, T::kBlockM) * p.num_splits, p.num_heads, p.batch);
       Status st = launch_fwd_kernel<T>(p, grid, stream);
       if (!st.is_ok() || p.num_splits == 1) return st;
-      return cuda_status(launch_combine<Tag, kHeadDim>(p, stream), kFwdWho, "combine_kernel launch");
+      return cuda_status(launch_combine<Tag, kHeadDim, /*kMayPack=*/true>(p, stream), kFwdWho, "combine_kernel launch");
     }
   }
   using T = FwdTraits<Tag, kHeadDim, /*kDecode=*/false, kPaged, kSparse>;

@@ -119,8 +119,13 @@ FwdPlan plan_fwd(const AttnParams& p) {
     return plan;
   }
   const int64_t tiles = static_cast<int64_t>(p.num_heads) * p.batch;  // one query block each
+  // Packed query rows (AttnParams::q_pack: several tokens of a GQA group, python/flashgen/_ops.py _pack_rows): the
+  // decode instance masks them (fwd_kernel.cuh), the combine writes them where they belong, so at least 2 splits
+  // (an unsplit decode instance writes O itself, row by row); nothing under num_splits 1 (fwd refuses them then).
+  const bool packed = p.q_pack > 1;
+  if (packed && (p.max_splits == 1 || p.seqlen_q % p.q_pack != 0 || p.alibi_slopes != nullptr)) return plan;
   plan.num_splits = plan_split_count(tiles, p.num_sms * c.ctas_per_sm, ceil_div(p.seqlen_k, c.block_n), p.max_splits,
-                                     p.seqlen_q, bucket, &plan.workspaces);
+                                     p.seqlen_q, bucket, &plan.workspaces, packed ? 2 : 1);
   return plan;
 }
 
@@ -144,6 +149,11 @@ Status fwd(const AttnParams& caller_params, void* stream) {
   if (p.num_splits != 0) {
     const Status planned = check_split_plan(p.num_splits, plan_fwd(p), p.ws, "v2");
     if (!planned.is_ok()) return planned;
+  }
+  if (p.q_pack > 1 && p.num_splits < 2) {  // only the split decode instance reads a row as (position, group head)
+    return Status::invalid("q_pack: v2 runs packed query rows in its split-KV decode instance only; this call has "
+                           "num_splits " + std::to_string(p.num_splits) + " (its plan: at most one decode tile of "
+                           "rows, seqlen_q a multiple of q_pack, no ALiBi, num_splits not 1)");
   }
   if (p.batch == 0 || p.seqlen_q == 0) return Status::ok();  // nothing to compute, nothing to launch
 
@@ -188,7 +198,8 @@ Status bwd(const AttnBwdParams& p, void* stream) {
 }  // namespace
 
 const GenerationOps& ops() {
-  static const GenerationOps table{"v2", &fwd, &bwd, &plan_fwd, &bwd_workspaces, nullptr};
+  static const GenerationOps table{"v2", &fwd, &bwd, &plan_fwd, &bwd_workspaces, nullptr, nullptr,
+                                   /*packs_rows=*/true};
   return table;
 }
 

@@ -383,9 +383,10 @@ def _fold_groups(t: torch.Tensor, groups: int) -> torch.Tensor:
 
 # Generations whose forward runs packed query rows (AttnParams::q_pack; their ops table's packs_rows, which the binding
 # enforces), each with whether it runs them in its split-KV plan only: v3 in its split instance (v3_hopper/v3_api.cu
-# plan_fwd: 16-bit, FLASHGEN_SPLIT_KV on, num_splits not 1, V at q's head dim); the CPU backend in its forward
+# plan_fwd: 16-bit, FLASHGEN_SPLIT_KV on, num_splits not 1, V at q's head dim), v2 in its decode instance (v2_api.cu
+# plan_fwd: the same, its decode tile's 64 rows); the CPU backend in its forward
 # (cpu/attention_cpu.cpp), so the CPU tier runs the same packing as the GPU's.
-PACKS_ROWS = {"v3": True, "cpu": False}
+PACKS_ROWS = {"v3": True, "v2": True, "cpu": False}
 PACK_MAX_ROWS = 64  # v3's split instance holds one consumer warpgroup's rows (its plan's seqlen_q bound)
 
 
@@ -399,9 +400,9 @@ def _packed_rows(generation, q, k, v, cu_seqlens_q, alibi_slopes, dropout_p, blo
     position r / g (AttnParams::q_pack). A CTA then reads its KV head's keys once for all s x g rows, where unpacked
     each of the g heads reads them again (s47: four tokens at b4 32k ran 2.4x the time of one). At most 64 rows, no
     ALiBi / dropout / probabilities / block mask / varlen queries / FP8 (each indexed by the query head or row); only
-    on a generation in PACKS_ROWS, and for v3 only where its split-KV plan takes the call (16-bit, num_splits not 1,
-    V at q's head dim, keys to read). out and lse stay the call's: v3's combine and the CPU's epilogue write each row
-    where it belongs (common/mask.h packed_row)."""
+    on a generation in PACKS_ROWS, and for v2 / v3 only where its split-KV plan takes the call (16-bit, num_splits not
+    1, V at q's head dim, keys to read). out and lse stay the call's: the combine and the CPU's epilogue write each
+    row where it belongs (common/mask.h packed_row)."""
     if generation not in PACKS_ROWS or cu_seqlens_q is not None or q.dim() != 4:
         return 0
     tokens, groups = q.shape[1], q.shape[2] // k.shape[2]
@@ -497,7 +498,7 @@ def forward(generation: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, 
         window_size = (-1, -1)  # every row sees every key (see _grouped_decode)
     elif packed:
         # rows (token, head of the group); the window stays (the kernel masks each row at its token); out and lse stay
-        # the call's: v3's combine (common/split_combine.cuh kPacked) and the CPU's epilogue write each row there
+        # the call's: the combine (common/split_combine.cuh kPacked) and the CPU's epilogue write each row there
         q_run = _pack_rows(q, packed)
     p = _native.C.AttnParams()
     _fill(p, q_run, k, v, o_run, lse_run, softmax_scale=softmax_scale, window_size=window_size, softcap=softcap,
