@@ -249,13 +249,14 @@ constexpr bool o_through_smem(const TileConfig& c, int head_dim_bucket) {
 #ifndef FLASHGEN_V3_SPLIT_ONE_WARPGROUP
 #define FLASHGEN_V3_SPLIT_ONE_WARPGROUP 1
 #endif
-// FLASHGEN_V3_COMBINE_PDL=1 (an option, not measured yet): the combine behind the split instance is launched as a
-// programmatic dependent (cudaLaunchAttributeProgrammaticStreamSerialization; the split kernel signals
+// FLASHGEN_V3_COMBINE_PDL (default 1; 0 launches the combine plainly): the combine behind the split instance is
+// launched as a programmatic dependent (cudaLaunchAttributeProgrammaticStreamSerialization; the split kernel signals
 // griddepcontrol.launch_dependents as each CTA starts, the combine waits in griddepcontrol.wait), so its launch
-// overlaps the split kernel instead of following it: aimed at the ~2 us a decode step that v3 spends over v2 at
-// small caches (bench/NOTES.md session 48).
+// overlaps the split kernel instead of following it. Measured (H100, CUDA graphs, tools/ab_split.sh, two A/Bs of 2
+// rounds, bench/NOTES.md session 49): four packed rows at b4 2k 1.17 -> 1.13x v2's time, 8k 1.03 -> 1.02x; one row
+// within +-1.5% (b4 2k a little worse in both A/Bs, b1 pages of 16 a little better).
 #ifndef FLASHGEN_V3_COMBINE_PDL
-#define FLASHGEN_V3_COMBINE_PDL 0
+#define FLASHGEN_V3_COMBINE_PDL 1
 #endif
 constexpr TileConfig split_tile_config(int head_dim) {
   const TileConfig c = tile_config(head_dim, true);
