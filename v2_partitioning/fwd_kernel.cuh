@@ -408,7 +408,7 @@ __global__ void __launch_bounds__(T::kNThreads, T::kMinBlocksPerSm) fwd_kernel(c
     // kRowTable: tile i + 1's rows, the entry read here and the offsets stored after Q K^T (the read's latency under
     // the GEMM), before the barrier ahead of K_{i+1}'s load.
     const bool make_table = kRowTable && !tile_in_page && tiles.valid(i, 1);
-    int next_entry = 0;
+    [[maybe_unused]] int next_entry = 0;  // read only by the kRowTable instances
     if constexpr (kRowTable) {
       if (make_table) next_entry = row_entry(tiles.n_block(i, 1));
     }
