@@ -43,7 +43,7 @@ __device__ __forceinline__ uint32_t combine_pack2(float x, float y) {
   }
 }
 
-// kPacked: packed query rows (AttnParams::q_pack, v3's split instance): row r of KV head h is query position
+// kPacked: packed query rows (AttnParams::q_pack; v2's decode and v3's split instances): row r of KV head h is position
 // r / q_pack of query head h * q_pack + r % q_pack, and out and lse are the call's own (their strides: position-major
 // rows of num_heads * q_pack heads), so each row lands where the unpacked call puts it.
 // kWaitGrid: launched as a programmatic dependent of the split kernel (launch_combine's kPdl), so the partial results
@@ -144,8 +144,8 @@ __global__ void __launch_bounds__(kCombineWarps * 32) combine_kernel(const __gri
 }
 
 // The combine behind a split-KV kernel, on the same stream: one CTA of kCombineWarps rows per (row block, head, batch).
-// kMayPack: the generation runs packed query rows (v3), so p.q_pack > 1 picks the packed combine. Returns the launch's
-// error; never synchronizes.
+// kMayPack: the generation runs packed query rows (v2, v3), so p.q_pack > 1 picks the packed combine. Returns the
+// launch's error; never synchronizes.
 // kPdl (sm_90 callers only: v3 under FLASHGEN_V3_COMBINE_PDL): launched as a programmatic dependent of the kernel
 // before it on the stream, which signals griddepcontrol.launch_dependents.
 template <typename Tag, int kBucket, bool kMayPack = false, bool kPdl = false>
