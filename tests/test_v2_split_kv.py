@@ -409,6 +409,18 @@ def test_decode_instance_many_splits(key_blocks, splits_seen):
 
 # ---- packed query rows on the decode instance (AttnParams::q_pack: v2_api.cu plan_fwd, fwd_kernel.cuh) ----
 
+def check_packed_case(version, head_dim, case, seen):
+    """PACKED_CASES[case] through `version`'s split path (caches empty, shorter than the tokens, odd, full): the launch
+    packed the group's rows (q_pack = g) and split at least in two, and out / lse match the oracle. `seen`: the
+    (num_splits, q_pack) of each forward launch (spy_fwd_launches). Shared with tests/test_v3_split_kv.py."""
+    heads, heads_k, tokens, kw = PACKED_CASES[case]
+    q, k_cache, v_cache, seqlens = _decode_case("cuda", heads, heads_k, head_dim, tokens, [0, 2, 37, 3001, 4096], 4096)
+    out, lse = flashgen.flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=seqlens, version=version,
+                                                return_softmax_lse=True, **kw)
+    assert seen[-1][1] == heads // heads_k and seen[-1][0] >= 2, f"not packed: {seen}"
+    check_decode(f"{version} packed {case} d{head_dim}", (q, k_cache, v_cache, seqlens), out, lse, kw)
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("head_dim", [64, 128, 256])
 @pytest.mark.parametrize("case", sorted(PACKED_CASES))
@@ -417,13 +429,7 @@ def test_decode_instance_packed_rows(head_dim, case, monkeypatch):
     two (the combine writes each row where it belongs)."""
     if not torch.cuda.is_available() or not _has_v2(head_dim):
         pytest.skip(f"needs a CUDA device and v2 fwd bf16 d{head_dim}")
-    seen = spy_fwd_launches(monkeypatch, lambda p: (p.num_splits, p.q_pack))
-    heads, heads_k, tokens, kw = PACKED_CASES[case]
-    q, k_cache, v_cache, seqlens = _decode_case("cuda", heads, heads_k, head_dim, tokens, [0, 2, 37, 3001, 4096], 4096)
-    out, lse = flashgen.flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=seqlens, version="v2",
-                                                return_softmax_lse=True, **kw)
-    assert seen[-1][1] == heads // heads_k and seen[-1][0] >= 2, f"not packed: {seen}"
-    check_decode(f"v2 packed {case} d{head_dim}", (q, k_cache, v_cache, seqlens), out, lse, kw)
+    check_packed_case("v2", head_dim, case, spy_fwd_launches(monkeypatch, lambda p: (p.num_splits, p.q_pack)))
 
 
 @pytest.mark.gpu

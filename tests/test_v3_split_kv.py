@@ -193,12 +193,7 @@ def test_packed_rows_against_oracle(head_dim, case, packs_seen):
     """Caches empty, shorter than the tokens (causal: the first rows see no key, out 0 and lse +inf), shorter than one
     key block, odd, full; the launch packed the group's rows (q_pack = g) into the split instance."""
     _need_gpu_v3(head_dim)
-    heads, heads_k, tokens, kw = PACKED_CASES[case]
-    q, k_cache, v_cache, seqlens = _decode_case("cuda", heads, heads_k, head_dim, tokens, [0, 2, 37, 3001, 4096], 4096)
-    out, lse = flashgen.flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=seqlens, version="v3",
-                                                return_softmax_lse=True, **kw)
-    assert packs_seen[-1][1] == heads // heads_k and packs_seen[-1][0] >= 2, f"not packed: {packs_seen}"
-    check_decode(f"v3 packed {case} d{head_dim}", (q, k_cache, v_cache, seqlens), out, lse, kw)
+    test_v2_split_kv.check_packed_case("v3", head_dim, case, packs_seen)
 
 
 @pytest.mark.parametrize("page", [16, 256])
