@@ -23,6 +23,7 @@ if not torch.cuda.is_available():
 import flashgen  # noqa: E402
 from conftest import GPU_DTYPES, check_out_and_lse, need, randn, run_bwd, run_fwd  # noqa: E402
 from flashgen import _ops  # noqa: E402
+from flashgen.bench.measure import capture_graph  # noqa: E402
 from flashgen.reference import attention_ref, philox_keep_mask  # noqa: E402
 from flashgen.testing import check_fa_rule, grad_floor  # noqa: E402
 
@@ -337,15 +338,7 @@ def test_block_sparse_order_in_a_cuda_graph_v2(warm_up, monkeypatch):
         out, lse, _ = _ops.forward("v2", q, k, v, **kw)
         return (out, lse, *_ops.backward("v2", dout, q, k, v, out, lse, **kw))
 
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    if warm_up:
-        with torch.cuda.stream(side):
-            step()
-        torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        static = step()
+    graph, static = capture_graph(step, warmups=1 if warm_up else 0)
     held = len(_ops._sparse_orders_in_graphs)
     assert held == (2 if warm_up else 0), f"the graph should hold the warm-up's two orders, holds {held}"
     for change in (False, True):

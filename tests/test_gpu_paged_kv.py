@@ -23,6 +23,7 @@ if not torch.cuda.is_available():
 import flashgen  # noqa: E402
 from conftest import check_lse, cu_seqlens, gpu_generations, need, run_fwd  # noqa: E402
 from flashgen import _native, _ops, dispatch, testing  # noqa: E402
+from flashgen.bench.measure import capture_graph  # noqa: E402
 from flashgen.reference import attention_ref, philox_keep_mask  # noqa: E402
 from paged_kv_cases import (PAGE_SIZES, PREFILL_SCENARIOS, SCENARIOS, KvCase, build, call, check_cache_after, clone_inputs,  # noqa: E402
                             expected, keys_used, with_page)
@@ -212,14 +213,7 @@ def test_paged_decode_step_replays_from_a_cuda_graph(generation, splits_seen):
     def step():
         return call(case, inputs, version=generation)[0]
 
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        step()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        static_out = step()
+    graph, static_out = capture_graph(step)
     for lens in ([5, 4095, 64, 1], [4000, 0, 2048, 3999]):
         for name in ("q", "k", "v"):
             inputs[name].copy_(torch.randn_like(inputs[name]))

@@ -15,6 +15,7 @@ import torch
 
 import flashgen
 from flashgen import _native, _ops, testing
+from flashgen.bench.measure import capture_graph
 from flashgen.reference import attention_ref
 
 K_MAX_SPLITS = 128  # common/split_kv.h kMaxSplits: the most partial results the combine merges per row
@@ -358,14 +359,7 @@ def replay_decode_step(generation: str, append: bool, splits_seen: list) -> None
     def step():
         return flashgen.flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=seqlens, version=generation, **kv)
 
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        step()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        static_out = step()
+    graph, static_out = capture_graph(step)
     assert splits_seen[-1] > 1, f"expected the split decode instance in the graph, saw num_splits {splits_seen}"
     for lens in ([5, 4095, 64, 1], [4000, 0, 2048, 3999]):  # new tokens and new cache lengths, written in place
         q.copy_(torch.randn_like(q))

@@ -17,6 +17,7 @@ import torch
 import flashgen
 from flashgen import _native, _ops
 from flashgen.bench.impls import paged_cache
+from flashgen.bench.measure import capture_graph
 import test_v2_split_kv
 from test_v2_split_kv import (DECODE_CASES, K_MAX_SPLITS, PACKED_CASES, SPLIT_REFUSALS, _decode_case, _params,
                               _plan_of, check_decode, check_split_refusal, replay_decode_step, run_decode_case,
@@ -232,14 +233,7 @@ def test_packed_rows_repeat_replay_and_agree_unpacked(packs_seen, monkeypatch):
     assert packs_seen[-1][1] == 4, packs_seen
     for out, lse in runs[1:]:
         assert torch.equal(out, runs[0][0]) and torch.equal(lse, runs[0][1]), "packed runs differ"
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        flashgen.flash_attn_with_kvcache(q, k_cache, v_cache, **kw)
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        static_out, static_lse = flashgen.flash_attn_with_kvcache(q, k_cache, v_cache, **kw)
+    graph, (static_out, static_lse) = capture_graph(lambda: flashgen.flash_attn_with_kvcache(q, k_cache, v_cache, **kw))
     static_out.fill_(float("nan"))
     static_lse.fill_(float("nan"))
     graph.replay()

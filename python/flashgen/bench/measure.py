@@ -72,19 +72,25 @@ def tflops_by_impl(rec: dict, impls: Mapping[str, Callable[[], object]], flops: 
             rec[name + "_error"] = str(exc)[:200]
 
 
-def graph_replay_ms(fn: Callable[[], object], *, warmup_ms: float = WARMUP_MS, rep_ms: float = REP_MS) -> float:
-    """Median milliseconds of one replay of a CUDA graph captured from `fn` (warmed up on a side stream first, as
-    torch asks, so plan caches and allocations exist before the capture): the GPU's time without the host side of
-    the call, which a small call's wall time is made of."""
+def capture_graph(fn: Callable[[], object], warmups: int = 1) -> Tuple["torch.cuda.CUDAGraph", object]:
+    """(graph, what fn returned while captured): fn run `warmups` times on a side stream first, as torch asks, so plan
+    caches and allocations exist before the capture; the returned tensors are the graph's static outputs."""
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):
-        for _ in range(3):
+        for _ in range(warmups):
             fn()
     torch.cuda.current_stream().wait_stream(side)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        fn()
+        result = fn()
+    return graph, result
+
+
+def graph_replay_ms(fn: Callable[[], object], *, warmup_ms: float = WARMUP_MS, rep_ms: float = REP_MS) -> float:
+    """Median milliseconds of one replay of a CUDA graph captured from `fn` (capture_graph): the GPU's time without
+    the host side of the call, which a small call's wall time is made of."""
+    graph, _ = capture_graph(fn, warmups=3)
     return time_ms(graph.replay, "cuda", warmup_ms=warmup_ms, rep_ms=rep_ms)[0]
 
 
