@@ -20,6 +20,7 @@
 #include "common/config.h"
 #include "common/mask.h"
 #include "common/params.h"
+#include "common/programmatic_launch.h"
 #include "common/softmax.h"
 #include "common/split_kv.h"
 
@@ -152,17 +153,10 @@ template <typename Tag, int kBucket, bool kMayPack = false, bool kPdl = false>
 cudaError_t launch_combine(const AttnParams& p, cudaStream_t stream) {
   const dim3 grid((p.seqlen_q + kCombineWarps - 1) / kCombineWarps, p.num_heads, p.batch);
   if constexpr (kPdl) {
-    cudaLaunchConfig_t config = {};
-    config.gridDim = grid;
-    config.blockDim = dim3(kCombineWarps * 32);
-    config.stream = stream;
-    cudaLaunchAttribute attribute;
-    attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attribute.val.programmaticStreamSerializationAllowed = 1;
-    config.attrs = &attribute;
-    config.numAttrs = 1;
-    return kMayPack && p.q_pack > 1 ? cudaLaunchKernelEx(&config, combine_kernel<Tag, kBucket, kMayPack, true>, p)
-                                    : cudaLaunchKernelEx(&config, combine_kernel<Tag, kBucket, false, true>, p);
+    const dim3 block(kCombineWarps * 32);
+    return kMayPack && p.q_pack > 1
+               ? launch_programmatic(combine_kernel<Tag, kBucket, kMayPack, true>, grid, block, 0, stream, p)
+               : launch_programmatic(combine_kernel<Tag, kBucket, false, true>, grid, block, 0, stream, p);
   } else {
     if (kMayPack && p.q_pack > 1) {
       combine_kernel<Tag, kBucket, kMayPack><<<grid, kCombineWarps * 32, 0, stream>>>(p);
