@@ -35,6 +35,11 @@ template <int kBytes>
 __global__ void __launch_bounds__(kThreads) append_kv_kernel(const __grid_constant__ KvAppendParams a,
                                                              int64_t vecs_per_row, int64_t total) {
   using V = typename Vec<kBytes>::type;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  // The attention launch behind it may start now (v3's forward is a programmatic dependent, v3_hopper/tile_config.h
+  // FLASHGEN_V3_PDL): it waits in griddepcontrol.wait for this grid's end and its writes before reading the cache.
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
   const int64_t idx = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x;
   if (idx >= total) return;
   const int64_t vec = idx % vecs_per_row;

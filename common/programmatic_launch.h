@@ -3,7 +3,7 @@
 // of its CTAs has signalled griddepcontrol.launch_dependents or exited. The kernel must execute griddepcontrol.wait
 // (which returns once that kernel has ended and its writes are visible) before it reads or writes global memory the
 // kernel before may touch. Where the work before it on the stream is not a kernel, the launch is a plain one. Used by
-// the combine behind v3's split kernel (common/split_combine.cuh; v3_hopper/tile_config.h FLASHGEN_V3_COMBINE_PDL).
+// v3's forward (v3_hopper/fwd_launch.cuh, FLASHGEN_V3_PDL) and the split combine behind it (common/split_combine.cuh).
 #pragma once
 
 #include <cuda_runtime.h>

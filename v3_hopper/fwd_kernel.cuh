@@ -73,6 +73,10 @@ __global__ void __launch_bounds__(T::kNumThreads, 1)
     if constexpr (T::kOThroughSmem) prefetch_tensor_map(&map_o);
   }
   if (chunks < T::kChunks || chunks_v < T::kChunksV) zero_unused_chunks<T>(sm, chunks, chunks_v);
+  // Launched as a programmatic dependent (FLASHGEN_V3_PDL, fwd_launch.cuh): everything above reads only parameters and
+  // shared memory; from here on every thread may read what the kernel before it wrote (the appended keys, the tile
+  // order, cache_seqlens) or write what it reads, so each waits for that grid's end and its writes first.
+  if constexpr (FLASHGEN_V3_PDL != 0) asm volatile("griddepcontrol.wait;" ::: "memory");
   __syncthreads();
 
   const TileScheduler sched{order, p.num_heads};  // the host made the order (v3_api.cu)

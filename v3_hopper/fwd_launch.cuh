@@ -7,6 +7,7 @@
 
 #include <string>
 
+#include "common/programmatic_launch.h"
 #include "common/split_combine.cuh"
 #include "common/status.h"
 #include "v3_hopper/fwd_kernel.cuh"
@@ -26,6 +27,11 @@ Status launch_fwd_kernel(const AttnParams& p, const FwdLaunch& launch, cudaStrea
   Status st = cuda_status(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, T::kSmemBytes),
                           "cudaFuncSetAttribute(MaxDynamicSharedMemorySize)");
   if (!st.is_ok()) return st;
+  if constexpr (FLASHGEN_V3_PDL != 0) {  // a programmatic dependent of the kernel before it (tile_config.h)
+    return cuda_status(launch_programmatic(kernel, dim3(launch.grid), dim3(T::kNumThreads), T::kSmemBytes, stream, p,
+                                           launch.q, launch.k, launch.v, launch.o, launch.order),
+                       "fwd_kernel launch");
+  }
   kernel<<<launch.grid, T::kNumThreads, T::kSmemBytes, stream>>>(p, launch.q, launch.k, launch.v, launch.o,
                                                                   launch.order);
   return cuda_status(cudaGetLastError(), "fwd_kernel launch");

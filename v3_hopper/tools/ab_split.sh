@@ -4,10 +4,12 @@
 # argument is name=<extra nvcc defines>, e.g. the split tile's two consumer warpgroups against its default one
 # (tile_config.h split_tile_config; session 48 measured it this way):
 #   OUT=... TESTS=1 bash v3_hopper/tools/ab_split.sh base= twowg=-DFLASHGEN_V3_SPLIT_ONE_WARPGROUP=0
-# Env: ROUNDS (default 2); TESTS=1 first runs tests/test_v3_split_kv.py on each module (a variant must pass before it is
-# timed); TIMEOUT per run (default 100 s). Rows: batch 4 (32 / 8 heads, d128) one and four query rows at caches of 2k,
-# 8k and 32k, and batch 1 one row over pages of 16 at 8k and 32k. Output: $OUT/ab_split.jsonl (rows with "label" =
-# name, "round") and $OUT/ab_split_logs.tar.xz (build logs, ptxas lines, the runs' tables).
+# Env: ROUNDS (default 2); TESTS=1 first runs tests/test_v3_split_kv.py and test_v3_pdl.py on each module (a variant
+# must pass before it is timed); TIMEOUT per run (default 100 s); APPEND=1: each step appends its rows first
+# (time_kvcache.py --append: the graph holds the append and the attention, as a decode step does). Rows: batch 4
+# (32 / 8 heads, d128) one and four query rows at caches of 2k, 8k and 32k, batch 1 one and four rows at 8k, and batch
+# 1 one row over pages of 16 at 8k and 32k. Output: $OUT/ab_split.jsonl (rows with "label" = name, "round") and
+# $OUT/ab_split_logs.tar.xz (build logs, ptxas lines, the runs' tables).
 set -uo pipefail
 [ $# -ge 1 ] || { echo "usage: OUT=... bash $0 name=[nvcc defines] ... (see the header)" >&2; exit 2; }
 here=$(cd "$(dirname "$0")/../.." && pwd)
@@ -37,7 +39,7 @@ for spec in "$@"; do
   fi
   if [ "${TESTS:-0}" = 1 ]; then
     (cd "$here" && PYTHONPATH="$pkg" timeout -s KILL 300 python3 -m pytest -q -p no:cacheprovider \
-       tests/test_v3_split_kv.py > "$OUT/ab_split_tests_$name.log" 2>&1)
+       tests/test_v3_split_kv.py tests/test_v3_pdl.py > "$OUT/ab_split_tests_$name.log" 2>&1)
     rc=$?
     echo "$name tests rc=$rc: $(tail -n 1 "$OUT/ab_split_tests_$name.log")"
     [ $rc -ne 0 ] && continue
@@ -49,7 +51,8 @@ run() {  # run <name> <round> <time_kvcache arguments>
   local name=$1 round=$2; shift 2
   rm -f /tmp/ab_split/rows.jsonl
   (cd /tmp && PYTHONPATH=/tmp/ab_split/pkg-$name timeout -s KILL "${TIMEOUT:-100}" python3 \
-     "$here/v3_hopper/tools/time_kvcache.py" --graph --label "$name" "$@" --out /tmp/ab_split/rows.jsonl) \
+     "$here/v3_hopper/tools/time_kvcache.py" --graph --label "$name" $([ "${APPEND:-0}" = 1 ] && echo --append) \
+     "$@" --out /tmp/ab_split/rows.jsonl) \
      >> "$OUT/ab_split_runs_$name.txt" 2>&1
   [ -f /tmp/ab_split/rows.jsonl ] &&
     python3 "$here/v3_hopper/tools/add_round.py" /tmp/ab_split/rows.jsonl "$round" >> "$OUT/ab_split.jsonl"
@@ -58,6 +61,7 @@ for round in $(seq 1 "${ROUNDS:-2}"); do
   for name in "${names[@]}"; do
     echo "== round $round: $name"
     run "$name" "$round" --rows 1,4 --caches 2048,8192,32768
+    run "$name" "$round" --rows 1,4 --caches 8192 --batch 1
     run "$name" "$round" --rows 1 --caches 8192,32768 --batch 1 --page 16
   done
 done

@@ -8,8 +8,12 @@ CUDA graph holding the call, so the host side of _ops.forward (~40-90 us, which 
 drops out of the rows below 128.
 --page N: the caches are paged, pages of N rows in a shuffled block table (both generations read the same pages;
 v3's paged forward takes N a multiple of 8).
+--append: each call first writes the step's new keys and values into the cache's last `rows` rows (_ops.append_kv,
+bindings/kv_append_cuda.cu, as flash_attn_with_kvcache does with k and v), so a graph holds a decode step's kernels as
+a model runs them: the append, then the attention (v3's forward launched as its programmatic dependent,
+v3_hopper/tile_config.h FLASHGEN_V3_PDL).
     python3 v3_hopper/tools/time_kvcache.py [--out rows.jsonl] [--rows 1,16,64,127,128,256,512,1024,2048] [--graph]
-        [--page 16] [--label name]
+        [--page 16] [--append] [--label name]
 """
 
 from __future__ import annotations
@@ -40,6 +44,7 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=4)
     ap.add_argument("--graph", action="store_true", help="time CUDA-graph replays (kernel time, no host side)")
     ap.add_argument("--page", type=int, default=0, help="page size of a paged cache (0: dense caches)")
+    ap.add_argument("--append", action="store_true", help="each call appends its rows' keys and values first")
     ap.add_argument("--label", default="", help="recorded in every row (e.g. the build's variant, tools/ab_split.sh)")
     args = ap.parse_args()
     b, h, hk, d = args.batch, 32, 8, 128
@@ -61,8 +66,12 @@ def main() -> None:
             kc, vc = (torch.randn(b, cap, hk, d, device="cuda", dtype=torch.bfloat16) for _ in range(2))
         for rows in (int(x) for x in args.rows.split(",")):
             q = torch.randn(b, rows, h, d, device="cuda", dtype=torch.bfloat16)
+            k_new, v_new = (torch.randn(b, rows, hk, d, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+            before = lens - rows  # the append's positions: the cache's last `rows` rows, so every step reads cap keys
 
             def run(gen):
+                if args.append and not _ops.append_kv(kc, vc, k_new, v_new, before, None, table):
+                    raise SystemExit("this build has no native append (bindings/kv_append_cuda.cu)")
                 return _ops.forward(gen, q, kc, vc, softmax_scale=scale, window_size=(-1, 0), seqused_k=lens,
                                     block_table=table)[0]
 
@@ -73,7 +82,7 @@ def main() -> None:
             fl = causal_flops(b, h, rows, cap, d)
             row = dict(label=args.label, cache=cap, rows=rows, page=args.page, batch=b, heads=h, heads_k=hk, head_dim=d,
                        v2_us=times["v2"],
-                       v3_us=times["v3"], flops=fl, max_abs_diff=err, graph=args.graph)
+                       v3_us=times["v3"], flops=fl, max_abs_diff=err, graph=args.graph, append=args.append)
             out_rows.append(row)
             print(f"{cap:>6}{rows:>6}{times['v2']:>10.1f}{times['v3']:>10.1f}{fl / times['v2'] / 1e6:>9.0f}"
                   f"{fl / times['v3'] / 1e6:>9.0f}  {times['v3'] / times['v2']:>10.2f}  {err:.1e}")
