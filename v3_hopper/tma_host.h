@@ -43,39 +43,51 @@ struct TmaElement {
   const char* what;  // for messages: "v3 forward", "v3 fp8 forward"
 };
 
+// One map of `rank` (<= 5) dimensions over `ptr`: extents dims[0..rank) (dims[0] the contiguous one), element strides
+// of dims 1.. in strides[0..rank - 1), boxes of box[0..rank) (box[0] = e.box_cols: one 128-byte swizzled row),
+// 128-byte swizzle, zeros out of bounds. A dimension of extent 1 (or less) is never stepped: its extent is 1 and its
+// stride a valid placeholder (torch gives such dimensions arbitrary strides).
+inline Status encode_map_nd(CUtensorMap* map, const TmaElement& e, const char* name, const void* ptr, int rank,
+                            const int64_t* dims, const int64_t* strides, const int* box) {
+  const auto fn = encode_fn();
+  if (fn == nullptr) return Status::runtime(std::string(e.what) + ": cuTensorMapEncodeTiled is not available");
+  constexpr int kMaxRank = 5;
+  cuuint64_t extents[kMaxRank], stride_bytes[kMaxRank - 1];
+  cuuint32_t boxes[kMaxRank], element_strides[kMaxRank];
+  std::string shown;
+  for (int i = 0; i < rank; ++i) {
+    extents[i] = static_cast<cuuint64_t>(dims[i] > 1 ? dims[i] : 1);
+    boxes[i] = static_cast<cuuint32_t>(box[i]);
+    element_strides[i] = 1;
+    shown += (i ? ", " : "") + std::to_string(dims[i]);
+    if (i == 0) continue;
+    const int64_t bytes = strides[i - 1] * e.bytes;
+    const bool stepped = extents[i] > 1;
+    if (stepped && (bytes <= 0 || bytes >= kTmaMaxStrideBytes)) {
+      return Status::invalid(std::string(name) + ": v3 (TMA) needs positive strides below 2^40 bytes, got " +
+                             std::to_string(strides[i - 1]) + " elements");
+    }
+    stride_bytes[i - 1] = static_cast<cuuint64_t>(stepped ? bytes : static_cast<int64_t>(kTmaAlignBytes));
+  }
+  const CUresult r = fn(map, e.type, static_cast<cuuint32_t>(rank), const_cast<void*>(ptr), extents, stride_bytes,
+                        boxes, element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                        CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  if (r != CUDA_SUCCESS) {
+    return Status::invalid(std::string(name) + ": cuTensorMapEncodeTiled failed (CUresult " + std::to_string(r) +
+                           ") for extents (" + shown + ")");
+  }
+  return Status::ok();
+}
+
 // One 4-D map (head_dim, rows, heads, batches) over `ptr` with element strides, boxes of box_cols columns x
-// box_rows, 128-byte swizzle, zeros out of bounds. A dimension of extent 1 is never stepped: its stride is replaced
-// by a valid placeholder (torch gives such dimensions arbitrary strides).
+// box_rows (encode_map_nd).
 inline Status encode_map_4d(CUtensorMap* map, const TmaElement& e, const char* name, const void* ptr, int head_dim,
                             int64_t rows, int64_t heads, int64_t batches, int64_t row_stride, int64_t head_stride,
                             int64_t batch_stride, int box_rows) {
-  const auto fn = encode_fn();
-  if (fn == nullptr) return Status::runtime(std::string(e.what) + ": cuTensorMapEncodeTiled is not available");
-  const cuuint64_t dims[kTmaRank] = {static_cast<cuuint64_t>(head_dim), static_cast<cuuint64_t>(rows > 1 ? rows : 1),
-                                     static_cast<cuuint64_t>(heads),
-                                     static_cast<cuuint64_t>(batches > 1 ? batches : 1)};
-  const int64_t strides_elems[kTmaRank - 1] = {row_stride, head_stride, batch_stride};
-  cuuint64_t strides[kTmaRank - 1];
-  for (int i = 0; i < kTmaRank - 1; ++i) {
-    const int64_t bytes = strides_elems[i] * e.bytes;
-    const bool stepped = dims[i + 1] > 1;
-    if (stepped && (bytes <= 0 || bytes >= kTmaMaxStrideBytes)) {
-      return Status::invalid(std::string(name) + ": v3 (TMA) needs positive strides below 2^40 bytes, got " +
-                             std::to_string(strides_elems[i]) + " elements");
-    }
-    strides[i] = static_cast<cuuint64_t>(stepped ? bytes : static_cast<int64_t>(kTmaAlignBytes));
-  }
-  const cuuint32_t box[kTmaRank] = {static_cast<cuuint32_t>(e.box_cols), static_cast<cuuint32_t>(box_rows), 1, 1};
-  const cuuint32_t element_strides[kTmaRank] = {1, 1, 1, 1};
-  const CUresult r = fn(map, e.type, kTmaRank, const_cast<void*>(ptr), dims, strides, box, element_strides,
-                        CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
-                        CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-  if (r != CUDA_SUCCESS) {
-    return Status::invalid(std::string(name) + ": cuTensorMapEncodeTiled failed (CUresult " + std::to_string(r) +
-                           ") for extents (" + std::to_string(head_dim) + ", " + std::to_string(rows) + ", " +
-                           std::to_string(heads) + ", " + std::to_string(batches) + ")");
-  }
-  return Status::ok();
+  const int64_t dims[kTmaRank] = {head_dim, rows, heads, batches};
+  const int64_t strides[kTmaRank - 1] = {row_stride, head_stride, batch_stride};
+  const int box[kTmaRank] = {e.box_cols, box_rows, 1, 1};
+  return encode_map_nd(map, e, name, ptr, kTmaRank, dims, strides, box);
 }
 
 // The current device is sm_90 (v3 is compiled for sm_90a only); its SM count into num_sms. It also makes the
