@@ -112,12 +112,20 @@ void check_value_dim(const GenerationOps& ops, const Params& p, bool (*takes)(co
 }
 
 // Packed query rows (AttnParams::q_pack) reach only a forward whose ops table runs them: another one would read the
-// rows as positions and mask them wrongly.
+// rows as positions and mask them wrongly; read in place (q_pack_head_stride) only one that reads q that way.
 void check_q_pack(const GenerationOps& ops, const AttnParams& p) {
   if (p.q_pack < 0) throw py::value_error("q_pack: expected 0 (off) or the query heads per KV head, got " +
                                           std::to_string(p.q_pack));
   if (p.q_pack > 1 && !ops.packs_rows) {
     throw NotImplemented(std::string("q_pack: the forward of '") + ops.name + "' does not run packed query rows");
+  }
+  if (p.q_pack_head_stride != 0 && p.q_pack <= 1) {
+    throw py::value_error("q_pack_head_stride: set only with packed query rows (q_pack > 1), got q_pack " +
+                          std::to_string(p.q_pack));
+  }
+  if (p.q_pack_head_stride != 0 && !ops.packs_rows_in_place) {
+    throw NotImplemented(std::string("q_pack_head_stride: the forward of '") + ops.name +
+                         "' reads packed query rows from _pack_rows' copy only");
   }
 }
 
@@ -291,7 +299,7 @@ PYBIND11_MODULE(_C, m) {
       FG_RW(AttnParams, lse_batch_stride) FG_RW(AttnParams, lse_head_stride)
       FG_RW(AttnParams, batch) FG_RW(AttnParams, seqlen_q) FG_RW(AttnParams, seqlen_k)
       FG_RW(AttnParams, num_heads) FG_RW(AttnParams, num_heads_k) FG_RW(AttnParams, head_dim)
-      FG_RW(AttnParams, head_dim_v) FG_RW(AttnParams, q_pack)
+      FG_RW(AttnParams, head_dim_v) FG_RW(AttnParams, q_pack) FG_RW(AttnParams, q_pack_head_stride)
       FG_RW(AttnParams, dtype) FG_RW(AttnParams, out_dtype)
       FG_RW(AttnParams, total_q) FG_RW(AttnParams, total_k) FG_RW(AttnParams, batch_k)
       FG_PTR(AttnParams, q_descale, const float*) FG_PTR(AttnParams, k_descale, const float*)

@@ -34,6 +34,8 @@ struct GenerationOps {
   bool (*value_head_dim_bwd)(const AttnBwdParams& p) = nullptr;
   // Whether the forward runs packed query rows (AttnParams::q_pack > 1); false: the binding refuses such params.
   bool packs_rows = false;
+  // Whether it reads them in place from the call's q (AttnParams::q_pack_head_stride); false: the binding refuses it.
+  bool packs_rows_in_place = false;
 };
 
 }  // namespace flashgen

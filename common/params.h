@@ -135,6 +135,13 @@ struct AttnParams {
   // writes each row (common/split_combine.cuh kPacked). Only a generation whose ops table says so
   // (common/generation.h packs_rows) sees it set; the binding refuses the rest ----
   int q_pack = 0;
+
+  // ---- packed query rows read in place (q_pack > 1): 0 = q is _pack_rows' copy (row r at r * q_row_stride). Nonzero:
+  // q is the call's own (batch, tokens, num_heads * g heads, d) tensor, and row r = i * g + j of KV head h is token i
+  // (q_row_stride apart) of query head h * g + j (q_pack_head_stride apart; q_head_stride steps from one KV head's g
+  // query heads to the next's), so no copy is made. Only a generation whose ops table says so (common/generation.h
+  // packs_rows_in_place) sees it set: v3, which loads such a tile with one 5-D TMA box a column chunk ----
+  int64_t q_pack_head_stride = 0;
 };
 
 struct AttnBwdParams : AttnParams {

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import flashgen
-from flashgen import _ops
+from flashgen import _native, _ops
 from flashgen.bench.impls import paged_cache
 from test_v2_split_kv import PACKED_CASES, _decode_case, check_decode, spy_fwd_launches
 
@@ -45,3 +45,58 @@ def test_packed_rows_paged_and_bitwise_unpacked(packs_seen, monkeypatch):
     unpacked, unpacked_lse = flashgen.flash_attn_with_kvcache(q, k_pages, v_pages, **kw)
     assert packs_seen[-1] == 0, packs_seen
     assert torch.equal(out, unpacked) and torch.equal(lse, unpacked_lse), "packed and unpacked rows differ"
+
+
+# ---- packed rows read in place (AttnParams::q_pack_head_stride, _ops.PACKS_IN_PLACE): v3's TMA reads q's own layout,
+# so no copy is made; the GPU's cases are tests/test_v3_split_kv.py's ----
+
+def _qkv_view(tokens=4, heads=32, heads_k=8, head_dim=64, offset=0):
+    """q as a view into a larger buffer (a fused qkv projection's output), its storage `offset` elements in."""
+    width = (heads + 2 * heads_k) * head_dim
+    buffer = torch.randn(2 * tokens * width + offset, dtype=torch.bfloat16)
+    return buffer[offset:offset + 2 * tokens * width].view(2, tokens, heads + 2 * heads_k, head_dim)[:, :, :heads]
+
+
+@pytest.mark.parametrize("case, expected", [("contiguous-g4", True), ("qkv-view-g4", True), ("g8", True),
+                                            ("g7", False), ("misaligned", False), ("head-stride-not-16-bytes", False),
+                                            ("strided-columns", False), ("v2", False), ("cpu", False)])
+def test_packs_in_place_rule(case, expected, monkeypatch):
+    """In place only on a generation in PACKS_IN_PLACE (v3), for groups dividing 64 and q's pointer and batch / token /
+    head strides in whole 16 bytes (its TMA map's rule); otherwise _pack_rows' copy."""
+    monkeypatch.setattr(_ops, "PACKS_IN_PLACE", {"v3"})
+    q = torch.randn(2, 4, 32, 64, dtype=torch.bfloat16)
+    groups, generation = 4, "v3"
+    if case == "qkv-view-g4":
+        q = _qkv_view()
+    elif case == "g8":
+        groups = 8
+    elif case == "g7":
+        q, groups = torch.randn(2, 4, 28, 64, dtype=torch.bfloat16), 7
+    elif case == "misaligned":
+        q = _qkv_view(offset=1)
+    elif case == "head-stride-not-16-bytes":
+        q = torch.randn(2, 4, 32, 68, dtype=torch.bfloat16)[..., :64]
+    elif case == "strided-columns":
+        q = torch.randn(2, 4, 32, 128, dtype=torch.bfloat16)[..., ::2]
+    elif case in ("v2", "cpu"):
+        generation = case
+    assert _ops._packs_in_place(generation, q, groups) is expected
+
+
+def test_in_place_params_and_refusals(monkeypatch):
+    """What the API hands a generation that reads packed rows in place (forced here on the CPU backend, whose ops
+    table does not, so the binding refuses the launch by name): s x g rows of h_k heads, q's own pointer, token and
+    group-head strides; q_pack_head_stride without packed rows is refused too."""
+    seen = spy_fwd_launches(monkeypatch, lambda p: (p.q_pack, p.q_pack_head_stride, p.seqlen_q, p.num_heads,
+                                                    p.q_row_stride, p.q_head_stride, p.q))
+    monkeypatch.setattr(_ops, "_packed_rows", lambda generation, q, *args: 4)
+    monkeypatch.setattr(_ops, "_packs_in_place", lambda generation, q, groups: True)
+    q = torch.randn(2, 4, 48, 64)[:, :, :32]  # a fused projection's slice: strides not those of a contiguous q
+    _, k_cache, v_cache, seqlens = _decode_case("cpu", 32, 8, 64, 4, [5, 100], 128, dtype=torch.float32)
+    with pytest.raises(NotImplementedError, match="q_pack_head_stride: the forward of 'cpu' reads packed query rows"):
+        flashgen.flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=seqlens, causal=True, version="cpu")
+    assert seen == [(4, q.stride(2), 4 * 4, 8, q.stride(1), 4 * q.stride(2), q.data_ptr())], seen
+    p = _native.C.AttnParams()
+    p.q_pack_head_stride = 64
+    with pytest.raises(ValueError, match="q_pack_head_stride: set only with packed query rows"):
+        _native.C.fwd("cpu", p, 0)

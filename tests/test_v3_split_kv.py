@@ -249,6 +249,54 @@ def test_packed_rows_repeat_replay_and_agree_unpacked(packs_seen, monkeypatch):
     check_decode("v3 prefill", (q, k_cache, v_cache, seqlens), *prefill, dict(causal=True))
 
 
+@pytest.mark.parametrize("layout", ["contiguous", "qkv-view", "misaligned"])
+@pytest.mark.parametrize("groups, tokens", [(2, 3), (4, 4), (8, 8), (4, 1)])
+def test_packed_rows_in_place_equal_the_copy(groups, tokens, layout, monkeypatch):
+    """v3 reads packed rows in place (in _ops.PACKS_IN_PLACE: one 5-D TMA box a column chunk, v3_api.cu
+    encode_packed_q_map) where q's rows are 16-byte aligned, also as a slice of a fused qkv tensor: the oracle, and bit
+    for bit what the same call gives from _pack_rows' copy (the same rows land in the same shared memory). q two bytes
+    off 16 takes the copy. Causal; one token under a window's left limit (the fold declines it)."""
+    _need_gpu_v3()
+    seen = spy_fwd_launches(monkeypatch, lambda p: (p.q_pack, p.q_pack_head_stride))
+    heads_k, head_dim = 2, 128
+    heads = heads_k * groups
+    q0, k_cache, v_cache, seqlens = _decode_case("cuda", heads, heads_k, head_dim, tokens, [0, 37, 3001, 4096], 4096)
+    width, offset = (heads + 2 * heads_k) * head_dim, 1 if layout == "misaligned" else 0
+    if layout == "contiguous":
+        q = q0.clone()
+    else:  # q as the first heads of a fused projection's rows, `offset` elements into its buffer
+        numel = q0.shape[0] * tokens * width
+        buffer = torch.randn(numel + offset, device="cuda", dtype=q0.dtype)
+        q = buffer[offset:].view(q0.shape[0], tokens, heads + 2 * heads_k, head_dim)[:, :, :heads]
+        q.copy_(q0)
+    kw = dict(causal=True) if tokens > 1 else dict(window_size=(100, 0))
+    call = dict(cache_seqlens=seqlens, version="v3", return_softmax_lse=True, **kw)
+    monkeypatch.setattr(_ops, "PACKS_IN_PLACE", {"v3"})  # (off by default until measured)
+    out, lse = flashgen.flash_attn_with_kvcache(q, k_cache, v_cache, **call)
+    assert seen[-1] == (groups, 0 if layout == "misaligned" else q.stride(2)), seen
+    check_decode(f"v3 packed g{groups} {tokens} tokens {layout}", (q0, k_cache, v_cache, seqlens), out, lse, kw)
+    monkeypatch.setattr(_ops, "PACKS_IN_PLACE", set())
+    copied, copied_lse = flashgen.flash_attn_with_kvcache(q, k_cache, v_cache, **call)
+    assert seen[-1] == (groups, 0), seen
+    assert torch.equal(out, copied) and torch.equal(lse, copied_lse), "in place and copied rows differ"
+
+
+def test_packed_rows_in_place_refused_for_groups_past_a_box():
+    """Host check (no launch): a group that does not divide the tile's 64 rows is not read in place (the API copies
+    it, _ops._packs_in_place), refused by name."""
+    if not _has_v3():
+        pytest.skip("v3 not compiled into this build")
+    p = _params(batch=1, seqlen_q=14, heads=8, num_sms=132, q_pack=7, q_pack_head_stride=128)
+    splits, o_floats, lse_floats = _plan_of("v3", p)
+    assert splits >= 2, splits
+    p.num_splits = splits
+    p.set_workspace("oaccum", 512, o_floats)
+    p.set_workspace("lse_accum", 512, lse_floats)
+    with pytest.raises(ValueError, match="q_pack_head_stride: v3 reads packed query rows in place for groups that "
+                                         "divide 64"):
+        _native.C.fwd("v3", p, 0)
+
+
 def test_packed_rows_refused_without_the_split_instance():
     """Host checks (no launch): packed rows with no split plan, or with rows that are not whole groups, are refused
     by name; the plan takes them with at least 2 splits."""

@@ -33,6 +33,18 @@ __device__ __forceinline__ void load_tile(uint32_t dst, const CUtensorMap* map, 
   }
 }
 
+// The split instance's packed query rows read in place (AttnParams::q_pack_head_stride): one 5-D box per column chunk
+// of the map (head_dim, group head, token, KV head, batch) lands row (token i, group head j) at row i * g + j, the
+// packed order (v3_api.cu encode_packed_q_map: g x 64 / g rows, tokens past the call's zero-filled).
+template <int kChunks>
+__device__ __forceinline__ void load_packed_q(uint32_t dst, const CUtensorMap* map, uint32_t bar, int chunks,
+                                              int chunk_bytes, int head_k, int batch) {
+#pragma unroll
+  for (int c = 0; c < kChunks; ++c) {
+    if (c < chunks) tma_load_5d(dst + c * chunk_bytes, map, bar, c * kChunkCols, 0, 0, head_k, batch);
+  }
+}
+
 // The boxes of a paged tile that warp `warp` of a Loader of `lanes` threads loads (load_paged_tile's deal): boxes
 // b < kBlockN / box_rows with b % warps == warp.
 template <typename T>
@@ -166,7 +178,11 @@ struct Loader {
       if (is_q) {
         if (lane == 0) {
           mbar_arrive_expect_tx(sm.q_full(), chunks * T::kChunkBytesQ);
-          load_tile<T::kChunks>(sm.q(), maps.q, sm.q_full(), chunks, T::kChunkBytesQ, m_row, head, rows.q_batch);
+          if (T::kSplit && p.q_pack_head_stride != 0) {
+            load_packed_q<T::kChunks>(sm.q(), maps.q, sm.q_full(), chunks, T::kChunkBytesQ, head, rows.q_batch);
+          } else {
+            load_tile<T::kChunks>(sm.q(), maps.q, sm.q_full(), chunks, T::kChunkBytesQ, m_row, head, rows.q_batch);
+          }
         }
       } else {
         const uint32_t full = is_k ? sm.k_full(slot.stage) : sm.v_full(slot.stage);

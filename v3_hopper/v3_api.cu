@@ -152,6 +152,20 @@ Status encode_map(CUtensorMap* map, const char* name, const void* ptr, DType dty
                        box_rows);
 }
 
+// Packed query rows read in place (AttnParams::q_pack_head_stride; the split instance, check_fwd checked g divides 64):
+// the map (head_dim, g group heads, tokens, KV heads, batches) over the call's q, whose box of 64 columns x g x 64 / g
+// lands token i's head j at row i * g + j of the 64-row tile, the packed order; tokens past the call's are zeros
+// (producer.cuh load_packed_q).
+Status encode_packed_q_map(CUtensorMap* map, const AttnParams& p) {
+  const TmaElement e{p.dtype == DType::kBFloat16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16,
+                     kElementBytes, kChunkCols, "v3 forward"};
+  const int g = p.q_pack;
+  const int64_t dims[5] = {p.head_dim, g, p.seqlen_q / g, p.num_heads, p.batch};
+  const int64_t strides[4] = {p.q_pack_head_stride, p.q_row_stride, p.q_head_stride, p.q_batch_stride};
+  const int box[5] = {kChunkCols, g, kWarpgroupRows / g, 1, 1};
+  return encode_map_nd(map, e, "q", p.q, 5, dims, strides, box);
+}
+
 Status check_device(int* num_sms) { return check_sm90(num_sms, "v3"); }
 
 // The split-KV instance's plan (AttnParams::num_splits; fwd_launch.cuh launch_fwd): 16-bit dense queries of at most
@@ -232,6 +246,15 @@ Status check_fwd(const AttnParams& p, int* bucket) {
     return Status::invalid("q_pack: v3 runs packed query rows in its split-KV instance only; this call has "
                            "num_splits " + std::to_string(p.num_splits) + " (its plan: 16-bit, at most 64 rows, "
                            "seqlen_q a multiple of q_pack, no ALiBi, num_splits not 1)");
+  }
+  if (p.q_pack_head_stride != 0) {  // packed rows read in place: g x 64 / g rows a box (encode_packed_q_map)
+    if (p.q_pack <= 1 || kWarpgroupRows % p.q_pack != 0) {
+      return Status::invalid("q_pack_head_stride: v3 reads packed query rows in place for groups that divide " +
+                             std::to_string(kWarpgroupRows) + " (the API copies the others), got q_pack " +
+                             std::to_string(p.q_pack));
+    }
+    const Status s = check_rows_aligned("v3 (TMA)", "q", p.q, p.q_batch_stride, p.q_row_stride, p.q_pack_head_stride);
+    if (!s.is_ok()) return s;
   }
   if (p.cache_leftpad != nullptr && (p.block_table == nullptr || !paged_one_page(p.page_block_size, p.seqlen_k))) {
     return Status::not_implemented("cache_leftpad: v3 reads a left pad in a cache of one page per sequence (the API's "
@@ -359,8 +382,9 @@ Status fwd(const AttnParams& caller_params, void* stream) {
   }
 
   const int64_t q_batches = p.cu_seqlens_q ? 1 : p.batch;
-  st = encode_map(&launch.q, "q", p.q, p.dtype, p.head_dim, q_rows, p.num_heads, q_batches, p.q_row_stride,
-                  p.q_head_stride, p.q_batch_stride, tile_rows);
+  st = p.q_pack_head_stride != 0 ? encode_packed_q_map(&launch.q, p)
+                                 : encode_map(&launch.q, "q", p.q, p.dtype, p.head_dim, q_rows, p.num_heads, q_batches,
+                                              p.q_row_stride, p.q_head_stride, p.q_batch_stride, tile_rows);
   if (!st.is_ok()) return st;
   if (k_rows == 0) {  // no key exists, so no key tile is ever loaded: the maps only need to be valid (q's)
     launch.k = launch.q;
@@ -578,7 +602,7 @@ bool takes_value_head_dim_bwd(const AttnBwdParams& p) {
 
 const GenerationOps& ops() {
   static const GenerationOps table{"v3", &fwd, &bwd, &plan_fwd, &bwd_workspaces, &takes_value_head_dim,
-                                   &takes_value_head_dim_bwd, /*packs_rows=*/true};
+                                   &takes_value_head_dim_bwd, /*packs_rows=*/true, /*packs_rows_in_place=*/true};
   return table;
 }
 

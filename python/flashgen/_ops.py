@@ -388,6 +388,11 @@ def _fold_groups(t: torch.Tensor, groups: int) -> torch.Tensor:
 # (cpu/attention_cpu.cpp), so the CPU tier runs the same packing as the GPU's.
 PACKS_ROWS = {"v3": True, "v2": True, "cpu": False}
 PACK_MAX_ROWS = 64  # v3's split instance holds one consumer warpgroup's rows (its plan's seqlen_q bound)
+# Generations that read packed rows in place from the call's q (AttnParams::q_pack_head_stride; their ops table's
+# packs_rows_in_place), so for groups g dividing 64 and q's rows 16-byte aligned (TMA) no copy is made: v3 loads a
+# tile's g x 64 / g rows with one 5-D TMA box a column chunk (v3_api.cu encode_packed_q_map). Empty until that is run
+# on a GPU and measured (session 50: built here, no device lent); {"v3"} turns it on (tests and time_kvcache.py do).
+PACKS_IN_PLACE = set()
 
 
 def _packed_rows(generation, q, k, v, cu_seqlens_q, alibi_slopes, dropout_p, block_mask, return_probs, q_descale,
@@ -417,6 +422,15 @@ def _packed_rows(generation, q, k, v, cu_seqlens_q, alibi_slopes, dropout_p, blo
             return 0
     keys = block_table.shape[1] * k.shape[1] if block_table is not None else k.shape[1]
     return groups if keys > 0 else 0
+
+
+def _packs_in_place(generation: str, q: torch.Tensor, groups: int) -> bool:
+    """Whether `generation` reads q's packed rows in place (PACKS_IN_PLACE): groups dividing PACK_MAX_ROWS, a 16-byte
+    aligned pointer and batch / token / head strides of whole 16 bytes (the TMA map's rule), contiguous rows."""
+    if generation not in PACKS_IN_PLACE or PACK_MAX_ROWS % groups != 0 or q.stride(-1) != 1:
+        return False
+    elems = 16 // q.element_size()
+    return q.data_ptr() % 16 == 0 and all(s % elems == 0 for s in q.stride()[:3])
 
 
 def _pack_rows(q: torch.Tensor, groups: int) -> torch.Tensor:
@@ -492,6 +506,7 @@ def forward(generation: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, 
     packed = 0 if groups else _packed_rows(generation, q, k, v, cu_seqlens_q, alibi_slopes, dropout_p, block_mask,
                                            return_probs, q_descale, max_splits, block_table)
     q_run, o_run, lse_run = q, o, lse
+    in_place = False
     if groups:  # lse (batch, h_k * g, 1) contiguous == (batch, h_k, g): row i of KV head j is query head j * g + i
         q_run, o_run = _fold_groups(q, groups), _fold_groups(o, groups)
         lse_run = lse.view(batch, k.shape[2], groups)
@@ -499,7 +514,9 @@ def forward(generation: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, 
     elif packed:
         # rows (token, head of the group); the window stays (the kernel masks each row at its token); out and lse stay
         # the call's: the combine (common/split_combine.cuh kPacked) and the CPU's epilogue write each row there
-        q_run = _pack_rows(q, packed)
+        in_place = _packs_in_place(generation, q, packed)
+        if not in_place:
+            q_run = _pack_rows(q, packed)
     p = _native.C.AttnParams()
     _fill(p, q_run, k, v, o_run, lse_run, softmax_scale=softmax_scale, window_size=window_size, softcap=softcap,
           alibi_slopes=alibi_slopes, dropout_p=dropout_p, seed=seed, offset=offset, cu_seqlens_q=cu_seqlens_q,
@@ -508,6 +525,10 @@ def forward(generation: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, 
           block_table=block_table, cache_leftpad=cache_leftpad, max_splits=max_splits,
           q_descale=q_descale, k_descale=k_descale, v_descale=v_descale)
     p.q_pack = packed
+    if in_place:  # q's own (batch, s, h_k * g, d): s * g rows of h_k heads, row i * g + j at token i, head j of a group
+        head_stride = q.stride(2)
+        p.seqlen_q, p.num_heads = q.shape[1] * packed, q.shape[2] // packed
+        p.q_head_stride, p.q_pack_head_stride = head_stride * packed, head_stride
     on_device(q, _launch_fwd, generation, p, q, block_mask, block_size)
     return o, lse, probs
 

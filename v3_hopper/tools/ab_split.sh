@@ -6,7 +6,8 @@
 #   OUT=... TESTS=1 bash v3_hopper/tools/ab_split.sh base= twowg=-DFLASHGEN_V3_SPLIT_ONE_WARPGROUP=0
 # Env: ROUNDS (default 2); TESTS=1 first runs tests/test_v3_split_kv.py and test_v3_pdl.py on each module (a variant
 # must pass before it is timed); TIMEOUT per run (default 100 s); APPEND=1: each step appends its rows first
-# (time_kvcache.py --append: the graph holds the append and the attention, as a decode step does). Rows: batch 4
+# (time_kvcache.py --append: the graph holds the append and the attention, as a decode step does); IN_PLACE=1: v3 also
+# timed reading packed rows in place (time_kvcache.py --in-place, v3_in_place_us in the rows). Rows: batch 4
 # (32 / 8 heads, d128) one and four query rows at caches of 2k, 8k and 32k, batch 1 one and four rows at 8k, and batch
 # 1 one row over pages of 16 at 8k and 32k. Output: $OUT/ab_split.jsonl (rows with "label" = name, "round") and
 # $OUT/ab_split_logs.tar.xz (build logs, ptxas lines, the runs' tables).
@@ -52,6 +53,7 @@ run() {  # run <name> <round> <time_kvcache arguments>
   rm -f /tmp/ab_split/rows.jsonl
   (cd /tmp && PYTHONPATH=/tmp/ab_split/pkg-$name timeout -s KILL "${TIMEOUT:-100}" python3 \
      "$here/v3_hopper/tools/time_kvcache.py" --graph --label "$name" $([ "${APPEND:-0}" = 1 ] && echo --append) \
+     $([ "${IN_PLACE:-0}" = 1 ] && echo --in-place) \
      "$@" --out /tmp/ab_split/rows.jsonl) \
      >> "$OUT/ab_split_runs_$name.txt" 2>&1
   [ -f /tmp/ab_split/rows.jsonl ] &&
@@ -70,7 +72,10 @@ import collections, json, sys
 rows = [json.loads(line) for line in open(sys.argv[1])]
 times = collections.defaultdict(list)
 for r in rows:
-    times[(r["batch"], r["page"], r["cache"], r["rows"], r["label"])].append(r["v3_us"] / r["v2_us"])
+    key = (r["batch"], r["page"], r["cache"], r["rows"])
+    times[key + (r["label"],)].append(r["v3_us"] / r["v2_us"])
+    if "v3_in_place_us" in r:  # IN_PLACE=1
+        times[key + (r["label"] + "+inpl",)].append(r["v3_in_place_us"] / r["v2_us"])
 for (batch, page, cache, n, label), ratios in sorted(times.items()):
     print(f"b{batch} page {page:>3} cache {cache:>6} rows {n:>3} {label:>10}: v3 / v2 time "
           + " ".join(f"{t:.3f}" for t in ratios))

@@ -12,8 +12,11 @@ v3's paged forward takes N a multiple of 8).
 bindings/kv_append_cuda.cu, as flash_attn_with_kvcache does with k and v), so a graph holds a decode step's kernels as
 a model runs them: the append, then the attention (v3's forward launched as its programmatic dependent,
 v3_hopper/tile_config.h FLASHGEN_V3_PDL).
+--in-place: v3 is timed a second time reading packed query rows in place (_ops.PACKS_IN_PLACE, one 5-D TMA box instead
+of _pack_rows' copy kernel), in the same process: rows get v3_in_place_us (the rows v3 packs: 2-8 tokens; others time
+the same kernels twice).
     python3 v3_hopper/tools/time_kvcache.py [--out rows.jsonl] [--rows 1,16,64,127,128,256,512,1024,2048] [--graph]
-        [--page 16] [--append] [--label name]
+        [--page 16] [--append] [--in-place] [--label name]
 """
 
 from __future__ import annotations
@@ -45,6 +48,7 @@ def main() -> None:
     ap.add_argument("--graph", action="store_true", help="time CUDA-graph replays (kernel time, no host side)")
     ap.add_argument("--page", type=int, default=0, help="page size of a paged cache (0: dense caches)")
     ap.add_argument("--append", action="store_true", help="each call appends its rows' keys and values first")
+    ap.add_argument("--in-place", action="store_true", help="v3 also timed reading packed rows in place")
     ap.add_argument("--label", default="", help="recorded in every row (e.g. the build's variant, tools/ab_split.sh)")
     args = ap.parse_args()
     b, h, hk, d = args.batch, 32, 8, 128
@@ -69,7 +73,8 @@ def main() -> None:
             k_new, v_new = (torch.randn(b, rows, hk, d, device="cuda", dtype=torch.bfloat16) for _ in range(2))
             before = lens - rows  # the append's positions: the cache's last `rows` rows, so every step reads cap keys
 
-            def run(gen):
+            def run(gen, in_place=False):
+                _ops.PACKS_IN_PLACE = {"v3"} if in_place else set()
                 if args.append and not _ops.append_kv(kc, vc, k_new, v_new, before, None, table):
                     raise SystemExit("this build has no native append (bindings/kv_append_cuda.cu)")
                 return _ops.forward(gen, q, kc, vc, softmax_scale=scale, window_size=(-1, 0), seqused_k=lens,
@@ -79,13 +84,20 @@ def main() -> None:
             if err > CHECK_ATOL:
                 raise SystemExit(f"cache {cap} rows {rows}: v3 and v2 differ by {err}")
             times = {gen: timer(lambda gen=gen: run(gen)) * 1e3 for gen in ("v2", "v3")}
+            extra = {}
+            if args.in_place:
+                err_in_place = (run("v3", True).float() - run("v3").float()).abs().max().item()
+                if err_in_place != 0:
+                    raise SystemExit(f"cache {cap} rows {rows}: v3 in place differs from its copy by {err_in_place}")
+                extra["v3_in_place_us"] = timer(lambda: run("v3", True)) * 1e3
             fl = causal_flops(b, h, rows, cap, d)
             row = dict(label=args.label, cache=cap, rows=rows, page=args.page, batch=b, heads=h, heads_k=hk, head_dim=d,
                        v2_us=times["v2"],
-                       v3_us=times["v3"], flops=fl, max_abs_diff=err, graph=args.graph, append=args.append)
+                       v3_us=times["v3"], flops=fl, max_abs_diff=err, graph=args.graph, append=args.append, **extra)
             out_rows.append(row)
             print(f"{cap:>6}{rows:>6}{times['v2']:>10.1f}{times['v3']:>10.1f}{fl / times['v2'] / 1e6:>9.0f}"
-                  f"{fl / times['v3'] / 1e6:>9.0f}  {times['v3'] / times['v2']:>10.2f}  {err:.1e}")
+                  f"{fl / times['v3'] / 1e6:>9.0f}  {times['v3'] / times['v2']:>10.2f}  {err:.1e}"
+                  + (f"  in place {extra['v3_in_place_us']:.1f} us" if extra else ""))
     report.write_jsonl(args.out, out_rows)
 
 
