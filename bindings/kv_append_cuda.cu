@@ -48,6 +48,7 @@ __global__ void __launch_bounds__(kThreads) append_kv_kernel(const __grid_consta
   const int64_t bj = row / a.num_heads_k;
   const int j = static_cast<int>(bj % a.seqlen_new);
   const int b = static_cast<int>(bj / a.seqlen_new);
+  if (vec == 0 && h == 0 && j == 0) kv_append_seqlen_after(a, b);  // one thread per sequence
   const KvAppendDst dst = kv_append_dst(a, b, j);
   if (!dst.ok) return;
   const int64_t byte = vec * kBytes;

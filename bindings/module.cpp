@@ -367,7 +367,8 @@ PYBIND11_MODULE(_C, m) {
       FG_PTR(KvAppendParams, block_table, const int*) FG_RW(KvAppendParams, block_table_batch_stride)
       FG_RW(KvAppendParams, page_block_size) FG_RW(KvAppendParams, entries) FG_RW(KvAppendParams, capacity)
       FG_RW(KvAppendParams, batch) FG_RW(KvAppendParams, seqlen_new) FG_RW(KvAppendParams, num_heads_k)
-      FG_RW(KvAppendParams, head_dim) FG_RW(KvAppendParams, elem_bytes);
+      FG_RW(KvAppendParams, head_dim) FG_RW(KvAppendParams, elem_bytes)
+      FG_PTR(KvAppendParams, seqlens_after, int*);
 
   m.def(
       "append_kv_cpu",

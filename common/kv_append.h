@@ -38,6 +38,10 @@ struct KvAppendParams {
   int num_heads_k = 0;
   int head_dim = 0;
   int elem_bytes = 0;       // 1 (e4m3), 2 (fp16 / bf16) or 4 (fp32): the append copies bytes
+  // (batch) int32, or null: cache_seqlens[b] + seqlen_new, the rows the attention reads after the append (its
+  // seqused_k), written by the append (kv_append_seqlen_after) so that a decode step needs no add kernel of its own.
+  // Written only where the append runs: batch, seqlen_new, num_heads_k and head_dim all > 0.
+  int* seqlens_after = nullptr;
 };
 
 // Where row j of sequence b lands: the cache's leading index (entry or page) and the row inside it; ok false when
@@ -47,6 +51,14 @@ struct KvAppendDst {
   int row;
   bool ok;
 };
+
+// seqlens_after[b] (when given) = cache_seqlens[b] + seqlen_new, whether or not the rule skips b's rows, wrapping at
+// 2^32 as torch's int32 add does (the attention bounds what it reads by the cache, common/kv_layout.h).
+FH_HD void kv_append_seqlen_after(const KvAppendParams& a, int b) {
+  if (a.seqlens_after == nullptr) return;
+  const uint32_t after = static_cast<uint32_t>(a.cache_seqlens[b]) + static_cast<uint32_t>(a.seqlen_new);
+  a.seqlens_after[b] = static_cast<int>(after);
+}
 
 FH_HD KvAppendDst kv_append_dst(const KvAppendParams& a, int b, int j) {
   const int start = a.cache_seqlens[b];

@@ -19,7 +19,9 @@ Status append_kv(const KvAppendParams& a) {
   auto* vc = static_cast<char*>(a.v_cache);
   const auto* kn = static_cast<const char*>(a.k_new);
   const auto* vn = static_cast<const char*>(a.v_new);
+  const bool runs = a.batch > 0 && a.seqlen_new > 0 && a.num_heads_k > 0 && a.head_dim > 0;  // as the GPU's copy
   for (int b = 0; b < a.batch; ++b) {
+    if (runs) kv_append_seqlen_after(a, b);
     for (int j = 0; j < a.seqlen_new; ++j) {
       const KvAppendDst dst = kv_append_dst(a, b, j);
       if (!dst.ok) continue;

@@ -586,6 +586,35 @@ def test_kvcache_appends_in_place_and_attends():
     check_fa_rule(out, ref, naive, "kvcache")
 
 
+@pytest.mark.parametrize("case", ["in-range", "skipped", "wraps", "no-new-rows"])
+def test_kvcache_append_writes_the_rows_read_after_it(case):
+    """The native append also writes cache_seqlens + seqlen_new (common/kv_append.h seqlens_after, the attention's
+    seqused_k: no add of its own in a decode step), for a sequence whose rows it skips too, wrapping as torch's int32
+    add does; with no element to copy it writes nothing (the caller adds instead)."""
+    seqlen_new = 0 if case == "no-new-rows" else 3
+    k_cache, v_cache = _rand(2, 16, 2, 32), _rand(2, 16, 2, 32)
+    k_new, v_new = _rand(2, seqlen_new, 2, 32), _rand(2, seqlen_new, 2, 32)
+    start = {"in-range": 5, "skipped": 15, "wraps": 2 ** 31 - 2, "no-new-rows": 5}[case]
+    seqlens = torch.tensor([start, 0], dtype=torch.int32)
+    after = torch.full((2,), -7, dtype=torch.int32)
+    assert _ops.append_kv(k_cache, v_cache, k_new, v_new, seqlens, None, None, after)
+    want = torch.full((2,), -7, dtype=torch.int32) if case == "no-new-rows" else seqlens + seqlen_new
+    assert torch.equal(after, want), (after, want)
+    assert torch.equal(k_cache[1, :seqlen_new], k_new[1]) and torch.equal(v_cache[1, :seqlen_new], v_new[1])
+
+
+def test_kvcache_step_reads_the_appended_rows_without_an_add(monkeypatch):
+    """flash_attn_with_kvcache with k / v hands the forward the append's own seqlens_after, and makes no add."""
+    seen = []
+    real_forward = _ops.forward
+    monkeypatch.setattr(_ops, "forward", lambda *a, **kw: seen.append(kw["seqused_k"]) or real_forward(*a, **kw))
+    monkeypatch.setattr(torch.Tensor, "__add__", lambda *a: pytest.fail("the step added cache_seqlens itself"))
+    q, k_cache, v_cache = _rand(2, 1, 4, 32), _rand(2, 24, 2, 32), _rand(2, 24, 2, 32)
+    out = flashgen.flash_attn_with_kvcache(q, k_cache, v_cache, _rand(2, 1, 2, 32), _rand(2, 1, 2, 32),
+                                           cache_seqlens=torch.tensor([3, 9], dtype=torch.int32), causal=True)
+    assert torch.isfinite(out).all() and torch.equal(seen[-1], torch.tensor([4, 10], dtype=torch.int32)), seen
+
+
 def test_kvcache_without_new_keys_and_int_seqlens():
     q = _rand(2, 1, 4, 32)
     k_cache, v_cache = _rand(2, 24, 4, 32), _rand(2, 24, 4, 32)

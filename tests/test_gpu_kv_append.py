@@ -2,7 +2,8 @@
 rule): the caches it writes must equal what torch indexing writes (interface._append_by_indexing) bit for bit, for
 dense caches with and without cache_batch_idx, strided cache views, paged caches of 1-, 16- and 256-row pages,
 fp16 / bf16 / fp32 and head dims whose rows take each vector width; unchecked hostile values skip their rows and
-write nothing else; and the call takes the native path."""
+write nothing else; the rows read after it (seqlens_after) are cache_seqlens + seqlen_new; and the call takes the
+native path."""
 
 from __future__ import annotations
 
@@ -66,10 +67,12 @@ def test_matches_indexing(dtype, head_dim, layout, seqlen_new):
         got_v = torch.empty_like(big)[:, 5:305, :heads_k, :head_dim]
         got_v.copy_(vc)
     want_k, want_v = kc.clone(), vc.clone()
-    assert _ops.append_kv(got_k, got_v, k, v, seqlens, batch_idx, table)
+    after = torch.full_like(seqlens, -7)
+    assert _ops.append_kv(got_k, got_v, k, v, seqlens, batch_idx, table, after)
     _by_indexing(want_k, want_v, k, v, seqlens, batch_idx, table)
     torch.cuda.synchronize()
     assert torch.equal(got_k, want_k) and torch.equal(got_v, want_v)
+    assert torch.equal(after, seqlens + seqlen_new), "seqlens_after: the rows the attention reads next"
 
 
 def test_hostile_values_skip_their_rows():
@@ -79,11 +82,13 @@ def test_hostile_values_skip_their_rows():
     kc, vc = (torch.randn(3, 16, 2, 64, dtype=dt, device="cuda") for _ in range(2))
     k, v = (torch.randn(4, 2, 2, 64, dtype=dt, device="cuda") for _ in range(2))
     before_k, before_v = kc.clone(), vc.clone()
-    _ops.append_kv(kc, vc, k, v, _i32(15, -1, 3, 0), _i32(0, 1, 2, 7), None)
+    seqlens, after = _i32(15, -1, 3, 2 ** 31 - 1), _i32(-7, -7, -7, -7)
+    _ops.append_kv(kc, vc, k, v, seqlens, _i32(0, 1, 2, 7), None, after)
     torch.cuda.synchronize()
     want_k, want_v = before_k.clone(), before_v.clone()
     want_k[2, 3:5], want_v[2, 3:5] = k[2], v[2]
     assert torch.equal(kc, want_k) and torch.equal(vc, want_v)
+    assert torch.equal(after, seqlens + 2), "seqlens_after: written for skipped rows too, wrapping as torch's add"
 
 
 def test_call_takes_the_native_path(monkeypatch):

@@ -146,11 +146,13 @@ def _fill_descales(p, q_descale, k_descale, v_descale) -> None:
 
 def append_kv(k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
               cache_seqlens: torch.Tensor, cache_batch_idx: Optional[torch.Tensor],
-              block_table: Optional[torch.Tensor]) -> bool:
+              block_table: Optional[torch.Tensor], seqlens_after: Optional[torch.Tensor] = None) -> bool:
     """flash_attn_with_kvcache's append by the native copy (common/kv_append.h: rows whose destination is not in the
     cache are skipped): one launch on the current stream for CUDA tensors (bindings/kv_append_cuda.cu), a host copy
     for CPU ones. Returns False, having done nothing, where it does not apply (a strided last dim; a build without
-    CUDA for CUDA tensors): torch indexing does the append then. Inputs validated."""
+    CUDA for CUDA tensors): torch indexing does the append then. Inputs validated. seqlens_after: a contiguous int32
+    (batch,) tensor that receives cache_seqlens + seqlen_new (the attention's seqused_k), written only where k has
+    elements (batch, seqlen_new, heads and head_dim all > 0)."""
     launch = getattr(_native.C, "append_kv_cuda", None) if k_cache.is_cuda else _native.C.append_kv_cpu
     if launch is None or any(t.stride(-1) != 1 for t in (k_cache, v_cache, k, v)):
         return False
@@ -169,6 +171,8 @@ def append_kv(k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tensor, v: 
         a.block_table = block_table.data_ptr()
         a.block_table_batch_stride = block_table.stride(0)
         a.page_block_size = k_cache.shape[1]
+    if seqlens_after is not None:
+        a.seqlens_after = seqlens_after.data_ptr()
     a.entries = k_cache.shape[0]
     a.capacity = kv_capacity(k_cache, block_table)
     a.batch, a.seqlen_new, a.num_heads_k, a.head_dim = k.shape[0], k.shape[1], k.shape[2], k.shape[3]

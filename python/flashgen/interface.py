@@ -599,13 +599,17 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
             k = rotate(k, rotary_cos, rotary_sin, rows, rotary_interleaved)
     seqused_k = cache_seqlens
     if k is not None:
-        # The native copy (common/kv_append.h: one launch on a GPU); torch indexing in torch.compile traces.
+        # The native copy (common/kv_append.h: one launch on a GPU), which also writes the rows read after it
+        # (seqlens_after: no add kernel of its own in the step, and on v3 the attention launch follows the append
+        # directly); torch indexing in torch.compile traces.
+        after = None if compiling or k.numel() == 0 else torch.empty(batch, dtype=torch.int32, device=q.device)
         if compiling or \
-                not _ops.append_kv(k_cache, v_cache, k, v, cache_seqlens, cache_batch_idx, block_table):
+                not _ops.append_kv(k_cache, v_cache, k, v, cache_seqlens, cache_batch_idx, block_table, after):
             if rows is None:
                 rows = _append_rows(cache_seqlens, seqlen_new, capacity, seqlens_checked)
             _append_by_indexing(k_cache, v_cache, k, v, rows, cache_batch_idx, block_table)
-        seqused_k = (cache_seqlens + seqlen_new).to(torch.int32)
+            after = None
+        seqused_k = after if after is not None else (cache_seqlens + seqlen_new).to(torch.int32)
     if _args.no_work(q, k_cache):  # batch 0, no query rows, no heads or a cache of capacity 0: out 0, lse +inf
         out, lse, _ = _args.empty_result(q, k_cache, v_cache, _ops.lse_shape(q, None), None)
         return (out, lse) if return_softmax_lse else out
