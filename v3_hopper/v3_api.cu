@@ -152,17 +152,18 @@ Status encode_map(CUtensorMap* map, const char* name, const void* ptr, DType dty
                        box_rows);
 }
 
-// Packed query rows read in place (AttnParams::q_pack_head_stride; the split instance, check_fwd checked g divides 64):
-// the map (head_dim, g group heads, tokens, KV heads, batches) over the call's q, whose box of 64 columns x g x 64 / g
-// lands token i's head j at row i * g + j of the 64-row tile, the packed order; tokens past the call's are zeros
+// Packed query rows read in place (AttnParams::q_pack_head_stride; the split instance, check_fwd checked g divides 64,
+// so it divides the tile's tile_rows, 64 or 128): the map (head_dim, g group heads, tokens, KV heads, batches) over the
+// call's q, whose box of 64 columns x g x tile_rows / g lands token i's head j at row i * g + j of the tile, the
+// packed order, and as many bytes as the tile's 2-D box (the Q barrier's count); tokens past the call's are zeros
 // (producer.cuh load_packed_q).
-Status encode_packed_q_map(CUtensorMap* map, const AttnParams& p) {
+Status encode_packed_q_map(CUtensorMap* map, const AttnParams& p, int tile_rows) {
   const TmaElement e{p.dtype == DType::kBFloat16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16,
                      kElementBytes, kChunkCols, "v3 forward"};
   const int g = p.q_pack;
   const int64_t dims[5] = {p.head_dim, g, p.seqlen_q / g, p.num_heads, p.batch};
   const int64_t strides[4] = {p.q_pack_head_stride, p.q_row_stride, p.q_head_stride, p.q_batch_stride};
-  const int box[5] = {kChunkCols, g, kWarpgroupRows / g, 1, 1};
+  const int box[5] = {kChunkCols, g, tile_rows / g, 1, 1};
   return encode_map_nd(map, e, "q", p.q, 5, dims, strides, box);
 }
 
@@ -382,7 +383,7 @@ Status fwd(const AttnParams& caller_params, void* stream) {
   }
 
   const int64_t q_batches = p.cu_seqlens_q ? 1 : p.batch;
-  st = p.q_pack_head_stride != 0 ? encode_packed_q_map(&launch.q, p)
+  st = p.q_pack_head_stride != 0 ? encode_packed_q_map(&launch.q, p, tile_rows)
                                  : encode_map(&launch.q, "q", p.q, p.dtype, p.head_dim, q_rows, p.num_heads, q_batches,
                                               p.q_row_stride, p.q_head_stride, p.q_batch_stride, tile_rows);
   if (!st.is_ok()) return st;
