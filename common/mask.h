@@ -129,6 +129,16 @@ FH_HD PackedRow packed_row(int row, int head, int pack) {
   const int position = row / pack;
   return {position, head * pack + (row - position * pack)};
 }
+// Query row `row`'s element offset from its (batch, head) base (q + q_offset + head * q_head_stride): row *
+// q_row_stride, rows being positions or _pack_rows' copy; read in place (AttnParams::q_pack_head_stride: q the call's
+// own tensor, head its KV head, q_head_stride a group of pack heads) token row / pack, q_row_stride apart, and the
+// group's head row % pack, q_pack_head_stride apart.
+FH_HD int64_t q_row_offset(const AttnParams& p, int row, int pack) {
+  if (p.q_pack_head_stride == 0) return static_cast<int64_t>(row) * p.q_row_stride;
+  const int position = row / pack;
+  return static_cast<int64_t>(position) * p.q_row_stride +
+         static_cast<int64_t>(row - position * pack) * p.q_pack_head_stride;
+}
 
 // ---- index values: clamped, never trusted (issue 17) ----
 // The kernels read cu_seqlens, seqused_k, kv_batch_idx, cache_leftpad and block_table values on the device, where

@@ -141,7 +141,8 @@ FG_CPU_KERNEL void fwd_unit(const AttnParams& p, const KVTiles& kv, const FwdUni
   const int dv = value_dim(p), ld_v = padded_dim(dv);  // V's and O's
   const int m0 = unit.m_block * kBlockM;
   const int rows = std::min(kBlockM, hp.seq.seqlen_q - m0);  // query rows (packed rows: hp.pack per position)
-  load_tile(p.q, p.dtype, hp.seq.q_offset + hp.head * p.q_head_stride, p.q_row_stride, m0, rows, rows, d, ld,
+  const int64_t q_base = hp.seq.q_offset + hp.head * p.q_head_stride;  // rows read in place too (common/mask.h)
+  load_rows(p.q, p.dtype, [&](int r) { return q_base + q_row_offset(p, m0 + r, hp.pack); }, rows, rows, d, ld,
             w.q.data());
   std::fill(w.o.begin(), w.o.end(), 0.f);
   RowState st[kBlockM];

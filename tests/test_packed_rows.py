@@ -47,56 +47,76 @@ def test_packed_rows_paged_and_bitwise_unpacked(packs_seen, monkeypatch):
     assert torch.equal(out, unpacked) and torch.equal(lse, unpacked_lse), "packed and unpacked rows differ"
 
 
-# ---- packed rows read in place (AttnParams::q_pack_head_stride, _ops.PACKS_IN_PLACE): v3's TMA reads q's own layout,
-# so no copy is made; the GPU's cases are tests/test_v3_split_kv.py's ----
+# ---- packed rows read in place (AttnParams::q_pack_head_stride, _ops.PACKS_IN_PLACE): no copy of q; the CPU backend
+# reads each row at its own address (common/mask.h q_row_offset), v3 with a 5-D TMA box (tests/test_v3_split_kv.py) ----
 
 def _qkv_view(tokens=4, heads=32, heads_k=8, head_dim=64, offset=0):
-    """q as a view into a larger buffer (a fused qkv projection's output), its storage `offset` elements in."""
+    """q as the first heads of a fused qkv projection's rows, its storage `offset` elements into the buffer."""
     width = (heads + 2 * heads_k) * head_dim
     buffer = torch.randn(2 * tokens * width + offset, dtype=torch.bfloat16)
-    return buffer[offset:offset + 2 * tokens * width].view(2, tokens, heads + 2 * heads_k, head_dim)[:, :, :heads]
+    return buffer[offset:].view(2, tokens, heads + 2 * heads_k, head_dim)[:, :, :heads]
 
 
 @pytest.mark.parametrize("case, expected", [("contiguous-g4", True), ("qkv-view-g4", True), ("g8", True),
                                             ("g7", False), ("misaligned", False), ("head-stride-not-16-bytes", False),
-                                            ("strided-columns", False), ("v2", False), ("cpu", False)])
+                                            ("strided-columns", False), ("v2", False), ("cpu-g7-misaligned", True)])
 def test_packs_in_place_rule(case, expected, monkeypatch):
-    """In place only on a generation in PACKS_IN_PLACE (v3), for groups dividing 64 and q's pointer and batch / token /
-    head strides in whole 16 bytes (its TMA map's rule); otherwise _pack_rows' copy."""
-    monkeypatch.setattr(_ops, "PACKS_IN_PLACE", {"v3"})
+    """v3's rule ("tma"): groups dividing 64 and q's pointer and batch / token / head strides in whole 16 bytes; the
+    CPU's ("rows"): any q with contiguous rows; a generation not in PACKS_IN_PLACE (v2): never."""
+    monkeypatch.setattr(_ops, "PACKS_IN_PLACE", {"v3": "tma", "cpu": "rows"})
     q = torch.randn(2, 4, 32, 64, dtype=torch.bfloat16)
     groups, generation = 4, "v3"
     if case == "qkv-view-g4":
         q = _qkv_view()
     elif case == "g8":
         groups = 8
-    elif case == "g7":
-        q, groups = torch.randn(2, 4, 28, 64, dtype=torch.bfloat16), 7
+    elif case in ("g7", "cpu-g7-misaligned"):
+        q, groups = _qkv_view(heads=28, heads_k=4, offset=1), 7
+        generation = "cpu" if case.startswith("cpu") else "v3"
     elif case == "misaligned":
         q = _qkv_view(offset=1)
     elif case == "head-stride-not-16-bytes":
         q = torch.randn(2, 4, 32, 68, dtype=torch.bfloat16)[..., :64]
     elif case == "strided-columns":
         q = torch.randn(2, 4, 32, 128, dtype=torch.bfloat16)[..., ::2]
-    elif case in ("v2", "cpu"):
+    elif case == "v2":
         generation = case
     assert _ops._packs_in_place(generation, q, groups) is expected
 
 
-def test_in_place_params_and_refusals(monkeypatch):
-    """What the API hands a generation that reads packed rows in place (forced here on the CPU backend, whose ops
-    table does not, so the binding refuses the launch by name): s x g rows of h_k heads, q's own pointer, token and
-    group-head strides; q_pack_head_stride without packed rows is refused too."""
+@pytest.mark.parametrize("layout", ["contiguous", "qkv-view"])
+@pytest.mark.parametrize("case", ["g4-4-tokens-causal", "g7-2-tokens-causal", "g4-1-token-window"])
+def test_in_place_rows_equal_the_copy(case, layout, monkeypatch):
+    """The CPU reads packed rows in place (its default): what the API hands it (s x g rows of h_k heads, q's own
+    pointer, token and group-head strides), the oracle, and bit for bit the call from _pack_rows' copy."""
+    heads, heads_k, tokens, kw = PACKED_CASES[case]
     seen = spy_fwd_launches(monkeypatch, lambda p: (p.q_pack, p.q_pack_head_stride, p.seqlen_q, p.num_heads,
                                                     p.q_row_stride, p.q_head_stride, p.q))
-    monkeypatch.setattr(_ops, "_packed_rows", lambda generation, q, *args: 4)
-    monkeypatch.setattr(_ops, "_packs_in_place", lambda generation, q, groups: True)
-    q = torch.randn(2, 4, 48, 64)[:, :, :32]  # a fused projection's slice: strides not those of a contiguous q
-    _, k_cache, v_cache, seqlens = _decode_case("cpu", 32, 8, 64, 4, [5, 100], 128, dtype=torch.float32)
-    with pytest.raises(NotImplementedError, match="q_pack_head_stride: the forward of 'cpu' reads packed query rows"):
-        flashgen.flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=seqlens, causal=True, version="cpu")
-    assert seen == [(4, q.stride(2), 4 * 4, 8, q.stride(1), 4 * q.stride(2), q.data_ptr())], seen
+    q0, k_cache, v_cache, seqlens = _decode_case("cpu", heads, heads_k, 32, tokens, [0, 2, 37, 300, 512], 512)
+    q = q0
+    if layout == "qkv-view":  # the first heads of a fused projection's rows
+        q = torch.empty(q0.shape[0], tokens, heads + 2 * heads_k, 32, dtype=q0.dtype)[:, :, :heads]
+        q.copy_(q0)
+    g = heads // heads_k
+    call = dict(cache_seqlens=seqlens, version="cpu", return_softmax_lse=True, **kw)
+    out, lse = flashgen.flash_attn_with_kvcache(q, k_cache, v_cache, **call)
+    assert seen == [(g, q.stride(2), tokens * g, heads_k, q.stride(1), g * q.stride(2), q.data_ptr())], seen
+    check_decode(f"cpu in place {case} {layout}", (q0, k_cache, v_cache, seqlens), out, lse, kw)
+    monkeypatch.setattr(_ops, "PACKS_IN_PLACE", {})
+    copied, copied_lse = flashgen.flash_attn_with_kvcache(q, k_cache, v_cache, **call)
+    assert seen[-1][:2] == (g, 0), seen
+    assert torch.equal(out, copied) and torch.equal(lse, copied_lse), "in place and copied rows differ"
+
+
+def test_in_place_refusals():
+    """q_pack_head_stride without packed rows, or for a forward whose ops table does not read rows in place (v2's,
+    where the build has it), is refused by name before any launch."""
     p = _native.C.AttnParams()
     p.q_pack_head_stride = 64
     with pytest.raises(ValueError, match="q_pack_head_stride: set only with packed query rows"):
         _native.C.fwd("cpu", p, 0)
+    if "v2" not in _native.build_info().generations:
+        return
+    p.q_pack = 4
+    with pytest.raises(NotImplementedError, match="q_pack_head_stride: the forward of 'v2' reads packed query rows"):
+        _native.C.fwd("v2", p, 0)

@@ -271,11 +271,11 @@ def test_packed_rows_in_place_equal_the_copy(groups, tokens, layout, monkeypatch
         q.copy_(q0)
     kw = dict(causal=True) if tokens > 1 else dict(window_size=(100, 0))
     call = dict(cache_seqlens=seqlens, version="v3", return_softmax_lse=True, **kw)
-    monkeypatch.setattr(_ops, "PACKS_IN_PLACE", {"v3"})  # (off by default until measured)
+    monkeypatch.setattr(_ops, "PACKS_IN_PLACE", {"v3": "tma"})  # (off by default until measured)
     out, lse = flashgen.flash_attn_with_kvcache(q, k_cache, v_cache, **call)
     assert seen[-1] == (groups, 0 if layout == "misaligned" else q.stride(2)), seen
     check_decode(f"v3 packed g{groups} {tokens} tokens {layout}", (q0, k_cache, v_cache, seqlens), out, lse, kw)
-    monkeypatch.setattr(_ops, "PACKS_IN_PLACE", set())
+    monkeypatch.setattr(_ops, "PACKS_IN_PLACE", {})
     copied, copied_lse = flashgen.flash_attn_with_kvcache(q, k_cache, v_cache, **call)
     assert seen[-1] == (groups, 0), seen
     assert torch.equal(out, copied) and torch.equal(lse, copied_lse), "in place and copied rows differ"

@@ -393,10 +393,13 @@ def _fold_groups(t: torch.Tensor, groups: int) -> torch.Tensor:
 PACKS_ROWS = {"v3": True, "v2": True, "cpu": False}
 PACK_MAX_ROWS = 64  # v3's split instance holds one consumer warpgroup's rows (its plan's seqlen_q bound)
 # Generations that read packed rows in place from the call's q (AttnParams::q_pack_head_stride; their ops table's
-# packs_rows_in_place), so for groups g dividing 64 and q's rows 16-byte aligned (TMA) no copy is made: v3 loads a
-# tile's g x 64 / g rows with one 5-D TMA box a column chunk (v3_api.cu encode_packed_q_map). Empty until that is run
-# on a GPU and measured (session 50: built here, no device lent); {"v3"} turns it on (tests and time_kvcache.py do).
-PACKS_IN_PLACE = set()
+# packs_rows_in_place), so no copy is made, each with the calls it takes: "rows" any (the CPU backend reads each row at
+# its own address, common/mask.h q_row_offset), "tma" groups dividing 64 and q's pointer and strides in whole 16 bytes
+# (v3 loads a tile's rows with one 5-D TMA box a column chunk, v3_api.cu encode_packed_q_map). v3 is not in it until
+# that runs on a GPU and is measured (session 50: built here, no device lent); tests and time_kvcache.py add it. v2
+# copies: reading in place from its decode instance's per-row copies added ~300 SASS instructions to that kernel even
+# where the branch is not taken (session 50), so it would need an instance of its own.
+PACKS_IN_PLACE = {"cpu": "rows"}
 
 
 def _packed_rows(generation, q, k, v, cu_seqlens_q, alibi_slopes, dropout_p, block_mask, return_probs, q_descale,
@@ -429,12 +432,15 @@ def _packed_rows(generation, q, k, v, cu_seqlens_q, alibi_slopes, dropout_p, blo
 
 
 def _packs_in_place(generation: str, q: torch.Tensor, groups: int) -> bool:
-    """Whether `generation` reads q's packed rows in place (PACKS_IN_PLACE): groups dividing PACK_MAX_ROWS, a 16-byte
-    aligned pointer and batch / token / head strides of whole 16 bytes (the TMA map's rule), contiguous rows."""
-    if generation not in PACKS_IN_PLACE or PACK_MAX_ROWS % groups != 0 or q.stride(-1) != 1:
+    """Whether `generation` reads q's packed rows in place (PACKS_IN_PLACE): contiguous rows, and for "tma" groups
+    dividing PACK_MAX_ROWS, a 16-byte aligned pointer and batch / token / head strides of whole 16 bytes."""
+    rule = PACKS_IN_PLACE.get(generation)
+    if rule is None or q.stride(-1) != 1:
         return False
+    if rule == "rows":
+        return True
     elems = 16 // q.element_size()
-    return q.data_ptr() % 16 == 0 and all(s % elems == 0 for s in q.stride()[:3])
+    return PACK_MAX_ROWS % groups == 0 and q.data_ptr() % 16 == 0 and all(s % elems == 0 for s in q.stride()[:3])
 
 
 def _pack_rows(q: torch.Tensor, groups: int) -> torch.Tensor:

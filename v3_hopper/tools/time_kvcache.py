@@ -74,7 +74,7 @@ def main() -> None:
             before = lens - rows  # the append's positions: the cache's last `rows` rows, so every step reads cap keys
 
             def run(gen, in_place=False):
-                _ops.PACKS_IN_PLACE = {"v3"} if in_place else set()
+                _ops.PACKS_IN_PLACE = {"v3": "tma"} if in_place else {}
                 if args.append and not _ops.append_kv(kc, vc, k_new, v_new, before, None, table):
                     raise SystemExit("this build has no native append (bindings/kv_append_cuda.cu)")
                 return _ops.forward(gen, q, kc, vc, softmax_scale=scale, window_size=(-1, 0), seqused_k=lens,
