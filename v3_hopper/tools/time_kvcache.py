@@ -12,9 +12,9 @@ v3's paged forward takes N a multiple of 8).
 bindings/kv_append_cuda.cu, as flash_attn_with_kvcache does with k and v), so a graph holds a decode step's kernels as
 a model runs them: the append, then the attention (v3's forward launched as its programmatic dependent,
 v3_hopper/tile_config.h FLASHGEN_V3_PDL).
---in-place: v3 is timed a second time reading packed query rows in place (_ops.PACKS_IN_PLACE, one 5-D TMA box instead
-of _pack_rows' copy kernel), in the same process: rows get v3_in_place_us (the rows v3 packs: 2-8 tokens; others time
-the same kernels twice).
+--in-place: v3 is timed from _pack_rows' copy (v3_us) and reading packed query rows in place (v3_in_place_us;
+_ops.PACKS_IN_PLACE, one 5-D TMA box instead of the copy kernel), in the same process (the rows v3 packs: 2-8 tokens;
+others time the same kernels twice).
     python3 v3_hopper/tools/time_kvcache.py [--out rows.jsonl] [--rows 1,16,64,127,128,256,512,1024,2048] [--graph]
         [--page 16] [--append] [--in-place] [--label name]
 """
@@ -54,6 +54,7 @@ def main() -> None:
     b, h, hk, d = args.batch, 32, 8, 128
     timer = measure.graph_replay_ms if args.graph else (lambda fn: do_bench(fn, warmup=25, rep=100))
     scale = 1.0 / math.sqrt(d)
+    copy_rules = {g: rule for g, rule in _ops.PACKS_IN_PLACE.items() if g != "v3"}
     out_rows = []
     print(f"threshold DECODE_MAX_SEQLEN_Q = {dispatch.DECODE_MAX_SEQLEN_Q}; "
           f"{'CUDA-graph replays' if args.graph else 'eager calls (host side included)'}")
@@ -73,8 +74,9 @@ def main() -> None:
             k_new, v_new = (torch.randn(b, rows, hk, d, device="cuda", dtype=torch.bfloat16) for _ in range(2))
             before = lens - rows  # the append's positions: the cache's last `rows` rows, so every step reads cap keys
 
-            def run(gen, in_place=False):
-                _ops.PACKS_IN_PLACE = {"v3": "tma"} if in_place else {}
+            def run(gen, in_place=False):  # the build's rules; with --in-place v3 from the copy, or read in place
+                if args.in_place:
+                    _ops.PACKS_IN_PLACE = dict(copy_rules, v3="tma") if in_place else copy_rules
                 if args.append and not _ops.append_kv(kc, vc, k_new, v_new, before, None, table):
                     raise SystemExit("this build has no native append (bindings/kv_append_cuda.cu)")
                 return _ops.forward(gen, q, kc, vc, softmax_scale=scale, window_size=(-1, 0), seqused_k=lens,
