@@ -119,6 +119,10 @@ void check_q_pack(const GenerationOps& ops, const AttnParams& p) {
   if (p.q_pack > 1 && !ops.packs_rows) {
     throw NotImplemented(std::string("q_pack: the forward of '") + ops.name + "' does not run packed query rows");
   }
+  if (p.q_pack_head_stride < 0) {
+    throw py::value_error("q_pack_head_stride: expected 0 (q is _pack_rows' copy) or q's positive head stride, got " +
+                          std::to_string(p.q_pack_head_stride));
+  }
   if (p.q_pack_head_stride != 0 && p.q_pack <= 1) {
     throw py::value_error("q_pack_head_stride: set only with packed query rows (q_pack > 1), got q_pack " +
                           std::to_string(p.q_pack));

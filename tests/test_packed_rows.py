@@ -109,12 +109,16 @@ def test_in_place_rows_equal_the_copy(case, layout, monkeypatch):
 
 
 def test_in_place_refusals():
-    """q_pack_head_stride without packed rows, or for a forward whose ops table does not read rows in place (v2's,
-    where the build has it), is refused by name before any launch."""
+    """q_pack_head_stride without packed rows, negative, or for a forward whose ops table does not read rows in place
+    (v2's, where the build has it), is refused by name before any launch."""
     p = _native.C.AttnParams()
     p.q_pack_head_stride = 64
     with pytest.raises(ValueError, match="q_pack_head_stride: set only with packed query rows"):
         _native.C.fwd("cpu", p, 0)
+    p.q_pack, p.q_pack_head_stride = 4, -64
+    with pytest.raises(ValueError, match="q_pack_head_stride: expected 0 .* or q's positive head stride, got -64"):
+        _native.C.fwd("cpu", p, 0)
+    p.q_pack_head_stride = 64
     if "v2" not in _native.build_info().generations:
         return
     p.q_pack = 4
