@@ -7,7 +7,7 @@ the kernel that wrote it. Every step here makes such a read visible: the step's 
 attend to (scores ~30 above the rest), and they differ from step to step, so a stale read moves the output by O(1), far
 past the FlashAttention rule the oracle check allows. Each step is checked against the float64 oracle, eagerly and
 from CUDA-graph replays (where the kernel before may also be a memcpy node, which takes no programmatic edge).
-FLASHGEN_V3_PDL is a compile-time option (default 0 until measured): a build without it runs the same steps on plain
+FLASHGEN_V3_PDL is a compile-time option (default 1): a build with 0 runs the same steps on plain
 launches (v3_hopper/tools/ab_split.sh TESTS=1 runs this file on each variant it builds).
 """
 

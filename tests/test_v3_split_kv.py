@@ -252,7 +252,7 @@ def test_packed_rows_repeat_replay_and_agree_unpacked(packs_seen, monkeypatch):
 @pytest.mark.parametrize("layout", ["contiguous", "qkv-view"])
 @pytest.mark.parametrize("groups, tokens", [(2, 3), (4, 4), (8, 8), (4, 1), (7, 2)])
 def test_packed_rows_in_place_equal_the_copy(groups, tokens, layout, monkeypatch):
-    """v3 reads packed rows in place (in _ops.PACKS_IN_PLACE: one 5-D TMA box a column chunk, v3_api.cu
+    """v3 reads packed rows in place (by default, _ops.PACKS_IN_PLACE: one 5-D TMA box a column chunk, v3_api.cu
     encode_packed_q_map) for groups dividing 64, also from a slice of a fused qkv tensor: the oracle, and bit for bit
     what the same call gives from _pack_rows' copy (the same rows land in the same shared memory). A group of 7 takes
     the copy. Causal; one token under a window's left limit (the fold declines it). (A q whose pointer or strides are
@@ -269,8 +269,7 @@ def test_packed_rows_in_place_equal_the_copy(groups, tokens, layout, monkeypatch
         q.copy_(q0)
     kw = dict(causal=True) if tokens > 1 else dict(window_size=(100, 0))
     call = dict(cache_seqlens=seqlens, version="v3", return_softmax_lse=True, **kw)
-    monkeypatch.setattr(_ops, "PACKS_IN_PLACE", {"v3": "tma"})  # (off by default until measured)
-    out, lse = flashgen.flash_attn_with_kvcache(q, k_cache, v_cache, **call)
+    out, lse = flashgen.flash_attn_with_kvcache(q, k_cache, v_cache, **call)  # the default rule (on since session 51)
     assert seen[-1] == (groups, q.stride(2) if 64 % groups == 0 else 0), seen
     check_decode(f"v3 packed g{groups} {tokens} tokens {layout}", (q0, k_cache, v_cache, seqlens), out, lse, kw)
     monkeypatch.setattr(_ops, "PACKS_IN_PLACE", {})

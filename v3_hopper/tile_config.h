@@ -258,17 +258,17 @@ constexpr bool o_through_smem(const TileConfig& c, int head_dim_bucket) {
 #ifndef FLASHGEN_V3_COMBINE_PDL
 #define FLASHGEN_V3_COMBINE_PDL 1
 #endif
-// FLASHGEN_V3_PDL (default 0 until measured; 1: on): every forward instance (fwd_kernel.cuh) is launched as a
+// FLASHGEN_V3_PDL (default 1; 0: plain launches): every forward instance (fwd_kernel.cuh) is launched as a
 // programmatic dependent of the kernel before it on the stream (fwd_launch.cuh). Its CTAs may then start while that
 // kernel finishes (at once where it signals griddepcontrol.launch_dependents, as the KV-cache append does,
 // bindings/kv_append_cuda.cu), set up their barriers and tensor maps, and wait in griddepcontrol.wait before their
-// first global access, so the launch's latency and the prologue overlap the kernel before. Predicted: ~1 us a decode
-// step (the combine's PDL saved ~1.3 us of a ~30 us step, bench/NOTES.md session 49), to be measured with
-// `APPEND=1 bash v3_hopper/tools/ab_split.sh base= pdl=-DFLASHGEN_V3_PDL=1`. Where the work before it on the stream is
-// not a kernel (a memcpy, a graph's first node), the launch is a plain one. With 0 the kernels' SASS is that of the
-// tree before the option.
+// first global access, so the launch's latency and the prologue overlap the kernel before. Where the work before it
+// on the stream is not a kernel (a memcpy, a graph's first node), the launch is a plain one. With 0 the kernels' SASS
+// is that of the tree before the option. Measured (H100, CUDA graphs, append + attention per step,
+// `APPEND=1 IN_PLACE=1 bash v3_hopper/tools/ab_split.sh base= pdl=-DFLASHGEN_V3_PDL=1`, bench/NOTES.md session 51):
+// no row slower; b1 8k one token 31.5 -> 30.1 us, four tokens read in place 34.9 -> 33.3 us, b4 2k four 32.4 -> 31.0.
 #ifndef FLASHGEN_V3_PDL
-#define FLASHGEN_V3_PDL 0
+#define FLASHGEN_V3_PDL 1
 #endif
 constexpr TileConfig split_tile_config(int head_dim) {
   const TileConfig c = tile_config(head_dim, true);

@@ -395,11 +395,11 @@ PACK_MAX_ROWS = 64  # v3's split instance holds one consumer warpgroup's rows (i
 # Generations that read packed rows in place from the call's q (AttnParams::q_pack_head_stride; their ops table's
 # packs_rows_in_place), so no copy is made, each with the calls it takes: "rows" any (the CPU backend reads each row at
 # its own address, common/mask.h q_row_offset), "tma" groups dividing 64 and q's pointer and strides in whole 16 bytes
-# (v3 loads a tile's rows with one 5-D TMA box a column chunk, v3_api.cu encode_packed_q_map). v3 is not in it until
-# that runs on a GPU and is measured (session 50: built here, no device lent); tests and time_kvcache.py add it. v2
+# (v3 loads a tile's rows with one 5-D TMA box a column chunk, v3_api.cu encode_packed_q_map; H100, a decode step of
+# append + attention: four tokens 8.0-9.8 us less than from the copy, bench/NOTES.md session 51). v2
 # copies: reading in place from its decode instance's per-row copies added ~300 SASS instructions to that kernel even
 # where the branch is not taken (session 50), so it would need an instance of its own.
-PACKS_IN_PLACE = {"cpu": "rows"}
+PACKS_IN_PLACE = {"cpu": "rows", "v3": "tma"}
 
 
 def _packed_rows(generation, q, k, v, cu_seqlens_q, alibi_slopes, dropout_p, block_mask, return_probs, q_descale,
