@@ -14,9 +14,13 @@ a model runs them: the append, then the attention (v3's forward launched as its 
 v3_hopper/tile_config.h FLASHGEN_V3_PDL).
 --in-place: v3 is timed from _pack_rows' copy (v3_us) and reading packed query rows in place (v3_in_place_us;
 _ops.PACKS_IN_PLACE, one 5-D TMA box instead of the copy kernel), in the same process (the rows v3 packs: 2-8 tokens;
-others time the same kernels twice).
+others time the same kernels twice). Without it v3 runs as the build's rules have it (in place where it can, since
+session 51).
+--profile: after each row, one CUDA-graph replay of each variant's step under torch.profiler, after an L2 flush as
+do_bench does: each kernel's name and time, and the span from the first kernel's start to the last one's end (where
+a step's time goes between the append, a pack copy, the split kernel and the combine, and the gaps between them).
     python3 v3_hopper/tools/time_kvcache.py [--out rows.jsonl] [--rows 1,16,64,127,128,256,512,1024,2048] [--graph]
-        [--page 16] [--append] [--in-place] [--label name]
+        [--page 16] [--append] [--in-place] [--profile] [--label name]
 """
 
 from __future__ import annotations
@@ -39,6 +43,31 @@ def causal_flops(batch, heads, rows, keys, head_dim):
     return 4 * batch * heads * head_dim * seen
 
 
+def profile_step(label: str, fn) -> None:
+    """One graph replay of fn under torch.profiler after an L2 flush: its kernels in order with their times, and the
+    span from the first kernel's start to the last one's end."""
+    from torch.profiler import ProfilerActivity, profile
+    graph, _ = measure.capture_graph(fn, warmups=2)
+    flush = torch.empty(256 << 20, dtype=torch.int8, device="cuda")
+    graph.replay()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        flush.zero_()
+        graph.replay()
+        torch.cuda.synchronize()
+    on_gpu = sorted((e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA),
+                    key=lambda e: e.time_range.start)
+    kernels = on_gpu[1:]  # the first is the flush
+    if not kernels:
+        print(f"    {label}: no kernels recorded")
+        return
+    span = kernels[-1].time_range.end - kernels[0].time_range.start
+    busy = sum(e.time_range.elapsed_us() for e in kernels)
+    print(f"    {label}: span {span:.1f} us, kernels {busy:.1f} us, gaps {span - busy:.1f} us")
+    for e in kernels:
+        print(f"      {e.time_range.elapsed_us():7.1f} us  {e.name[:100]}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=None)
@@ -49,6 +78,7 @@ def main() -> None:
     ap.add_argument("--page", type=int, default=0, help="page size of a paged cache (0: dense caches)")
     ap.add_argument("--append", action="store_true", help="each call appends its rows' keys and values first")
     ap.add_argument("--in-place", action="store_true", help="v3 also timed reading packed rows in place")
+    ap.add_argument("--profile", action="store_true", help="each row's kernels and gaps, one replay under the profiler")
     ap.add_argument("--label", default="", help="recorded in every row (e.g. the build's variant, tools/ab_split.sh)")
     args = ap.parse_args()
     b, h, hk, d = args.batch, 32, 8, 128
@@ -100,6 +130,11 @@ def main() -> None:
             print(f"{cap:>6}{rows:>6}{times['v2']:>10.1f}{times['v3']:>10.1f}{fl / times['v2'] / 1e6:>9.0f}"
                   f"{fl / times['v3'] / 1e6:>9.0f}  {times['v3'] / times['v2']:>10.2f}  {err:.1e}"
                   + (f"  in place {extra['v3_in_place_us']:.1f} us" if extra else ""))
+            if args.profile:
+                profile_step("v2", lambda: run("v2"))
+                profile_step("v3" + (" from the copy" if args.in_place else ""), lambda: run("v3"))
+                if args.in_place:
+                    profile_step("v3 in place", lambda: run("v3", True))
     report.write_jsonl(args.out, out_rows)
 
 
