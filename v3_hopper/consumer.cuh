@@ -137,12 +137,12 @@ __device__ __forceinline__ void consume_tile(const SmemMap<T>& sm, const Loads& 
   // The columns every row of this warpgroup sees, once per tile: each key tile is then tested with two compares
   // (tile_fully_visible per tile was ~30 instructions of 64-bit limit arithmetic per step, ~5% of the loop's samples
   // in the profile, bench/NOTES.md session 13).
-  // The split instance's tile holds a few rows (one token's folded heads, or packed rows) of a 64-row warpgroup, and
-  // full_cols is empty for rows past seqlen_q: every key tile then took the mask (H100, b4 2k one token: the split
-  // kernel 13.0 -> 9.9 us without it, bench/NOTES.md session 49). Those rows are never stored (store_split), so the
-  // columns every stored row sees are enough.
+  // full_cols is empty for rows past seqlen_q, so a warpgroup reaching past it (a sequence's last query tile; the
+  // split instance's few rows of one token's folded heads or packed rows) took the mask on every key tile (split
+  // instance, H100, b4 2k one token: 13.0 -> 9.9 us without it, bench/NOTES.md session 49). Those rows are never
+  // stored (store_tile, store_split), so the columns every stored row sees are enough.
   ColRange wg_pos = row_positions(wg_row0, wg_row0 + kWarpgroupRows, pack);  // (rows without packing)
-  if constexpr (T::kSplit) wg_pos.end = imin(wg_pos.end, mask.seqlen_q);
+  wg_pos.end = imin(wg_pos.end, mask.seqlen_q);
   const ColRange full = full_cols(mask, wg_pos.begin, wg_pos.end);
   auto n_begin = [&](int i) { return (range.end - 1 - i) * T::kBlockN; };
   // Score modifiers, mask and the softmax step on tile i's S; returns whether a row's max was raised. may_mask
