@@ -270,6 +270,16 @@ constexpr bool o_through_smem(const TileConfig& c, int head_dim_bucket) {
 #ifndef FLASHGEN_V3_PDL
 #define FLASHGEN_V3_PDL 1
 #endif
+// FLASHGEN_V3_SPLIT_BALANCED (default 0 until measured): the split instance's count from common/split_kv.h's
+// split_kv_count_balanced (the shortest chain of key blocks on the busiest SM) instead of split_kv_count's first
+// count within 85% of the best fill. On 132 SMs they differ where few tiles meet many key blocks: batch 1 with 8 KV
+// heads takes 14 splits at 32k and 128k (19 / 74 blocks a CTA on 112 SMs), 16 balanced (16 / 64 blocks on 128 SMs);
+// 4 KV heads 29 -> 32 at 32k, 28 -> 32 at 128k; batch 2 7 -> 8 from 8k. Predicted: the split kernel's chain 13-16%
+// shorter there (b1 one token at 128k read at 2.77 TB/s, 92% of the copy rate); batch 4 and caches of 2k-8k at batch
+// 1 keep their counts. To measure: `bash v3_hopper/tools/ab_split.sh base= bal=-DFLASHGEN_V3_SPLIT_BALANCED=1`.
+#ifndef FLASHGEN_V3_SPLIT_BALANCED
+#define FLASHGEN_V3_SPLIT_BALANCED 0
+#endif
 constexpr TileConfig split_tile_config(int head_dim) {
   const TileConfig c = tile_config(head_dim, true);
   return FLASHGEN_V3_SPLIT_ONE_WARPGROUP != 0 ? TileConfig{1, c.block_n, c.stages, false} : c;

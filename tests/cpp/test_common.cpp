@@ -505,6 +505,30 @@ void test_split_kv() {
   CHECK(flashgen::split_kv_count(1, 100000, 100000) <= flashgen::kMaxSplits, "max splits: %d",
         flashgen::split_kv_count(1, 100000, 100000));
 
+  // split_kv_count_balanced, worked by hand: 8 tiles on 132 slots over 1024 key blocks. 16 splits: 128 CTAs in one
+  // wave, 64 blocks each, chain 64 + 1; 33 splits: two waves of 32 blocks, 2 x 33 = 66; 14 (split_kv_count's count,
+  // 112 CTAs): 74 + 1. So 16, where split_kv_count stops at 14.
+  CHECK(flashgen::split_kv_count(8, 132, 1024) == 14, "8 tiles, 85%% rule: %d", flashgen::split_kv_count(8, 132, 1024));
+  CHECK(flashgen::split_kv_count_balanced(8, 132, 1024) == 16, "8 tiles balanced: %d",
+        flashgen::split_kv_count_balanced(8, 132, 1024));
+  // 32 tiles over 64 blocks: 4 splits, one wave of 16 blocks (17); 8 splits two waves of 8 (18): 4, as the 85% rule.
+  CHECK(flashgen::split_kv_count_balanced(32, 132, 64) == 4, "32 tiles balanced: %d",
+        flashgen::split_kv_count_balanced(32, 132, 64));
+  // 1 tile, 3 blocks: 3 splits (1 + 1) beat 2 (2 + 1); the fill exit (106 of 132 tiles), one block, no slots: 1; the
+  // caller's bound holds.
+  CHECK(flashgen::split_kv_count_balanced(1, 132, 3) == 3, "3 blocks balanced: %d",
+        flashgen::split_kv_count_balanced(1, 132, 3));
+  CHECK(flashgen::split_kv_count_balanced(106, 132, 512) == 1 && flashgen::split_kv_count_balanced(1, 132, 1) == 1 &&
+            flashgen::split_kv_count_balanced(8, 0, 64) == 1,
+        "balanced: a split where the tiles fill the SMs, one block or no slots");
+  CHECK(flashgen::split_kv_count_balanced(8, 132, 1024, 5) <= 5, "balanced: max_splits 5 not honoured");
+  {
+    flashgen::WorkspaceSpec ws;
+    CHECK(flashgen::plan_split_count(8, 132, 1024, 0, 4, 128, &ws, 1, true) == 16 &&
+              ws.floats[static_cast<int>(flashgen::WorkspaceId::kOAccum)] == 16 * 8 * 4 * 128,
+          "plan_split_count balanced: 16 splits and their workspace");
+  }
+
   // plan_split_count: the count above, bounded by the caller's max_splits (0: none), and the workspaces of the layout
   // split_row0 addresses (row r of (batch entry b, head h) in split s at ((s * batch + b) * heads + h) * seqlen_q + r).
   {

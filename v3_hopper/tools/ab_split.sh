@@ -8,9 +8,9 @@
 # must pass before it is timed); TIMEOUT per run (default 100 s); APPEND=1: each step appends its rows first
 # (time_kvcache.py --append: the graph holds the append and the attention, as a decode step does); IN_PLACE=1: v3 also
 # timed reading packed rows in place (time_kvcache.py --in-place, v3_in_place_us in the rows). Rows: batch 4
-# (32 / 8 heads, d128) one and four query rows at caches of 2k, 8k and 32k, batch 1 one and four rows at 8k, and batch
-# 1 one row over pages of 16 at 8k and 32k. Output: $OUT/ab_split.jsonl (rows with "label" = name, "round") and
-# $OUT/ab_split_logs.tar.xz (build logs, ptxas lines, the runs' tables).
+# (32 / 8 heads, d128) one and four query rows at caches of 2k, 8k and 32k, batch 1 one and four rows at 8k, 32k and
+# 128k, and batch 1 one row over pages of 16 at 8k and 32k. Output: $OUT/ab_split.jsonl (rows with "label" = name,
+# "round") and $OUT/ab_split_logs.tar.xz (build logs, ptxas lines, the runs' tables).
 set -uo pipefail
 [ $# -ge 1 ] || { echo "usage: OUT=... bash $0 name=[nvcc defines] ... (see the header)" >&2; exit 2; }
 here=$(cd "$(dirname "$0")/../.." && pwd)
@@ -63,7 +63,7 @@ for round in $(seq 1 "${ROUNDS:-2}"); do
   for name in "${names[@]}"; do
     echo "== round $round: $name"
     run "$name" "$round" --rows 1,4 --caches 2048,8192,32768
-    run "$name" "$round" --rows 1,4 --caches 8192 --batch 1
+    run "$name" "$round" --rows 1,4 --caches 8192,32768,131072 --batch 1
     run "$name" "$round" --rows 1 --caches 8192,32768 --batch 1 --page 16
   done
 done
