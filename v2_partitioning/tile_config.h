@@ -53,6 +53,13 @@ constexpr TileConfig tile_config(int head_dim) {
   return {64, 64, 4, 1, 2, 2};
 }
 
+// FLASHGEN_V2_SPLIT_BALANCED (default 0 until measured): the decode instance's split count from common/split_kv.h's
+// split_kv_count_balanced instead of split_kv_count, as v3's FLASHGEN_V3_SPLIT_BALANCED. With two decode CTAs an SM
+// (264 slots on 132 SMs), batch 1 with 8 KV heads takes 28-29 splits at 32k-128k (224-232 CTAs), 32 balanced (256).
+#ifndef FLASHGEN_V2_SPLIT_BALANCED
+#define FLASHGEN_V2_SPLIT_BALANCED 0
+#endif
+
 // The decode instance (fwd_kernel<T> with T::kDecode; v2_api.cu plan_fwd): runs a launch whose seqlen_q
 // fits one of its query tiles (one token, or after python/flashgen/_ops.py folds a GQA group into rows), with the
 // keys split over CTAs (common/split_kv.h). 64-row tiles: with a handful of real rows a 128-row tile doubles the

@@ -125,7 +125,8 @@ FwdPlan plan_fwd(const AttnParams& p) {
   const bool packed = p.q_pack > 1;
   if (packed && (p.max_splits == 1 || p.seqlen_q % p.q_pack != 0 || p.alibi_slopes != nullptr)) return plan;
   plan.num_splits = plan_split_count(tiles, p.num_sms * c.ctas_per_sm, ceil_div(p.seqlen_k, c.block_n), p.max_splits,
-                                     p.seqlen_q, bucket, &plan.workspaces, packed ? 2 : 1);
+                                     p.seqlen_q, bucket, &plan.workspaces, packed ? 2 : 1,
+                                     FLASHGEN_V2_SPLIT_BALANCED != 0);
   return plan;
 }
 
