@@ -26,8 +26,22 @@
 
 namespace flashgen {
 
+// FLASHGEN_COMBINE_EARLY_LOADS (default 0 until measured; 1: on): the first kCombineUnroll splits' partial outputs
+// are loaded together with the row states, which their addresses do not depend on, and 8 splits are loaded at a time
+// instead of 4. A row's merge is a chain of L2 round trips (its partials were written by the split kernel just before):
+// the row states, then one per kCombineUnroll splits, so 16 splits (batch 1, 8 KV heads, 8k: v3's split count) wait
+// for 5 round trips, and for 2 with this. The additions keep their order (split 0 first), so out and LSE are bitwise
+// the same. Predicted: ~1.5 us of a decode step at batch 1 (the combine measured 3.5-4.9 us in a profile of a b1
+// step, bench/NOTES.md session 51), for v2 and v3 alike. With 0 the kernel's SASS is the tree's before the option (the
+// preprocessor keeps the code as it was: an early-load path beside it moved the register allocation). To measure:
+// `bash v3_hopper/tools/ab_split.sh base= early=-DFLASHGEN_COMBINE_EARLY_LOADS=1` (v2_us and v3_us across the labels:
+// both generations run this combine).
+#ifndef FLASHGEN_COMBINE_EARLY_LOADS
+#define FLASHGEN_COMBINE_EARLY_LOADS 0
+#endif
 constexpr int kCombineWarps = 4;  // rows per CTA
-constexpr int kCombineUnroll = 4;  // splits whose partial outputs a lane loads before it accumulates them
+constexpr int kCombineUnroll = FLASHGEN_COMBINE_EARLY_LOADS != 0 ? 8 : 4;  // splits whose partial outputs a lane
+                                                                           // loads before it accumulates them
 constexpr int kLseSlots = kMaxSplits / 32;  // split row states per lane: lane i holds splits i, i + 32, ...
 static_assert(kLseSlots * 32 == kMaxSplits, "the split row states fill whole lanes");
 
@@ -64,6 +78,19 @@ __global__ void __launch_bounds__(kCombineWarps * 32) combine_kernel(const __gri
   const int64_t split_stride = static_cast<int64_t>(p.batch) * p.num_heads * p.seqlen_q;
   const int64_t row_index = (static_cast<int64_t>(batch) * p.num_heads + head) * p.seqlen_q + row;
 
+#if FLASHGEN_COMBINE_EARLY_LOADS != 0
+  float4 first_lo[kCombineUnroll], first_hi[kCombineUnroll];  // splits [0, kCombineUnroll), beside the row states
+  if (lane * 8 < kBucket && lane * 8 < p.head_dim) {
+    const float* first = p.ws.get(WorkspaceId::kOAccum) + row_index * kBucket + lane * 8;
+#pragma unroll
+    for (int u = 0; u < kCombineUnroll; ++u) {
+      if (u < num_splits) {
+        first_lo[u] = reinterpret_cast<const float4*>(first + u * split_stride * kBucket)[0];
+        first_hi[u] = reinterpret_cast<const float4*>(first + u * split_stride * kBucket)[1];
+      }
+    }
+  }
+#endif
   const float scale_log2 = p.scale_log2;
   RowState part[kLseSlots];  // each split's (m, l): common/softmax.h split_numerator says why not its LSE
   float m_max = -INFINITY;
@@ -104,9 +131,25 @@ __global__ void __launch_bounds__(kCombineWarps * 32) combine_kernel(const __gri
   float acc[8];
 #pragma unroll
   for (int e = 0; e < 8; ++e) acc[e] = 0.f;
+  // acc += w_s O_s over splits [s0, s0 + kCombineUnroll), in split order
+  auto accumulate = [&](int s0, const float4 (&lo)[kCombineUnroll], const float4 (&hi)[kCombineUnroll]) {
+#pragma unroll
+    for (int u = 0; u < kCombineUnroll; ++u) {
+      if (s0 + u < num_splits) {
+        const float w = weights[warp][s0 + u];
+        acc[0] += w * lo[u].x; acc[1] += w * lo[u].y; acc[2] += w * lo[u].z; acc[3] += w * lo[u].w;
+        acc[4] += w * hi[u].x; acc[5] += w * hi[u].y; acc[6] += w * hi[u].z; acc[7] += w * hi[u].w;
+      }
+    }
+  };
   if (owns) {
     const float* base = p.ws.get(WorkspaceId::kOAccum) + row_index * kBucket + col;
-    for (int s0 = 0; s0 < num_splits; s0 += kCombineUnroll) {
+    int s0 = 0;
+#if FLASHGEN_COMBINE_EARLY_LOADS != 0
+    accumulate(0, first_lo, first_hi);
+    s0 = kCombineUnroll;
+#endif
+    for (; s0 < num_splits; s0 += kCombineUnroll) {
       float4 lo[kCombineUnroll], hi[kCombineUnroll];
 #pragma unroll
       for (int u = 0; u < kCombineUnroll; ++u) {  // loads first, then the FMAs: kCombineUnroll loads in flight
@@ -116,14 +159,7 @@ __global__ void __launch_bounds__(kCombineWarps * 32) combine_kernel(const __gri
           hi[u] = src[1];
         }
       }
-#pragma unroll
-      for (int u = 0; u < kCombineUnroll; ++u) {
-        if (s0 + u < num_splits) {
-          const float w = weights[warp][s0 + u];
-          acc[0] += w * lo[u].x; acc[1] += w * lo[u].y; acc[2] += w * lo[u].z; acc[3] += w * lo[u].w;
-          acc[4] += w * hi[u].x; acc[5] += w * hi[u].y; acc[6] += w * hi[u].z; acc[7] += w * hi[u].w;
-        }
-      }
+      accumulate(s0, lo, hi);
     }
   }
 
