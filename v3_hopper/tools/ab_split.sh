@@ -4,13 +4,13 @@
 # argument is name=<extra nvcc defines>, e.g. the split tile's two consumer warpgroups against its default one
 # (tile_config.h split_tile_config; session 48 measured it this way):
 #   OUT=... TESTS=1 bash v3_hopper/tools/ab_split.sh base= twowg=-DFLASHGEN_V3_SPLIT_ONE_WARPGROUP=0
-# Env: ROUNDS (default 2); TESTS=1 first runs tests/test_v3_split_kv.py and test_v3_pdl.py on each module (a variant
-# must pass before it is timed); TIMEOUT per run (default 100 s); APPEND=1: each step appends its rows first
-# (time_kvcache.py --append: the graph holds the append and the attention, as a decode step does); IN_PLACE=1: v3 also
-# timed reading packed rows in place (time_kvcache.py --in-place, v3_in_place_us in the rows). Rows: batch 4
-# (32 / 8 heads, d128) one and four query rows at caches of 2k, 8k and 32k, batch 1 one and four rows at 8k, 32k and
-# 128k, and batch 1 one row over pages of 16 at 8k and 32k. Output: $OUT/ab_split.jsonl (rows with "label" = name,
-# "round") and $OUT/ab_split_logs.tar.xz (build logs, ptxas lines, the runs' tables).
+# Env: ROUNDS (default 2); TESTS=1 first runs tests/test_v3_split_kv.py, test_v2_split_kv.py and test_v3_pdl.py on
+# each module (a variant must pass before it is timed); TIMEOUT per run (default 100 s); APPEND=1: each step appends
+# its rows first (time_kvcache.py --append: the graph holds the append and the attention, as a decode step does);
+# IN_PLACE=1: v3 also timed reading packed rows in place (time_kvcache.py --in-place, v3_in_place_us in the rows).
+# Rows: batch 4 (32 / 8 heads, d128) one and four query rows at caches of 2k, 8k and 32k, batch 1 one and four rows
+# at 8k, 32k and 128k, and batch 1 one row over pages of 16 at 8k and 32k. Output: $OUT/ab_split.jsonl (rows with
+# "label" = name, "round") and $OUT/ab_split_logs.tar.xz (build logs, ptxas lines, the runs' tables).
 set -uo pipefail
 [ $# -ge 1 ] || { echo "usage: OUT=... bash $0 name=[nvcc defines] ... (see the header)" >&2; exit 2; }
 here=$(cd "$(dirname "$0")/../.." && pwd)
@@ -40,7 +40,7 @@ for spec in "$@"; do
   fi
   if [ "${TESTS:-0}" = 1 ]; then
     (cd "$here" && PYTHONPATH="$pkg" timeout -s KILL 300 python3 -m pytest -q -p no:cacheprovider \
-       tests/test_v3_split_kv.py tests/test_v3_pdl.py > "$OUT/ab_split_tests_$name.log" 2>&1)
+       tests/test_v3_split_kv.py tests/test_v2_split_kv.py tests/test_v3_pdl.py > "$OUT/ab_split_tests_$name.log" 2>&1)
     rc=$?
     echo "$name tests rc=$rc: $(tail -n 1 "$OUT/ab_split_tests_$name.log")"
     [ $rc -ne 0 ] && continue
