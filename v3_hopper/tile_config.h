@@ -266,7 +266,8 @@ constexpr bool o_through_smem(const TileConfig& c, int head_dim_bucket) {
 // on the stream is not a kernel (a memcpy, a graph's first node), the launch is a plain one. With 0 the kernels' SASS
 // is that of the tree before the option. Measured (H100, CUDA graphs, append + attention per step,
 // `APPEND=1 IN_PLACE=1 bash v3_hopper/tools/ab_split.sh base= pdl=-DFLASHGEN_V3_PDL=1`, bench/NOTES.md session 51):
-// no row slower; b1 8k one token 31.5 -> 30.1 us, four tokens read in place 34.9 -> 33.3 us, b4 2k four 32.4 -> 31.0.
+// 0.2-2.1 us a step less in 19 of 20 rows (the 20th, b4 32k one token, +0.3 us of 197); b1 8k one token 31.5 ->
+// 30.1 us, four tokens read in place 34.9 -> 33.3 us, b4 2k four 32.4 -> 31.0.
 #ifndef FLASHGEN_V3_PDL
 #define FLASHGEN_V3_PDL 1
 #endif
