@@ -17,15 +17,14 @@
 namespace flashgen {
 namespace v3 {
 
-__device__ __forceinline__ uint4 ld_shared_v4(uint32_t addr) {
-  uint4 v;
-  asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n"
-               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-               : "r"(addr));
-  return v;
-}
-__device__ __forceinline__ void st_shared_u32(uint32_t addr, uint32_t v) {
-  asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(addr), "r"(v) : "memory");
+// ldmatrix.trans (sm_75+): four 8 x 8 matrices of 16-bit elements from shared memory, transposed: lane l receives,
+// in register i, matrix i's elements (row 2 (l % 4), column l / 4) in the low half and (row 2 (l % 4) + 1, column
+// l / 4) in the high half; lane l gives the address of row l % 8 of matrix l / 8 (16 contiguous bytes).
+__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t addr, uint32_t (&r)[4]) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr)
+               : "memory");
 }
 
 // One tile in 128-column chunks (the box of fp8_api.cu's maps); chunks past head_dim are never loaded.
@@ -38,58 +37,48 @@ __device__ __forceinline__ void load_tile_fp8(uint32_t dst, const CUtensorMap* m
   }
 }
 
-// Four rows of 4 bytes -> four columns: out[e] = (r0.byte e, r1.byte e, r2.byte e, r3.byte e), byte 0 lowest.
-__device__ __forceinline__ void transpose4x4(uint32_t r0, uint32_t r1, uint32_t r2, uint32_t r3, uint32_t (&out)[4]) {
-  const uint32_t lo01 = __byte_perm(r0, r1, 0x5140), hi01 = __byte_perm(r0, r1, 0x7362);  // (r0.e, r1.e) pairs
-  const uint32_t lo23 = __byte_perm(r2, r3, 0x5140), hi23 = __byte_perm(r2, r3, 0x7362);
-  out[0] = __byte_perm(lo01, lo23, 0x5410);
-  out[1] = __byte_perm(lo01, lo23, 0x7632);
-  out[2] = __byte_perm(hi01, hi23, 0x5410);
-  out[3] = __byte_perm(hi01, hi23, 0x7632);
-}
-
-// Byte offset of (row, byte column) inside a 128-byte-swizzled chunk (rows x 128 B, TMA's and wgmma's layout).
-__device__ __forceinline__ uint32_t swizzled(int row, int col) {
-  return row * kSwizzleBytes + ((((col >> 4) ^ row) & 7) << 4) + (col & 15);
-}
-
 // raw (kBlockN, kHeadDim) -> vt (kHeadDim, kBlockN) with keys permuted per group of 16: V^T[d][16g + 4t + j] =
 // V[16g + 2t + (j & 1) + 8 (j >> 1)][d], key chunk c of V^T holding keys 128c .. 128c + 127 (kChunkBytesVt apart).
-// Thread `tid` of the producer warpgroup: lane = (g, t) the group inside a key chunk, the warp picks the (key
-// chunk, 16-column block) pair.
+// FA3's transpose in 16-bit pieces: a unit is one key group of 16 x 32 head-dim columns (b). One ldmatrix.x4.trans
+// reads its four 8 x 8 matrices of 16-bit pairs (matrix m: keys 8 (m & 1) + 0..7, columns 32b + 16 (m >> 1) + 0..15),
+// so lane l holds, per matrix, keys k, k + 1 (k = 2 (l % 4)) of the column pair D, D + 1 (D = 2 (l / 4)); one prmt
+// of matrices 0 and 1 gives column D's keys (k, k + 1, k + 8, k + 9), which are V^T positions 4 (l % 4) + 0..3 of the
+// group, the order P's registers hold them in, and another column D + 1's; one stmatrix.x4 writes the four rows. Lanes
+// 16-31 swap which of the two goes to which stored matrix, so that each stored matrix's rows are 8 columns with
+// distinct swizzle phases (columns D alone would be 4 phases twice). Work split: warp w takes the column blocks b = w +
+// 4 bi and every key group; addresses are a per-lane base plus constants, so a unit is 1 ldmatrix, 4 prmt, 1 lop3 and
+// 1 stmatrix (the 4-byte-store transpose before it took ~27 instructions a unit of 4 keys and spilled its addresses
+// on d256's 24 producer registers; H100: d256 8k 803 -> 1131 TFLOP/s, d128 8k 846 -> 874, v3_hopper/README.md). Checked
+// against the layout above by v3_hopper/tools/emu_fp8_transpose.py (the two instructions emulated with these
+// addresses) and on the device by tests/test_v3_fp8.py.
 template <typename T>
 __device__ __forceinline__ void transpose_v(uint32_t raw, uint32_t vt, int tid) {
-  const int lane = tid % 32, g = lane / 4, t = lane % 4;
-  const int key0 = 16 * g + 2 * t;  // keys key0, key0 + 1, key0 + 8, key0 + 9 -> positions 16g + 4t + 0..3
-  // One V^T chunk (the 128-key tiles): the key chunk folds to 0 at compile time, and d256's SASS stays that of the
-  // loop before key chunks (its producer runs on 24 registers and spilled more with the index arithmetic).
-  constexpr bool kOneChunk = T::kVtChunks == 1;
-#pragma unroll 1  // one unit's 16 data registers live at a time: the producer runs on 24-56 registers
-  for (int it = 0; it < T::kTransposeIters; ++it) {
-    const int unit = tid / 32 + it * (kWarpgroupThreads / 32);
-    const int key_chunk = kOneChunk ? 0 : unit / T::kColBlocks;
-    const int block = kOneChunk ? unit : unit % T::kColBlocks;  // 16 head-dim columns
-    if constexpr (T::kKeyGroups % T::kGroupsPerVtChunk != 0) {
-      if (key_chunk * T::kGroupsPerVtChunk + g >= T::kKeyGroups) continue;  // past the tile's keys (last chunk)
-    }
-    const int chunk = block / (kFp8ChunkCols / 16), col = (block % (kFp8ChunkCols / 16)) * 16;
-    const int key = key_chunk * kFp8KeysPerVtChunk + key0;
-    const int keys[4] = {key, key + 1, key + 8, key + 9};
-    uint4 rows[4];
+  const int lane = tid % 32, warp = tid / 32 % 4;
+  const int m = lane / 8, r = lane % 8;
+  // ldmatrix: row r of matrix m is key 8 (m & 1) + r of the group at column chunk 2w + (m >> 1) of the 128-byte row.
+  const uint32_t ld_base = raw + (8 * (m & 1) + r) * kSwizzleBytes + ((((2 * warp + (m >> 1)) ^ r) & 7) << 4);
+  // stmatrix: row r of matrix m is head-dim column 32w + 16 (m >> 1) + 2r + ((r >= 4) ^ (m & 1)); its swizzle phase
+  // (the column & 7) sits in bits 4-6 and is XORed with the key group's 16-byte unit g below.
+  const int col = 32 * warp + 16 * (m >> 1) + 2 * r + ((r >= 4 ? 1 : 0) ^ (m & 1));
+  const uint32_t st_base = vt + col * kSwizzleBytes + ((col & 7) << 4);
+  const uint32_t sel_lo = lane < 16 ? 0x6420u : 0x7531u, sel_hi = sel_lo ^ 0x1111u;
+  constexpr int kUnits = T::kTransposeColIters * T::kKeyGroups;  // unit u: column block bi = u / kKeyGroups
+  auto ld_addr = [&](int u) {
+    return ld_base + u / T::kKeyGroups * T::kChunkBytesKV + u % T::kKeyGroups * 16 * kSwizzleBytes;
+  };
+  auto st_addr = [&](int u) {
+    const int kg = u % T::kKeyGroups;
+    return (st_base ^ ((kg % 8) << 4)) + (kg / 8) * T::kChunkBytesVt + u / T::kKeyGroups * 128 * kSwizzleBytes;
+  };
+  // Two units in flight: unit u + 1's ldmatrix is issued before unit u's stmatrix (asm volatile keeps that order).
+  uint32_t v[2][4];
+  ldmatrix_x4_trans(ld_addr(0), v[0]);
 #pragma unroll
-    for (int r = 0; r < 4; ++r) rows[r] = ld_shared_v4(raw + chunk * T::kChunkBytesKV + swizzled(keys[r], col));
-    const uint32_t words[4][4] = {{rows[0].x, rows[1].x, rows[2].x, rows[3].x},
-                                  {rows[0].y, rows[1].y, rows[2].y, rows[3].y},
-                                  {rows[0].z, rows[1].z, rows[2].z, rows[3].z},
-                                  {rows[0].w, rows[1].w, rows[2].w, rows[3].w}};
-    const uint32_t dst = vt + key_chunk * T::kChunkBytesVt;
-#pragma unroll
-    for (int w = 0; w < 4; ++w) {
-      uint32_t out[4];
-      transpose4x4(words[w][0], words[w][1], words[w][2], words[w][3], out);
-#pragma unroll
-      for (int e = 0; e < 4; ++e) st_shared_u32(dst + swizzled(16 * block + 4 * w + e, 16 * g + 4 * t), out[e]);
-    }
+  for (int u = 0; u < kUnits; ++u) {
+    if (u + 1 < kUnits) ldmatrix_x4_trans(ld_addr(u + 1), v[(u + 1) % 2]);
+    const uint32_t(&c)[4] = v[u % 2];
+    stmatrix_x4(st_addr(u), __byte_perm(c[0], c[1], sel_lo), __byte_perm(c[0], c[1], sel_hi),
+                __byte_perm(c[2], c[3], sel_lo), __byte_perm(c[2], c[3], sel_hi));
   }
 }
 

@@ -73,20 +73,19 @@ struct Fp8FwdTraits {
   static constexpr int kOffBarriers = kOffO + (kOThroughSmem ? kConsumers * kWarpgroupBytesO : 0);
   static constexpr int kSmemBytes = fp8_smem_bytes(kConfig, kHeadDim);
 
-  // The transpose: a unit is 4 keys x 16 head-dim columns (4 x 16-byte loads, 16 x 4-byte stores); a warp's 32
-  // lanes take the 32 (key group of 16, quad lane) pairs of one key chunk's 16-column block, so its stores fill
-  // one V^T chunk row (lanes past the tile's last key group idle in a partly used chunk).
+  // The transpose (fp8_producer.cuh transpose_v): a unit is one key group of 16 x 32 head-dim columns; warp w of the
+  // producer takes column blocks w + 4 bi (kTransposeColIters of them: each is one 128-column chunk of raw V) and
+  // every key group.
   static constexpr int kKeyGroups = kBlockN / 16;
-  static constexpr int kGroupsPerVtChunk = kFp8KeysPerVtChunk / 16;
-  static constexpr int kColBlocks = kHeadDim / 16;
-  static constexpr int kTransposeWarpUnits = kVtChunks * kColBlocks;  // (key chunk, column block) per warp pass
-  static constexpr int kTransposeIters = kTransposeWarpUnits / (kWarpgroupThreads / 32);
+  static constexpr int kTransposeColIters = kHeadDim / 32 / (kWarpgroupThreads / 32);
 
   static_assert(kBlockN % kKStep == 0 && kBlockN <= 256, "block_n: whole k32 steps of P V, a wgmma N");
   static_assert(kStepsPerChunk * kKStep == kFp8KeysPerVtChunk, "a V^T chunk row is whole k-steps");
   static_assert(kHeadDim % kFp8ChunkCols == 0 && kHeadDim <= 256, "the head-dim bucket: whole chunks, wgmma N <= 256");
-  static_assert(kGroupsPerVtChunk * 4 == 32 && kTransposeWarpUnits % (kWarpgroupThreads / 32) == 0,
-                "transpose work split");
+  static_assert(kBlockN % 16 == 0 && kTransposeColIters * 32 * (kWarpgroupThreads / 32) == kHeadDim &&
+                    32 * (kWarpgroupThreads / 32) == kFp8ChunkCols && kFp8KeysPerVtChunk == 8 * 16,
+                "transpose work split: the four warps' column blocks fill one 128-column chunk, 8 key groups a V^T "
+                "chunk");
   static_assert(kSmemBytes <= kMaxSmemPerBlock, "fp8_config.h: shared memory");
   static_assert(kChunkBytesQ % kSwizzleAtomBytes == 0 && kChunkBytesKV % kSwizzleAtomBytes == 0 &&
                     kWarpgroupRowBytes % kSwizzleAtomBytes == 0,
