@@ -26,7 +26,7 @@
 
 namespace flashgen {
 
-// FLASHGEN_COMBINE_EARLY_LOADS (default 0 until measured; 1: on): the first kCombineUnroll splits' partial outputs
+// FLASHGEN_COMBINE_EARLY_LOADS (default 0; 1: on): the first kCombineUnroll splits' partial outputs
 // are loaded together with the row states, which their addresses do not depend on, and 8 splits are loaded at a time
 // instead of 4. A row's merge is a chain of L2 round trips (its partials were written by the split kernel just before):
 // the row states, then one per kCombineUnroll splits, so 16 splits (batch 1, 8 KV heads, 8k: v3's split count) wait
@@ -35,7 +35,9 @@ namespace flashgen {
 // step, bench/NOTES.md session 51), for v2 and v3 alike. With 0 the kernel's SASS is the tree's before the option (the
 // preprocessor keeps the code as it was: an early-load path beside it moved the register allocation). To measure:
 // `bash v3_hopper/tools/ab_split.sh base= early=-DFLASHGEN_COMBINE_EARLY_LOADS=1` (v2_us and v3_us across the labels:
-// both generations run this combine).
+// both generations run this combine). Measured (H100, session 52, two calls, bench/results/v3-dev/
+// 2026-12-05-s52-ab-split-balanced-early-h100.*): v2 0.4-1.0 us less a step in every row, v3 four tokens 0.4-1.7 us
+// less, v3 one token 0.6-1.3 us more (its unpacked, programmatic-dependent instance); off until that is understood.
 #ifndef FLASHGEN_COMBINE_EARLY_LOADS
 #define FLASHGEN_COMBINE_EARLY_LOADS 0
 #endif

@@ -4,7 +4,8 @@ kernels on the GPU tier. FLASHGEN_SPLIT_KV=0 turns the instance off (the prefill
 
 No expected count is typed in: build_info exports no tile data and the split count depends on the device's SM count,
 so the tests read the decode tile back through the plan (`_decode_tile`) and compute the expected counts with
-`split_kv_count`, the rule of common/split_kv.h written again here from its comment.
+`split_kv_count_balanced` (the plans' default, FLASHGEN_V2_SPLIT_BALANCED / FLASHGEN_V3_SPLIT_BALANCED) and check
+`split_kv_count` on hand-worked cases: common/split_kv.h's rules written again here from their comments.
 """
 
 import functools
@@ -37,6 +38,17 @@ def split_kv_count(tiles: int, slots: int, n_blocks: int, max_splits: int = K_MA
               if s == 1 or math.ceil(n_blocks / s) != math.ceil(n_blocks / (s - 1))]
     best = max(efficiency(s) for s in counts)
     return min(s for s in counts if efficiency(s) >= 0.85 * best)
+
+
+def split_kv_count_balanced(tiles: int, slots: int, n_blocks: int, max_splits: int = K_MAX_SPLITS) -> int:
+    """common/split_kv.h's balanced rule (the count v2's decode and v3's split plans take by default), from its
+    comment: 1 where split_kv_count gives 1 for the fill; else the count s <= min(max_splits, n_blocks, slots) whose
+    busiest slot runs the shortest chain, ceil(tiles * s / slots) units of ceil(n_blocks / s) key blocks plus one block
+    each, the fewest among equals."""
+    if tiles <= 0 or slots <= 0 or n_blocks <= 1 or 5 * tiles >= 4 * slots:
+        return 1
+    return min(range(1, min(max_splits, n_blocks, slots) + 1),
+               key=lambda s: (math.ceil(tiles * s / slots) * (math.ceil(n_blocks / s) + 1), s))
 
 
 def _has_v2(head_dim: int = 128) -> bool:
@@ -101,11 +113,11 @@ def _decode_tile(head_dim: int = 128):
 
 
 def _expected_plan(*, batch, heads, seqlen_q, seqlen_k, num_sms, head_dim=128, bucket=128):
-    """(num_splits, oaccum floats, lse_accum floats) by split_kv_count over the probed tile: one query tile per (batch,
-    head), each split a partial output row of `bucket` floats and a partial row state (m, l) per row."""
+    """(num_splits, oaccum floats, lse_accum floats) by split_kv_count_balanced over the probed tile: one query tile
+    per (batch, head), each split a partial output row of `bucket` floats and a partial row state (m, l) per row."""
     _, block_n, ctas_per_sm = _decode_tile(head_dim)
     tiles = batch * heads
-    splits = split_kv_count(tiles, num_sms * ctas_per_sm, math.ceil(seqlen_k / block_n))
+    splits = split_kv_count_balanced(tiles, num_sms * ctas_per_sm, math.ceil(seqlen_k / block_n))
     if splits == 1:
         return 1, 0, 0
     return splits, splits * tiles * seqlen_q * bucket, 2 * splits * tiles * seqlen_q
@@ -120,6 +132,18 @@ def test_split_kv_count_spec_on_hand_worked_cases():
     assert split_kv_count(8, 0, 64) == 1
     assert split_kv_count(1, 264, 3) == 3
     assert split_kv_count(1, 100000, 100000) <= K_MAX_SPLITS
+
+
+def test_split_kv_count_balanced_on_hand_worked_cases():
+    """split_kv_count_balanced against the cases tests/cpp/test_common.cpp works out by hand, and where it differs
+    from split_kv_count: 8 tiles on 132 slots over 1024 blocks, 14 splits (112 CTAs, 74 blocks each) against 16 (128
+    CTAs, 64 each)."""
+    assert split_kv_count_balanced(8, 132, 1024) == 16 and split_kv_count(8, 132, 1024) == 14
+    assert split_kv_count_balanced(32, 132, 64) == 4
+    assert split_kv_count_balanced(1, 132, 3) == 3
+    assert split_kv_count_balanced(106, 132, 512) == 1 and split_kv_count_balanced(1, 132, 1) == 1
+    assert split_kv_count_balanced(8, 0, 64) == 1
+    assert split_kv_count_balanced(8, 132, 1024, max_splits=7) == 7
 
 
 @pytest.mark.parametrize("env, splits", [(None, 2), ("1", 2), ("0", 0)], ids=["default-on", "on", "off"])

@@ -4,8 +4,8 @@ runs on builds with v3.
 
 The plan's rule, as v3_api.cu states it: 16-bit dense queries of at most one consumer warpgroup's 64 rows, V at q's
 head dim, no dropout / probabilities / block-sparse mask; one query block per (head, batch) on the bucket's masked
-tile; split_kv_count over one CTA per SM; a count of 1 plans nothing (0), so the prefill instances run the call. The
-masked tile's block_n is read back through the plan (`_block_n`), not typed in: no tile data is exported.
+tile; split_kv_count_balanced over one CTA per SM; a count of 1 plans nothing (0), so the prefill instances run the
+call. The masked tile's block_n is read back through the plan (`_block_n`), not typed in: no tile data is exported.
 """
 
 import functools
@@ -21,7 +21,7 @@ from flashgen.bench.measure import capture_graph
 import test_v2_split_kv
 from test_v2_split_kv import (DECODE_CASES, K_MAX_SPLITS, PACKED_CASES, SPLIT_REFUSALS, _decode_case, _params,
                               _plan_of, check_decode, check_split_refusal, replay_decode_step, run_decode_case,
-                              split_kv_count, spy_fwd_launches)
+                              split_kv_count_balanced, spy_fwd_launches)
 
 splits_seen = test_v2_split_kv.splits_seen  # the fixture: the split plan on, every launch's p.num_splits recorded
 
@@ -55,7 +55,7 @@ def _bucket(head_dim: int) -> int:
 
 
 def _expected(*, batch, heads, seqlen_q, seqlen_k, num_sms, head_dim=128, max_splits=K_MAX_SPLITS):
-    splits = split_kv_count(batch * heads, num_sms, math.ceil(seqlen_k / _block_n(head_dim)), max_splits)
+    splits = split_kv_count_balanced(batch * heads, num_sms, math.ceil(seqlen_k / _block_n(head_dim)), max_splits)
     if splits == 1:
         return 0, 0, 0
     rows = splits * batch * heads * seqlen_q

@@ -53,11 +53,13 @@ constexpr TileConfig tile_config(int head_dim) {
   return {64, 64, 4, 1, 2, 2};
 }
 
-// FLASHGEN_V2_SPLIT_BALANCED (default 0 until measured): the decode instance's split count from common/split_kv.h's
+// FLASHGEN_V2_SPLIT_BALANCED (default 1; 0: split_kv_count): the decode instance's split count from common/split_kv.h's
 // split_kv_count_balanced instead of split_kv_count, as v3's FLASHGEN_V3_SPLIT_BALANCED. With two decode CTAs an SM
 // (264 slots on 132 SMs), batch 1 with 8 KV heads takes 28-29 splits at 32k-128k (224-232 CTAs), 32 balanced (256).
+// Measured (H100, the A/B beside v3's: bench/results/v3-dev/2026-12-05-s52-ab-split-balanced-early-h100.*): b1 128k
+// one token 202.4 -> 197.9 us, four tokens 207.5 -> 202.8, b4 32k 200.1 -> 196.0 and 205.1 -> 200.7; the rest even.
 #ifndef FLASHGEN_V2_SPLIT_BALANCED
-#define FLASHGEN_V2_SPLIT_BALANCED 0
+#define FLASHGEN_V2_SPLIT_BALANCED 1
 #endif
 
 // The decode instance (fwd_kernel<T> with T::kDecode; v2_api.cu plan_fwd): runs a launch whose seqlen_q

@@ -271,15 +271,17 @@ constexpr bool o_through_smem(const TileConfig& c, int head_dim_bucket) {
 #ifndef FLASHGEN_V3_PDL
 #define FLASHGEN_V3_PDL 1
 #endif
-// FLASHGEN_V3_SPLIT_BALANCED (default 0 until measured): the split instance's count from common/split_kv.h's
+// FLASHGEN_V3_SPLIT_BALANCED (default 1; 0: split_kv_count): the split instance's count from common/split_kv.h's
 // split_kv_count_balanced (the shortest chain of key blocks on the busiest SM) instead of split_kv_count's first
 // count within 85% of the best fill. On 132 SMs they differ where few tiles meet many key blocks: batch 1 with 8 KV
 // heads takes 14 splits at 32k and 128k (19 / 74 blocks a CTA on 112 SMs), 16 balanced (16 / 64 blocks on 128 SMs);
-// 4 KV heads 29 -> 32 at 32k, 28 -> 32 at 128k; batch 2 7 -> 8 from 8k. Predicted: the split kernel's chain 13-16%
-// shorter there (b1 one token at 128k read at 2.77 TB/s, 92% of the copy rate); batch 4 and caches of 2k-8k at batch
-// 1 keep their counts. To measure: `bash v3_hopper/tools/ab_split.sh base= bal=-DFLASHGEN_V3_SPLIT_BALANCED=1`.
+// 4 KV heads 29 -> 32 at 32k, 28 -> 32 at 128k; batch 2 7 -> 8 from 8k; batch 4 and caches of 2k-8k at batch 1 keep
+// their counts. Measured (H100, CUDA graphs of append + attention, 3 rounds, bench/results/v3-dev/
+// 2026-12-05-s52-ab-split-balanced-early-h100.*): b1 128k one token 204.3 -> 197.5 us, four tokens 207.4 -> 200.5,
+// b1 32k over pages of 16 70.9 -> 69.8; every other row within +-0.4 us. `bash v3_hopper/tools/ab_split.sh base=
+// old=-DFLASHGEN_V3_SPLIT_BALANCED=0` measures it again.
 #ifndef FLASHGEN_V3_SPLIT_BALANCED
-#define FLASHGEN_V3_SPLIT_BALANCED 0
+#define FLASHGEN_V3_SPLIT_BALANCED 1
 #endif
 constexpr TileConfig split_tile_config(int head_dim) {
   const TileConfig c = tile_config(head_dim, true);
