@@ -6,6 +6,7 @@ plot.plot_generations), which adds a PNG per head dim."""
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import sys
 import time
@@ -44,7 +45,9 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     ap.add_argument("--seqlens", type=_csv_list, default=None, help="override the sweep's seqlens, e.g. '2048,8192'")
     ap.add_argument("--head-dims", type=_csv_list, default=None, help="override the sweep's head dims")
     ap.add_argument("--modes", type=_csv_list, default=None, help="subset of fwd,bwd,fwd+bwd,decode")
-    ap.add_argument("--dtype", choices=("bf16", "fp16", "fp32"), default=None, help="override the sweep's dtype")
+    ap.add_argument("--dtype", choices=("bf16", "fp16", "fp32", "fp8"), default=None,
+                    help="override the sweep's dtype; fp8: the forward sweep in bf16 with v3's FP8 forward beside it "
+                         "(flashgen-v3-fp8: the same inputs quantized per head), %% of the FP8 matmul for its rows")
     ap.add_argument("--device", choices=("auto", "cuda", "cpu"), default="auto")
     ap.add_argument("--time-budget-s", type=float, default=None,
                     help="stop starting new work after this many seconds (GPU default: quick 100, full 420)")
@@ -57,6 +60,35 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     ap.add_argument("--decode-graphs", action="store_true",
                     help="time decode steps as CUDA-graph replays (kernel time without the host side of each call)")
     return ap.parse_args(argv)
+
+
+FP8_IMPL = "flashgen-v3-fp8"  # impls.FlashgenFp8Impl's name
+FP8_BF16_IMPL = "flashgen-v3"  # the same kernel family in bf16, the ratio's denominator
+
+
+def fp8_percent(rec: dict, fp8_matmul: Optional[float]) -> None:
+    """An FP8 record's pct_matmul against the FP8 matmul ceiling (the header's matmul is bf16's)."""
+    if rec.get("impl") == FP8_IMPL and rec.get("tflops") is not None:
+        rec["pct_matmul"] = 100.0 * rec["tflops"] / fp8_matmul if fp8_matmul else None
+        rec["matmul_dtype"] = "e4m3"
+
+
+def fp8_table(results: List[dict], fp8_matmul: Optional[float]) -> List[str]:
+    """FP8 beside bf16 per config: TFLOP/s of flashgen-v3-fp8 and flashgen-v3, their ratio, % of the FP8 matmul."""
+    ok = {(r["label"], r["impl"]): r for r in results if r.get("status") == "ok" and r.get("mode") == "fwd"}
+    labels = list(dict.fromkeys(r["label"] for r in results if r.get("impl") == FP8_IMPL))
+    lines = [f"== FP8 forward beside bf16 (FP8 matmul {fp8_matmul or 0:.0f} TFLOP/s) ==",
+             f"{'config':<40}{'fp8':>9}{'v3 bf16':>9}{'fp8/bf16':>10}{'% fp8 mm':>10}"]
+    for label in labels:
+        f, b = ok.get((label, FP8_IMPL)), ok.get((label, FP8_BF16_IMPL))
+        if f is None:
+            why = next((r["reason"] for r in results if r["label"] == label and r.get("impl") == FP8_IMPL), "")
+            lines.append(f"{label:<40}{'-':>9}  {why}")
+            continue
+        bf = f"{b['tflops']:9.1f}{f['tflops'] / b['tflops']:10.2f}" if b else f"{'-':>9}{'-':>10}"
+        pct = f"{f['pct_matmul']:10.1f}" if f.get("pct_matmul") is not None else f"{'-':>10}"
+        lines.append(f"{label:<40}{f['tflops']:9.1f}{bf}{pct}")
+    return lines
 
 
 class PlannedImpl:
@@ -147,14 +179,17 @@ def main(argv: Optional[List[str]] = None) -> int:
                 "do not run here and print '-', flashgen-cpu stands in for them.")
     print(why, flush=True)
 
-    modes = tuple(args.modes) if args.modes else ALL_MODES
+    fp8 = args.dtype == "fp8"
+    modes = tuple(args.modes) if args.modes else ("fwd",) if fp8 else ALL_MODES
     unknown = [m for m in modes if m not in ALL_MODES]
     if unknown:
         print(f"--modes: unknown {unknown}; choose from {list(ALL_MODES)}", file=sys.stderr)
         return 2
-    plan = plan_for(device, args.quick, seqlens=args.seqlens, head_dims=args.head_dims, dtype=args.dtype,
-                    generations=args.generations, sparse=args.sparse)
-    impls, notes = discover(device, flex_dynamic=not args.flex_static)
+    plan = plan_for(device, args.quick, seqlens=args.seqlens, head_dims=args.head_dims,
+                    dtype="bf16" if fp8 else args.dtype, generations=args.generations, sparse=args.sparse)
+    if fp8:
+        plan = dataclasses.replace(plan, name=plan.name + "-fp8")
+    impls, notes = discover(device, flex_dynamic=not args.flex_static, fp8=fp8)
     impls = plan_impls(impls, plan, args.impls)
     for n in notes:
         print(f"note: {n}", flush=True)
@@ -167,6 +202,12 @@ def main(argv: Optional[List[str]] = None) -> int:
     except Exception as exc:
         notes.append(f"matmul ceiling failed: {type(exc).__name__}: {exc}")
         matmul = None
+    fp8_matmul = None
+    if fp8 and device == "cuda":
+        try:
+            fp8_matmul = measure.fp8_matmul_tflops(device)
+        except Exception as exc:
+            notes.append(f"FP8 matmul ceiling failed: {type(exc).__name__}: {exc}")
     try:
         copy = measure.copy_tb_s(device)
     except Exception as exc:
@@ -190,14 +231,21 @@ def main(argv: Optional[List[str]] = None) -> int:
     writer = JsonlWriter(stem + ".jsonl")
     head = header(device, plan, impls, notes, matmul or 0.0, copy or 0.0, why)
     head["timing"].update(warmup_ms=warmup_ms, rep_ms=rep_ms)  # what this run used (header() has the defaults)
+    if fp8:
+        head["fp8_matmul_tflops"] = fp8_matmul
     writer(head)
     print(f"{device_name(device)}: matmul {matmul or 0:.1f} TFLOP/s ({plan.attention.dtype}), "
           f"copy {copy or 0:.2f} TB/s; implementations: {', '.join(i.name for i in impls)}", flush=True)
 
     progress = Progress(total_steps(plan, impls, modes))
     t0 = time.monotonic()
+    def emit(rec: dict) -> None:
+        if fp8:  # FP8 rows: % of the FP8 matmul, not of the bf16 one
+            fp8_percent(rec, fp8_matmul)
+        writer(rec)
+
     try:
-        results = run(plan, impls, modes, opts, matmul or 0.0, copy or 0.0, writer, progress)
+        results = run(plan, impls, modes, opts, matmul or 0.0, copy or 0.0, emit, progress)
     finally:
         progress.close()
         writer.close()
@@ -208,6 +256,8 @@ def main(argv: Optional[List[str]] = None) -> int:
         table += "\n\n== goal (issue 3) ==\n" + "\n".join(cpu_goal_summary(results) or ["no flashgen-cpu result"])
     if args.sparse:
         table += "\n" + "\n".join(sparse_tables(results))
+    if fp8:
+        table += "\n\n" + "\n".join(fp8_table(results, fp8_matmul))
     if args.generations:
         claims = claims_sweep(plan)
         stand_in = "flashgen-v1" if device == "cuda" else "flashgen-cpu"

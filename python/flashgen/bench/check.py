@@ -11,6 +11,7 @@ Gradients: dq, dk, dv of the whole head when seqlen_q * seqlen_k <= REF_GRAD_MAX
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import List, Optional, Tuple
 
 import torch
@@ -146,4 +147,55 @@ class Reference:
             n_terms = max(self.cfg.seqlen_q, self.cfg.seqlen_k)
             ok, err, allowed = _rule(got[name], ref, naive, FA_RULE_GRAD_FACTOR, grad_floor(got[name], ref, n_terms))
             worst = _worse(worst, CheckResult(ok, err, allowed, f"{what}; worst {name}"))
+        return worst
+
+
+# FP8's rule (tests/test_v3_fp8.py's module docstring derives it): an output element passes within 2x the error of a
+# naive FP8 attention + a floor of 2^-8 max|ref|, or within P's rounding bound + the floor. The naive one computes
+# float64 scores and softmax, rounds P = exp(s - rowmax) to e4m3, P V in float64, out to bf16; the bound is
+# (2^-4 sum_j p_j |v_j| + 2^-10 sum_j |v_j|) / l over the visible keys (e4m3's 3 mantissa bits, its subnormal step).
+FP8_FLOOR_REL = 2.0 ** -8
+E4M3_REL, E4M3_ABS = 2.0 ** -4, 2.0 ** -10
+
+
+def naive_fp8(q, k, v, causal: bool, window_size) -> Tuple[torch.Tensor, torch.Tensor]:
+    """(out, bound) of the naive FP8 attention on dequantized (batch, s, h, d) inputs, both float64 (out rounded to
+    bf16 first), (batch, seqlen_q, heads, d); GQA by repeating k and v."""
+    from flashgen.reference import visible_mask
+    group = q.shape[2] // k.shape[2]
+    kd, vd = (t.double().repeat_interleave(group, dim=2) for t in (k, v))
+    s = torch.einsum("bshd,bthd->bhst", q.double(), kd) / math.sqrt(q.shape[-1])
+    mask = visible_mask(q.shape[1], k.shape[1], tuple(window_size), causal).to(s.device)
+    s = s.masked_fill(~mask, -math.inf)
+    m = s.amax(dim=-1, keepdim=True)
+    p = torch.exp(s - torch.where(torch.isinf(m), torch.zeros_like(m), m))
+    l_bshd = p.sum(dim=-1, keepdim=True).transpose(1, 2).clamp_min(1e-300)
+    out = torch.einsum("bhst,bthd->bshd", p.float().to(torch.float8_e4m3fn).double(), vd) / l_bshd
+    bound = (E4M3_REL * torch.einsum("bhst,bthd->bshd", p, vd.abs()) +
+             E4M3_ABS * torch.einsum("bhst,bthd->bshd", mask.expand_as(p).double(), vd.abs())) / l_bshd
+    return out.to(torch.bfloat16).double(), bound
+
+
+class Fp8Reference(Reference):
+    """The float64 oracle on FP8 inputs' dequantized values (the slice Reference takes), with FP8's rule above."""
+
+    def __init__(self, cfg: Config, q, k, v):
+        super().__init__(cfg, q, k, v, None)
+
+    def check_out(self, out_bshd: torch.Tensor) -> CheckResult:
+        if self._out is None:
+            self._out = []
+            for rows, keys in self._blocks():
+                qs, ks, vs = self.q[:, rows], self.k[:, keys], self.v[:, keys]
+                self._out.append((rows, self._ref(qs, ks, vs, torch.float64, rows),
+                                  *naive_fp8(qs, ks, vs, self.cfg.causal, self.cfg.window_size)))
+        worst = None
+        for rows, ref, naive, bound in self._out:
+            err = (out_bshd[:1, rows, self.heads_q].double() - ref).abs()
+            floor = FP8_FLOOR_REL * float(ref.abs().max())
+            allowed = torch.maximum(torch.full_like(err, 2 * float((naive - ref).abs().max()) + floor), bound + floor)
+            at = int(torch.argmax(err - allowed))
+            worst = _worse(worst, CheckResult(bool((err <= allowed).all()), float(err.flatten()[at]),
+                                              float(allowed.flatten()[at]),
+                                              f"out rows {rows.start}:{rows.stop} (FP8 rule, dequantized inputs)"))
         return worst

@@ -40,6 +40,9 @@ class Bound:
     inputs: List[torch.Tensor]             # leaves in the implementation's layout (q, k, v)
     to_bshd: Callable[[torch.Tensor], torch.Tensor]
     note: str = ""
+    # The forward's correctness check where the config's reference does not apply (FP8: check.Fp8Reference on the
+    # dequantized inputs); None: the run's check.Reference.
+    check: Optional[Callable[[torch.Tensor], object]] = None
 
     def run(self) -> torch.Tensor:
         return self.fn(*self.inputs)
@@ -179,6 +182,45 @@ class FlashgenNoSplitImpl(FlashgenImpl):
                 os.environ.pop(_ops.DECODE_ENV, None)
             else:
                 os.environ[_ops.DECODE_ENV] = before
+
+
+class FlashgenFp8Impl(Impl):
+    """v3's FP8 (e4m3) forward, beside the bf16 rows of the same run (`flashgen-bench --dtype fp8`): the config's
+    inputs quantized per (batch, KV head) by flashgen.fp8.quantize_qkv outside the timed region, the descales passed
+    as FA3 names them. Checked against the float64 oracle on the dequantized inputs by FP8's rule
+    (check.Fp8Reference), since rounding the inputs to e4m3 is not the kernel's error."""
+
+    family = "flashgen"
+    name = "flashgen-v3-fp8"
+
+    def __init__(self, build):
+        import flashgen
+        self.build = build
+        self.api = flashgen.flash_attn_func
+
+    def why_not(self, cfg, mode):
+        if cfg.kind != "attention" or cfg.sparsity:
+            return UNSUPPORTED, "FP8: dense attention configs only (no decode, no block-sparse layout)"
+        if mode != "fwd":
+            return NOT_IMPLEMENTED, "FP8 is forward only"
+        if not self.build.has("v3", "fwd", "e4m3", cfg.head_dim):
+            return UNSUPPORTED, f"build has no (v3, fwd, e4m3, d>={cfg.head_dim}) instance"
+        return None
+
+    def bind(self, cfg, q, k, v, requires_grad):
+        from flashgen import fp8
+        from .check import REF_HEADS_K, Fp8Reference
+        t = fp8.quantize_qkv(q, k, v, granularity="head")
+        hk = min(REF_HEADS_K, cfg.num_heads_k)
+        hq = hk * (cfg.num_heads // cfg.num_heads_k)
+        ref = Fp8Reference(cfg, fp8.dequantize(t.q[:1, :, :hq], t.q_descale[:1, :hk]),
+                           fp8.dequantize(t.k[:1, :, :hk], t.k_descale[:1, :hk]),
+                           fp8.dequantize(t.v[:1, :, :hk], t.v_descale[:1, :hk]))
+        api, causal, window = self.api, cfg.causal, tuple(cfg.window_size)
+        descales = dict(q_descale=t.q_descale, k_descale=t.k_descale, v_descale=t.v_descale)
+        fn = lambda q_, k_, v_: _first(api(q_, k_, v_, causal=causal, window_size=window, version="v3",  # noqa: E731
+                                           **descales))
+        return Bound(fn, [t.q, t.k, t.v], _same, note="e4m3, descales per (batch, kv head)", check=ref.check_out)
 
 
 # ---- torch SDPA ----------------------------------------------------------------------------------------------------
@@ -364,8 +406,9 @@ SDPA_GPU_BACKENDS: Sequence[Tuple[str, str]] = (
 SDPA_CPU_BACKENDS: Sequence[Tuple[str, str]] = (("FLASH_ATTENTION", "flash"), ("MATH", "math"))
 
 
-def discover(device: str, *, flex_dynamic: bool = True) -> Tuple[List[Impl], List[str]]:
-    """(implementations, notes on what was left out and why) for device 'cuda' or 'cpu'."""
+def discover(device: str, *, flex_dynamic: bool = True, fp8: bool = False) -> Tuple[List[Impl], List[str]]:
+    """(implementations, notes on what was left out and why) for device 'cuda' or 'cpu'. fp8: v3's FP8 forward joins
+    (FlashgenFp8Impl), where the build has it."""
     impls: List[Impl] = []
     notes: List[str] = []
     try:
@@ -380,6 +423,10 @@ def discover(device: str, *, flex_dynamic: bool = True) -> Tuple[List[Impl], Lis
                   and "decode" in dispatch.GENERATIONS[g].implements]
         if not gens:
             notes.append(f"flashgen: build_info lists no generation for {device} ({sorted(build.generations)})")
+        if fp8 and device == "cuda" and any(i[:3] == ("v3", "fwd", "e4m3") for i in build.instances):
+            impls.append(FlashgenFp8Impl(build))
+        elif fp8:
+            notes.append(f"flashgen-v3-fp8: the build has no v3 e4m3 forward for {device}")
     except Exception as exc:  # a missing or broken build is reported, the peers still run
         notes.append(f"flashgen unavailable: {type(exc).__name__}: {exc}")
     for backend, label in (SDPA_GPU_BACKENDS if device == "cuda" else SDPA_CPU_BACKENDS):

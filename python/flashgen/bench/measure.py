@@ -191,6 +191,17 @@ def matmul_tflops(device: str, dtype: torch.dtype) -> float:
     return 2.0 * n ** 3 / (ms * 1e-3) / 1e12
 
 
+def fp8_matmul_tflops(device: str) -> float:
+    """e4m3 matmul rate (torch._scaled_mm, bf16 out, 8192^3, random data): the ceiling FP8 records are a percentage
+    of (`flashgen-bench --dtype fp8`)."""
+    n = MATMUL_N_CUDA
+    a = torch.randn(n, n, device=device).to(torch.float8_e4m3fn)
+    b = torch.randn(n, n, device=device).to(torch.float8_e4m3fn).t()  # column-major: what _scaled_mm takes
+    one = torch.ones((), device=device)
+    ms, _ = time_ms(lambda: torch._scaled_mm(a, b, scale_a=one, scale_b=one, out_dtype=torch.bfloat16), device)
+    return 2.0 * n ** 3 / (ms * 1e-3) / 1e12
+
+
 def copy_tb_s(device: str) -> float:
     """Device-to-device copy bandwidth, bytes read plus bytes written per second, TB/s."""
     nbytes = COPY_BYTES_CUDA if device == "cuda" else COPY_BYTES_CPU
