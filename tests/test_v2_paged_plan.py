@@ -1,7 +1,7 @@
 """v2's host side for paged caches, left pads and num_splits: the forward plan honours AttnParams::max_splits
 (flash_attn's num_splits: 0 = the rule alone, 1 = no split, n = at most n), pages change nothing in the plan, and the
 host checks refuse what the kernels do not take, before any launch. Fake 16-byte aligned pointers, nothing launched:
-runs on any machine whose build has v2 (tests/test_v2_split_kv.py's helpers and its rule, written from
+runs on any machine whose build has v2 (tests/test_v2_split_kv.py's helpers and its balanced rule, written from
 common/split_kv.h's comment)."""
 
 import math
@@ -9,7 +9,7 @@ import math
 import pytest
 
 from flashgen import _native
-from test_v2_split_kv import K_MAX_SPLITS, _decode_tile, _has_v2, _params, _plan, split_kv_count
+from test_v2_split_kv import K_MAX_SPLITS, _decode_tile, _has_v2, _params, _plan, split_kv_count_balanced
 
 pytestmark = pytest.mark.skipif(not _has_v2(), reason="v2 not compiled into this build")
 
@@ -18,10 +18,10 @@ PAGED = dict(block_table=512, block_table_batch_stride=SEQLEN_K // 16, page_bloc
 
 
 def _bounded(batch, max_splits, num_sms=132, heads=8):
-    """split_kv_count over the decode tile with the caller's bound (0 = kMaxSplits)."""
+    """split_kv_count_balanced (the plans' default) over the decode tile with the caller's bound (0 = kMaxSplits)."""
     _, block_n, ctas_per_sm = _decode_tile()
     bound = K_MAX_SPLITS if max_splits == 0 else min(max_splits, K_MAX_SPLITS)
-    return split_kv_count(batch * heads, num_sms * ctas_per_sm, math.ceil(SEQLEN_K / block_n), bound)
+    return split_kv_count_balanced(batch * heads, num_sms * ctas_per_sm, math.ceil(SEQLEN_K / block_n), bound)
 
 
 @pytest.mark.parametrize("max_splits", [0, 1, 2, 3, 7, 64, 500])
