@@ -26,24 +26,26 @@
 
 namespace flashgen {
 
-// FLASHGEN_COMBINE_EARLY_LOADS (default 0; 1: on): the first kCombineUnroll splits' partial outputs
-// are loaded together with the row states, which their addresses do not depend on, and 8 splits are loaded at a time
-// instead of 4. A row's merge is a chain of L2 round trips (its partials were written by the split kernel just before):
-// the row states, then one per kCombineUnroll splits, so 16 splits (batch 1, 8 KV heads, 8k: v3's split count) wait
-// for 5 round trips, and for 2 with this. The additions keep their order (split 0 first), so out and LSE are bitwise
-// the same. Predicted: ~1.5 us of a decode step at batch 1 (the combine measured 3.5-4.9 us in a profile of a b1
-// step, bench/NOTES.md session 51), for v2 and v3 alike. With 0 the kernel's SASS is the tree's before the option (the
-// preprocessor keeps the code as it was: an early-load path beside it moved the register allocation). To measure:
-// `bash v3_hopper/tools/ab_split.sh base= early=-DFLASHGEN_COMBINE_EARLY_LOADS=1` (v2_us and v3_us across the labels:
-// both generations run this combine). Measured (H100, session 52, two calls, bench/results/v3-dev/
-// 2026-12-05-s52-ab-split-balanced-early-h100.*): v2 0.4-1.0 us less a step in every row, v3 four tokens 0.4-1.7 us
-// less, v3 one token 0.6-1.3 us more (its unpacked, programmatic-dependent instance); off until that is understood.
+// FLASHGEN_COMBINE_EARLY_LOADS (0: off; 1: every instance; 2, the default: the instances that gained). With early
+// loads the first kCombineUnroll splits' partial outputs are loaded together with the row states, which their
+// addresses do not depend on, and 8 splits are loaded at a time instead of 4. A row's merge is a chain of L2 round
+// trips (its partials were written by the split kernel just before): the row states, then one per kCombineUnroll
+// splits, so 16 splits (batch 1, 8 KV heads, 8k) wait for 5 round trips, and for 2 with this. The additions keep
+// their order (split 0 first), so out and LSE are bitwise the same. Measured with 1 against 0 (H100, session 52, two
+// calls, bench/results/v3-dev/2026-12-05-s52-ab-split-balanced-early-h100.*, CUDA graphs of append + attention): v2
+// 0.4-1.0 us less a step in every row, v3's packed rows (several tokens) 0.4-1.7 us less, v3's one-token rows (the
+// unpacked instance launched as a programmatic dependent) 0.6-1.3 us more, not explained. 2 gives early loads to every
+// instance not launched as a programmatic dependent and to the packed ones: each instance's SASS is identical to the
+// one measured (checked with cuobjdump for v2 and v3 at d128: v2's two and v3's packed from 1, v3's unpacked from 0),
+// so it takes the gains without the loss; the A/B of 2 itself has not run (`ab_split.sh base= old=
+// -DFLASHGEN_COMBINE_EARLY_LOADS=0`). With 0 the SASS is the tree's before the option.
 #ifndef FLASHGEN_COMBINE_EARLY_LOADS
-#define FLASHGEN_COMBINE_EARLY_LOADS 0
+#define FLASHGEN_COMBINE_EARLY_LOADS 2
 #endif
 constexpr int kCombineWarps = 4;  // rows per CTA
-constexpr int kCombineUnroll = FLASHGEN_COMBINE_EARLY_LOADS != 0 ? 8 : 4;  // splits whose partial outputs a lane
-                                                                           // loads before it accumulates them
+constexpr bool combine_early_loads(bool packed, bool wait_grid) {
+  return FLASHGEN_COMBINE_EARLY_LOADS == 1 || (FLASHGEN_COMBINE_EARLY_LOADS == 2 && (packed || !wait_grid));
+}
 constexpr int kLseSlots = kMaxSplits / 32;  // split row states per lane: lane i holds splits i, i + 32, ...
 static_assert(kLseSlots * 32 == kMaxSplits, "the split row states fill whole lanes");
 
@@ -68,6 +70,8 @@ __device__ __forceinline__ uint32_t combine_pack2(float x, float y) {
 template <typename Tag, int kBucket, bool kPacked, bool kWaitGrid = false>
 __global__ void __launch_bounds__(kCombineWarps * 32) combine_kernel(const __grid_constant__ AttnParams p) {
   static_assert(kBucket % 8 == 0 && kBucket <= 256, "a lane owns 8 columns; 32 lanes cover at most 256");
+  constexpr bool kEarly = combine_early_loads(kPacked, kWaitGrid);
+  constexpr int kCombineUnroll = kEarly ? 8 : 4;  // splits whose partial outputs a lane loads before it adds them
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   if constexpr (kWaitGrid) asm volatile("griddepcontrol.wait;" ::: "memory");
 #endif
@@ -80,9 +84,8 @@ __global__ void __launch_bounds__(kCombineWarps * 32) combine_kernel(const __gri
   const int64_t split_stride = static_cast<int64_t>(p.batch) * p.num_heads * p.seqlen_q;
   const int64_t row_index = (static_cast<int64_t>(batch) * p.num_heads + head) * p.seqlen_q + row;
 
-#if FLASHGEN_COMBINE_EARLY_LOADS != 0
   float4 first_lo[kCombineUnroll], first_hi[kCombineUnroll];  // splits [0, kCombineUnroll), beside the row states
-  if (lane * 8 < kBucket && lane * 8 < p.head_dim) {
+  if (kEarly && lane * 8 < kBucket && lane * 8 < p.head_dim) {
     const float* first = p.ws.get(WorkspaceId::kOAccum) + row_index * kBucket + lane * 8;
 #pragma unroll
     for (int u = 0; u < kCombineUnroll; ++u) {
@@ -92,7 +95,6 @@ __global__ void __launch_bounds__(kCombineWarps * 32) combine_kernel(const __gri
       }
     }
   }
-#endif
   const float scale_log2 = p.scale_log2;
   RowState part[kLseSlots];  // each split's (m, l): common/softmax.h split_numerator says why not its LSE
   float m_max = -INFINITY;
@@ -147,10 +149,10 @@ __global__ void __launch_bounds__(kCombineWarps * 32) combine_kernel(const __gri
   if (owns) {
     const float* base = p.ws.get(WorkspaceId::kOAccum) + row_index * kBucket + col;
     int s0 = 0;
-#if FLASHGEN_COMBINE_EARLY_LOADS != 0
-    accumulate(0, first_lo, first_hi);
-    s0 = kCombineUnroll;
-#endif
+    if constexpr (kEarly) {
+      accumulate(0, first_lo, first_hi);
+      s0 = kCombineUnroll;
+    }
     for (; s0 < num_splits; s0 += kCombineUnroll) {
       float4 lo[kCombineUnroll], hi[kCombineUnroll];
 #pragma unroll
