@@ -105,15 +105,23 @@ class Reference:
         return attention_ref(q, k, v, causal=self.cfg.causal, window_size=tuple(self.cfg.window_size), dtype=dtype,
                              **sparse)[0]
 
-    def check_out(self, out_bshd: torch.Tensor) -> CheckResult:
+    def _yardsticks(self, qs, ks, vs, rows: slice) -> tuple:
+        """What the rule sets beside the oracle for a block: the naive same-dtype run."""
+        return (self._ref(qs, ks, vs, self.dtype, rows),)
+
+    def _out_refs(self) -> list:
+        """(rows, float64 oracle, *yardsticks) per checked block, computed once."""
         if self._out is None:
             self._out = []
             for rows, keys in self._blocks():
                 qs, ks, vs = self.q[:, rows], self.k[:, keys], self.v[:, keys]
                 self._out.append((rows, self._ref(qs, ks, vs, torch.float64, rows),
-                                  self._ref(qs, ks, vs, self.dtype, rows)))
+                                  *self._yardsticks(qs, ks, vs, rows)))
+        return self._out
+
+    def check_out(self, out_bshd: torch.Tensor) -> CheckResult:
         worst = None
-        for rows, ref, naive in self._out:
+        for rows, ref, naive in self._out_refs():
             ok, err, allowed = _rule(out_bshd[:1, rows, self.heads_q], ref, naive, FA_RULE_OUT_FACTOR)
             worst = _worse(worst, CheckResult(ok, err, allowed, f"out rows {rows.start}:{rows.stop}"))
         return worst
@@ -182,15 +190,12 @@ class Fp8Reference(Reference):
     def __init__(self, cfg: Config, q, k, v):
         super().__init__(cfg, q, k, v, None)
 
+    def _yardsticks(self, qs, ks, vs, rows: slice) -> tuple:
+        return naive_fp8(qs, ks, vs, self.cfg.causal, self.cfg.window_size)
+
     def check_out(self, out_bshd: torch.Tensor) -> CheckResult:
-        if self._out is None:
-            self._out = []
-            for rows, keys in self._blocks():
-                qs, ks, vs = self.q[:, rows], self.k[:, keys], self.v[:, keys]
-                self._out.append((rows, self._ref(qs, ks, vs, torch.float64, rows),
-                                  *naive_fp8(qs, ks, vs, self.cfg.causal, self.cfg.window_size)))
         worst = None
-        for rows, ref, naive, bound in self._out:
+        for rows, ref, naive, bound in self._out_refs():
             err = (out_bshd[:1, rows, self.heads_q].double() - ref).abs()
             floor = FP8_FLOOR_REL * float(ref.abs().max())
             allowed = torch.maximum(torch.full_like(err, 2 * float((naive - ref).abs().max()) + floor), bound + floor)
