@@ -60,14 +60,16 @@ static_assert(fp8_tile_config(128).block_n == kFp8DescaleBlockTokens &&
                   fp8_block_m(fp8_tile_config(256)) == kFp8DescaleBlockTokens,
               "per-block descales: one block per narrow tile, rows and keys");
 
-// setmaxnreg budgets: the producer warpgroup transposes V (16 registers of data per thread plus addresses), so it
-// keeps more than the 16-bit kernel's 24 where the consumers can spare it; the consumers get what that leaves (from
-// 168 at launch: 128 x (168 - producer) >= 256 x (consumer - 168)). ptxas (sm_90a, nvcc 13.0):
+// setmaxnreg budgets: the producer warpgroup transposes V (fp8_producer.cuh transpose_v: two units of 4 data
+// registers in flight plus their addresses; the measurements below are from the transpose before session 52's, which
+// held 16), so it keeps more than the 16-bit kernel's 24 where the consumers can spare it; the consumers get what
+// that leaves (from 168 at launch: 128 x (168 - producer) >= 256 x (consumer - 168)). ptxas (sm_90a, nvcc 13.0):
 // d128 (128 keys) 56 / 224: consumers spill nothing; the producer 8 B (40 / 232 spilled 36 B in the producer).
 // d128 wide (224 keys: S 112 + O 64 + P 28 registers): 56 / 224 spilled 288 B, 24 / 240 96 B, 40 / 232 nothing.
 // d256 holds O (128 fp32) + S (64) + P (16) per consumer thread: at 40 / 232 the consumers spilled 116 B and ptxas
 // serialized every QGMMA (a wait after each); 24 / 240 (FA3's split) keeps the consumers spill-free and the GEMMs
-// asynchronous, the producer spills 388 B (its transpose runs from local memory in part).
+// asynchronous, the producer spilled 388 B then (its transpose's addresses in local memory); with session 52's
+// transpose the whole d256 kernel spills 80 B (the producer's tile-loop state), d128 none at 56 / 224 and 40 / 232.
 constexpr RegisterBudget fp8_register_budget(int head_dim, bool wide = false) {
   if (head_dim > 128) return RegisterBudget{24, 240};
   return wide ? RegisterBudget{40, 232} : RegisterBudget{56, 224};

@@ -239,6 +239,7 @@ def main(argv: Optional[List[str]] = None) -> int:
 
     progress = Progress(total_steps(plan, impls, modes))
     t0 = time.monotonic()
+
     def emit(rec: dict) -> None:
         if fp8:  # FP8 rows: % of the FP8 matmul, not of the bf16 one
             fp8_percent(rec, fp8_matmul)
