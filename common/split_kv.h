@@ -55,8 +55,9 @@ inline int split_kv_count(int tiles, int slots, int n_blocks, int max_splits = k
   return 1;
 }
 
-// The balanced count (v3's split instance with FLASHGEN_V3_SPLIT_BALANCED, v3_hopper/tile_config.h): the split count
-// whose busiest slot has the shortest chain, counted in key blocks plus kSplitUnitBlocks for each unit it runs (its
+// The balanced count (the default of v3's split instance and v2's decode instance: FLASHGEN_V3_SPLIT_BALANCED and
+// FLASHGEN_V2_SPLIT_BALANCED in their tile_config.h; 0 there takes split_kv_count): the split count whose busiest
+// slot has the shortest chain, counted in key blocks plus kSplitUnitBlocks for each unit it runs (its
 // prologue, its partial result and its share of the combine): ceil(tiles * s / slots) units of ceil(n_blocks / s)
 // blocks each; the fewest splits among equals. split_kv_count's 85% rule stops at the first count within reach of
 // the best fill, which can leave a slot a longer chain: 8 tiles on 132 slots over 1024 key blocks take 14 splits
@@ -79,11 +80,12 @@ inline int split_kv_count_balanced(int tiles, int slots, int n_blocks, int max_s
 }
 
 // A generation's split plan for `tiles` query tiles of seqlen_q rows (one per (head, batch)) on `slots` CTAs over
-// n_blocks key blocks: split_kv_count, at most max_splits_param where the caller bounds it (flash_attn's num_splits:
-// 0 = the rule alone, 1 = no split), 1 for more tiles than the count's int math takes. With more than one split, *ws
-// receives the partial results' workspaces (split_row0's layout, rows of `bucket` floats; neither needs zeroing: every
-// row is written). min_splits: the fewest the caller takes where the bound allows them (v3's packed query rows run in
-// its split instance only: 2), even where the tiles alone fill the SMs. balanced: split_kv_count_balanced's count.
+// n_blocks key blocks: split_kv_count, or split_kv_count_balanced where `balanced` (both generations' default), at
+// most max_splits_param where the caller bounds it (flash_attn's num_splits: 0 = the rule alone, 1 = no split), 1 for
+// more tiles than the count's int math takes. With more than one split, *ws receives the partial results' workspaces
+// (split_row0's layout, rows of `bucket` floats; neither needs zeroing: every row is written). min_splits: the fewest
+// the caller takes where the bound allows them (v3's packed query rows run in its split instance only: 2), even where
+// the tiles alone fill the SMs.
 inline int plan_split_count(int64_t tiles, int slots, int n_blocks, int max_splits_param, int seqlen_q, int bucket,
                             WorkspaceSpec* ws, int min_splits = 1, bool balanced = false) {
   const int max_splits = max_splits_param > 0 ? imin(max_splits_param, kMaxSplits) : kMaxSplits;
