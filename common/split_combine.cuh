@@ -33,8 +33,9 @@ namespace flashgen {
 // splits, so 16 splits (batch 1, 8 KV heads, 8k) wait for 5 round trips, and for 2 with this. The additions keep
 // their order (split 0 first), so out and LSE are bitwise the same. Measured with 1 against 0 (H100, session 52, two
 // calls, bench/results/v3-dev/2026-12-05-s52-ab-split-balanced-early-h100.*, CUDA graphs of append + attention): v2
-// 0.4-1.0 us less a step in every row, v3's packed rows (several tokens) 0.4-1.7 us less, v3's one-token rows (the
-// unpacked instance launched as a programmatic dependent) 0.6-1.3 us more, not explained. 2 gives early loads to every
+// 0.4-1.1 us less a step (b1 128k even in one call), v3's packed rows (several tokens) 0.3-2.0 us less, v3's
+// one-token rows (the unpacked instance launched as a programmatic dependent) 0.5-1.4 us more at batch 1 and b4 2k
+// (even at b4 8k-32k), not explained. 2 gives early loads to every
 // instance not launched as a programmatic dependent and to the packed ones: each instance's SASS is identical to the
 // one measured (checked with cuobjdump for v2 and v3 at d128: v2's two and v3's packed from 1, v3's unpacked from 0),
 // so it takes the gains without the loss; the A/B of 2 itself has not run (`ab_split.sh base= old=

@@ -48,9 +48,9 @@ __device__ __forceinline__ void load_tile_fp8(uint32_t dst, const CUtensorMap* m
 // distinct swizzle phases (columns D alone would be 4 phases twice). Work split: warp w takes the column blocks b = w +
 // 4 bi and every key group; addresses are a per-lane base plus constants, so a unit is 1 ldmatrix, 4 prmt, 1 lop3 and
 // 1 stmatrix (the 4-byte-store transpose before it took ~27 instructions a unit of 4 keys and spilled its addresses
-// on d256's 24 producer registers; H100: d256 8k 803 -> 1131 TFLOP/s, d128 8k 846 -> 874, v3_hopper/README.md). Checked
-// against the layout above by v3_hopper/tools/emu_fp8_transpose.py (the two instructions emulated with these
-// addresses) and on the device by tests/test_v3_fp8.py.
+// on d256's 24 producer registers; H100: d256 8k 796-803 -> 1120-1131 TFLOP/s, d128 8k 838-846 -> 872-874,
+// v3_hopper/README.md). Checked against the layout above by v3_hopper/tools/emu_fp8_transpose.py (the two
+// instructions emulated with these addresses) and on the device by tests/test_v3_fp8.py.
 template <typename T>
 __device__ __forceinline__ void transpose_v(uint32_t raw, uint32_t vt, int tid) {
   const int lane = tid % 32, warp = tid / 32 % 4;
