@@ -9,7 +9,6 @@
 #pragma once
 
 #include <cmath>
-#include <cstring>
 
 #include "config.h"
 
@@ -67,37 +66,6 @@ FH_HD float rescale_exponent(float m_old, float m_new, float scale_log2) {
 // m * scale_log2 for a running or candidate max m, with the empty-row guard: an all -inf row keeps exponent 0 so
 // exp2(-inf - 0) == 0, never NaN (RowState::max_scaled; v3's softmax step also takes it of a tile max).
 FH_HD float scaled_max(float m, float scale_log2) { return m == -INFINITY ? 0.f : m * scale_log2; }
-
-// ---- 2^x on the FMA pipe, for probabilities that are rounded to e4m3 next ----
-// At FP8 speed the v3 forward at d128 needs one MUFU.EX2 per 512 tensor-core FLOPs, as many SFU cycles as tensor
-// cycles (16 exponentials a clock an SM against 8,192 FP8 FLOPs); exp2_fma moves some of them to the FMA pipe
-// (FA4's software exponential, here of degree 2, since e4m3 keeps 3 mantissa bits). 2^x = 2^floor(x) * p(f),
-// f = x - floor(x) in [0, 1), p(f) = 1 + c1 f + c2 f^2 with c1 + c2 == 1 exactly, so p(0) = 1 and p(1) = 2 and the
-// result is continuous and exact at every integer x. Relative error <= kExp2FmaMaxRelError (c1 minimizes the
-// largest relative error under those two ties; tests/cpp checks it on a dense grid), 2^-8.5, against e4m3's 2^-4.
-// floor(x) comes from adding 1.5 * 2^23 rounded down (its low mantissa bits are then floor(x)), and 2^floor(x) is
-// an integer add to p's exponent field. x < -126 (a subnormal or zero result, and -inf from masked scores) gives
-// exactly 0; NaN stays NaN. Valid for x <= 127 (the kernels' exponents are <= 8: lazy rescaling).
-constexpr float kExp2FmaC1 = 0.66023f;
-constexpr float kExp2FmaC2 = 1.f - kExp2FmaC1;
-constexpr float kExp2FmaMaxRelError = 2.7e-3f;
-FH_HD float exp2_fma(float x) {
-  constexpr float kRoundMagic = 12582912.f;  // 1.5 * 2^23
-#ifdef __CUDA_ARCH__
-  const float t = __fadd_rd(x, kRoundMagic);
-#else
-  const float t = kRoundMagic + std::floor(x);  // exact for |x| < 2^22, as the rounded-down add
-#endif
-  const float f = x - (t - kRoundMagic);
-  const float p = fmaf(fmaf(kExp2FmaC2, f, kExp2FmaC1), f, 1.f);
-  uint32_t pb, tb;
-  memcpy(&pb, &p, 4);
-  memcpy(&tb, &t, 4);
-  pb += tb << 23;  // t's low 9 bits are floor(x) mod 2^9: onto p's exponent (1.5 * 2^23's own bits shift out)
-  float r;
-  memcpy(&r, &pb, 4);
-  return x < -126.f ? 0.f : r;
-}
 
 struct RowState {
   float m = -INFINITY;  // running max of scores seen so far (score domain)

@@ -50,14 +50,6 @@ constexpr bool fp8_wide_tile(int head_dim_bucket, int64_t seqlen_q, int64_t seql
          mean_row_keys(seqlen_q, seqlen_k, window_left, window_right) >= kFp8WideMinKeys;
 }
 
-// Every kFp8Exp2FmaEvery-th probability of a consumer thread on the FMA pipe (common/softmax.h exp2_fma; 0: all on
-// MUFU.EX2). At d128 an FP8 tile needs as many SFU cycles as tensor-core cycles; the polynomial's 2.7e-3 relative
-// error sits under e4m3's rounding of P (2^-4). FLASHGEN_FP8_EXP2_FMA_EVERY sets it for A/B builds.
-#ifndef FLASHGEN_FP8_EXP2_FMA_EVERY
-#define FLASHGEN_FP8_EXP2_FMA_EVERY 0
-#endif
-constexpr int kFp8Exp2FmaEvery = FLASHGEN_FP8_EXP2_FMA_EVERY;
-
 constexpr int fp8_vt_chunks(const Fp8TileConfig& c) { return (c.block_n + kFp8KeysPerVtChunk - 1) / kFp8KeysPerVtChunk; }
 
 constexpr int fp8_block_m(const Fp8TileConfig& c) { return c.consumers * kWarpgroupRows; }

@@ -168,7 +168,7 @@ __device__ __forceinline__ void consume_tile_fp8(const SmemMap<T>& sm, const Pin
     if (may_mask && !full_cols_contain(full, n_begin(i), n_begin(i) + T::kBlockN)) {
       apply_mask<T::kBlockN>(s, c, mask, 1);
     }
-    return softmax_step<T::kBlockN, kFp8Exp2FmaEvery>(s, rows, scale_log2, lazy_gap, alpha);
+    return softmax_step<T::kBlockN>(s, rows, scale_log2, lazy_gap, alpha);
   };
 
   // O is carried in the units of the last tile with a nonzero v descale (v_unit): a tile whose v descale is 0 adds

@@ -81,8 +81,7 @@ __device__ __forceinline__ float lazy_rescale_gap(float scale_log2) {
 // One online-softmax step on S (FA2 Sec. 3.1): raise the running max of rows that need it (alpha[half] is the
 // factor for that row of O, 1 otherwise), turn s into exp2(s * scale_log2 - m * scale_log2) and add them to the
 // thread's partial l (the quad's partials are summed once, in finalize). Returns whether any row of this thread
-// was raised. lazy_gap: lazy_rescale_gap(scale_log2). kExp2FmaEvery > 0 (the FP8 forward, fp8_config.h): every
-// kExp2FmaEvery-th probability of the thread is common/softmax.h exp2_fma, off the SFU.
+// was raised. lazy_gap: lazy_rescale_gap(scale_log2).
 // The path from the row max to the first exponential is what the step waits on (the consumers' softmax is longer
 // than the other warpgroup's GEMMs: bench/NOTES.md session 33), so everything the probabilities' offset does not
 // need is kept off it: the fast path takes the offset as one select between the old row's and the tile max's
@@ -91,7 +90,7 @@ __device__ __forceinline__ float lazy_rescale_gap(float scale_log2) {
 // if no lane of the warp sees a candidate in the exact regime, no row is in it. The vote is conservative (a row
 // that is not raised may still be voted exact); the exact path then decides as the fast one does, with
 // RowState::rescale, and subtracts m in place for the rows that need it.
-template <int kN, int kExp2FmaEvery = 0>
+template <int kN>
 __device__ __forceinline__ bool softmax_step(float (&s)[kN / 2], RowState (&rows)[2], float scale_log2, float lazy_gap,
                                              float (&alpha)[2]) {
   float mx[2];
@@ -147,8 +146,7 @@ __device__ __forceinline__ bool softmax_step(float (&s)[kN / 2], RowState (&rows
 #pragma unroll
   for (int i = 0; i < kN / 2; ++i) {
     const int half = acc_half(i), chain = ((i >> 2) % (kReduceChains / 2)) * 2 + (i & 1);
-    const float x = fmaf(s[i], scale_log2, -m_off[half]);
-    s[i] = kExp2FmaEvery > 0 && i % kExp2FmaEvery == kExp2FmaEvery - 1 ? exp2_fma(x) : exp2f(x);
+    s[i] = exp2f(fmaf(s[i], scale_log2, -m_off[half]));
     sum[half][chain] += s[i];
   }
 #pragma unroll

@@ -805,38 +805,6 @@ void test_softmax_nan() {
   CHECK(empty.inv_sum() == 0.f && empty.lse(c) == INFINITY, "empty row: inv_sum %g lse %g", empty.inv_sum(), empty.lse(c));
 }
 
-// ---- exp2_fma: 2^x on the FMA pipe (common/softmax.h) ----
-// Against double exp2 on a dense grid over the kernels' exponent range [-126, 8] and beyond: relative error within
-// kExp2FmaMaxRelError, exact at every integer (p(0) = 1), never decreasing (a larger exponent never gives a smaller
-// probability, so a row's max keeps the largest P), exactly 0 below -126 and at -inf, NaN kept.
-void test_exp2_fma() {
-  using flashgen::exp2_fma;
-  double worst = 0;
-  float prev = 0.f;
-  int not_monotone = 0;
-  for (int i = -130 * 4096; i <= 20 * 4096; ++i) {
-    const float x = static_cast<float>(i) / 4096.f;
-    const float r = exp2_fma(x);
-    if (x >= -126.f) worst = std::max(worst, std::fabs(r / std::exp2(static_cast<double>(x)) - 1.0));
-    if (r < prev) ++not_monotone;
-    prev = r;
-  }
-  CHECK(worst <= flashgen::kExp2FmaMaxRelError && worst > 0.5 * flashgen::kExp2FmaMaxRelError,
-        "largest relative error %g (bound %g)", worst, flashgen::kExp2FmaMaxRelError);
-  CHECK(not_monotone == 0, "%d decreasing steps", not_monotone);
-  for (int k = -126; k <= 20; ++k) {
-    CHECK(exp2_fma(static_cast<float>(k)) == std::ldexp(1.f, k), "2^%d: %g", k, exp2_fma(static_cast<float>(k)));
-  }
-  // Near integers from below (f -> 1): continuous into the next binade, no jump by 2.
-  for (float x : {-1e-7f, -3e-8f, -1.f - 1e-6f, 4.f - 4e-7f}) {
-    const double rel = exp2_fma(x) / std::exp2(static_cast<double>(x)) - 1.0;
-    CHECK(std::fabs(rel) <= flashgen::kExp2FmaMaxRelError, "x = %g: relative error %g", x, rel);
-  }
-  CHECK(exp2_fma(-126.5f) == 0.f && exp2_fma(-1000.f) == 0.f && exp2_fma(-INFINITY) == 0.f, "below -126: %g %g",
-        exp2_fma(-126.5f), exp2_fma(-INFINITY));
-  CHECK(std::isnan(exp2_fma(NAN)), "NaN in: %g", exp2_fma(NAN));
-}
-
 // ---- the block-sparse walk (common/block_sparse.h SparseWalk) ----
 // A random tile table of density 0 .. 1 (a third of the not-off tiles mixed), and its 32-tile chunks as a warp's
 // ballots give them (bit j: tile t0 + j); the not-off tiles of a table in order.
@@ -1024,7 +992,6 @@ int main() {
   test_softmax();
   test_exact_exponent();
   test_softmax_nan();
-  test_exp2_fma();
   test_softmax_no_drift();
   test_merge();
   test_merge_many();
