@@ -38,8 +38,9 @@ namespace flashgen {
 // (even at b4 8k-32k), not explained. 2 gives early loads to every
 // instance not launched as a programmatic dependent and to the packed ones: each instance's SASS is identical to the
 // one measured (checked with cuobjdump for v2 and v3 at d128: v2's two and v3's packed from 1, v3's unpacked from 0),
-// so it takes the gains without the loss; the A/B of 2 itself has not run (`ab_split.sh base= old=
-// -DFLASHGEN_COMBINE_EARLY_LOADS=0`). With 0 the SASS is the tree's before the option.
+// so it takes the gains without the loss. Measured, 2 against 0 (H100, session 53, 3 rounds,
+// bench/results/v3-dev/2026-12-06-s53-ab-early-loads-h100.*): v2 0.1-1.1 us less a step, v3's packed rows 1.0-1.9 us
+// less, v3's one-token rows -0.3 to +0.6. With 0 the SASS is the tree's before the option.
 #ifndef FLASHGEN_COMBINE_EARLY_LOADS
 #define FLASHGEN_COMBINE_EARLY_LOADS 2
 #endif
