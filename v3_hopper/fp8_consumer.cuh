@@ -1,6 +1,7 @@
 // FP8 forward consumers: consumer.cuh's schedule (intra-warpgroup overlap, ping-pong, persistent tiles) on e4m3
-// operands. S = Q K^T is an SS wgmma k32 (QGMMA); P is rounded to e4m3 straight from S's accumulator registers
-// (no shuffle: the V transpose permuted the keys to match, fp8_producer.cuh); O += P V^T reads V^T K-major.
+// operands. S = Q K^T is a wgmma k32 (QGMMA; Q from registers on d128's 128-key tile, kFp8QRegs, else from shared
+// memory); P is rounded to e4m3 straight from S's accumulator registers (no shuffle: the V transpose permuted the
+// keys to match, fp8_producer.cuh); O += P V^T reads V^T K-major.
 // Descales (per batch, kv head): q_descale * k_descale folds into the softmax's scale_log2 (or multiplies S before
 // softcap / ALiBi, which need real scores), v_descale into the final 1 / l. O leaves as bf16 or fp16 (out_dtype).
 // Per-block descales (fp8_config.h kFp8DescaleBlockTokens: one q descale per query tile, one k and one v descale per
@@ -55,6 +56,57 @@ __device__ __forceinline__ void gemm_pv_fp8(float (&o)[T::kORegs], uint32_t (&p)
   }
   wgmma_commit();
   fence_regs(o);
+}
+
+// Q in registers for S = Q K^T (an RS wgmma) where it fits: d128 with 128 keys, 16 registers a thread (with them
+// the 224-key tile spilled ~400 B inside its key loop, 252 B even at 24 / 240). The SS form reads the warpgroup's 8 KB
+// of Q from shared memory in every key tile, beside K, V^T and the producer's transpose, and holds Q's stage until
+// the last tile; loaded once, the stage goes back to the producer at the first. H100, 4 rounds: 2k full / causal and
+// 4k causal (the rows that take this tile) +0.4 / +0.6 / +1.1% in the medians, bench/NOTES.md session 54.
+#ifndef FLASHGEN_FP8_Q_REGS
+#define FLASHGEN_FP8_Q_REGS 1
+#endif
+template <typename T>
+constexpr bool kFp8QRegs = FLASHGEN_FP8_Q_REGS != 0 && T::kHeadDim == 128 && T::kBlockN == 128;
+
+// ldmatrix (sm_75+): four 8 x 8 matrices of 16-bit elements; lane l gets, in register i, row l / 4 of matrix i,
+// elements 2 (l % 4), + 1 (bytes 4 (l % 4) .. + 3); lane l gives the address of row l % 8 of matrix l / 8.
+__device__ __forceinline__ void ldmatrix_x4(uint32_t addr, uint32_t* r) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr)
+               : "memory");
+}
+
+// The warpgroup's Q (64 rows at q_wg, 128-byte swizzled rows in 128-column chunks) -> the e4m3 A fragments of every
+// k32 step: matrices 0-3 of step kk are (rows 0-7 | 8-15 of the warp) x (bytes 0-15 | 16-31 of the step), which are
+// A's registers (row g, 4t..), (g + 8, 4t..), (g, 16 + 4t..), (g + 8, 16 + 4t..) (convert_p_fp8's order).
+template <typename T>
+__device__ __forceinline__ void load_q_regs(uint32_t q_wg, int tid, uint32_t (&qa)[T::kHeadDim / 8]) {
+  const int lane = tid % 32, warp = tid / 32 % 4, m = lane / 8, r = lane % 8;
+  const uint32_t row = q_wg + (16 * warp + 8 * (m & 1) + r) * kSwizzleBytes;
+#pragma unroll
+  for (int kk = 0; kk < T::kStepsQK; ++kk) {
+    const int chunk = kk / T::kStepsPerChunk, unit = 2 * (kk % T::kStepsPerChunk) + (m >> 1);
+    ldmatrix_x4(row + chunk * T::kChunkBytesQ + (((unit ^ r) & 7) << 4), &qa[4 * kk]);
+  }
+}
+
+// s = Q_w K^T with Q_w in registers (load_q_regs).
+template <typename T>
+__device__ __forceinline__ void gemm_qk_fp8_rs(float (&s)[T::kSRegs], uint32_t (&qa)[T::kHeadDim / 8],
+                                               uint64_t desc_k) {
+  fence_regs(s);
+  fence_regs(qa);
+  wgmma_fence();
+#pragma unroll
+  for (int kk = 0; kk < T::kStepsQK; ++kk) {
+    const int chunk = kk / T::kStepsPerChunk, step = kk % T::kStepsPerChunk;
+    T::GemmS::rs(s, &qa[4 * kk], desc_advance(desc_k, chunk * T::kChunkBytesKV + step * T::kKStepBytes),
+                 kk > 0 ? 1u : 0u);
+  }
+  wgmma_commit();
+  fence_regs(s);
 }
 
 // Four fp32 -> four e4m3 in one b32, a lowest (round to nearest, saturated to +-448; P <= 2^8, fwd_softmax.cuh).
@@ -132,10 +184,11 @@ __device__ __forceinline__ Fp8BlockDescale fp8_block_descale(const AttnParams& p
 // the q.k descale folded in unless s_scale != 1 (score modifiers: S is scaled to real scores first). As in
 // consumer.cuh, the key loop carries no code it does not need: kMods (softcap / ALiBi) is its own copy, and without
 // a window (kWindowed false) only the first tile visited, the last key block, can reach past seqlen_k, so the loop's
-// tiles i >= 1 are never masked.
+// tiles i >= 1 are never masked. desc_q / q_wg: the warpgroup's Q stage as a wgmma descriptor / a shared address
+// (kFp8QRegs loads it into registers and gives the stage back before the first tile).
 template <typename T, bool kMods, bool kWindowed>
 __device__ __forceinline__ void consume_tile_fp8(const SmemMap<T>& sm, const PingPong<T>& turn, uint64_t desc_q,
-                                                 int kv_iter, int n_tiles, const BlockRange& range,
+                                                 uint32_t q_wg, int kv_iter, int n_tiles, const BlockRange& range,
                                                  const MaskSpec& mask, const ScoreMods& mods, float s_scale,
                                                  const Fp8BlockDescale& bd, float scale_log2, int wg_row0, int tid,
                                                  float (&o)[T::kORegs], RowState (&rows)[2]) {
@@ -145,8 +198,21 @@ __device__ __forceinline__ void consume_tile_fp8(const SmemMap<T>& sm, const Pin
   uint32_t pa[T::kPRegs];  // (64, kBlockN) e4m3 P: the A operand of P V
   float alpha[2];
   const float lazy_gap = lazy_rescale_gap(scale_log2);
+  constexpr bool kQRegs = kFp8QRegs<T>;
+  uint32_t qa[kQRegs ? T::kHeadDim / 8 : 1];
+  if constexpr (kQRegs) {  // Q's stage is free once every warp holds its rows
+    load_q_regs<T>(q_wg, tid, qa);
+    release(sm.q_empty(), lane);
+  }
   auto k_desc = [&](int stage) { return smem_desc(sm.k(stage), kKMajorLbo, kSwizzleAtomBytes); };
   auto v_desc = [&](int stage) { return smem_desc(sm.v(stage), kKMajorLbo, kSwizzleAtomBytes); };
+  auto gemm_qk = [&](int stage) {
+    if constexpr (kQRegs) {
+      gemm_qk_fp8_rs<T>(s, qa, k_desc(stage));
+    } else {
+      gemm_qk_fp8<T>(s, desc_q, k_desc(stage));
+    }
+  };
   auto n_begin = [&](int i) { return (range.end - 1 - i) * T::kBlockN; };
   // (The bf16 consumer clamps these rows at seqlen_q, so a sequence's last tile skips the mask where the stored rows
   // need none; here that measured 1-3% faster at d128 but 4-7% slower at d256 causal, H100, one round, bench/NOTES.md
@@ -192,12 +258,12 @@ __device__ __forceinline__ void consume_tile_fp8(const SmemMap<T>& sm, const Pin
     const RingSlot<T> k_slot(kv_iter);
     mbar_wait(sm.k_full(k_slot.stage), k_slot.phase);
     turn.wait_turn();
-    gemm_qk_fp8<T>(s, desc_q, k_desc(k_slot.stage));
+    gemm_qk(k_slot.stage);
     turn.pass_turn();
     wgmma_wait<0>();
     fence_regs(s);
     release(sm.k_empty(k_slot.stage), lane);
-    if (n_tiles == 1) release(sm.q_empty(), lane);
+    if (!kQRegs && n_tiles == 1) release(sm.q_empty(), lane);
     softmax_tile(0, true);
     convert_p_fp8<T::kBlockN>(s, pa);
     if constexpr (kBlockDescale) {
@@ -209,14 +275,14 @@ __device__ __forceinline__ void consume_tile_fp8(const SmemMap<T>& sm, const Pin
     const RingSlot<T> k_slot(kv_iter + i), v_slot(kv_iter + i - 1);
     mbar_wait(sm.k_full(k_slot.stage), k_slot.phase);
     turn.wait_turn();
-    gemm_qk_fp8<T>(s, desc_q, k_desc(k_slot.stage));
+    gemm_qk(k_slot.stage);
     mbar_wait(sm.v_full(v_slot.stage), v_slot.phase);
     gemm_pv_fp8<T>(o, pa, v_desc(v_slot.stage));
     turn.pass_turn();
     wgmma_wait<1>();
     fence_regs(s);
     release(sm.k_empty(k_slot.stage), lane);
-    if (i == n_tiles - 1) release(sm.q_empty(), lane);
+    if (!kQRegs && i == n_tiles - 1) release(sm.q_empty(), lane);
     bool raised = softmax_tile(i, kWindowed);
     bool adds = true;
     if constexpr (kBlockDescale) {  // O from the previous units to tile i's before P_i V_i is added
@@ -298,7 +364,8 @@ __device__ void fp8_consumer_loop(const AttnParams& p, const SmemMap<T>& sm, con
                                   const CUtensorMap* map_o, bool o_tma, int wg) {
   const int tid = threadIdx.x % kWarpgroupThreads, lane = tid % 32;
   const PingPong<T> turn{wg};
-  const uint64_t desc_q = smem_desc(sm.q() + wg * T::kWarpgroupRowBytes, kKMajorLbo, kSwizzleAtomBytes);
+  const uint32_t q_wg = sm.q() + wg * T::kWarpgroupRowBytes;
+  const uint64_t desc_q = smem_desc(q_wg, kKMajorLbo, kSwizzleAtomBytes);
   const int heads_per_kv = p.num_heads / p.num_heads_k;
   const bool out_bf16 = p.out_dtype == DType::kBFloat16;
   turn.start();
@@ -337,14 +404,14 @@ __device__ void fp8_consumer_loop(const AttnParams& p, const SmemMap<T>& sm, con
     if (n_tiles > 0) {
       mbar_wait(sm.q_full(), q_iter & 1);
       if (real_scores) {
-        consume_tile_fp8<T, true, true>(sm, turn, desc_q, kv_iter, n_tiles, range, mask, mods, descale.qk, block,
-                                        scale_log2, wg_row0, tid, o, rows);
+        consume_tile_fp8<T, true, true>(sm, turn, desc_q, q_wg, kv_iter, n_tiles, range, mask, mods,
+                                        descale.qk, block, scale_log2, wg_row0, tid, o, rows);
       } else if (mask.window_left >= 0 || mask.window_right >= 0) {
-        consume_tile_fp8<T, false, true>(sm, turn, desc_q, kv_iter, n_tiles, range, mask, mods, descale.qk, block,
-                                         scale_log2, wg_row0, tid, o, rows);
+        consume_tile_fp8<T, false, true>(sm, turn, desc_q, q_wg, kv_iter, n_tiles, range, mask, mods,
+                                         descale.qk, block, scale_log2, wg_row0, tid, o, rows);
       } else {
-        consume_tile_fp8<T, false, false>(sm, turn, desc_q, kv_iter, n_tiles, range, mask, mods, descale.qk, block,
-                                          scale_log2, wg_row0, tid, o, rows);
+        consume_tile_fp8<T, false, false>(sm, turn, desc_q, q_wg, kv_iter, n_tiles, range, mask, mods,
+                                          descale.qk, block, scale_log2, wg_row0, tid, o, rows);
       }
       kv_iter += n_tiles;
       ++q_iter;
