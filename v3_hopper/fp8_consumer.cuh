@@ -27,21 +27,6 @@
 namespace flashgen {
 namespace v3 {
 
-// s = Q_w K^T: both e4m3, K-major, 128-column chunks; k-steps of 32 bytes inside a chunk.
-template <typename T>
-__device__ __forceinline__ void gemm_qk_fp8(float (&s)[T::kSRegs], uint64_t desc_q, uint64_t desc_k) {
-  fence_regs(s);
-  wgmma_fence();
-#pragma unroll
-  for (int kk = 0; kk < T::kStepsQK; ++kk) {
-    const int chunk = kk / T::kStepsPerChunk, step = kk % T::kStepsPerChunk;
-    T::GemmS::ss(s, desc_advance(desc_q, chunk * T::kChunkBytesQ + step * T::kKStepBytes),
-                 desc_advance(desc_k, chunk * T::kChunkBytesKV + step * T::kKStepBytes), kk > 0 ? 1u : 0u);
-  }
-  wgmma_commit();
-  fence_regs(s);
-}
-
 // o += P V: P (64, kBlockN) e4m3 A fragments in registers, V^T (kHeadDim, kBlockN) K-major in smem, in chunks of
 // 128 keys.
 template <typename T>
@@ -69,15 +54,6 @@ __device__ __forceinline__ void gemm_pv_fp8(float (&o)[T::kORegs], uint32_t (&p)
 template <typename T>
 constexpr bool kFp8QRegs = FLASHGEN_FP8_Q_REGS != 0 && T::kHeadDim == 128 && T::kBlockN == 128;
 
-// ldmatrix (sm_75+): four 8 x 8 matrices of 16-bit elements; lane l gets, in register i, row l / 4 of matrix i,
-// elements 2 (l % 4), + 1 (bytes 4 (l % 4) .. + 3); lane l gives the address of row l % 8 of matrix l / 8.
-__device__ __forceinline__ void ldmatrix_x4(uint32_t addr, uint32_t* r) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(addr)
-               : "memory");
-}
-
 // The warpgroup's Q (64 rows at q_wg, 128-byte swizzled rows in 128-column chunks) -> the e4m3 A fragments of every
 // k32 step: matrices 0-3 of step kk are (rows 0-7 | 8-15 of the warp) x (bytes 0-15 | 16-31 of the step), which are
 // A's registers (row g, 4t..), (g + 8, 4t..), (g, 16 + 4t..), (g + 8, 16 + 4t..) (convert_p_fp8's order).
@@ -92,18 +68,23 @@ __device__ __forceinline__ void load_q_regs(uint32_t q_wg, int tid, uint32_t (&q
   }
 }
 
-// s = Q_w K^T with Q_w in registers (load_q_regs).
-template <typename T>
-__device__ __forceinline__ void gemm_qk_fp8_rs(float (&s)[T::kSRegs], uint32_t (&qa)[T::kHeadDim / 8],
-                                               uint64_t desc_k) {
+// s = Q_w K^T, e4m3, K-major, 128-column chunks; k-steps of 32 bytes inside a chunk. Q_w from registers (qa,
+// load_q_regs) where kFp8QRegs<T>, else from shared memory (desc_q).
+template <typename T, int kQ>
+__device__ __forceinline__ void gemm_qk_fp8(float (&s)[T::kSRegs], uint64_t desc_q, uint32_t (&qa)[kQ],
+                                            uint64_t desc_k) {
   fence_regs(s);
-  fence_regs(qa);
+  if constexpr (kFp8QRegs<T>) fence_regs(qa);
   wgmma_fence();
 #pragma unroll
   for (int kk = 0; kk < T::kStepsQK; ++kk) {
     const int chunk = kk / T::kStepsPerChunk, step = kk % T::kStepsPerChunk;
-    T::GemmS::rs(s, &qa[4 * kk], desc_advance(desc_k, chunk * T::kChunkBytesKV + step * T::kKStepBytes),
-                 kk > 0 ? 1u : 0u);
+    const uint64_t b = desc_advance(desc_k, chunk * T::kChunkBytesKV + step * T::kKStepBytes);
+    if constexpr (kFp8QRegs<T>) {
+      T::GemmS::rs(s, &qa[4 * kk], b, kk > 0 ? 1u : 0u);
+    } else {
+      T::GemmS::ss(s, desc_advance(desc_q, chunk * T::kChunkBytesQ + step * T::kKStepBytes), b, kk > 0 ? 1u : 0u);
+    }
   }
   wgmma_commit();
   fence_regs(s);
@@ -206,13 +187,6 @@ __device__ __forceinline__ void consume_tile_fp8(const SmemMap<T>& sm, const Pin
   }
   auto k_desc = [&](int stage) { return smem_desc(sm.k(stage), kKMajorLbo, kSwizzleAtomBytes); };
   auto v_desc = [&](int stage) { return smem_desc(sm.v(stage), kKMajorLbo, kSwizzleAtomBytes); };
-  auto gemm_qk = [&](int stage) {
-    if constexpr (kQRegs) {
-      gemm_qk_fp8_rs<T>(s, qa, k_desc(stage));
-    } else {
-      gemm_qk_fp8<T>(s, desc_q, k_desc(stage));
-    }
-  };
   auto n_begin = [&](int i) { return (range.end - 1 - i) * T::kBlockN; };
   // (The bf16 consumer clamps these rows at seqlen_q, so a sequence's last tile skips the mask where the stored rows
   // need none; here that measured 1-3% faster at d128 but 4-7% slower at d256 causal, H100, one round, bench/NOTES.md
@@ -258,7 +232,7 @@ __device__ __forceinline__ void consume_tile_fp8(const SmemMap<T>& sm, const Pin
     const RingSlot<T> k_slot(kv_iter);
     mbar_wait(sm.k_full(k_slot.stage), k_slot.phase);
     turn.wait_turn();
-    gemm_qk(k_slot.stage);
+    gemm_qk_fp8<T>(s, desc_q, qa, k_desc(k_slot.stage));
     turn.pass_turn();
     wgmma_wait<0>();
     fence_regs(s);
@@ -275,7 +249,7 @@ __device__ __forceinline__ void consume_tile_fp8(const SmemMap<T>& sm, const Pin
     const RingSlot<T> k_slot(kv_iter + i), v_slot(kv_iter + i - 1);
     mbar_wait(sm.k_full(k_slot.stage), k_slot.phase);
     turn.wait_turn();
-    gemm_qk(k_slot.stage);
+    gemm_qk_fp8<T>(s, desc_q, qa, k_desc(k_slot.stage));
     mbar_wait(sm.v_full(v_slot.stage), v_slot.phase);
     gemm_pv_fp8<T>(o, pa, v_desc(v_slot.stage));
     turn.pass_turn();

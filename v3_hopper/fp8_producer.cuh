@@ -17,16 +17,6 @@
 namespace flashgen {
 namespace v3 {
 
-// ldmatrix.trans (sm_75+): four 8 x 8 matrices of 16-bit elements from shared memory, transposed: lane l receives,
-// in register i, matrix i's elements (row 2 (l % 4), column l / 4) in the low half and (row 2 (l % 4) + 1, column
-// l / 4) in the high half; lane l gives the address of row l % 8 of matrix l / 8 (16 contiguous bytes).
-__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t addr, uint32_t (&r)[4]) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(addr)
-               : "memory");
-}
-
 // One tile in 128-column chunks (the box of fp8_api.cu's maps); chunks past head_dim are never loaded.
 template <int kChunks>
 __device__ __forceinline__ void load_tile_fp8(uint32_t dst, const CUtensorMap* map, uint32_t bar, int chunks,

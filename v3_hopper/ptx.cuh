@@ -153,6 +153,25 @@ __device__ __forceinline__ void fence_regs(uint32_t (&r)[N]) {
   for (int i = 0; i < N; ++i) asm volatile("" : "+r"(r[i])::"memory");
 }
 
+// ldmatrix (sm_75+): four 8 x 8 matrices of 16-bit elements; lane l gets, in register i, row l / 4 of matrix i,
+// elements 2 (l % 4), + 1 (bytes 4 (l % 4) .. + 3); lane l gives the address of row l % 8 of matrix l / 8.
+__device__ __forceinline__ void ldmatrix_x4(uint32_t addr, uint32_t* r) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr)
+               : "memory");
+}
+
+// ldmatrix.trans (sm_75+): four 8 x 8 matrices of 16-bit elements from shared memory, transposed: lane l receives,
+// in register i, matrix i's elements (row 2 (l % 4), column l / 4) in the low half and (row 2 (l % 4) + 1, column
+// l / 4) in the high half; lane l gives the address of row l % 8 of matrix l / 8 (16 contiguous bytes).
+__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t addr, uint32_t (&r)[4]) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr)
+               : "memory");
+}
+
 // stmatrix (sm_90): four 8 x 8 matrices of 16-bit elements from registers to shared memory. Register i of every
 // thread holds matrix i's row lane / 4, elements 2 (lane % 4) and + 1 (the mma / wgmma fragment layout); lane l gives
 // the address of row l % 8 of matrix l / 8 (16 contiguous bytes).
