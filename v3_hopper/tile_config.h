@@ -283,8 +283,18 @@ constexpr bool o_through_smem(const TileConfig& c, int head_dim_bucket) {
 #ifndef FLASHGEN_V3_SPLIT_BALANCED
 #define FLASHGEN_V3_SPLIT_BALANCED 1
 #endif
+// FLASHGEN_V3_SPLIT_BLOCK_N / FLASHGEN_V3_SPLIT_STAGES (default 0: the masked tile's): the split tile's keys per stage
+// and stages at d128, for A/Bs of the decode instance alone (tools/ab_split.sh).
+#ifndef FLASHGEN_V3_SPLIT_BLOCK_N
+#define FLASHGEN_V3_SPLIT_BLOCK_N 0
+#endif
+#ifndef FLASHGEN_V3_SPLIT_STAGES
+#define FLASHGEN_V3_SPLIT_STAGES 0
+#endif
 constexpr TileConfig split_tile_config(int head_dim) {
-  const TileConfig c = tile_config(head_dim, true);
+  TileConfig c = tile_config(head_dim, true);
+  if (FLASHGEN_V3_SPLIT_BLOCK_N > 0 && head_dim > 64 && head_dim <= 128) c.block_n = FLASHGEN_V3_SPLIT_BLOCK_N;
+  if (FLASHGEN_V3_SPLIT_STAGES > 0 && head_dim > 64 && head_dim <= 128) c.stages = FLASHGEN_V3_SPLIT_STAGES;
   return FLASHGEN_V3_SPLIT_ONE_WARPGROUP != 0 ? TileConfig{1, c.block_n, c.stages, false} : c;
 }
 static_assert(budget_fits(split_tile_config(64)) && budget_fits(split_tile_config(128)) &&

@@ -7,7 +7,9 @@
 # Env: ROUNDS (default 2); TESTS=1 first runs tests/test_v3_split_kv.py, test_v2_split_kv.py and test_v3_pdl.py on
 # each module (a variant must pass before it is timed); TIMEOUT per run (default 100 s); APPEND=1: each step appends
 # its rows first (time_kvcache.py --append: the graph holds the append and the attention, as a decode step does);
-# IN_PLACE=1: v3 also timed reading packed rows in place (time_kvcache.py --in-place, v3_in_place_us in the rows).
+# IN_PLACE=1: v3 also timed reading packed rows in place (time_kvcache.py --in-place, v3_in_place_us in the rows);
+# RUNS: time_kvcache.py argument lists separated by ';' in place of the rows below, e.g.
+# RUNS="--batch 16 --rows 4 --caches 32768,131072".
 # Rows: batch 4 (32 / 8 heads, d128) one and four query rows at caches of 2k, 8k and 32k, batch 1 one and four rows
 # at 8k, 32k and 128k, and batch 1 one row over pages of 16 at 8k and 32k. Output: $OUT/ab_split.jsonl (rows with
 # "label" = name, "round") and $OUT/ab_split_logs.tar.xz (build logs, ptxas lines, the runs' tables).
@@ -62,9 +64,17 @@ run() {  # run <name> <round> <time_kvcache arguments>
 for round in $(seq 1 "${ROUNDS:-2}"); do
   for name in "${names[@]}"; do
     echo "== round $round: $name"
-    run "$name" "$round" --rows 1,4 --caches 2048,8192,32768
-    run "$name" "$round" --rows 1,4 --caches 8192,32768,131072 --batch 1
-    run "$name" "$round" --rows 1 --caches 8192,32768 --batch 1 --page 16
+    if [ -n "${RUNS:-}" ]; then
+      IFS=';' read -ra runs <<< "$RUNS"
+      for args in "${runs[@]}"; do
+        # shellcheck disable=SC2086  # each entry is a list of arguments
+        run "$name" "$round" $args
+      done
+    else
+      run "$name" "$round" --rows 1,4 --caches 2048,8192,32768
+      run "$name" "$round" --rows 1,4 --caches 8192,32768,131072 --batch 1
+      run "$name" "$round" --rows 1 --caches 8192,32768 --batch 1 --page 16
+    fi
   done
 done
 python3 - "$OUT/ab_split.jsonl" <<'PY'
