@@ -35,13 +35,16 @@ __device__ __forceinline__ void load_tile(uint32_t dst, const CUtensorMap* map, 
 
 // The split instance's packed query rows read in place (AttnParams::q_pack_head_stride): one 5-D box per column chunk
 // of the map (head_dim, group head, token, KV head, batch) lands row (token i, group head j) at row i * g + j, the
-// packed order (v3_api.cu encode_packed_q_map: g x 64 / g rows, tokens past the call's zero-filled).
+// packed order (v3_api.cu encode_packed_q_map: g x tile rows / g rows, tokens outside the call's zero-filled), from
+// token `token0`: 0 for one consumer warpgroup; with two (FLASHGEN_V3_SPLIT_ONE_WARPGROUP=0) the tile's rows start a
+// warpgroup before row 0 (kernel_traits.cuh tile_m_begin), at token -64 / g. Reading from token 0 there put the rows
+// 64 apart from where the consumers read them: wrong outputs (session 55's tests of that option).
 template <int kChunks>
 __device__ __forceinline__ void load_packed_q(uint32_t dst, const CUtensorMap* map, uint32_t bar, int chunks,
-                                              int chunk_bytes, int head_k, int batch) {
+                                              int chunk_bytes, int token0, int head_k, int batch) {
 #pragma unroll
   for (int c = 0; c < kChunks; ++c) {
-    if (c < chunks) tma_load_5d(dst + c * chunk_bytes, map, bar, c * kChunkCols, 0, 0, head_k, batch);
+    if (c < chunks) tma_load_5d(dst + c * chunk_bytes, map, bar, c * kChunkCols, 0, token0, head_k, batch);
   }
 }
 
@@ -179,7 +182,10 @@ struct Loader {
         if (lane == 0) {
           mbar_arrive_expect_tx(sm.q_full(), chunks * T::kChunkBytesQ);
           if (T::kSplit && p.q_pack_head_stride != 0) {
-            load_packed_q<T::kChunks>(sm.q(), maps.q, sm.q_full(), chunks, T::kChunkBytesQ, head, rows.q_batch);
+            // m_row: whole warpgroups before row 0 (rows.q_row0 is 0: no varlen queries), which g divides (check_fwd)
+            const int token0 = T::kConsumers > 1 ? m_row / p.q_pack : 0;
+            load_packed_q<T::kChunks>(sm.q(), maps.q, sm.q_full(), chunks, T::kChunkBytesQ, token0, head,
+                                      rows.q_batch);
           } else {
             load_tile<T::kChunks>(sm.q(), maps.q, sm.q_full(), chunks, T::kChunkBytesQ, m_row, head, rows.q_batch);
           }
