@@ -40,7 +40,15 @@ Status launch_fwd_kernel(const AttnParams& p, const FwdLaunch& launch, cudaStrea
 template <typename Tag, int kHeadDim>
 Status launch_fwd(const AttnParams& p, const FwdLaunch& launch, cudaStream_t stream) {
   if (launch.split) {  // every split's partial result, then one warp per (row, head, batch) merges them
-    Status st = launch_fwd_kernel<FwdTraits<Tag, kHeadDim, true, false, kHeadDim, true>>(p, launch, stream);
+    using Split = FwdTraits<Tag, kHeadDim, true, false, kHeadDim, true>;
+    using PackedSplit = FwdTraits<Tag, kHeadDim, true, true, kHeadDim, true>;  // has_packed_split_tile only
+    Status st;
+    if constexpr (has_packed_split_tile(kHeadDim)) {  // short_tile: packed rows on their own split tile
+      st = launch.short_tile ? launch_fwd_kernel<PackedSplit>(p, launch, stream)
+                             : launch_fwd_kernel<Split>(p, launch, stream);
+    } else {
+      st = launch_fwd_kernel<Split>(p, launch, stream);
+    }
     if (!st.is_ok()) return st;
     constexpr bool kPdl = FLASHGEN_V3_COMBINE_PDL != 0;  // tile_config.h
     return cuda_status(launch_combine<Tag, kHeadDim, /*kMayPack=*/true, kPdl>(p, stream), "combine_kernel launch");

@@ -42,7 +42,8 @@ enum NamedBarrier : int {
 static_assert(kBarrierCount <= 16, "sm_90 has 16 named barriers per CTA");
 
 // kMasked: the instance for launches with a window (causal or local); tile_config.h may give it another tile.
-// kShortTile: the masked code on tile_config.h's short_tile_config (buckets with has_short_tile only).
+// kShortTile: the masked code on tile_config.h's short_tile_config (buckets with has_short_tile only); with kSplit, the
+// packed rows' split tile (split_tile_config(kHeadDim, true); buckets with has_packed_split_tile only).
 // kHeadDimV: V's (and O's) head-dim bucket where V has its own (tile_config.h value_tile_config), else kHeadDim.
 // kSplit: the split-KV decode instance (v3_api.cu plan_fwd): the masked code on tile_config.h's split_tile_config, each
 // tile one split of the key blocks of one query block of at most 64 rows, its O and row state written to the
@@ -56,13 +57,13 @@ struct FwdTraits {
   static constexpr int kHeadDimV = kHeadDimV_;
   static constexpr bool kMasked = kMasked_;
   static constexpr bool kSplit = kSplit_;
-  static_assert(!kShortTile || (kMasked && has_short_tile(kHeadDim) && kHeadDimV == kHeadDim),
+  static_assert(!kShortTile || kSplit_ || (kMasked && has_short_tile(kHeadDim) && kHeadDimV == kHeadDim),
                 "the short tile runs the masked code");
-  static_assert(!kSplit || (kMasked && !kShortTile && kHeadDimV == kHeadDim),
+  static_assert(!kSplit || (kMasked && (!kShortTile || has_packed_split_tile(kHeadDim)) && kHeadDimV == kHeadDim),
                 "the split instance runs the masked code, V at q's head dim");
-  static constexpr TileConfig kConfig = kShortTile ? short_tile_config(kHeadDim)
-                                         : kSplit    ? split_tile_config(kHeadDim)
-                                                     : value_tile_config(kHeadDim, kHeadDimV, kMasked);
+  static constexpr TileConfig kConfig = kSplit       ? split_tile_config(kHeadDim, kShortTile)
+                                         : kShortTile ? short_tile_config(kHeadDim)
+                                                      : value_tile_config(kHeadDim, kHeadDimV, kMasked);
   static constexpr int kConsumers = kConfig.consumers;  // consumer warpgroups
   static constexpr int kBlockM = block_m(kConfig);
   static constexpr int kBlockN = kConfig.block_n;

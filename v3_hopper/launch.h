@@ -18,7 +18,9 @@ struct FwdLaunch {
   bool o_tma = false;   // FP8: `o` was made (the output's pointer and strides suit TMA); the 16-bit forward requires it
   int grid;             // CTAs: min(tiles, SMs)
   bool masked;          // the masked instance: a window, or (16-bit, fwd_masked_instance) short keys
-  bool short_tile = false;  // 16-bit: the masked code on short_tile_config (tile_config.h fwd_short_tile)
+  // 16-bit: the masked code on short_tile_config (tile_config.h fwd_short_tile); with split, the packed rows' split
+  // tile (has_packed_split_tile)
+  bool short_tile = false;
   bool split = false;   // 16-bit: the split-KV instance and the combine (p.num_splits > 1, v3_api.cu plan_fwd)
   int block_n = 0;      // FP8: the key tile the K / V maps were made for (fp8_tile_config)
   TileOrder order = {};  // the persistent grid's tile order (tile_config.h make_tile_order, choose_tile_group)

@@ -291,12 +291,28 @@ constexpr bool o_through_smem(const TileConfig& c, int head_dim_bucket) {
 #ifndef FLASHGEN_V3_SPLIT_STAGES
 #define FLASHGEN_V3_SPLIT_STAGES 0
 #endif
-constexpr TileConfig split_tile_config(int head_dim) {
+// FLASHGEN_V3_SPLIT_PACKED_BLOCK_N (default 0: none): packed query rows (AttnParams::q_pack > 1) run on a second d128
+// split instance of this many keys a stage (kernel_traits.cuh kSplit with kShortTile), the rest on the first. Session
+// 55's A/B of a 64-key split tile for every call (H100, bench/NOTES.md): b16 four tokens 1.012-1.014 -> 0.995-1.001 of
+// v2's time and every other packed row 0-2.5% faster, but batch 1 one token at 128k 0.999 -> 1.018; this option is
+// that tile for packed rows only, an A/B not yet run.
+#ifndef FLASHGEN_V3_SPLIT_PACKED_BLOCK_N
+#define FLASHGEN_V3_SPLIT_PACKED_BLOCK_N 0
+#endif
+constexpr bool has_packed_split_tile(int head_dim_bucket) {
+  return FLASHGEN_V3_SPLIT_PACKED_BLOCK_N > 0 && head_dim_bucket > 64 && head_dim_bucket <= 128;
+}
+// packed: the tile of packed query rows (has_packed_split_tile), else the split tile of every call.
+constexpr TileConfig split_tile_config(int head_dim, bool packed = false) {
   TileConfig c = tile_config(head_dim, true);
   if (FLASHGEN_V3_SPLIT_BLOCK_N > 0 && head_dim > 64 && head_dim <= 128) c.block_n = FLASHGEN_V3_SPLIT_BLOCK_N;
   if (FLASHGEN_V3_SPLIT_STAGES > 0 && head_dim > 64 && head_dim <= 128) c.stages = FLASHGEN_V3_SPLIT_STAGES;
+  if (packed && has_packed_split_tile(head_dim)) c.block_n = FLASHGEN_V3_SPLIT_PACKED_BLOCK_N;
   return FLASHGEN_V3_SPLIT_ONE_WARPGROUP != 0 ? TileConfig{1, c.block_n, c.stages, false} : c;
 }
+static_assert(budget_fits(split_tile_config(128, true)) &&
+                  smem_bytes(split_tile_config(128, true), 128) <= kMaxSmemPerBlock,
+              "the packed rows' split tile exceeds the shared memory of one CTA or its register budget");
 static_assert(budget_fits(split_tile_config(64)) && budget_fits(split_tile_config(128)) &&
                   budget_fits(split_tile_config(256)) &&
                   smem_bytes(split_tile_config(256), 256) <= kMaxSmemPerBlock,
