@@ -19,8 +19,11 @@ session 51).
 --profile: after each row, one CUDA-graph replay of each variant's step under torch.profiler, after an L2 flush as
 do_bench does: each kernel's name and time, and the span from the first kernel's start to the last one's end (where
 a step's time goes between the append, a pack copy, the split kernel and the combine, and the gaps between them).
+--offset-mb N: N MB held on the device before the caches are made, so they land at other addresses (every process
+allocates the same sizes in the same order, so a row that is an artifact of where its bytes sit reads the same in
+every run; session 55's b1 128k one-token row is the question).
     python3 v3_hopper/tools/time_kvcache.py [--out rows.jsonl] [--rows 1,16,64,127,128,256,512,1024,2048] [--graph]
-        [--page 16] [--append] [--in-place] [--profile] [--label name]
+        [--page 16] [--append] [--in-place] [--profile] [--label name] [--offset-mb N]
 """
 
 from __future__ import annotations
@@ -80,8 +83,12 @@ def main() -> None:
     ap.add_argument("--in-place", action="store_true", help="v3 also timed reading packed rows in place")
     ap.add_argument("--profile", action="store_true", help="each row's kernels and gaps, one replay under the profiler")
     ap.add_argument("--label", default="", help="recorded in every row (e.g. the build's variant, tools/ab_split.sh)")
+    ap.add_argument("--offset-mb", type=int, default=0,
+                    help="hold this many MB of device memory before the caches, so they sit at other addresses")
     args = ap.parse_args()
     b, h, hk, d = args.batch, 32, 8, 128
+    # a row that moves with the caches' addresses (same sizes, same order in every process) shows as a change here
+    held = torch.empty(args.offset_mb << 20, dtype=torch.int8, device="cuda") if args.offset_mb else None
     timer = measure.graph_replay_ms if args.graph else (lambda fn: do_bench(fn, warmup=25, rep=100))
     scale = 1.0 / math.sqrt(d)
     copy_rules = {g: rule for g, rule in _ops.PACKS_IN_PLACE.items() if g != "v3"}
@@ -124,6 +131,7 @@ def main() -> None:
                 extra["v3_in_place_us"] = timer(lambda: run("v3", True)) * 1e3
             fl = causal_flops(b, h, rows, cap, d)
             row = dict(label=args.label, cache=cap, rows=rows, page=args.page, batch=b, heads=h, heads_k=hk, head_dim=d,
+                       offset_mb=args.offset_mb,
                        v2_us=times["v2"],
                        v3_us=times["v3"], flops=fl, max_abs_diff=err, graph=args.graph, append=args.append, **extra)
             out_rows.append(row)
@@ -136,6 +144,7 @@ def main() -> None:
                 if args.in_place:
                     profile_step("v3 in place", lambda: run("v3", True))
     report.write_jsonl(args.out, out_rows)
+    del held
 
 
 if __name__ == "__main__":
