@@ -19,11 +19,13 @@ session 51).
 --profile: after each row, one CUDA-graph replay of each variant's step under torch.profiler, after an L2 flush as
 do_bench does: each kernel's name and time, and the span from the first kernel's start to the last one's end (where
 a step's time goes between the append, a pack copy, the split kernel and the combine, and the gaps between them).
+--launches N: nothing timed; after each row's check, v2's call N times, then v3's N times (for ncu: v3's split
+kernel is `-k regex:_ZN8flashgen2v310fwd_kernel --kernel-name-base mangled`, v2's `...2v210fwd_kernel`).
 --offset-mb N: N MB held on the device before the caches are made, so they land at other addresses (every process
 allocates the same sizes in the same order, so a row that is an artifact of where its bytes sit reads the same in
 every run; session 55's b1 128k one-token row is the question).
     python3 v3_hopper/tools/time_kvcache.py [--out rows.jsonl] [--rows 1,16,64,127,128,256,512,1024,2048] [--graph]
-        [--page 16] [--append] [--in-place] [--profile] [--label name] [--offset-mb N]
+        [--page 16] [--append] [--in-place] [--profile] [--label name] [--offset-mb N] [--launches N]
 """
 
 from __future__ import annotations
@@ -83,6 +85,8 @@ def main() -> None:
     ap.add_argument("--in-place", action="store_true", help="v3 also timed reading packed rows in place")
     ap.add_argument("--profile", action="store_true", help="each row's kernels and gaps, one replay under the profiler")
     ap.add_argument("--label", default="", help="recorded in every row (e.g. the build's variant, tools/ab_split.sh)")
+    ap.add_argument("--launches", type=int, default=0,
+                    help="no timing: each row's checked call, then v2's and v3's N times more (for ncu)")
     ap.add_argument("--offset-mb", type=int, default=0,
                     help="hold this many MB of device memory before the caches, so they sit at other addresses")
     args = ap.parse_args()
@@ -122,6 +126,12 @@ def main() -> None:
             err = (run("v3").float() - run("v2").float()).abs().max().item()
             if err > CHECK_ATOL:
                 raise SystemExit(f"cache {cap} rows {rows}: v3 and v2 differ by {err}")
+            if args.launches:  # for a profiler: v2's and v3's kernels that many times more each, untimed
+                for gen in ("v2", "v3"):
+                    for _ in range(args.launches):
+                        run(gen)
+                torch.cuda.synchronize()
+                continue
             times = {gen: timer(lambda gen=gen: run(gen)) * 1e3 for gen in ("v2", "v3")}
             extra = {}
             if args.in_place:
