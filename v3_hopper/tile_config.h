@@ -299,14 +299,15 @@ constexpr bool o_through_smem(const TileConfig& c, int head_dim_bucket) {
 #ifndef FLASHGEN_V3_SPLIT_PACKED_BLOCK_N
 #define FLASHGEN_V3_SPLIT_PACKED_BLOCK_N 0
 #endif
+constexpr bool is_d128_bucket(int head_dim_bucket) { return head_dim_bucket > 64 && head_dim_bucket <= 128; }
 constexpr bool has_packed_split_tile(int head_dim_bucket) {
-  return FLASHGEN_V3_SPLIT_PACKED_BLOCK_N > 0 && head_dim_bucket > 64 && head_dim_bucket <= 128;
+  return FLASHGEN_V3_SPLIT_PACKED_BLOCK_N > 0 && is_d128_bucket(head_dim_bucket);
 }
 // packed: the tile of packed query rows (has_packed_split_tile), else the split tile of every call.
 constexpr TileConfig split_tile_config(int head_dim, bool packed = false) {
   TileConfig c = tile_config(head_dim, true);
-  if (FLASHGEN_V3_SPLIT_BLOCK_N > 0 && head_dim > 64 && head_dim <= 128) c.block_n = FLASHGEN_V3_SPLIT_BLOCK_N;
-  if (FLASHGEN_V3_SPLIT_STAGES > 0 && head_dim > 64 && head_dim <= 128) c.stages = FLASHGEN_V3_SPLIT_STAGES;
+  if (FLASHGEN_V3_SPLIT_BLOCK_N > 0 && is_d128_bucket(head_dim)) c.block_n = FLASHGEN_V3_SPLIT_BLOCK_N;
+  if (FLASHGEN_V3_SPLIT_STAGES > 0 && is_d128_bucket(head_dim)) c.stages = FLASHGEN_V3_SPLIT_STAGES;
   if (packed && has_packed_split_tile(head_dim)) c.block_n = FLASHGEN_V3_SPLIT_PACKED_BLOCK_N;
   return FLASHGEN_V3_SPLIT_ONE_WARPGROUP != 0 ? TileConfig{1, c.block_n, c.stages, false} : c;
 }
