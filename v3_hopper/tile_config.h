@@ -303,9 +303,21 @@ constexpr bool o_through_smem(const TileConfig& c, int head_dim_bucket) {
 #ifndef FLASHGEN_V3_SPLIT_PACKED_BLOCK_N
 #define FLASHGEN_V3_SPLIT_PACKED_BLOCK_N 64
 #endif
+// FLASHGEN_V3_SPLIT_PACKED_PAGED (default 0: dense caches only): packed rows over a paged cache take that tile too.
+// The decode bench with the tile for both (session 56, H100, one run against sessions 53-54's three) had v3 / v2
+// speed drop where pages meet packed rows, while the dense rows rose: b16 four tokens over pages of 16 at 32k / 128k
+// 0.986-0.988 -> 0.973 / 0.977, b1 four tokens at 128k pages of 16 / 256 1.018-1.027 -> 0.987-0.988.
+#ifndef FLASHGEN_V3_SPLIT_PACKED_PAGED
+#define FLASHGEN_V3_SPLIT_PACKED_PAGED 0
+#endif
 constexpr bool is_d128_bucket(int head_dim_bucket) { return head_dim_bucket > 64 && head_dim_bucket <= 128; }
 constexpr bool has_packed_split_tile(int head_dim_bucket) {
   return FLASHGEN_V3_SPLIT_PACKED_BLOCK_N > 0 && is_d128_bucket(head_dim_bucket);
+}
+// Whether a split call takes the packed rows' tile: q_pack > 1, and a dense cache unless
+// FLASHGEN_V3_SPLIT_PACKED_PAGED.
+constexpr bool packed_split_tile(int head_dim_bucket, int q_pack, bool paged) {
+  return q_pack > 1 && has_packed_split_tile(head_dim_bucket) && (!paged || FLASHGEN_V3_SPLIT_PACKED_PAGED != 0);
 }
 // packed: the tile of packed query rows (has_packed_split_tile), else the split tile of every call.
 constexpr TileConfig split_tile_config(int head_dim, bool packed = false) {
