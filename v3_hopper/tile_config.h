@@ -304,9 +304,9 @@ constexpr bool o_through_smem(const TileConfig& c, int head_dim_bucket) {
 #define FLASHGEN_V3_SPLIT_PACKED_BLOCK_N 64
 #endif
 // FLASHGEN_V3_SPLIT_PACKED_PAGED (default 0: dense caches only): packed rows over a paged cache take that tile too.
-// The decode bench with the tile for both (session 56, H100, one run against sessions 53-54's three) had v3 / v2
-// speed drop where pages meet packed rows, while the dense rows rose: b16 four tokens over pages of 16 at 32k / 128k
-// 0.986-0.988 -> 0.973 / 0.977, b1 four tokens at 128k pages of 16 / 256 1.018-1.027 -> 0.987-0.988.
+// Session 56's A/B of it (H100, 2 rounds, bench/results/v3-dev/2026-12-06-s56-ab-split-packed-paged-h100.txt), v3 / v2
+// time: b1 four tokens over pages of 16 at 8k 0.95 -> 0.86 and b16 pages of 256 at 32k 1.004 -> 0.992, but b1 128k
+// pages of 16 / 256 0.99 -> 1.01 and b16 pages of 16 at 32k / 128k 1.01 -> 1.02: mixed, so not the default.
 #ifndef FLASHGEN_V3_SPLIT_PACKED_PAGED
 #define FLASHGEN_V3_SPLIT_PACKED_PAGED 0
 #endif
