@@ -35,6 +35,19 @@ inline PFN_cuTensorMapEncodeTiled_v12000 encode_fn() {
   return fn;
 }
 
+// FLASHGEN_V3_TMA_L2_PROMOTION (bytes: 0 none, 64, 128, default 256): every map's L2 promotion, an A/B knob. ncu of
+// the split decode kernel (session 56, H100, b16 four tokens at 32k, tools/ncu_kvcache.sh) read 25% more L2 sectors
+// than DRAM gave (83.9M requested, 67.1M missed, 16.8M hit), where v2's cp.async loads of the same bytes hit ~0; a
+// box row is 128 bytes, so 256-byte promotion fetches its neighbour chunk's row too.
+#ifndef FLASHGEN_V3_TMA_L2_PROMOTION
+#define FLASHGEN_V3_TMA_L2_PROMOTION 256
+#endif
+constexpr CUtensorMapL2promotion kTmaL2Promotion =
+    FLASHGEN_V3_TMA_L2_PROMOTION == 0    ? CU_TENSOR_MAP_L2_PROMOTION_NONE
+    : FLASHGEN_V3_TMA_L2_PROMOTION == 64  ? CU_TENSOR_MAP_L2_PROMOTION_L2_64B
+    : FLASHGEN_V3_TMA_L2_PROMOTION == 128 ? CU_TENSOR_MAP_L2_PROMOTION_L2_128B
+                                          : CU_TENSOR_MAP_L2_PROMOTION_L2_256B;
+
 // What one map holds: its element type and size, and the box's columns (one 128-byte swizzled row).
 struct TmaElement {
   CUtensorMapDataType type;
@@ -71,7 +84,7 @@ inline Status encode_map_nd(CUtensorMap* map, const TmaElement& e, const char* n
   }
   const CUresult r = fn(map, e.type, static_cast<cuuint32_t>(rank), const_cast<void*>(ptr), extents, stride_bytes,
                         boxes, element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
-                        CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+                        kTmaL2Promotion, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
   if (r != CUDA_SUCCESS) {
     return Status::invalid(std::string(name) + ": cuTensorMapEncodeTiled failed (CUresult " + std::to_string(r) +
                            ") for extents (" + shown + ")");
