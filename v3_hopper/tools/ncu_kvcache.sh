@@ -2,8 +2,9 @@
 # ncu of v2's and v3's decode kernels at one tools/time_kvcache.py row (on the device, clocks left alone), with the
 # installed flashgen (e.g. after tools/gpu_check.sh's build): for each generation the third of its untimed calls
 # (time_kvcache.py --launches 3, after the row's check), the split kernel only (v3's combine and v2's are other
-# kernels). Writes ${OUT:-.}/ncu_kv_<tag>_<gen>.{ncu-rep,txt}: the report, then its sections and the raw metrics
-# below as text (DRAM bytes and throughput, L2 hit rate, warp stalls) for reading here.
+# kernels). Writes ${OUT:-.}/ncu_kv_<tag>.tar.xz (the device returns at most 8 files): for each generation the
+# report (.ncu-rep), its sections and the raw metrics below as text (.txt: DRAM bytes and throughput, L2 sectors and
+# hit rate, warp stalls) and ncu's log.
 #   bash v3_hopper/tools/ncu_kvcache.sh <tag> <time_kvcache.py arguments for one row>
 #   bash v3_hopper/tools/ncu_kvcache.sh b16p16 --batch 16 --rows 4 --caches 32768 --page 16
 set -uo pipefail
@@ -15,6 +16,8 @@ stalls=$(printf 'smsp__average_warps_issue_stalled_%s_per_issue_active.ratio,' b
   no_instruction membar branch_resolving sleeping misc)
 totals=gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum,\
 dram__throughput.avg.pct_of_peak_sustained_elapsed,lts__t_sector_hit_rate.pct,lts__t_sectors_srcunit_tex_op_read.sum,\
+lts__t_sectors_srcunit_tex_op_read_lookup_hit.sum,lts__t_sectors_srcunit_ltcfabric.sum,\
+lts__t_requests_srcunit_tex_op_read.sum,\
 sm__cycles_active.avg,sm__warps_active.avg.pct_of_peak_sustained_active,smsp__inst_executed.sum,\
 launch__grid_size,launch__block_size,launch__shared_mem_per_block_dynamic
 for gen in v2 v3; do
@@ -29,3 +32,5 @@ for gen in v2 v3; do
   ncu -i "$out.ncu-rep" --page raw --csv --metrics "${stalls%,},$totals" >> "$out.txt" 2>&1
   grep -E "Duration|DRAM Throughput|Memory Throughput|L2 Hit Rate|Grid Size|Registers Per" "$out.txt" | head -12
 done
+(cd "${OUT:-.}" && tar cJf "ncu_kv_${tag}.tar.xz" ncu_kv_"${tag}"_v2.* ncu_kv_"${tag}"_v3.* &&
+   rm -f ncu_kv_"${tag}"_v2.* ncu_kv_"${tag}"_v3.*)
