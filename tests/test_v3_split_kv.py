@@ -10,6 +10,7 @@ call. The masked tile's block_n is read back through the plan (`_block_n`), not 
 
 import functools
 import math
+import os
 
 import pytest
 import torch
@@ -48,6 +49,24 @@ def _block_n(head_dim: int) -> int:
     first = next(keys for keys in range(2, 1025)
                  if _plan(batch=1, heads=1, seqlen_q=1, seqlen_k=keys, num_sms=1000, head_dim=head_dim)[0] > 0)
     return first - 1
+
+
+def _build_define(name: str, default: int) -> int:
+    """A define of the build under test: its default, or what tools/ab_split.sh's variant passed to nvcc (it exports
+    the variant's defines as FLASHGEN_AB_DEFINES while the variant's tests run)."""
+    for token in os.environ.get("FLASHGEN_AB_DEFINES", "").split():
+        if token.startswith(f"-D{name}="):
+            return int(token.split("=", 1)[1])
+    return default
+
+
+def _packed_block_n(paged: bool) -> int:
+    """The keys per block of packed rows' split tile at d128, read back through the plan: on 1000 SMs one packed tile
+    takes a share per key block and at least 2, so the fewest keys planned as 3 shares are 2 x block_n + 1."""
+    pages = dict(block_table=256, page_block_size=256) if paged else {}
+    first = next(keys for keys in range(3, 1026)
+                 if _plan(batch=1, heads=1, seqlen_q=4, q_pack=4, seqlen_k=keys, num_sms=1000, **pages)[0] == 3)
+    return (first - 1) // 2
 
 
 def _bucket(head_dim: int) -> int:
@@ -181,6 +200,17 @@ def test_split_step_replays_from_a_cuda_graph(append, splits_seen):
 
 # ---- packed query rows (AttnParams::q_pack; python/flashgen/_ops.py _packed_rows): several tokens of a GQA group in
 # one tile, each row masked at its own token ----
+
+@needs_v3
+def test_packed_rows_split_tile():
+    """Packed rows over a dense cache plan on their own d128 split tile (tile_config.h FLASHGEN_V3_SPLIT_PACKED_BLOCK_N:
+    64 keys, session 56's A/B; 0 = none), over pages on the split tile of every call unless
+    FLASHGEN_V3_SPLIT_PACKED_PAGED (default 0: the 64-key tile was mixed there)."""
+    packed_n = _build_define("FLASHGEN_V3_SPLIT_PACKED_BLOCK_N", 64) or _block_n(128)
+    paged_too = _build_define("FLASHGEN_V3_SPLIT_PACKED_PAGED", 0) != 0
+    assert _packed_block_n(paged=False) == packed_n
+    assert _packed_block_n(paged=True) == (packed_n if paged_too else _block_n(128))
+
 
 @pytest.fixture
 def packs_seen(monkeypatch):

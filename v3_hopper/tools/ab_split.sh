@@ -41,8 +41,11 @@ for spec in "$@"; do
     continue
   fi
   if [ "${TESTS:-0}" = 1 ]; then
-    (cd "$here" && PYTHONPATH="$pkg" timeout -s KILL 300 python3 -m pytest -q -p no:cacheprovider \
-       tests/test_v3_split_kv.py tests/test_v2_split_kv.py tests/test_v3_pdl.py > "$OUT/ab_split_tests_$name.log" 2>&1)
+    defs=""; [ "$name" != "$spec" ] && defs=${spec#*=}
+    # the variant's defines: tests of a default read them (test_v3_split_kv.py _build_define)
+    (cd "$here" && FLASHGEN_AB_DEFINES="$defs" PYTHONPATH="$pkg" timeout -s KILL 300 \
+       python3 -m pytest -q -p no:cacheprovider tests/test_v3_split_kv.py tests/test_v2_split_kv.py \
+       tests/test_v3_pdl.py > "$OUT/ab_split_tests_$name.log" 2>&1)
     rc=$?
     echo "$name tests rc=$rc: $(tail -n 1 "$OUT/ab_split_tests_$name.log")"
     [ $rc -ne 0 ] && continue
