@@ -427,12 +427,13 @@ def test_decode_instance_many_splits(key_blocks, splits_seen):
 
 # ---- packed query rows on the decode instance (AttnParams::q_pack: v2_api.cu plan_fwd, fwd_kernel.cuh) ----
 
-def check_packed_case(version, head_dim, case, seen):
+def check_packed_case(version, head_dim, case, seen, dtype=torch.bfloat16):
     """PACKED_CASES[case] through `version`'s split path (caches empty, shorter than the tokens, odd, full): the launch
     packed the group's rows (q_pack = g) and split at least in two, and out / lse match the oracle. `seen`: the
     (num_splits, q_pack) of each forward launch (spy_fwd_launches). Shared with tests/test_v3_split_kv.py."""
     heads, heads_k, tokens, kw = PACKED_CASES[case]
-    q, k_cache, v_cache, seqlens = _decode_case("cuda", heads, heads_k, head_dim, tokens, [0, 2, 37, 3001, 4096], 4096)
+    q, k_cache, v_cache, seqlens = _decode_case("cuda", heads, heads_k, head_dim, tokens, [0, 2, 37, 3001, 4096], 4096,
+                                                dtype)
     out, lse = flashgen.flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=seqlens, version=version,
                                                 return_softmax_lse=True, **kw)
     assert seen[-1][1] == heads // heads_k and seen[-1][0] >= 2, f"not packed: {seen}"

@@ -227,6 +227,14 @@ def test_packed_rows_against_oracle(head_dim, case, packs_seen):
     test_v2_split_kv.check_packed_case("v3", head_dim, case, packs_seen)
 
 
+@pytest.mark.parametrize("case", ["g4-4-tokens-causal", "g8-8-tokens-causal", "g4-5-tokens-window"])
+def test_packed_rows_fp16(case, packs_seen):
+    """fp16 through the packed rows' own d128 split tile (test_packed_rows_split_tile) and the common tile of d64."""
+    for head_dim in (128, 64):
+        _need_gpu_v3(head_dim, "fp16")
+        test_v2_split_kv.check_packed_case("v3", head_dim, case, packs_seen, torch.float16)
+
+
 @pytest.mark.parametrize("page", [16, 256])
 def test_packed_rows_paged(page, packs_seen):
     """A paged cache (shuffled pages), four tokens of groups of 4, causal: the dense cache's oracle."""
