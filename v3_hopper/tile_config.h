@@ -297,7 +297,7 @@ constexpr bool o_through_smem(const TileConfig& c, int head_dim_bucket) {
 // four tokens 1.012-1.014 -> 0.995-1.001 of v2's time and every other packed row 0-2.5% faster, but batch 1 one token
 // at 128k 0.999 -> 1.018 (the same at caches 64 MB further on: the work's, not the addresses'). Session 56's A/B of
 // this option (H100, 2 rounds, v2 in each row's process, bench/results/v3-dev/2026-12-06-s56-ab-split-packed-h100.*):
-// b16 four tokens at 8k / 32k / 128k 1.004 / 1.011 / 1.005 -> 0.979 / 0.994 / 0.995 of v2's time, b1 four tokens at
+// b16 four tokens at 8k / 32k / 128k 1.004 / 1.011 / 1.005 -> 0.980 / 0.994 / 0.995 of v2's time, b1 four tokens at
 // 8k 0.92 -> 0.84, b4 four tokens 0.93 / 0.98 -> 0.91 / 0.96, b1 128k four 0.987 -> 0.995; one token unchanged (b1
 // 128k 1.000 in both).
 #ifndef FLASHGEN_V3_SPLIT_PACKED_BLOCK_N

@@ -37,8 +37,8 @@ inline PFN_cuTensorMapEncodeTiled_v12000 encode_fn() {
 
 // FLASHGEN_V3_TMA_L2_PROMOTION (bytes: 0 none, 64, 128, default 256): every map's L2 promotion, an A/B knob. ncu of
 // the split decode kernel (session 56, H100, b16 four tokens at 32k, tools/ncu_kvcache.sh) read 25% more L2 sectors
-// than DRAM gave (83.9M requested, 67.1M missed, 16.8M hit), where v2's cp.async loads of the same bytes hit ~0; a
-// box row is 128 bytes, so 256-byte promotion fetches its neighbour chunk's row too.
+// than DRAM gave (83.9M requested, 67.1M missed, 16.8M hit), where v2's cp.async loads of the same bytes hit ~0. A
+// box row is 128 bytes (one column chunk of a 256-byte head row), so the suspect is 256-byte promotion; not measured.
 #ifndef FLASHGEN_V3_TMA_L2_PROMOTION
 #define FLASHGEN_V3_TMA_L2_PROMOTION 256
 #endif
