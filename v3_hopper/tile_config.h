@@ -291,15 +291,15 @@ constexpr bool o_through_smem(const TileConfig& c, int head_dim_bucket) {
 #ifndef FLASHGEN_V3_SPLIT_STAGES
 #define FLASHGEN_V3_SPLIT_STAGES 0
 #endif
-// FLASHGEN_V3_SPLIT_PACKED_BLOCK_N (default 64; 0: none): packed query rows (AttnParams::q_pack > 1) run on a second
-// d128 split instance of this many keys a stage (kernel_traits.cuh kSplit with kShortTile, 2 stages, 97 KB), one
-// token on the first (128 keys). Session 55's A/B of a 64-key split tile for every call (H100, bench/NOTES.md): b16
-// four tokens 1.012-1.014 -> 0.995-1.001 of v2's time and every other packed row 0-2.5% faster, but batch 1 one token
-// at 128k 0.999 -> 1.018 (the same at caches 64 MB further on: the work's, not the addresses'). Session 56's A/B of
-// this option (H100, 2 rounds, v2 in each row's process, bench/results/v3-dev/2026-12-06-s56-ab-split-packed-h100.*):
-// b16 four tokens at 8k / 32k / 128k 1.004 / 1.011 / 1.005 -> 0.980 / 0.994 / 0.995 of v2's time, b1 four tokens at
-// 8k 0.92 -> 0.84, b4 four tokens 0.93 / 0.98 -> 0.91 / 0.96, b1 128k four 0.987 -> 0.995; one token unchanged (b1
-// 128k 1.000 in both).
+// FLASHGEN_V3_SPLIT_PACKED_BLOCK_N (default 64; 0: none): packed query rows (AttnParams::q_pack > 1) over a dense cache
+// (packed_split_tile) run on a second d128 split instance of this many keys a stage (kernel_traits.cuh kSplit with
+// kShortTile, 2 stages, 97 KB), one token and pages on the first (128 keys). Session 55's A/B of a 64-key split tile
+// for every call (H100, bench/NOTES.md): b16 four tokens 1.012-1.014 -> 0.995-1.001 of v2's time and every other packed
+// row 0-2.5% faster, but batch 1 one token at 128k 0.999 -> 1.018 (the same at caches 64 MB further on: the work's, not
+// the addresses'). Session 56's A/B of this option (H100, 2 rounds, v2 in each row's process,
+// bench/results/v3-dev/2026-12-06-s56-ab-split-packed-h100.*): b16 four tokens at 8k / 32k / 128k 1.004 / 1.011 / 1.005
+// -> 0.980 / 0.994 / 0.995 of v2's time, b1 four tokens at 8k 0.92 -> 0.84, b4 four tokens 0.93 / 0.98 -> 0.91 / 0.96,
+// b1 128k four 0.987 -> 0.995; one token unchanged (b1 128k 1.000 in both).
 #ifndef FLASHGEN_V3_SPLIT_PACKED_BLOCK_N
 #define FLASHGEN_V3_SPLIT_PACKED_BLOCK_N 64
 #endif
