@@ -57,20 +57,21 @@ inline int split_kv_count(int tiles, int slots, int n_blocks, int max_splits = k
 
 // The balanced count (the default of v3's split instance and v2's decode instance: FLASHGEN_V3_SPLIT_BALANCED and
 // FLASHGEN_V2_SPLIT_BALANCED in their tile_config.h; 0 there takes split_kv_count): the split count whose busiest
-// slot has the shortest chain, counted in key blocks plus kSplitUnitBlocks for each unit it runs (its
-// prologue, its partial result and its share of the combine): ceil(tiles * s / slots) units of ceil(n_blocks / s)
-// blocks each; the fewest splits among equals. split_kv_count's 85% rule stops at the first count within reach of
+// slot has the shortest chain, counted in key blocks plus unit_blocks (kSplitUnitBlocks unless the caller says) for
+// each unit it runs (its prologue, its partial result and its share of the combine): ceil(tiles * s / slots) units of
+// ceil(n_blocks / s) blocks each; the fewest splits among equals. split_kv_count's 85% rule stops at the first count within reach of
 // the best fill, which can leave a slot a longer chain: 8 tiles on 132 slots over 1024 key blocks take 14 splits
 // there (112 CTAs, 74 blocks each), 16 here (128 CTAs, 64 each). 1 where split_kv_count gives 1 for the fill.
 constexpr int kSplitUnitBlocks = 1;
-inline int split_kv_count_balanced(int tiles, int slots, int n_blocks, int max_splits = kMaxSplits) {
+inline int split_kv_count_balanced(int tiles, int slots, int n_blocks, int max_splits = kMaxSplits,
+                                   int unit_blocks = kSplitUnitBlocks) {
   if (tiles <= 0 || slots <= 0 || n_blocks <= 1 || 5 * static_cast<long long>(tiles) >= 4LL * slots) return 1;
   const int limit = imin(imin(max_splits, n_blocks), slots);
   int best_splits = 1;
   long long best_chain = -1;
   for (int s = 1; s <= limit; ++s) {
     const long long units = (static_cast<long long>(tiles) * s + slots - 1) / slots;  // on the busiest slot
-    const long long chain = units * (ceil_div(n_blocks, s) + kSplitUnitBlocks);
+    const long long chain = units * (ceil_div(n_blocks, s) + unit_blocks);
     if (best_chain < 0 || chain < best_chain) {
       best_chain = chain;
       best_splits = s;
@@ -85,12 +86,13 @@ inline int split_kv_count_balanced(int tiles, int slots, int n_blocks, int max_s
 // more tiles than the count's int math takes. With more than one split, *ws receives the partial results' workspaces
 // (split_row0's layout, rows of `bucket` floats; neither needs zeroing: every row is written). min_splits: the fewest
 // the caller takes where the bound allows them (v3's packed query rows run in its split instance only: 2), even where
-// the tiles alone fill the SMs.
+// the tiles alone fill the SMs. unit_blocks: the balanced count's cost of a unit in key blocks.
 inline int plan_split_count(int64_t tiles, int slots, int n_blocks, int max_splits_param, int seqlen_q, int bucket,
-                            WorkspaceSpec* ws, int min_splits = 1, bool balanced = false) {
+                            WorkspaceSpec* ws, int min_splits = 1, bool balanced = false,
+                            int unit_blocks = kSplitUnitBlocks) {
   const int max_splits = max_splits_param > 0 ? imin(max_splits_param, kMaxSplits) : kMaxSplits;
   if (tiles > kMaxTilesForSplit) return 1;
-  int splits = balanced ? split_kv_count_balanced(static_cast<int>(tiles), slots, n_blocks, max_splits)
+  int splits = balanced ? split_kv_count_balanced(static_cast<int>(tiles), slots, n_blocks, max_splits, unit_blocks)
                         : split_kv_count(static_cast<int>(tiles), slots, n_blocks, max_splits);
   if (splits < min_splits) splits = imin(min_splits, max_splits);
   if (splits > 1) {

@@ -40,15 +40,16 @@ def split_kv_count(tiles: int, slots: int, n_blocks: int, max_splits: int = K_MA
     return min(s for s in counts if efficiency(s) >= 0.85 * best)
 
 
-def split_kv_count_balanced(tiles: int, slots: int, n_blocks: int, max_splits: int = K_MAX_SPLITS) -> int:
+def split_kv_count_balanced(tiles: int, slots: int, n_blocks: int, max_splits: int = K_MAX_SPLITS,
+                            unit_blocks: int = 1) -> int:
     """common/split_kv.h's balanced rule (the count v2's decode and v3's split plans take by default), from its
     comment: 1 where split_kv_count gives 1 for the fill; else the count s <= min(max_splits, n_blocks, slots) whose
-    busiest slot runs the shortest chain, ceil(tiles * s / slots) units of ceil(n_blocks / s) key blocks plus one block
-    each, the fewest among equals."""
+    busiest slot runs the shortest chain, ceil(tiles * s / slots) units of ceil(n_blocks / s) key blocks plus
+    unit_blocks each (v2: one; v3: v3_hopper/tile_config.h split_unit_blocks), the fewest among equals."""
     if tiles <= 0 or slots <= 0 or n_blocks <= 1 or 5 * tiles >= 4 * slots:
         return 1
     return min(range(1, min(max_splits, n_blocks, slots) + 1),
-               key=lambda s: (math.ceil(tiles * s / slots) * (math.ceil(n_blocks / s) + 1), s))
+               key=lambda s: (math.ceil(tiles * s / slots) * (math.ceil(n_blocks / s) + unit_blocks), s))
 
 
 def _has_v2(head_dim: int = 128) -> bool:
@@ -144,6 +145,9 @@ def test_split_kv_count_balanced_on_hand_worked_cases():
     assert split_kv_count_balanced(106, 132, 512) == 1 and split_kv_count_balanced(1, 132, 1) == 1
     assert split_kv_count_balanced(8, 0, 64) == 1
     assert split_kv_count_balanced(8, 132, 1024, max_splits=7) == 7
+    # a unit's cost in blocks: 8 tiles over 2048 blocks take 33 splits at one block a unit (2 x (63 + 1) = 128
+    # against 16 splits' 128 + 1), 16 at two (130 against 2 x (63 + 2) = 130: the fewest among equals)
+    assert split_kv_count_balanced(8, 132, 2048) == 33 and split_kv_count_balanced(8, 132, 2048, unit_blocks=2) == 16
 
 
 @pytest.mark.parametrize("env, splits", [(None, 2), ("1", 2), ("0", 0)], ids=["default-on", "on", "off"])

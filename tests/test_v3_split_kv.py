@@ -73,8 +73,17 @@ def _bucket(head_dim: int) -> int:
     return _native.build_info().bucket("v3", "fwd", "bf16", head_dim)
 
 
+def _unit_blocks(block_n: int, bucket: int) -> int:
+    """tile_config.h split_unit_blocks: the key blocks whose K and V (16-bit) make FLASHGEN_V3_SPLIT_UNIT_BYTES, at
+    least one (0: one block)."""
+    unit_bytes = _build_define("FLASHGEN_V3_SPLIT_UNIT_BYTES", 65536)
+    return max(1, math.ceil(unit_bytes / (4 * block_n * bucket))) if unit_bytes > 0 else 1
+
+
 def _expected(*, batch, heads, seqlen_q, seqlen_k, num_sms, head_dim=128, max_splits=K_MAX_SPLITS):
-    splits = split_kv_count_balanced(batch * heads, num_sms, math.ceil(seqlen_k / _block_n(head_dim)), max_splits)
+    block_n = _block_n(head_dim)
+    splits = split_kv_count_balanced(batch * heads, num_sms, math.ceil(seqlen_k / block_n), max_splits,
+                                     _unit_blocks(block_n, _bucket(head_dim)))
     if splits == 1:
         return 0, 0, 0
     rows = splits * batch * heads * seqlen_q
@@ -210,6 +219,21 @@ def test_packed_rows_split_tile():
     paged_too = _build_define("FLASHGEN_V3_SPLIT_PACKED_PAGED", 0) != 0
     assert _packed_block_n(paged=False) == packed_n
     assert _packed_block_n(paged=True) == (packed_n if paged_too else _block_n(128))
+
+
+@needs_v3
+@pytest.mark.parametrize("batch", [1, 2, 4])
+def test_split_unit_cost(batch):
+    """The balanced count charges each unit the key blocks that hold FLASHGEN_V3_SPLIT_UNIT_BYTES of K and V
+    (tile_config.h split_unit_blocks; 0: one block): four packed tokens of 8 KV heads at 128k keys on the 64-key tile
+    plan 16 / 8 / 4 splits at batch 1 / 2 / 4 (one unit a CTA), where one block a unit planned 33 / 41 / 41 (two to
+    ten units a CTA and 3-5% slower, session 57's A/B)."""
+    packed_n = _packed_block_n(paged=False)
+    unit_blocks = _unit_blocks(packed_n, _bucket(128))
+    expected = split_kv_count_balanced(batch * 8, 132, math.ceil(131072 / packed_n), K_MAX_SPLITS, unit_blocks)
+    assert _plan(batch=batch, heads=8, seqlen_q=4, q_pack=4, seqlen_k=131072, num_sms=132)[0] == expected
+    if packed_n == 64:
+        assert expected == ({1: 16, 2: 8, 4: 4}[batch] if unit_blocks == 2 else {1: 33, 2: 41, 4: 41}[batch])
 
 
 @pytest.fixture

@@ -4,6 +4,7 @@
 
 #include "common/config.h"
 #include "common/row_divider.h"
+#include "common/split_kv.h"
 
 namespace flashgen {
 namespace v3 {
@@ -283,6 +284,27 @@ constexpr bool o_through_smem(const TileConfig& c, int head_dim_bucket) {
 #ifndef FLASHGEN_V3_SPLIT_BALANCED
 #define FLASHGEN_V3_SPLIT_BALANCED 1
 #endif
+// FLASHGEN_V3_SPLIT_UNIT_BYTES (default 65536; 0: one key block, common/split_kv.h kSplitUnitBlocks, as before
+// session 57): the balanced count's cost of a unit (its prologue, partial result and share of the combine) as the key
+// blocks that read this many bytes of K and V, at least one (split_unit_blocks): one 128-key block at d128, two 64-key
+// blocks (also d64's 128-key split tile: not measured there). One block of any size undercounted small tiles: on the
+// packed rows' 64-key tile batch 1 with 8 KV heads planned 33 splits at 128k (264 units, two rounds on 132 SMs, a
+// chain of 2 x (63 + 1) blocks against 16 splits' 128 + 1) and ran 1-2% slower than v2 where the 128-key tile's 16
+// splits ran 1.5% faster. A/B (H100, 2 rounds,
+// bench/results/v3-dev/2026-12-06-s57-ab-split-unit-h100.txt), v3 / v2 time, one block -> these bytes: four tokens at
+// 128k b1 0.994 -> 0.960 (33 -> 16 splits), b2 1.034 -> 0.980, b4 1.031 -> 0.979; the other rows the same.
+#ifndef FLASHGEN_V3_SPLIT_UNIT_BYTES
+#define FLASHGEN_V3_SPLIT_UNIT_BYTES 65536
+#endif
+// The balanced count's unit cost in key blocks of block_n keys at head_dim_bucket (16-bit K and V).
+constexpr int split_unit_blocks(int block_n, int head_dim_bucket) {
+  const long long block_bytes = 4LL * block_n * head_dim_bucket;  // K and V, 2 bytes an element
+  return FLASHGEN_V3_SPLIT_UNIT_BYTES <= 0
+             ? kSplitUnitBlocks
+             : static_cast<int>(FLASHGEN_V3_SPLIT_UNIT_BYTES > block_bytes
+                                    ? (FLASHGEN_V3_SPLIT_UNIT_BYTES + block_bytes - 1) / block_bytes
+                                    : 1);
+}
 // FLASHGEN_V3_SPLIT_BLOCK_N / FLASHGEN_V3_SPLIT_STAGES (default 0: the masked tile's): the split tile's keys per stage
 // and stages at d128, for A/Bs of the decode instance alone (tools/ab_split.sh).
 #ifndef FLASHGEN_V3_SPLIT_BLOCK_N

@@ -193,9 +193,10 @@ FwdPlan plan_fwd(const AttnParams& p) {
   const bool packed = p.q_pack > 1;
   if (packed && (p.max_splits == 1 || p.seqlen_q % p.q_pack != 0 || p.alibi_slopes != nullptr)) return plan;
   const bool packed_tile = packed_split_tile(bucket, p.q_pack, p.block_table != nullptr);  // fwd's launch.short_tile
-  const int key_blocks = ceil_div(p.seqlen_k, split_tile_config(bucket, packed_tile).block_n);
-  const int splits = plan_split_count(tiles, p.num_sms, key_blocks, p.max_splits, p.seqlen_q, bucket, &plan.workspaces,
-                                      packed ? 2 : 1, FLASHGEN_V3_SPLIT_BALANCED != 0);
+  const int block_n = split_tile_config(bucket, packed_tile).block_n;
+  const int splits = plan_split_count(tiles, p.num_sms, ceil_div(p.seqlen_k, block_n), p.max_splits, p.seqlen_q, bucket,
+                                      &plan.workspaces, packed ? 2 : 1, FLASHGEN_V3_SPLIT_BALANCED != 0,
+                                      split_unit_blocks(block_n, bucket));
   plan.num_splits = splits > 1 ? splits : 0;  // one: the prefill instances (no workspace was asked for)
   return plan;
 }
