@@ -60,10 +60,11 @@ def _build_define(name: str, default: int) -> int:
     return default
 
 
-def _packed_block_n(paged: bool) -> int:
-    """The keys per block of packed rows' split tile at d128, read back through the plan: on 1000 SMs one packed tile
-    takes a share per key block and at least 2, so the fewest keys planned as 3 shares are 2 x block_n + 1."""
-    pages = dict(block_table=256, page_block_size=256) if paged else {}
+def _packed_block_n(page: int = 0) -> int:
+    """The keys per block of packed rows' split tile at d128 (over pages of `page` rows; 0: a dense cache), read back
+    through the plan: on 1000 SMs one packed tile takes a share per key block and at least 2, so the fewest keys
+    planned as 3 shares are 2 x block_n + 1."""
+    pages = dict(block_table=256, page_block_size=page) if page else {}
     first = next(keys for keys in range(3, 1026)
                  if _plan(batch=1, heads=1, seqlen_q=4, q_pack=4, seqlen_k=keys, num_sms=1000, **pages)[0] == 3)
     return (first - 1) // 2
@@ -213,12 +214,16 @@ def test_split_step_replays_from_a_cuda_graph(append, splits_seen):
 @needs_v3
 def test_packed_rows_split_tile():
     """Packed rows over a dense cache plan on their own d128 split tile (tile_config.h FLASHGEN_V3_SPLIT_PACKED_BLOCK_N:
-    64 keys, session 56's A/B; 0 = none), over pages on the split tile of every call unless
-    FLASHGEN_V3_SPLIT_PACKED_PAGED (default 0: the 64-key tile was mixed there)."""
+    64 keys, session 56's A/B; 0 = none); over pages as FLASHGEN_V3_SPLIT_PACKED_PAGED says (0: the split tile of
+    every call; 1: the packed tile; 2, the default: the packed tile where it is one TMA box, pages a multiple of its
+    keys)."""
     packed_n = _build_define("FLASHGEN_V3_SPLIT_PACKED_BLOCK_N", 64) or _block_n(128)
-    paged_too = _build_define("FLASHGEN_V3_SPLIT_PACKED_PAGED", 0) != 0
-    assert _packed_block_n(paged=False) == packed_n
-    assert _packed_block_n(paged=True) == (packed_n if paged_too else _block_n(128))
+    paged_mode = _build_define("FLASHGEN_V3_SPLIT_PACKED_PAGED", 2)
+    assert _packed_block_n() == packed_n
+    for page in (16, 32, 64, 256):
+        one_box = page % packed_n == 0
+        packed = paged_mode == 1 or (paged_mode == 2 and one_box)
+        assert _packed_block_n(page) == (packed_n if packed else _block_n(128)), page
 
 
 @needs_v3
@@ -228,7 +233,7 @@ def test_split_unit_cost(batch):
     (tile_config.h split_unit_blocks; 0: one block): four packed tokens of 8 KV heads at 128k keys on the 64-key tile
     plan 16 / 8 / 4 splits at batch 1 / 2 / 4 (one unit a CTA), where one block a unit planned 33 / 41 / 41 (two to
     ten units a CTA and 3-5% slower, session 57's A/B)."""
-    packed_n = _packed_block_n(paged=False)
+    packed_n = _packed_block_n()
     unit_blocks = _unit_blocks(packed_n, _bucket(128))
     expected = split_kv_count_balanced(batch * 8, 132, math.ceil(131072 / packed_n), K_MAX_SPLITS, unit_blocks)
     assert _plan(batch=batch, heads=8, seqlen_q=4, q_pack=4, seqlen_k=131072, num_sms=132)[0] == expected

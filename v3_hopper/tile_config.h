@@ -325,21 +325,30 @@ constexpr int split_unit_blocks(int block_n, int head_dim_bucket) {
 #ifndef FLASHGEN_V3_SPLIT_PACKED_BLOCK_N
 #define FLASHGEN_V3_SPLIT_PACKED_BLOCK_N 64
 #endif
-// FLASHGEN_V3_SPLIT_PACKED_PAGED (default 0: dense caches only): packed rows over a paged cache take that tile too.
-// Session 56's A/B of it (H100, 2 rounds, bench/results/v3-dev/2026-12-06-s56-ab-split-packed-paged-h100.txt), v3 / v2
-// time: b1 four tokens over pages of 16 at 8k 0.95 -> 0.86 and b16 pages of 256 at 32k 1.004 -> 0.992, but b1 128k
-// pages of 16 / 256 0.99 -> 1.01 and b16 pages of 16 at 32k / 128k 1.01 -> 1.02: mixed, so not the default.
+// FLASHGEN_V3_SPLIT_PACKED_PAGED: which packed calls over a paged cache take that tile too. 0: none (dense caches
+// only); 1: all; 2: those whose packed tile is one TMA box (paged_tile_box_rows: pages a multiple of its keys, or one
+// page per sequence), as a dense cache's is. Session 56's A/B of 1 (H100, 2 rounds,
+// bench/results/v3-dev/2026-12-06-s56-ab-split-packed-paged-h100.txt), v3 / v2 time: b1 four tokens over pages of 16 at
+// 8k 0.95 -> 0.86 and b16 pages of 256 at 32k / 128k 1.004 / 1.001 -> 0.992 / 0.997, but b1 128k pages of 16 / 256
+// 0.99 -> 1.01 and b16 pages of 16 at 32k / 128k 1.01 -> 1.02: mixed, so not the default; the b16 gains were on
+// one-box tiles (pages of 256), the b16 losses on four-box tiles (pages of 16). Session 57's A/B of 2 (H100, 2 rounds,
+// with split_unit_blocks below; bench/results/v3-dev/2026-12-06-s57-ab-split-unit-h100.txt): b1 four tokens over
+// pages of 256 at 8k / 128k 0.96 / 0.99 -> 0.85 / 0.97 of v2's time, b16 at 32k 1.005 -> 0.999, 128k 1.002 -> 1.003.
 #ifndef FLASHGEN_V3_SPLIT_PACKED_PAGED
-#define FLASHGEN_V3_SPLIT_PACKED_PAGED 0
+#define FLASHGEN_V3_SPLIT_PACKED_PAGED 2
 #endif
 constexpr bool is_d128_bucket(int head_dim_bucket) { return head_dim_bucket > 64 && head_dim_bucket <= 128; }
 constexpr bool has_packed_split_tile(int head_dim_bucket) {
   return FLASHGEN_V3_SPLIT_PACKED_BLOCK_N > 0 && is_d128_bucket(head_dim_bucket);
 }
 // Whether a split call takes the packed rows' tile: q_pack > 1, and a dense cache unless
-// FLASHGEN_V3_SPLIT_PACKED_PAGED.
-constexpr bool packed_split_tile(int head_dim_bucket, int q_pack, bool paged) {
-  return q_pack > 1 && has_packed_split_tile(head_dim_bucket) && (!paged || FLASHGEN_V3_SPLIT_PACKED_PAGED != 0);
+// FLASHGEN_V3_SPLIT_PACKED_PAGED (page_block_size and seqlen_k: the paged cache's, read only when paged).
+constexpr bool packed_split_tile(int head_dim_bucket, int q_pack, bool paged, int page_block_size, int seqlen_k) {
+  if (q_pack <= 1 || !has_packed_split_tile(head_dim_bucket)) return false;
+  if (!paged || FLASHGEN_V3_SPLIT_PACKED_PAGED == 1) return true;
+  return FLASHGEN_V3_SPLIT_PACKED_PAGED == 2 &&
+         paged_tile_box_rows(page_block_size, seqlen_k, FLASHGEN_V3_SPLIT_PACKED_BLOCK_N) ==
+             FLASHGEN_V3_SPLIT_PACKED_BLOCK_N;
 }
 // packed: the tile of packed query rows (has_packed_split_tile), else the split tile of every call.
 constexpr TileConfig split_tile_config(int head_dim, bool packed = false) {

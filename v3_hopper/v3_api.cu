@@ -192,7 +192,8 @@ FwdPlan plan_fwd(const AttnParams& p) {
   const int64_t tiles = static_cast<int64_t>(p.num_heads) * p.batch;  // one query block each
   const bool packed = p.q_pack > 1;
   if (packed && (p.max_splits == 1 || p.seqlen_q % p.q_pack != 0 || p.alibi_slopes != nullptr)) return plan;
-  const bool packed_tile = packed_split_tile(bucket, p.q_pack, p.block_table != nullptr);  // fwd's launch.short_tile
+  const bool packed_tile =  // fwd's launch.short_tile
+      packed_split_tile(bucket, p.q_pack, p.block_table != nullptr, p.page_block_size, p.seqlen_k);
   const int block_n = split_tile_config(bucket, packed_tile).block_n;
   const int splits = plan_split_count(tiles, p.num_sms, ceil_div(p.seqlen_k, block_n), p.max_splits, p.seqlen_q, bucket,
                                       &plan.workspaces, packed ? 2 : 1, FLASHGEN_V3_SPLIT_BALANCED != 0,
@@ -357,7 +358,8 @@ Status fwd(const AttnParams& caller_params, void* stream) {
   TileConfig tile;
   launch.split = p.num_splits > 1;  // planned by plan_fwd (check_fwd compared the count and the workspaces)
   if (launch.split) {  // the masked code on the split tile, each tile one split (kernel_traits.cuh kSplit)
-    launch.short_tile = packed_split_tile(bucket, p.q_pack, paged);  // the packed rows' tile (plan_fwd's count)
+    // the packed rows' tile (plan_fwd's count)
+    launch.short_tile = packed_split_tile(bucket, p.q_pack, paged, p.page_block_size, p.seqlen_k);
     launch.masked = true;
     tile = split_tile_config(bucket, launch.short_tile);
   } else if (value_bucket != bucket) {  // one tile either way (value_tile_config): masked only for a window
