@@ -37,8 +37,12 @@ inline PFN_cuTensorMapEncodeTiled_v12000 encode_fn() {
 
 // FLASHGEN_V3_TMA_L2_PROMOTION (bytes: 0 none, 64, 128, default 256): every map's L2 promotion, an A/B knob. ncu of
 // the split decode kernel (session 56, H100, b16 four tokens at 32k, tools/ncu_kvcache.sh) read 25% more L2 sectors
-// than DRAM gave (83.9M requested, 67.1M missed, 16.8M hit), where v2's cp.async loads of the same bytes hit ~0. A
-// box row is 128 bytes (one column chunk of a 256-byte head row), so the suspect is 256-byte promotion; not measured.
+// than DRAM gave (83.9M requested, 67.1M missed, 16.8M hit), where v2's cp.async loads of the same bytes hit ~0.
+// Session 57 (H100): with 0 the extra requests and hits are gone (16.8M requests, 67.2M sectors, 0.03M hits) at the
+// same kernel time (703.3 against 703.1 us) and DRAM throughput (91.3%), and the A/B of 0 / 128 / 256 in CUDA graphs
+// (bench/results/v3-dev/2026-12-06-s57-ab-l2-promotion-h100.txt) kept 256: faster at b16 one token (32k 0.992
+// against 1.001-1.002 of v2's time, 128k 0.996 against 1.003-1.005), even elsewhere but b1 8k one token (0.976
+// against 0.963-0.974, 0.2 us). The hits were the promotion's own, and harmless.
 #ifndef FLASHGEN_V3_TMA_L2_PROMOTION
 #define FLASHGEN_V3_TMA_L2_PROMOTION 256
 #endif
