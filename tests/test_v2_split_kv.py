@@ -352,7 +352,8 @@ def test_decode_instance_unsplit_and_prefill_agree(splits_seen, monkeypatch):
     if not torch.cuda.is_available() or not _has_v2():
         pytest.skip("needs a CUDA device and v2 d128")
     # 64 sequences x 8 KV heads (each folding 4 query heads into rows) = 512 tiles: a wave on this device?
-    expected = _expected_plan(batch=64, heads=8, seqlen_q=4, seqlen_k=1024, num_sms=_ops._num_sms(torch.cuda.current_device()))[0]
+    num_sms = _ops._num_sms(torch.cuda.current_device())
+    expected = _expected_plan(batch=64, heads=8, seqlen_q=4, seqlen_k=1024, num_sms=num_sms)[0]
     assert expected == 1, f"512 tiles do not fill a wave of this device (the rule gives {expected} splits)"
     q, k_cache, v_cache, seqlens = _decode_case("cuda", 32, 8, 128, 1, [700] * 64, 1024)
     out = flashgen.flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=seqlens, version="v2")
@@ -416,7 +417,8 @@ def test_decode_instance_many_splits(key_blocks, splits_seen):
         pytest.skip("needs a CUDA device and v2 d128")
     _, block_n, _ = _decode_tile()
     capacity, unused = key_blocks * block_n, block_n + 22
-    expected_splits = _expected_plan(batch=1, heads=1, seqlen_q=8, seqlen_k=capacity, num_sms=_ops._num_sms(torch.cuda.current_device()))[0]
+    num_sms = _ops._num_sms(torch.cuda.current_device())
+    expected_splits = _expected_plan(batch=1, heads=1, seqlen_q=8, seqlen_k=capacity, num_sms=num_sms)[0]
     assert expected_splits > 32, f"{key_blocks} key blocks: the rule gives {expected_splits} splits on this device"
     q, k_cache, v_cache, seqlens = _decode_case("cuda", 8, 1, 128, 1, [capacity - unused], capacity)
     out, lse = flashgen.flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=seqlens, version="v2",

@@ -81,7 +81,8 @@ def test_shapes(dtype_name, head_dim, seqlens, causal):
     torch.manual_seed(0)
     sq, sk = seqlens
     dt = DTYPES[dtype_name]
-    q, k, v = _randn(2, sq, 3, head_dim, dtype=dt), _randn(2, sk, 3, head_dim, dtype=dt), _randn(2, sk, 3, head_dim, dtype=dt)
+    q = _randn(2, sq, 3, head_dim, dtype=dt)
+    k, v = _randn(2, sk, 3, head_dim, dtype=dt), _randn(2, sk, 3, head_dim, dtype=dt)
     window = (-1, 0) if causal else (-1, -1)
     out, lse = _run(q, k, v, window_size=window)
     _check(f"{dtype_name} d{head_dim} {sq}x{sk} causal={causal}", out, lse, q, k, v, causal=causal)
@@ -152,7 +153,8 @@ def test_one_visible_key_gives_v_exactly(dtype_name, head_dim, case):
     torch.manual_seed(5)
     dt = DTYPES[dtype_name]
     sq, sk, window = (239, 1, (-1, -1)) if case == "239x1" else (113, 203, (0, 0))
-    q, k, v = _randn(2, sq, 3, head_dim, dtype=dt), _randn(2, sk, 3, head_dim, dtype=dt), _randn(2, sk, 3, head_dim, dtype=dt)
+    q = _randn(2, sq, 3, head_dim, dtype=dt)
+    k, v = _randn(2, sk, 3, head_dim, dtype=dt), _randn(2, sk, 3, head_dim, dtype=dt)
     out, lse = _run(q, k, v, window_size=window)
     key = torch.zeros(sq, dtype=torch.long, device="cuda") if sk == 1 else torch.arange(sq, device="cuda") + sk - sq
     bad = (out != v[:, key]).any(dim=-1)
@@ -258,7 +260,8 @@ def test_varlen(causal, head_dim):
     cu_q = torch.tensor([0] + list(torch.tensor(lens_q).cumsum(0)), dtype=torch.int32, device="cuda")
     cu_k = torch.tensor([0] + list(torch.tensor(lens_k).cumsum(0)), dtype=torch.int32, device="cuda")
     q = _randn(sum(lens_q), 4, head_dim, dtype=torch.bfloat16)
-    k, v = _randn(sum(lens_k), 2, head_dim, dtype=torch.bfloat16), _randn(sum(lens_k), 2, head_dim, dtype=torch.bfloat16)
+    k = _randn(sum(lens_k), 2, head_dim, dtype=torch.bfloat16)
+    v = _randn(sum(lens_k), 2, head_dim, dtype=torch.bfloat16)
     window = (-1, 0) if causal else (-1, -1)
     out, lse = _run(q, k, v, window_size=window, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, max_seqlen_q=max(lens_q),
                     max_seqlen_k=max(lens_k))
