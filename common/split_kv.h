@@ -59,9 +59,10 @@ inline int split_kv_count(int tiles, int slots, int n_blocks, int max_splits = k
 // FLASHGEN_V2_SPLIT_BALANCED in their tile_config.h; 0 there takes split_kv_count): the split count whose busiest
 // slot has the shortest chain, counted in key blocks plus unit_blocks (kSplitUnitBlocks unless the caller says) for
 // each unit it runs (its prologue, its partial result and its share of the combine): ceil(tiles * s / slots) units of
-// ceil(n_blocks / s) blocks each; the fewest splits among equals. split_kv_count's 85% rule stops at the first count within reach of
-// the best fill, which can leave a slot a longer chain: 8 tiles on 132 slots over 1024 key blocks take 14 splits
-// there (112 CTAs, 74 blocks each), 16 here (128 CTAs, 64 each). 1 where split_kv_count gives 1 for the fill.
+// ceil(n_blocks / s) blocks each; the fewest splits among equals. split_kv_count's 85% rule stops at the first count
+// within reach of the best fill, which can leave a slot a longer chain: 8 tiles on 132 slots over 1024 key blocks
+// take 14 splits there (112 CTAs, 74 blocks each), 16 here (128 CTAs, 64 each). 1 where split_kv_count gives 1 for
+// the fill.
 constexpr int kSplitUnitBlocks = 1;
 inline int split_kv_count_balanced(int tiles, int slots, int n_blocks, int max_splits = kMaxSplits,
                                    int unit_blocks = kSplitUnitBlocks) {
