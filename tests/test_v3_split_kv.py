@@ -75,10 +75,10 @@ def _bucket(head_dim: int) -> int:
 
 
 def _unit_blocks(block_n: int, bucket: int) -> int:
-    """tile_config.h split_unit_blocks: the key blocks whose K and V (16-bit) make FLASHGEN_V3_SPLIT_UNIT_BYTES, at
-    least one (0: one block)."""
+    """tile_config.h split_unit_blocks: the key blocks whose K and V (16-bit) make FLASHGEN_V3_SPLIT_UNIT_BYTES,
+    rounded up (0: one block)."""
     unit_bytes = _build_define("FLASHGEN_V3_SPLIT_UNIT_BYTES", 65536)
-    return max(1, math.ceil(unit_bytes / (4 * block_n * bucket))) if unit_bytes > 0 else 1
+    return math.ceil(unit_bytes / (4 * block_n * bucket)) if unit_bytes > 0 else 1
 
 
 def _expected(*, batch, heads, seqlen_q, seqlen_k, num_sms, head_dim=128, max_splits=K_MAX_SPLITS):

@@ -296,15 +296,15 @@ constexpr bool o_through_smem(const TileConfig& c, int head_dim_bucket) {
 #ifndef FLASHGEN_V3_SPLIT_UNIT_BYTES
 #define FLASHGEN_V3_SPLIT_UNIT_BYTES 65536
 #endif
-// The balanced count's unit cost in key blocks of block_n keys at head_dim_bucket (16-bit K and V).
+// The balanced count's unit cost in key blocks of block_n keys at head_dim_bucket (16-bit K and V): the bytes' ceiling
+// in blocks, at least one since the bytes are positive.
 constexpr int split_unit_blocks(int block_n, int head_dim_bucket) {
   const long long block_bytes = 4LL * block_n * head_dim_bucket;  // K and V, 2 bytes an element
   return FLASHGEN_V3_SPLIT_UNIT_BYTES <= 0
              ? kSplitUnitBlocks
-             : static_cast<int>(FLASHGEN_V3_SPLIT_UNIT_BYTES > block_bytes
-                                    ? (FLASHGEN_V3_SPLIT_UNIT_BYTES + block_bytes - 1) / block_bytes
-                                    : 1);
+             : static_cast<int>((FLASHGEN_V3_SPLIT_UNIT_BYTES + block_bytes - 1) / block_bytes);
 }
+static_assert(split_unit_blocks(128, 128) >= 1 && split_unit_blocks(64, 256) >= 1, "a unit costs a block at least");
 // FLASHGEN_V3_SPLIT_BLOCK_N / FLASHGEN_V3_SPLIT_STAGES (default 0: the masked tile's): the split tile's keys per stage
 // and stages at d128, for A/Bs of the decode instance alone (tools/ab_split.sh).
 #ifndef FLASHGEN_V3_SPLIT_BLOCK_N
