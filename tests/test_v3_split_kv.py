@@ -77,7 +77,7 @@ def _bucket(head_dim: int) -> int:
 def _unit_blocks(block_n: int, bucket: int) -> int:
     """tile_config.h split_unit_blocks: the key blocks whose K and V (16-bit) make FLASHGEN_V3_SPLIT_UNIT_BYTES,
     rounded up (0: one block)."""
-    unit_bytes = _build_define("FLASHGEN_V3_SPLIT_UNIT_BYTES", 65536)
+    unit_bytes = _build_define("FLASHGEN_V3_SPLIT_UNIT_BYTES", 196608)
     return math.ceil(unit_bytes / (4 * block_n * bucket)) if unit_bytes > 0 else 1
 
 
@@ -238,7 +238,21 @@ def test_split_unit_cost(batch):
     expected = split_kv_count_balanced(batch * 8, 132, math.ceil(131072 / packed_n), K_MAX_SPLITS, unit_blocks)
     assert _plan(batch=batch, heads=8, seqlen_q=4, q_pack=4, seqlen_k=131072, num_sms=132)[0] == expected
     if packed_n == 64:
-        assert expected == ({1: 16, 2: 8, 4: 4}[batch] if unit_blocks == 2 else {1: 33, 2: 41, 4: 41}[batch])
+        assert expected == ({1: 16, 2: 8, 4: 4}[batch] if unit_blocks >= 2 else {1: 33, 2: 41, 4: 41}[batch])
+
+
+@needs_v3
+@pytest.mark.parametrize("batch", [1, 2])
+def test_split_unit_cost_uneven_cache(batch):
+    """A cache that is no power of two (200,000 keys, 8 KV heads, one token, the 128-key tile): the default unit (three
+    128-key blocks) plans 16 / 8 splits at batch 1 / 2, one wave of one unit a CTA; 64 KB a unit (one block) planned
+    33 (two units a CTA, about 2% slower than 16 / 8 in session 58's A/B)."""
+    block_n = _block_n(128)
+    unit_blocks = _unit_blocks(block_n, _bucket(128))
+    expected = split_kv_count_balanced(batch * 8, 132, math.ceil(200000 / block_n), K_MAX_SPLITS, unit_blocks)
+    assert _plan(batch=batch, heads=8, seqlen_q=1, seqlen_k=200000, num_sms=132)[0] == expected
+    if block_n == 128 and unit_blocks >= 3:
+        assert expected == {1: 16, 2: 8}[batch], expected
 
 
 @pytest.fixture

@@ -284,17 +284,21 @@ constexpr bool o_through_smem(const TileConfig& c, int head_dim_bucket) {
 #ifndef FLASHGEN_V3_SPLIT_BALANCED
 #define FLASHGEN_V3_SPLIT_BALANCED 1
 #endif
-// FLASHGEN_V3_SPLIT_UNIT_BYTES (default 65536; 0: one key block, common/split_kv.h kSplitUnitBlocks, as before
+// FLASHGEN_V3_SPLIT_UNIT_BYTES (default 196608; 0: one key block, common/split_kv.h kSplitUnitBlocks, as before
 // session 57): the balanced count's cost of a unit (its prologue, partial result and share of the combine) as the key
-// blocks that read this many bytes of K and V, at least one (split_unit_blocks): one 128-key block at d128, two 64-key
-// blocks (also d64's 128-key split tile: not measured there). One block of any size undercounted small tiles: on the
-// packed rows' 64-key tile batch 1 with 8 KV heads planned 33 splits at 128k (264 units, two rounds on 132 SMs, a
-// chain of 2 x (63 + 1) blocks against 16 splits' 128 + 1) and ran 1-2% slower than v2 where the 128-key tile's 16
-// splits ran 1.5% faster. A/B (H100, 2 rounds,
-// bench/results/v3-dev/2026-12-06-s57-ab-split-unit-h100.txt), v3 / v2 time, one block -> these bytes: four tokens at
-// 128k b1 0.994 -> 0.960 (33 -> 16 splits), b2 1.034 -> 0.980, b4 1.031 -> 0.979; the other rows the same.
+// blocks that read this many bytes of K and V, at least one (split_unit_blocks): three 128-key blocks at d128, six
+// 64-key blocks (six of d64's 128 keys, three of d256's 80). One block of any size
+// undercounted small tiles: on the packed rows' 64-key tile batch 1 with 8 KV heads planned 33 splits at 128k (264
+// units, two rounds on 132 SMs, a chain of 2 x (63 + 1) blocks against 16 splits' 128 + 1) and ran 1-2% slower than
+// v2 where the 128-key tile's 16 splits ran 1.5% faster. A/B (H100, 2 rounds,
+// bench/results/v3-dev/2026-12-06-s57-ab-split-unit-h100.txt), v3 / v2 time, one block -> 65536 bytes: four tokens
+// at 128k b1 0.994 -> 0.960 (33 -> 16 splits), b2 1.034 -> 0.980, b4 1.031 -> 0.979. 65536 still planned 33 splits
+// at 200k keys (cache lengths that are not powers of two); A/B 65536 -> 196608 (session 58,
+// bench/results/v3-dev/2026-12-06-s58-ab-split-unit-bytes-h100.txt): one token b1 1.015 -> 0.996, b2 1.009 -> 0.991;
+// four tokens b1 0.989 -> 0.970, b2 0.991 -> 0.970, b4 0.992 -> 0.972; the 128k controls the same. A fit of
+// session 57's rows put a unit at 140-215 KB.
 #ifndef FLASHGEN_V3_SPLIT_UNIT_BYTES
-#define FLASHGEN_V3_SPLIT_UNIT_BYTES 65536
+#define FLASHGEN_V3_SPLIT_UNIT_BYTES 196608
 #endif
 // The balanced count's unit cost in key blocks of block_n keys at head_dim_bucket (16-bit K and V): the bytes' ceiling
 // in blocks, at least one since the bytes are positive.

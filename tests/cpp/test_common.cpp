@@ -522,9 +522,9 @@ void test_split_kv() {
             flashgen::split_kv_count_balanced(8, 0, 64) == 1,
         "balanced: a split where the tiles fill the SMs, one block or no slots");
   CHECK(flashgen::split_kv_count_balanced(8, 132, 1024, 5) <= 5, "balanced: max_splits 5 not honoured");
-  // A unit's cost in blocks (v3's 64-key tile: two): 8 tiles over 2048 blocks take 33 splits at one block a unit (two
-  // waves of 63 blocks, 2 x 64 = 128, against 16 splits' 128 + 1), 16 at two (130, two waves of 2 x 65 = 130: the
-  // fewest among equals), and plan_split_count passes it on.
+  // A unit's cost in blocks (v3: tile_config.h split_unit_blocks): 8 tiles over 2048 blocks take 33 splits at one
+  // block a unit (two waves of 63 blocks, 2 x 64 = 128, against 16 splits' 128 + 1), 16 at two (130, two waves of
+  // 2 x 65 = 130: the fewest among equals), and plan_split_count passes it on.
   CHECK(flashgen::split_kv_count_balanced(8, 132, 2048) == 33 &&
             flashgen::split_kv_count_balanced(8, 132, 2048, flashgen::kMaxSplits, 2) == 16,
         "balanced: the unit's blocks (%d, %d)", flashgen::split_kv_count_balanced(8, 132, 2048),
