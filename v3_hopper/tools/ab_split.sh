@@ -9,7 +9,8 @@
 # its rows first (time_kvcache.py --append: the graph holds the append and the attention, as a decode step does);
 # IN_PLACE=1: v3 also timed reading packed rows in place (time_kvcache.py --in-place, v3_in_place_us in the rows);
 # RUNS: time_kvcache.py argument lists separated by ';' in place of the rows below, e.g.
-# RUNS="--batch 16 --rows 4 --caches 32768,131072".
+# RUNS="--batch 16 --rows 4 --caches 32768,131072"; HEAD_DIM (default 128): the modules' one head dim (v2, v3
+# forward and backward; BWD_HEAD_DIMS= builds no backward), passed to time_kvcache.py --head-dim.
 # Rows: batch 4 (32 / 8 heads, d128) one and four query rows at caches of 2k, 8k and 32k, batch 1 one and four rows
 # at 8k, 32k and 128k, and batch 1 one row over pages of 16 at 8k and 32k. Output: $OUT/ab_split.jsonl (rows with
 # "label" = name, "round") and $OUT/ab_split_logs.tar.xz (build logs, ptxas lines, the runs' tables).
@@ -19,12 +20,14 @@ here=$(cd "$(dirname "$0")/../.." && pwd)
 OUT=${OUT:-$here/.device_out}
 mkdir -p "$OUT" /tmp/ab_split
 jobs=$(( $(nproc) / $# ))
+hd=${HEAD_DIM:-128}
 [ "$jobs" -lt 1 ] && jobs=1
 for spec in "$@"; do
   name=${spec%%=*}; defs=""; [ "$name" != "$spec" ] && defs=${spec#*=}
   (FLASHGEN_PTXAS_VERBOSE=1 cmake -S "$here" -B "/tmp/ab_split/build-$name" -G Ninja -DCMAKE_BUILD_TYPE=Release \
-      -DFLASHGEN_CUDA_ARCHS=90a -DFLASHGEN_V3_HEAD_DIMS=128 -DFLASHGEN_V3_DTYPES=bf16 -DFLASHGEN_V3_BWD_HEAD_DIMS=128 \
-      -DFLASHGEN_V3_VALUE_HEAD_DIMS= -DFLASHGEN_V2_HEAD_DIMS=128 -DFLASHGEN_V2_DTYPES=bf16 -DCMAKE_CUDA_FLAGS="$defs" \
+      -DFLASHGEN_CUDA_ARCHS=90a -DFLASHGEN_V3_HEAD_DIMS="$hd" -DFLASHGEN_V3_DTYPES=bf16 \
+      -DFLASHGEN_V3_BWD_HEAD_DIMS="${BWD_HEAD_DIMS-$hd}" -DFLASHGEN_V3_VALUE_HEAD_DIMS= -DFLASHGEN_V2_HEAD_DIMS="$hd" \
+      -DFLASHGEN_V2_DTYPES=bf16 -DCMAKE_CUDA_FLAGS="$defs" \
       -Dpybind11_DIR="$(python3 -m pybind11 --cmakedir)" > "$OUT/ab_split_build_$name.log" 2>&1 &&
    cmake --build "/tmp/ab_split/build-$name" -j "$jobs" >> "$OUT/ab_split_build_$name.log" 2>&1
    echo "$name build rc=$?") &
@@ -59,7 +62,7 @@ run() {  # run <name> <round> <time_kvcache arguments>
   (cd /tmp && PYTHONPATH=/tmp/ab_split/pkg-$name timeout -s KILL "${TIMEOUT:-100}" python3 \
      "$here/v3_hopper/tools/time_kvcache.py" --graph --label "$name" $([ "${APPEND:-0}" = 1 ] && echo --append) \
      $([ "${IN_PLACE:-0}" = 1 ] && echo --in-place) \
-     "$@" --out /tmp/ab_split/rows.jsonl) \
+     --head-dim "$hd" "$@" --out /tmp/ab_split/rows.jsonl) \
      >> "$OUT/ab_split_runs_$name.txt" 2>&1
   [ -f /tmp/ab_split/rows.jsonl ] &&
     python3 "$here/v3_hopper/tools/add_round.py" /tmp/ab_split/rows.jsonl "$round" >> "$OUT/ab_split.jsonl"

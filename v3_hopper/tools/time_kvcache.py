@@ -1,11 +1,11 @@
 #!/usr/bin/env python3
 """Times v2 and v3 on KV-cache calls (dense cache, seqused_k, bottom-right causal, GQA): decode steps (below
 flashgen.dispatch.DECODE_MAX_SEQLEN_Q rows; each generation's split-KV plan where it splits) and chunked prefill. The
-kernels are called through flashgen._ops (no append, no dispatch); one row per (cache length, query rows). bf16 d128, 32
-query heads over 8 KV heads (a Llama-style GQA layer), batch 4, caches of 2k and 8k rows filled to the end. Median of
-triton's do_bench; each v3 output checked against v2's before timing. JSON lines to --out. --graph times the replay of a
-CUDA graph holding the call, so the host side of _ops.forward (~40-90 us, which the plain timing of small calls holds)
-drops out of the rows below 128.
+kernels are called through flashgen._ops (no append, no dispatch); one row per (cache length, query rows). bf16 d128
+(--head-dim), 32 query heads over 8 KV heads (a Llama-style GQA layer), batch 4, caches of 2k and 8k rows filled to
+the end. Median of triton's do_bench; each v3 output checked against v2's before timing. JSON lines to --out. --graph
+times the replay of a CUDA graph holding the call, so the host side of _ops.forward (~40-90 us, which the plain timing
+of small calls holds) drops out of the rows below 128.
 --page N: the caches are paged, pages of N rows in a shuffled block table (both generations read the same pages;
 v3's paged forward takes N a multiple of 8).
 --append: each call first writes the step's new keys and values into the cache's last `rows` rows (_ops.append_kv,
@@ -26,6 +26,7 @@ allocates the same sizes in the same order, so a row that is an artifact of wher
 every run; session 55's b1 128k one-token row is the question).
     python3 v3_hopper/tools/time_kvcache.py [--out rows.jsonl] [--rows 1,16,64,127,128,256,512,1024,2048] [--graph]
         [--page 16] [--append] [--in-place] [--profile] [--label name] [--offset-mb N] [--launches N]
+        [--head-dim 128]
 """
 
 from __future__ import annotations
@@ -89,8 +90,9 @@ def main() -> None:
                     help="no timing: each row's checked call, then v2's and v3's N times more (for ncu)")
     ap.add_argument("--offset-mb", type=int, default=0,
                     help="hold this many MB of device memory before the caches, so they sit at other addresses")
+    ap.add_argument("--head-dim", type=int, default=128, help="the head dim (the module must have it for v2 and v3)")
     args = ap.parse_args()
-    b, h, hk, d = args.batch, 32, 8, 128
+    b, h, hk, d = args.batch, 32, 8, args.head_dim
     # a row that moves with the caches' addresses (same sizes, same order in every process) shows as a change here
     held = torch.empty(args.offset_mb << 20, dtype=torch.int8, device="cuda") if args.offset_mb else None
     timer = measure.graph_replay_ms if args.graph else (lambda fn: do_bench(fn, warmup=25, rep=100))
