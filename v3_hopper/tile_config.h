@@ -287,7 +287,7 @@ constexpr bool o_through_smem(const TileConfig& c, int head_dim_bucket) {
 // FLASHGEN_V3_SPLIT_UNIT_BYTES (default 196608; 0: one key block, common/split_kv.h kSplitUnitBlocks, as before
 // session 57): the balanced count's cost of a unit (its prologue, partial result and share of the combine) as the key
 // blocks that read this many bytes of K and V, at least one (split_unit_blocks): three 128-key blocks at d128, six
-// 64-key blocks (six of d64's 128 keys, three of d256's 80). One block of any size
+// 64-key blocks (six of d64's 128 keys, not measured; three of d256's 80). One block of any size
 // undercounted small tiles: on the packed rows' 64-key tile batch 1 with 8 KV heads planned 33 splits at 128k (264
 // units, two rounds on 132 SMs, a chain of 2 x (63 + 1) blocks against 16 splits' 128 + 1) and ran 1-2% slower than
 // v2 where the 128-key tile's 16 splits ran 1.5% faster. A/B (H100, 2 rounds,
@@ -296,7 +296,9 @@ constexpr bool o_through_smem(const TileConfig& c, int head_dim_bucket) {
 // at 200k keys (cache lengths that are not powers of two); A/B 65536 -> 196608 (session 58,
 // bench/results/v3-dev/2026-12-06-s58-ab-split-unit-bytes-h100.txt): one token b1 1.015 -> 0.996, b2 1.009 -> 0.991;
 // four tokens b1 0.989 -> 0.970, b2 0.991 -> 0.970, b4 0.992 -> 0.972; the 128k controls the same. A fit of
-// session 57's rows put a unit at 140-215 KB.
+// session 57's rows put a unit at 140-215 KB. At d256 (H200, ...-s58-ab-split-unit-bytes-d256-h200.txt), where one
+// 80-key block is 80 KB and 128k planned 33 splits at batch 1-8: one token b1 1.108 -> 1.054, b2 1.087 -> 1.045,
+// b8 1.026-1.045 -> 1.000-1.023; four tokens b1 1.064 -> 1.024-1.037, b4 1.005-1.013 -> 1.000.
 #ifndef FLASHGEN_V3_SPLIT_UNIT_BYTES
 #define FLASHGEN_V3_SPLIT_UNIT_BYTES 196608
 #endif
