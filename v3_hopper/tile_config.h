@@ -312,12 +312,19 @@ constexpr int split_unit_blocks(int block_n, int head_dim_bucket) {
 }
 static_assert(split_unit_blocks(128, 128) >= 1 && split_unit_blocks(64, 256) >= 1, "a unit costs a block at least");
 // FLASHGEN_V3_SPLIT_BLOCK_N / FLASHGEN_V3_SPLIT_STAGES (default 0: the masked tile's): the split tile's keys per stage
-// and stages at d128, for A/Bs of the decode instance alone (tools/ab_split.sh).
+// and stages at d128, for A/Bs of the decode instance alone (tools/ab_split.sh); FLASHGEN_V3_SPLIT_D256_BLOCK_N /
+// FLASHGEN_V3_SPLIT_D256_STAGES the same at d256 (HEAD_DIM=256 tools/ab_split.sh).
 #ifndef FLASHGEN_V3_SPLIT_BLOCK_N
 #define FLASHGEN_V3_SPLIT_BLOCK_N 0
 #endif
 #ifndef FLASHGEN_V3_SPLIT_STAGES
 #define FLASHGEN_V3_SPLIT_STAGES 0
+#endif
+#ifndef FLASHGEN_V3_SPLIT_D256_BLOCK_N
+#define FLASHGEN_V3_SPLIT_D256_BLOCK_N 0
+#endif
+#ifndef FLASHGEN_V3_SPLIT_D256_STAGES
+#define FLASHGEN_V3_SPLIT_D256_STAGES 0
 #endif
 // FLASHGEN_V3_SPLIT_PACKED_BLOCK_N (default 64; 0: none): packed query rows (AttnParams::q_pack > 1) over a dense cache
 // (packed_split_tile) run on a second d128 split instance of this many keys a stage (kernel_traits.cuh kSplit with
@@ -361,6 +368,8 @@ constexpr TileConfig split_tile_config(int head_dim, bool packed = false) {
   TileConfig c = tile_config(head_dim, true);
   if (FLASHGEN_V3_SPLIT_BLOCK_N > 0 && is_d128_bucket(head_dim)) c.block_n = FLASHGEN_V3_SPLIT_BLOCK_N;
   if (FLASHGEN_V3_SPLIT_STAGES > 0 && is_d128_bucket(head_dim)) c.stages = FLASHGEN_V3_SPLIT_STAGES;
+  if (FLASHGEN_V3_SPLIT_D256_BLOCK_N > 0 && head_dim > 192) c.block_n = FLASHGEN_V3_SPLIT_D256_BLOCK_N;
+  if (FLASHGEN_V3_SPLIT_D256_STAGES > 0 && head_dim > 192) c.stages = FLASHGEN_V3_SPLIT_D256_STAGES;
   if (packed && has_packed_split_tile(head_dim)) c.block_n = FLASHGEN_V3_SPLIT_PACKED_BLOCK_N;
   return FLASHGEN_V3_SPLIT_ONE_WARPGROUP != 0 ? TileConfig{1, c.block_n, c.stages, false} : c;
 }
