@@ -113,9 +113,11 @@ def _decode_tile(head_dim: int = 128):
     return block_m, block_n, ctas[0]
 
 
-def _expected_plan(*, batch, heads, seqlen_q, seqlen_k, num_sms, head_dim=128, bucket=128):
+def _expected_plan(*, batch, heads, seqlen_q, seqlen_k, num_sms, head_dim=128):
     """(num_splits, oaccum floats, lse_accum floats) by split_kv_count_balanced over the probed tile: one query tile
-    per (batch, head), each split a partial output row of `bucket` floats and a partial row state (m, l) per row."""
+    per (batch, head), each split a partial output row of the head dim's bucket in floats (the module's: 256 for d128
+    in a module built with d256 alone) and a partial row state (m, l) per row."""
+    bucket = _native.build_info().bucket("v2", "fwd", "bf16", head_dim)
     _, block_n, ctas_per_sm = _decode_tile(head_dim)
     tiles = batch * heads
     splits = split_kv_count_balanced(tiles, num_sms * ctas_per_sm, math.ceil(seqlen_k / block_n))

@@ -217,6 +217,8 @@ def test_packed_rows_split_tile():
     64 keys, session 56's A/B; 0 = none); over pages as FLASHGEN_V3_SPLIT_PACKED_PAGED says (0: the split tile of
     every call; 1: the packed tile; 2, the default: the packed tile where it is one TMA box, pages a multiple of its
     keys)."""
+    if _bucket(128) != 128:
+        pytest.skip("no d128 bucket in this build (the packed tile is d128's)")
     packed_n = _build_define("FLASHGEN_V3_SPLIT_PACKED_BLOCK_N", 64) or _block_n(128)
     paged_mode = _build_define("FLASHGEN_V3_SPLIT_PACKED_PAGED", 2)
     assert _packed_block_n() == packed_n
