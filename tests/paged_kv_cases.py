@@ -204,7 +204,7 @@ PAGE_SIZES = (1, 3, 16, 256)
 # Chunked prefill (and speculative verification) into a dense cache: at least dispatch.DECODE_MAX_SEQLEN_Q query
 # rows, so these are "kvcache" calls without "decode" (v3 runs them on sm_90). Appended chunks of the query's length or
 # shorter, caches that start empty, mid-way and near full, more query rows than keys (bottom-right causal: the first
-# rows see no key), windows, GQA and MQA, rotary, softcap and ALiBi, and row counts off every tile size (128, 176,
+# rows see no key), windows, GQA and MQA, rotary, softcap and ALiBi, and row counts off every tile size (80, 112, 128,
 # 192) and inside one tile (17, 64, 127).
 PREFILL_SCENARIOS = (
     KvCase("prefill-append-causal", 0, cache_lens=(0, 37, 250, 120), seqlen_q=130, seqlen_new=130, capacity=400,

@@ -81,12 +81,12 @@ CASES = [dataclasses.replace(with_page(c, p), head_dim=d) for c in SCENARIOS for
 PAGED_PREFILL_PAGES = (5, 16, 24, 256)
 CASES += [dataclasses.replace(with_page(c, p), head_dim=d) for c in PREFILL_SCENARIOS
           for p in (0,) + PAGED_PREFILL_PAGES for d in (64, 128)]
-# Keys past kShortKeysMaskedTile without a window: v3 d128's 176-key tile (pages of 16 and 256: boxes of 16 rows,
-# eleven to a tile), and d256's 80-key tile.
+# Long caches without a window: v3's unmasked instances, d128's 128-key tile (pages of 16, 24 and 256: boxes of 16, 8
+# and 128 rows) and d256's 80-key tile (pages of 16 and 256: boxes of 16 rows, five to a tile).
 CASES += [KvCase("prefill-long-cache-full", p, cache_lens=(2500, 90), seqlen_q=64, seqlen_new=32, capacity=2600,
                  head_dim=d, heads=4, heads_k=2) for p in PAGED_PREFILL_PAGES for d in (128, 256)]
 # Left pads in dense caches (the API passes them as one page per sequence: v3's one box from the pad's row): pads off
-# every tile and swizzle boundary, one as long as the cache, a capacity that is no multiple of 8, the 176-key tile.
+# every tile and swizzle boundary, one as long as the cache, a capacity that is no multiple of 8, the unmasked tile.
 CASES += [KvCase("prefill-leftpad-dense", 0, cache_lens=(300, 3, 130, 77), seqlen_q=64, seqlen_new=64, capacity=401,
                  leftpad=(17, 0, 130, 5), causal=True, head_dim=d, heads=6, heads_k=2) for d in (64, 128)]
 CASES += [KvCase("prefill-leftpad-dense-long", 0, cache_lens=(2500, 90), seqlen_q=40, capacity=2603,

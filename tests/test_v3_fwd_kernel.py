@@ -67,8 +67,8 @@ def _check(name, out, lse, q, k, v, **ref_kw):
 
 
 # ---- shapes: adversarial seqlens, every bucket, head dims between buckets ----
-# Without a window, key ranges up to tile_config.h's kShortKeysMaskedTile (2048) run the masked instance where its
-# tile differs (d96 / d128); 77 x 4097 keeps the unmasked one covered (4097 = 23 x 176 + 49 keys).
+# Without a window every launch runs the unmasked instance (since session 59 d128's has the masked one's 128-key tile);
+# 77 x 4097 ends in a key block of one key (4097 = 32 x 128 + 1).
 SHAPES = [(1, 1), (239, 1), (113, 203), (1023, 1024), (128, 64), (300, 100), (17, 1025), (77, 4097)]
 
 
@@ -93,8 +93,8 @@ def test_shapes(dtype_name, head_dim, seqlens, causal):
 @pytest.mark.parametrize("seqlen_k", [2001, 2600])
 def test_persistent_many_tiles(head_dim, causal, seqlen_k):
     """More tiles than SMs (2 x 12 heads x 16 query blocks = 384 on 132 CTAs): each CTA runs several tiles, so the
-    ring's phases and the Q barrier carry across tiles of different lengths. 2600 keys: past kShortKeysMaskedTile,
-    so d128 without a window runs its unmasked instance (2001 runs the masked one)."""
+    ring's phases and the Q barrier carry across tiles of different lengths; 2001 and 2600 keys end in partial key
+    blocks of every bucket's tile."""
     _need("bf16", head_dim)
     torch.manual_seed(1)
     q = _randn(2, 2001, 12, head_dim, dtype=torch.bfloat16)

@@ -17,7 +17,7 @@ struct FwdLaunch {
   CUtensorMap o;        // the output map (16-bit), boxes of 64 rows (tile_config.h o_through_smem)
   bool o_tma = false;   // FP8: `o` was made (the output's pointer and strides suit TMA); the 16-bit forward requires it
   int grid;             // CTAs: min(tiles, SMs)
-  bool masked;          // the masked instance: a window, or (16-bit, fwd_masked_instance) short keys
+  bool masked;          // the masked instance's code: a window, the short tile or a split
   // 16-bit: the masked code on short_tile_config (tile_config.h fwd_short_tile); with split, the packed rows' split
   // tile (has_packed_split_tile)
   bool short_tile = false;

@@ -33,29 +33,25 @@ struct TileConfig {
   bool pingpong;
 };
 
-// `masked`: the launch has a window (causal or local), so the tile sees a diagonal. Starting points from FA3's own
-// sm90 table (hopper/tile_size.h: d64 192 x 128 with three consumer warpgroups, d128 128 x 176 without a window and
-// 128 x 128 with one, d192 128 x 112, d256 128 x 80; ping-pong up to d128), sized by shared memory (Q + 2 x stages
-// x block_n rows must fit 227 KB). Measured on the H200 with the first tile table (results/2026-12-01-time-run1,
-// bf16 8k, ratio to SDPA cuDNN): d64 128 x 128 x 2 warpgroups 0.82-0.84 (softmax-bound: a d64 GEMM is half of d128's
-// for the same exponentials, so a third warpgroup's softmax must hide behind two GEMMs), d128 128 x 128 0.83-0.95,
-// d256 0.97-1.06.
-constexpr TileConfig tile_config(int head_dim, bool masked) {
+// `masked`: the launch has a window (causal or local), so the tile sees a diagonal; the two instances differ in their
+// mask code, not in their tiles. Starting points from FA3's own sm90 table (hopper/tile_size.h: d64 192 x 128 with
+// three consumer warpgroups, d128 128 x 176 without a window and 128 x 128 with one, d192 128 x 112, d256 128 x 80;
+// ping-pong up to d128), sized by shared memory (Q + 2 x stages x block_n rows must fit 227 KB). Measured on the H200
+// with the first tile table (results/2026-12-01-time-run1, bf16 8k, ratio to SDPA cuDNN): d64 128 x 128 x 2
+// warpgroups 0.82-0.84 (softmax-bound: a d64 GEMM is half of d128's for the same exponentials, so a third
+// warpgroup's softmax must hide behind two GEMMs), d128 128 x 128 0.83-0.95, d256 0.97-1.06.
+// d128 without a window: 128 keys, as FlashAttention-4's sm90 table, since session 59. The 176-key tile leaves the
+// last block of a sequence partly empty (4096 keys: 23.3 blocks, 3% of the work wasted; 512: 3 x 176 = 528 columns)
+// and no room for O's shared-memory stage; each tile has a fixed cost (S_0 and its softmax with nothing of the
+// warpgroup's own under them, the closing P V, the epilogue) that grows with the key block. H100, medians of 3-4
+// rounds in three calls, cuDNN in each row (bench/NOTES.md session 59): 512 478 -> 496 TFLOP/s, 1k +1.5-2%, 4k
+// +4.5-5% (624 -> 653), 2k and 8k even, 16k -1.5%. On the H200 the 128-key tile had measured within the spread of
+// the 176 one at 2k-8k (sessions 14, 29, 30).
+constexpr TileConfig tile_config(int head_dim, [[maybe_unused]] bool masked) {
   if (head_dim <= 64) return {3, 128, 3, true};
-  if (head_dim <= 128) return masked ? TileConfig{2, 128, 2, true} : TileConfig{2, 176, 2, true};
+  if (head_dim <= 128) return {2, 128, 2, true};
   if (head_dim <= 192) return {2, 112, 2, false};
   return {2, 80, 2, false};
-}
-
-// Launches without a window whose keys fit kShortKeysMaskedTile take the masked instance's tile where it differs
-// (d128: 128 keys instead of 176; v3_api.cu fwd). A tile's fixed cost (S_0 and its softmax with nothing of the
-// warpgroup's own under them, the closing P V, the epilogue) grows with its key block, and the last block of a short
-// sequence is partly past it (512 keys in 3 x 176 = 528 columns): d128 512 / 1k / 2k full +6.5 / +3 / +2.3%, 4k -0.8%
-// (bench/NOTES.md session 29). cuDNN's kernel at d128 512 full is a 128 x 128 tile as well.
-constexpr int kShortKeysMaskedTile = 2048;
-constexpr bool fwd_masked_instance(int head_dim_bucket, bool window, int seqlen_k) {
-  return window || (seqlen_k <= kShortKeysMaskedTile &&
-                    tile_config(head_dim_bucket, false).block_n != tile_config(head_dim_bucket, true).block_n);
 }
 
 // Keys a query row sees on average: seqlen_k without a window; causal (bottom-right) about seqlen_k - seqlen_q / 2; a

@@ -367,10 +367,9 @@ Status fwd(const AttnParams& caller_params, void* stream) {
     launch.masked = window;
     tile = value_tile_config(bucket, value_bucket, launch.masked);
   } else {
-    // a window, or a short key range where the masked instance's tile is the faster one (tile_config.h); rows that
-    // see few keys take the short tile where the bucket has one
+    // the masked instance for a window; rows that see few keys take the short tile where the bucket has one
     launch.short_tile = fwd_short_tile(bucket, p.seqlen_q, p.seqlen_k, p.window_left, p.window_right);
-    launch.masked = launch.short_tile || fwd_masked_instance(bucket, window, p.seqlen_k);
+    launch.masked = launch.short_tile || window;
     tile = launch.short_tile ? short_tile_config(bucket) : tile_config(bucket, launch.masked);
   }
   if (paged && !paged_one_page(p.page_block_size, p.seqlen_k) && !paged_box_ok(p.page_block_size, tile.block_n)) {

@@ -59,9 +59,8 @@ V2_BUCKETS = (64, 128, 256)
 
 # v3_hopper/tile_config.h: bucket -> (consumer warpgroups, block_n) unmasked and masked; backward (block_m, block_n)
 V3_WARPGROUP_ROWS = 64      # kWarpgroupRows
-V3_FWD_TILES = {64: ((3, 128), (3, 128)), 128: ((2, 176), (2, 128)), 192: ((2, 112), (2, 112)),
+V3_FWD_TILES = {64: ((3, 128), (3, 128)), 128: ((2, 128), (2, 128)), 192: ((2, 112), (2, 112)),
                 256: ((2, 80), (2, 80))}
-V3_SHORT_KEYS_MASKED_TILE = 2048   # kShortKeysMaskedTile: no window and at most this many keys -> the masked tile
 V3_FWD_SHORT_TILES = {256: (2, 48)}  # short_tile_config where it differs from the masked tile (has_short_tile)
 V3_SHORT_TILE_MAX_ROW_KEYS = 1024   # kShortTileMaxRowKeys: rows that see at most this many keys -> the short tile
 V3_BWD_TILE = (64, 128)
@@ -115,9 +114,9 @@ def tiles(generation: str, pass_: str, head_dim: int, causal: bool,
           seqlen_q: Optional[int] = None) -> Optional[Tuple[int, int]]:
     """(block_m, block_n) = (query rows, keys) per tile of `generation`'s 'fwd' or 'bwd' pass; None when not modelled
     (unknown generation, head dim outside its buckets). v1_sram: v1's M in bytes
-    (default v1_sram_bytes()). seqlen_k: v3's forward takes the masked instance's tile for short key ranges
-    (tile_config.h fwd_masked_instance) and the short tile where rows see few keys (fwd_short_tile; causal rows see
-    about seqlen_k - seqlen_q / 2, seqlen_q defaults to seqlen_k); None models a long one."""
+    (default v1_sram_bytes()). seqlen_k: v3's forward takes the short tile where rows see few keys (tile_config.h
+    fwd_short_tile; causal rows see about seqlen_k - seqlen_q / 2, seqlen_q defaults to seqlen_k); None models a long
+    one."""
     if generation == "v1":
         return v1_block_sizes(head_dim, v1_sram) if _bucket(head_dim, V1_BUCKETS) else None
     if generation == "v2":
@@ -142,8 +141,7 @@ def tiles(generation: str, pass_: str, head_dim: int, causal: bool,
             if row_keys <= V3_SHORT_TILE_MAX_ROW_KEYS:
                 consumers, block_n = V3_FWD_SHORT_TILES[d]
                 return consumers * V3_WARPGROUP_ROWS, block_n
-        short = seqlen_k is not None and seqlen_k <= V3_SHORT_KEYS_MASKED_TILE
-        consumers, block_n = V3_FWD_TILES[d][1 if causal or short else 0]
+        consumers, block_n = V3_FWD_TILES[d][1 if causal else 0]
         return consumers * V3_WARPGROUP_ROWS, block_n
     return None
 
