@@ -8,7 +8,7 @@
 # BWD=1: time the backward (tools/time_v3_bwd.py, head dims 64/128 by default) instead of the forward, TOOL_ARGS: more
 # arguments for the timing tool (e.g. "--softcap 30"); FP8=1: time the FP8 forward (tools/time_fp8.py, head dims
 # 128/256, e4m3 and bf16 built) instead. BUILD_HEAD_DIMS: the bf16 buckets built (default 64;128;256), BUILD_BWD_HEAD_DIMS
-# the backward's (default 64;128;192;256); SKIP_BUILD=1:
+# the backward's (default 64;128;192;256; set and empty: no backward, so a forward A/B builds faster); SKIP_BUILD=1:
 # time the modules an earlier call of this script built (a second tool over the same trees).
 # Output: $OUT/ab_v3.jsonl (the tool's rows, "label" = tree name, "round" added), ab_v3_summary.txt, and the build
 # logs and ptxas lines in ab_logs.tar.xz (the device returns at most 8 files).
@@ -29,7 +29,7 @@ for spec in "$@"; do
   name=${spec%%=*}; tree=$(cd "${spec#*=}" && pwd)
   (cmake -S "$tree" -B "/tmp/ab_v3/build-$name" -G Ninja -DCMAKE_BUILD_TYPE=Release -DFLASHGEN_CUDA_ARCHS=90a \
       -DFLASHGEN_V3_HEAD_DIMS="${BUILD_HEAD_DIMS:-64;128;256}" -DFLASHGEN_V3_DTYPES="$dtypes" \
-      -DFLASHGEN_V3_BWD_HEAD_DIMS="${BUILD_BWD_HEAD_DIMS:-64;128;192;256}" \
+      -DFLASHGEN_V3_BWD_HEAD_DIMS="${BUILD_BWD_HEAD_DIMS-64;128;192;256}" \
       -DFLASHGEN_V3_FP8_HEAD_DIMS="128;256" -DFLASHGEN_V2_HEAD_DIMS=128 \
       -DFLASHGEN_V2_DTYPES=bf16 -Dpybind11_DIR="$(python3 -m pybind11 --cmakedir)" > "$OUT/ab_build_$name.log" 2>&1 &&
    cmake --build "/tmp/ab_v3/build-$name" -j "$jobs" >> "$OUT/ab_build_$name.log" 2>&1
