@@ -194,7 +194,8 @@ def test_v3_tiles_match_tile_config_h():
     assert io_model.tiles("v3", "bwd", 192, causal=True) == (64, 64)
     assert io_model.tiles("v3", "bwd", 136, causal=False) == (64, 64)   # bucket 192
     found = {}
-    for line in _body(text, "constexpr TileConfig tile_config(int head_dim, [[maybe_unused]] bool masked) {").splitlines():
+    signature = "constexpr TileConfig tile_config(int head_dim, [[maybe_unused]] bool masked) {"
+    for line in _body(text, signature).splitlines():
         if "return" not in line:
             continue
         bound = re.search(r"head_dim <= (\d+)", line)
