@@ -209,9 +209,9 @@ constexpr int smem_bytes_mainloop(const TileConfig& c, int head_dim_bucket) {
 }
 // O leaves through shared memory and TMA stores (FA3's and cuDNN's epilogue: stmatrix into a 128-byte-swizzled
 // stage, one bulk store per 64-column chunk and warpgroup) where the tile leaves room for a (block_m, head_dim)
-// stage beside Q and the K/V ring: d64 (120 + 24 KB), d128's masked instance (160 + 32 KB) and d256's short tile
-// (160 + 64 KB). The 176-key d128, d192 and d256's 80-key tiles fill 208-224 KB; there, and for a varlen warpgroup
-// whose rows cross its sequence's end, O goes out from registers as 4-byte global stores (consumer.cuh store_tile).
+// stage beside Q and the K/V ring: d64 (120 + 24 KB), d128 (160 + 32 KB; the masked instance's only, before session
+// 59) and d256's short tile (160 + 64 KB). d192's and d256's 80-key tiles fill 216-224 KB; there, and for a varlen
+// warpgroup whose rows cross its sequence's end, O goes out from registers as 4-byte stores (consumer.cuh store_tile).
 // Against those stores (session 30, 3 rounds, cuDNN in each row): d128 512-1k +5-7%, 2k +3-4.5%, 8k causal +1%; d64
 // 512-1k +1.5-3.5%, 8k -0.5%.
 #ifndef FLASHGEN_V3_TMA_STORE_O
