@@ -88,7 +88,7 @@ def test_shapes(dtype_name, head_dim, seqlens, causal):
     _check(f"{dtype_name} d{head_dim} {sq}x{sk} causal={causal}", out, lse, q, k, v, causal=causal)
 
 
-@pytest.mark.parametrize("head_dim", [64, 128, 256])
+@pytest.mark.parametrize("head_dim", [64, 128, 192, 256])
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 @pytest.mark.parametrize("seqlen_k", [2001, 2600])
 def test_persistent_many_tiles(head_dim, causal, seqlen_k):
@@ -251,8 +251,10 @@ def test_gqa_mqa(heads):
 
 
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
-@pytest.mark.parametrize("head_dim", [64, 128, 256])
+@pytest.mark.parametrize("head_dim", [64, 128, 192, 256, 200])
 def test_varlen(causal, head_dim):
+    """Sequences ending mid-tile (130, 257 rows), one of a single row, an empty one and one with no keys (a tile with
+    nothing to load), in every bucket and a head dim between buckets (200 runs in d256's, its last chunk partial)."""
     _need("bf16", head_dim)
     _need_extents()
     torch.manual_seed(4)
