@@ -213,9 +213,10 @@ def test_v3_tiles_match_tile_config_h():
     assert m and int(m.group(1)) == 192, short
     assert {256: (int(m.group(2)), int(m.group(3)))} == io_model.V3_FWD_SHORT_TILES
     assert int(re.search(r"kShortTileMaxRowKeys = (\d+);", text).group(1)) == io_model.V3_SHORT_TILE_MAX_ROW_KEYS
-    assert io_model.tiles("v3", "fwd", 256, causal=False, seqlen_k=1024) == (128, 48)
-    assert io_model.tiles("v3", "fwd", 256, causal=False, seqlen_k=2048) == (128, 80)
-    assert io_model.tiles("v3", "fwd", 256, causal=True, seqlen_k=2048) == (128, 48)
+    assert io_model.tiles("v3", "fwd", 256, causal=True, seqlen_k=512) == (128, 48)
+    assert io_model.tiles("v3", "fwd", 256, causal=False, seqlen_k=512) == (128, 80)
+    assert io_model.tiles("v3", "fwd", 256, causal=False, seqlen_k=1024) == (128, 80)
+    assert io_model.tiles("v3", "fwd", 256, causal=True, seqlen_k=2048) == (128, 80)
     assert io_model.tiles("v3", "fwd", 256, causal=True, seqlen_k=8192) == (128, 80)
     assert io_model.tiles("v3", "fwd", 256, causal=True) == (128, 80)
     assert io_model.tiles("v3", "fwd", 128, causal=True, seqlen_k=512) == (128, 128)

@@ -174,7 +174,7 @@ __device__ __forceinline__ void consume_tile(const SmemMap<T>& sm, const Loads& 
       wgmma_wait<0>();
       fence_regs(s);
       release(sm.k_empty(slot.stage), lane);
-      if (i == n_tiles - 1) release(sm.q_empty(), lane);
+      if (!T::kOInQ && i == n_tiles - 1) release(sm.q_empty(), lane);
       const bool raised = softmax_tile(i, true);
       if (i > 0 && __any_sync(0xffffffffu, raised)) rescale_o<T::kHeadDimV>(o, alpha);
       convert_p<typename T::Tag, T::kBlockN>(s, pa);
@@ -199,7 +199,7 @@ __device__ __forceinline__ void consume_tile(const SmemMap<T>& sm, const Loads& 
     wgmma_wait<0>();
     fence_regs(s);
     release(sm.k_empty(k_slot.stage), lane);
-    if (n_tiles == 1) release(sm.q_empty(), lane);
+    if (!T::kOInQ && n_tiles == 1) release(sm.q_empty(), lane);  // kOInQ: after the epilogue (consumer_loop)
     softmax_tile(0, true);
     convert_p<typename T::Tag, T::kBlockN>(s, pa);
     if (zero_first_v) {  // V_0's rows past seqlen_k zeroed here, so the key loop carries no V-tail code
@@ -219,7 +219,7 @@ __device__ __forceinline__ void consume_tile(const SmemMap<T>& sm, const Loads& 
     wgmma_wait<1>();  // S_i has landed; P V may still run
     fence_regs(s);
     release(sm.k_empty(k_slot.stage), lane);
-    if (i == n_tiles - 1) release(sm.q_empty(), lane);
+    if (!T::kOInQ && i == n_tiles - 1) release(sm.q_empty(), lane);
     const bool raised = softmax_tile(i, T::kMasked);
     wgmma_wait<0>();  // P_{i-1} V_{i-1} has landed: O and P's registers are free
     fence_regs(o);
@@ -249,10 +249,14 @@ __device__ __forceinline__ void consume_tile(const SmemMap<T>& sm, const Loads& 
 // 128-byte-swizzled places, lane l addressing row l % 8 of matrix l / 8; then one TMA store per 64-column chunk
 // (the map drops rows past seqlen_q and columns past O's head dim, V's). The stage is reused a tile later: its
 // thread 0 waits until its previous stores have read it, before the warpgroup's first barrier. The FP8 forward's too.
-template <typename T>
+// kChunkStride: bytes from one 64-column chunk of the stage to the next (kernel_traits.cuh kChunkStrideO: Q's chunks
+// where the stage is the warpgroup's rows of Q's buffer); there only the chunks < chunks are written (Q's chunks past
+// the head dim are zeroed once and never loaded, producer.cuh).
+template <typename T, int kChunkStride = T::kWarpgroupRowBytes>
 __device__ __forceinline__ void store_o_smem(uint32_t stage, const CUtensorMap* map_o,
                                              const uint32_t (&packed)[2][T::kHeadDimV / 8], int row, int head,
                                              int batch, int chunks, int tid, int wg) {
+  constexpr bool kInQ = kChunkStride != T::kWarpgroupRowBytes;
   const int lane = tid % 32, warp = tid / 32, matrix = lane / 8;
   if (tid == 0) bulk_wait_read();
   named_sync(kBarrierWarpgroup0 + wg, kWarpgroupThreads);
@@ -260,15 +264,17 @@ __device__ __forceinline__ void store_o_smem(uint32_t stage, const CUtensorMap* 
 #pragma unroll
   for (int j = 0; j < T::kHeadDimV / 8; j += 2) {
     const int piece = j % 8 + matrix / 2;  // j is even, so tiles j and j + 1 share a 64-column chunk
-    stmatrix_x4(row_addr + (j / 8) * T::kWarpgroupRowBytes + ((piece ^ (lane % 8)) * 16), packed[0][j],
-                packed[1][j], packed[0][j + 1], packed[1][j + 1]);
+    if (!kInQ || j / 8 < chunks) {
+      stmatrix_x4(row_addr + (j / 8) * kChunkStride + ((piece ^ (lane % 8)) * 16), packed[0][j], packed[1][j],
+                  packed[0][j + 1], packed[1][j + 1]);
+    }
   }
   fence_proxy_async_smem();  // the generic-proxy writes, visible to the TMA (async proxy) after the barrier
   named_sync(kBarrierWarpgroup0 + wg, kWarpgroupThreads);
   if (tid == 0) {
 #pragma unroll
     for (int c = 0; c < T::kHeadDimV / kChunkCols; ++c) {
-      if (c < chunks) tma_store_4d(map_o, stage + c * T::kWarpgroupRowBytes, c * kChunkCols, row, head, batch);
+      if (c < chunks) tma_store_4d(map_o, stage + c * kChunkStride, c * kChunkCols, row, head, batch);
     }
     bulk_commit();
   }
@@ -285,7 +291,8 @@ __device__ __forceinline__ void store_o_smem(uint32_t stage, const CUtensorMap* 
 template <typename T>
 __device__ __forceinline__ void store_tile(const AttnParams& p, const SmemMap<T>& sm, const CUtensorMap* map_o,
                                            const SeqInfo& seq, const TileCoord& tc, const AccCoord& coord,
-                                           int wg_row0, float (&o)[T::kORegs], RowState (&rows)[2], int tid, int wg) {
+                                           int wg_row0, float (&o)[T::kORegs], RowState (&rows)[2], int tid, int wg,
+                                           bool holds_q) {
   using Element = typename T::Element;
   constexpr int kPairs = T::kHeadDimV / 8;  // n8 column tiles: one packed pair per row half each
   const int lane = tid % 32;
@@ -302,15 +309,19 @@ __device__ __forceinline__ void store_tile(const AttnParams& p, const SmemMap<T>
     }
   }
   float* g_lse = p.lse + lse_offset(p, seq, tc.batch, tc.head);  // (seqlen_q,) of this (batch, head)
-  if constexpr (T::kOThroughSmem) {
-    if (p.cu_seqlens_q == nullptr || wg_row0 + kWarpgroupRows <= seq.seqlen_q) {
+  if constexpr (T::kOThroughSmem || T::kOInQ) {
+    // kOInQ: the stage is this warpgroup's rows of the tile's Q, which it holds only where the tile had key blocks
+    // (the producer loads no Q for a tile without any)
+    if ((T::kOThroughSmem || holds_q) && (p.cu_seqlens_q == nullptr || wg_row0 + kWarpgroupRows <= seq.seqlen_q)) {
 #pragma unroll
       for (int half = 0; half < 2; ++half) {
         const int row = coord.row(half);
         if (row < seq.seqlen_q && lane % 4 == 0) g_lse[row] = rows[half].lse(p.scale_log2);
       }
-      store_o_smem<T>(sm.o(wg), map_o, packed, static_cast<int>(seq.q_row0) + wg_row0, tc.head,
-                      p.cu_seqlens_q ? 0 : tc.batch, ceil_div(value_head_dim<T>(p), kChunkCols), tid, wg);
+      const uint32_t stage = T::kOInQ ? sm.q() + wg * T::kWarpgroupRowBytes : sm.o(wg);
+      store_o_smem<T, T::kChunkStrideO>(stage, map_o, packed, static_cast<int>(seq.q_row0) + wg_row0, tc.head,
+                                        p.cu_seqlens_q ? 0 : tc.batch, ceil_div(value_head_dim<T>(p), kChunkCols),
+                                        tid, wg);
       return;
     }
   }
@@ -435,7 +446,7 @@ __device__ __forceinline__ void consumer_loop(const AttnParams& p, const SmemMap
         }
       } else {  // none of the CTA's key blocks is this warpgroup's
         skip_steps<T>(sm, loads, turn, kv_iter, n_tiles, lane);
-        release(sm.q_empty(), lane);  // consume_tile releases Q with its last S GEMM
+        if (!T::kOInQ) release(sm.q_empty(), lane);  // consume_tile releases Q with its last S GEMM
         if constexpr (kIntraWarpgroupOverlap) {  // the turn of consume_tile's closing P V
           turn.wait_turn();
           turn.pass_turn();
@@ -448,10 +459,17 @@ __device__ __forceinline__ void consumer_loop(const AttnParams& p, const SmemMap
     if constexpr (T::kSplit) {
       store_split<T>(p, seq, tc, coord, wg_row0, o, rows, lane);
     } else {
-      store_tile<T>(p, sm, map_o, seq, tc, coord, wg_row0, o, rows, tid, wg);
+      store_tile<T>(p, sm, map_o, seq, tc, coord, wg_row0, o, rows, tid, wg, n_tiles > 0);
+      if constexpr (T::kOInQ) {
+        if (n_tiles > 0) {  // O's stores have read this warpgroup's rows of Q (store_o_smem): Q is free
+          if (tid == 0) bulk_wait_read();
+          named_sync(kBarrierWarpgroup0 + wg, kWarpgroupThreads);
+          release(sm.q_empty(), lane);
+        }
+      }
     }
   }
-  if constexpr (T::kOThroughSmem) {
+  if constexpr (T::kOThroughSmem || T::kOInQ) {
     if (tid == 0) bulk_wait_all();  // the last stores have read the stage before the CTA's shared memory goes
   }
 }

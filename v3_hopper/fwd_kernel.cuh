@@ -70,7 +70,7 @@ __global__ void __launch_bounds__(T::kNumThreads, 1)
     prefetch_tensor_map(&map_q);
     prefetch_tensor_map(&map_k);
     prefetch_tensor_map(&map_v);
-    if constexpr (T::kOThroughSmem) prefetch_tensor_map(&map_o);
+    if constexpr (T::kOThroughSmem || T::kOInQ) prefetch_tensor_map(&map_o);
   }
   if (chunks < T::kChunks || chunks_v < T::kChunksV) zero_unused_chunks<T>(sm, chunks, chunks_v);
   // Launched as a programmatic dependent (FLASHGEN_V3_PDL, fwd_launch.cuh): everything above reads only parameters and

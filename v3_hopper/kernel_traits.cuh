@@ -111,6 +111,10 @@ struct FwdTraits {
   // O's stage (tile_config.h o_through_smem): per consumer warpgroup kChunks chunks of 64 rows x 128 bytes, the
   // layout the O tensor map's 128-byte swizzle reads.
   static constexpr bool kOThroughSmem = o_through_smem(kConfig, kHeadDim, kHeadDimV);
+  // O's stage in Q's buffer instead (tile_config.h o_in_q): warpgroup w's stage is its rows of each Q chunk, so its
+  // chunks lie kChunkBytesQ apart (kChunkStrideO) rather than kWarpgroupRowBytes.
+  static constexpr bool kOInQ = !kSplit && o_in_q(kConfig, kHeadDim, kHeadDimV);
+  static constexpr int kChunkStrideO = kOInQ ? kBlockM * kSwizzleBytes : kWarpgroupRows * kSwizzleBytes;
   static constexpr int kWarpgroupBytesO = kHeadDimV / kChunkCols * kWarpgroupRowBytes;
   static constexpr int kOffO = kOffV + kStages * kTileBytesV;
   static constexpr int kOffBarriers = kOffO + (kOThroughSmem ? kConsumers * kWarpgroupBytesO : 0);

@@ -163,9 +163,12 @@ struct Loader {
   __device__ __forceinline__ bool step() {
     for (;;) {
       if (done || (item == items && !next_tile())) return false;
-      // item 0: Q; item 1: K_0; then K_{i+1}, V_i for i = (item - 2) / 2 (K_n does not exist: skipped)
-      const bool is_q = item == 0, is_k = item == 1 || (item >= 2 && item % 2 == 0);
-      const int i = item == 1 ? 0 : (item - 2) / 2 + (is_k ? 1 : 0);
+      // item 0: Q; item 1: K_0; then K_{i+1}, V_i for i = (item - 2) / 2 (K_n does not exist: skipped). With O's
+      // stage in Q's buffer (T::kOInQ) K_0 comes first: Q is free only after the previous tile's epilogue, and the
+      // next tile's first K should not wait behind it.
+      constexpr int kItemQ = T::kOInQ ? 1 : 0;
+      const bool is_q = item == kItemQ, is_k = item == 1 - kItemQ || (item >= 2 && item % 2 == 0);
+      const int i = item == 1 - kItemQ ? 0 : (item - 2) / 2 + (is_k ? 1 : 0);
       if (!is_q && i >= n_tiles) {
         ++item;
         continue;

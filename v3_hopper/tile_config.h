@@ -73,18 +73,20 @@ constexpr int64_t mean_row_keys(int64_t seqlen_q, int64_t seqlen_k, int window_l
   return keys;
 }
 
-// A third tile, with the masked instance's code, for launches whose rows see few keys (v3_api.cu fwd): d256's 80-key
-// tiles leave no room for O's shared-memory stage (o_through_smem), 48 keys do (Q 64 + K / V 96 + O 64 KB), so short
-// rows trade a longer key loop for the TMA store. A/B against the 80-key tiles (session 30, 3 rounds, cuDNN in each
-// row): 512 +16% full / +19% causal, 1k +2.5% / +8%, 2k full -2%, 2k causal +4%, 8k causal -3.5%; so rows that see
-// at most kShortTileMaxRowKeys keys on average take it (1k full, 2k causal).
+// A third tile, with the masked instance's code, for launches whose rows see few keys (v3_api.cu fwd): d256's 48-key
+// tile (Q 64 + K / V 96 + O 64 KB). It was made when the 80-key tile had no room for O's stage and stored O from
+// registers (session 30: the 48-key tile +16-19% at 512, +2.5-8% at 1k); since O goes through Q's buffer there
+// (o_in_q below) the 80-key tile is ahead wherever rows see 512 keys or more (H100, session 60, 2 rounds, cuDNN in
+// each row: 1k full 537 -> 603 TFLOP/s, 1k causal +4%, 2k causal +9%, 512 full +2%) and behind only at 512 causal
+// (rows see ~256 keys: 268 against 280). Rows that see at most kShortTileMaxRowKeys keys on average take it: 384 lies
+// between the two measured points.
 constexpr TileConfig short_tile_config(int head_dim) {
   return head_dim > 192 ? TileConfig{2, 48, 2, false} : tile_config(head_dim, true);
 }
 constexpr bool has_short_tile(int head_dim_bucket) {
   return short_tile_config(head_dim_bucket).block_n != tile_config(head_dim_bucket, true).block_n;
 }
-constexpr int64_t kShortTileMaxRowKeys = 1024;
+constexpr int64_t kShortTileMaxRowKeys = 384;
 constexpr bool fwd_short_tile(int head_dim_bucket, int64_t seqlen_q, int64_t seqlen_k, int window_left,
                               int window_right) {
   return has_short_tile(head_dim_bucket) &&
@@ -210,8 +212,10 @@ constexpr int smem_bytes_mainloop(const TileConfig& c, int head_dim_bucket) {
 // O leaves through shared memory and TMA stores (FA3's and cuDNN's epilogue: stmatrix into a 128-byte-swizzled
 // stage, one bulk store per 64-column chunk and warpgroup) where the tile leaves room for a (block_m, head_dim)
 // stage beside Q and the K/V ring: d64 (120 + 24 KB), d128 (160 + 32 KB; the masked instance's only, before session
-// 59) and d256's short tile (160 + 64 KB). d192's and d256's 80-key tiles fill 216-224 KB; there, and for a varlen
-// warpgroup whose rows cross its sequence's end, O goes out from registers as 4-byte stores (consumer.cuh store_tile).
+// 59) and d256's short tile (160 + 64 KB). d192's 112-key and d256's 80-key tiles fill 216-224 KB: there O's stage
+// is Q's buffer (o_in_q below). For a varlen warpgroup whose rows cross its sequence's end, for a tile with no key
+// blocks under o_in_q, and for d192 with V's head dim apart, O goes out from registers as 4-byte stores
+// (consumer.cuh store_tile).
 // Against those stores (session 30, 3 rounds, cuDNN in each row): d128 512-1k +5-7%, 2k +3-4.5%, 8k causal +1%; d64
 // 512-1k +1.5-3.5%, 8k -0.5%.
 #ifndef FLASHGEN_V3_TMA_STORE_O
@@ -235,6 +239,27 @@ constexpr bool o_through_smem(const TileConfig& c, int head_dim_bucket, int valu
 }
 constexpr bool o_through_smem(const TileConfig& c, int head_dim_bucket) {
   return o_through_smem(c, head_dim_bucket, head_dim_bucket);
+}
+// Where no stage of its own fits (d192's 112-key and d256's 80-key tiles), O goes through Q's buffer, as in
+// FlashAttention-4's sm90 forward (sO over sQ): each consumer warpgroup's O stage is its own 64 rows of the Q tile,
+// written once its last S GEMM has read them; the warpgroup frees Q only after the stores have read the stage, and
+// the producer loads the next tile's first K before its Q (producer.cuh), so Q's reload is the one load that waits
+// for the epilogue. Against the register stores (H100, session 60, 2 rounds, cuDNN in each row, TFLOP/s): d192
+// 512 418 -> 447 full / 198 -> 240 causal, 1k 514 -> 559 / 358 -> 401, 2k 583 -> 641 / 497 -> 533, 8k 628 -> 708 /
+// 628 -> 660; d256's 80-key tile 2k full 632 -> 677 (and the short-tile rule above moved, as it now loses to it at
+// 1k). Needs the warp-specialized kernel (the producer's order) and V at q's head dim (Q's buffer holds kHeadDim
+// columns); tiles without ping-pong only (d192, d256: the turns with a warpgroup waiting for the next Q were not
+// checked). FLASHGEN_V3_O_IN_Q=0: O from registers there.
+#ifndef FLASHGEN_V3_O_IN_Q
+#define FLASHGEN_V3_O_IN_Q 1
+#endif
+constexpr bool o_in_q(const TileConfig& c, int head_dim_bucket, int value_bucket) {
+  return FLASHGEN_V3_O_IN_Q != 0 && FLASHGEN_V3_TMA_STORE_O != 0 && kWarpSpecialized && !c.pingpong &&
+         value_bucket == head_dim_bucket && !o_through_smem(c, head_dim_bucket, value_bucket);
+}
+// O leaves by TMA stores (its own stage or Q's buffer): the host makes the O tensor map (v3_api.cu).
+constexpr bool o_by_tma(const TileConfig& c, int head_dim_bucket, int value_bucket) {
+  return o_through_smem(c, head_dim_bucket, value_bucket) || o_in_q(c, head_dim_bucket, value_bucket);
 }
 
 // ---- the split-KV instance (kernel_traits.cuh kSplit, v3_api.cu plan_fwd) ----

@@ -402,7 +402,7 @@ Status fwd(const AttnParams& caller_params, void* stream) {
                     p.v_head_stride, p.v_batch_stride, kv_box_rows);
     if (!st.is_ok()) return st;
   }
-  if (!launch.split && o_through_smem(tile, bucket, value_bucket)) {  // each consumer warpgroup's rows (store_o_smem)
+  if (!launch.split && o_by_tma(tile, bucket, value_bucket)) {  // each consumer warpgroup's rows (store_o_smem)
     st = encode_output_map(&launch.o, p, p.dtype);
     if (!st.is_ok()) return st;
     launch.o_tma = true;
