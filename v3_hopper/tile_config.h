@@ -77,7 +77,7 @@ constexpr int64_t mean_row_keys(int64_t seqlen_q, int64_t seqlen_k, int window_l
 // tile (Q 64 + K / V 96 + O 64 KB). It was made when the 80-key tile had no room for O's stage and stored O from
 // registers (session 30: the 48-key tile +16-19% at 512, +2.5-8% at 1k); since O goes through Q's buffer there
 // (o_in_q below) the 80-key tile is ahead wherever rows see 512 keys or more (H100, session 60, 2 rounds, cuDNN in
-// each row: 1k full 537 -> 603 TFLOP/s, 1k causal +4%, 2k causal +9%, 512 full +2%) and behind only at 512 causal
+// each row: 1k full 542 -> 603 TFLOP/s, 1k causal +4%, 2k causal +9%, 512 full +2%) and behind only at 512 causal
 // (rows see ~256 keys: 268 against 280). Rows that see at most kShortTileMaxRowKeys keys on average take it: 384 lies
 // between the two measured points.
 constexpr TileConfig short_tile_config(int head_dim) {
