@@ -210,13 +210,15 @@ def test_v3_tiles_match_tile_config_h():
     short = _body(text, "constexpr TileConfig short_tile_config(int head_dim) {")
     m = re.search(r"head_dim > (\d+) \? TileConfig\{(\d+), (\d+), \d+, (?:true|false)\} : "
                   r"tile_config\(head_dim, true\);", short)
-    assert m and int(m.group(1)) == 192, short
-    assert {256: (int(m.group(2)), int(m.group(3)))} == io_model.V3_FWD_SHORT_TILES
+    assert m and int(m.group(1)) == 128, short
+    assert {d: (int(m.group(2)), int(m.group(3))) for d in (192, 256)} == io_model.V3_FWD_SHORT_TILES
     assert int(re.search(r"kShortTileMaxRowKeys = (\d+);", text).group(1)) == io_model.V3_SHORT_TILE_MAX_ROW_KEYS
-    assert io_model.tiles("v3", "fwd", 256, causal=True, seqlen_k=512) == (128, 48)
-    assert io_model.tiles("v3", "fwd", 256, causal=False, seqlen_k=512) == (128, 80)
-    assert io_model.tiles("v3", "fwd", 256, causal=False, seqlen_k=1024) == (128, 80)
-    assert io_model.tiles("v3", "fwd", 256, causal=True, seqlen_k=2048) == (128, 80)
+    assert io_model.tiles("v3", "fwd", 256, causal=True, seqlen_k=512) == (128, 64)
+    assert io_model.tiles("v3", "fwd", 256, causal=False, seqlen_k=1024) == (128, 64)
+    assert io_model.tiles("v3", "fwd", 256, causal=False, seqlen_k=2048) == (128, 80)
+    assert io_model.tiles("v3", "fwd", 256, causal=True, seqlen_k=2048) == (128, 64)
+    assert io_model.tiles("v3", "fwd", 192, causal=False, seqlen_k=1024) == (128, 64)
+    assert io_model.tiles("v3", "fwd", 192, causal=False, seqlen_k=2048) == (128, 112)
     assert io_model.tiles("v3", "fwd", 256, causal=True, seqlen_k=8192) == (128, 80)
     assert io_model.tiles("v3", "fwd", 256, causal=True) == (128, 80)
     assert io_model.tiles("v3", "fwd", 128, causal=True, seqlen_k=512) == (128, 128)

@@ -73,20 +73,22 @@ constexpr int64_t mean_row_keys(int64_t seqlen_q, int64_t seqlen_k, int window_l
   return keys;
 }
 
-// A third tile, with the masked instance's code, for launches whose rows see few keys (v3_api.cu fwd): d256's 48-key
-// tile (Q 64 + K / V 96 + O 64 KB). It was made when the 80-key tile had no room for O's stage and stored O from
-// registers (session 30: the 48-key tile +16-19% at 512, +2.5-8% at 1k); since O goes through Q's buffer there
-// (o_in_q below) the 80-key tile is ahead wherever rows see 512 keys or more (H100, session 60, 2 rounds, cuDNN in
-// each row: 1k full 542 -> 603 TFLOP/s, 1k causal +4%, 2k causal +9%, 512 full +2%) and behind only at 512 causal
-// (rows see ~256 keys: 268 against 280). Rows that see at most kShortTileMaxRowKeys keys on average take it: 384 lies
-// between the two measured points.
+// A third tile, with the masked instance's code, for launches whose rows see few keys (v3_api.cu fwd): 64 keys at
+// d192 (Q 48 + K / V 96 + O 48 KB: O through its own stage) and d256 (Q 64 + K / V 128 KB: O through Q's buffer,
+// o_in_q below). Causal rows of a few key blocks waste less of the 64-key tile on the diagonal (512 causal: 89% of the
+// computed scores are visible against 78% at d192's 112 keys and 82% at d256's 80, counted per 64-row warpgroup).
+// d256 had a 48-key short tile from session 30 (when the 80-key tile still stored O from registers) to session 60.
+// A/B on an H100 (session 60, 2 rounds, cuDNN in each row, rows that see at most 1024 keys on this tile, TFLOP/s):
+// d192 512 444 -> 478 full / 232 -> 260 causal, 1k 555 -> 572 / 393 -> 416, 2k causal even; d256 (from the 80-key
+// tile, or the 48-key one at 512 causal) 512 472 -> 486 / 278 -> 274, 1k full even, 1k causal 433 -> 442, 2k causal
+// 556 -> 570. Rows that see at most kShortTileMaxRowKeys keys on average take it.
 constexpr TileConfig short_tile_config(int head_dim) {
-  return head_dim > 192 ? TileConfig{2, 48, 2, false} : tile_config(head_dim, true);
+  return head_dim > 128 ? TileConfig{2, 64, 2, false} : tile_config(head_dim, true);
 }
 constexpr bool has_short_tile(int head_dim_bucket) {
   return short_tile_config(head_dim_bucket).block_n != tile_config(head_dim_bucket, true).block_n;
 }
-constexpr int64_t kShortTileMaxRowKeys = 384;
+constexpr int64_t kShortTileMaxRowKeys = 1024;
 constexpr bool fwd_short_tile(int head_dim_bucket, int64_t seqlen_q, int64_t seqlen_k, int window_left,
                               int window_right) {
   return has_short_tile(head_dim_bucket) &&
@@ -212,8 +214,8 @@ constexpr int smem_bytes_mainloop(const TileConfig& c, int head_dim_bucket) {
 // O leaves through shared memory and TMA stores (FA3's and cuDNN's epilogue: stmatrix into a 128-byte-swizzled
 // stage, one bulk store per 64-column chunk and warpgroup) where the tile leaves room for a (block_m, head_dim)
 // stage beside Q and the K/V ring: d64 (120 + 24 KB), d128 (160 + 32 KB; the masked instance's only, before session
-// 59) and d256's short tile (160 + 64 KB). d192's 112-key and d256's 80-key tiles fill 216-224 KB: there O's stage
-// is Q's buffer (o_in_q below). For a varlen warpgroup whose rows cross its sequence's end, for a tile with no key
+// 59) and d192's short tile (144 + 48 KB). d192's 112-key tile and d256's 80- and 64-key tiles fill 192-224 KB:
+// there O's stage is Q's buffer (o_in_q below). For a varlen warpgroup whose rows cross its sequence's end, for a tile with no key
 // blocks under o_in_q, and for d192 with V's head dim apart, O goes out from registers as 4-byte stores
 // (consumer.cuh store_tile).
 // Against those stores (session 30, 3 rounds, cuDNN in each row): d128 512-1k +5-7%, 2k +3-4.5%, 8k causal +1%; d64
@@ -246,8 +248,8 @@ constexpr bool o_through_smem(const TileConfig& c, int head_dim_bucket) {
 // the producer loads the next tile's first K before its Q (producer.cuh), so Q's reload is the one load that waits
 // for the epilogue. Against the register stores (H100, session 60, 2 rounds, cuDNN in each row, TFLOP/s): d192
 // 512 418 -> 447 full / 198 -> 240 causal, 1k 514 -> 559 / 358 -> 401, 2k 583 -> 641 / 497 -> 533, 8k 628 -> 708 /
-// 628 -> 660; d256's 80-key tile 2k full 632 -> 677 (and the short-tile rule above moved, as it now loses to it at
-// 1k). Needs the warp-specialized kernel (the producer's order) and V at q's head dim (Q's buffer holds kHeadDim
+// 628 -> 660; d256's 80-key tile 2k full 632 -> 677 (and it then beat the 48-key short tile at 1k, which led to the
+// 64-key short tiles above). Needs the warp-specialized kernel (the producer's order) and V at q's head dim (Q's buffer holds kHeadDim
 // columns); tiles without ping-pong only (d192, d256: the turns with a warpgroup waiting for the next Q were not
 // checked). FLASHGEN_V3_O_IN_Q=0: O from registers there.
 #ifndef FLASHGEN_V3_O_IN_Q
@@ -434,9 +436,9 @@ constexpr bool config_ok(int head_dim_bucket, bool masked) {
 static_assert(config_ok(64, false) && config_ok(64, true) && config_ok(128, false) && config_ok(128, true) &&
                   config_ok(192, false) && config_ok(192, true) && config_ok(256, false) && config_ok(256, true),
               "a v3 tile exceeds the shared memory of one CTA or its register budget");
-static_assert(smem_bytes(short_tile_config(256), 256) <= kMaxSmemPerBlock && budget_fits(short_tile_config(256)) &&
-                  o_through_smem(short_tile_config(256), 256) == (FLASHGEN_V3_TMA_STORE_O != 0),
-              "d256's short tile must fit with O's stage: the stage is why it exists");
+static_assert(smem_bytes(short_tile_config(192), 192) <= kMaxSmemPerBlock && budget_fits(short_tile_config(192)) &&
+                  smem_bytes(short_tile_config(256), 256) <= kMaxSmemPerBlock && budget_fits(short_tile_config(256)),
+              "a short tile exceeds the shared memory of one CTA or its register budget");
 
 // ---- persistent tile order (kernel_traits.cuh TileScheduler walks it in rounds of gridDim.x CTAs) ----
 // A tile is (query block m, head_batch = batch * num_heads + head). Without a causal-like mask the query blocks run
