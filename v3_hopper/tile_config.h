@@ -109,8 +109,8 @@ FH_HD constexpr int query_row_shift(int seqlen_q, int block_m) {
 // A paged KV cache's rows per TMA box of K / V for tiles of block_n keys (producer.cuh load_paged_tile): gcd(page
 // size, block_n), so that a tile is whole boxes and each box lies inside one page (tiles start at multiples of
 // block_n, with no left pad). v3 takes pages where that is a multiple of the 128-byte swizzle's 8-row period (a box
-// then lands on a whole swizzle atom): every page size that is a multiple of 8 with every tile here (block_n 48, 80,
-// 112, 128, 176: multiples of 16); v2 runs the others (pages of 1, 3, ...).
+// then lands on a whole swizzle atom): every page size that is a multiple of 8 with every tile here (block_n 64, 80,
+// 112, 128: multiples of 16); v2 runs the others (pages of 1, 3, ...).
 FH_HD constexpr int paged_box_rows(int page_block_size, int block_n) {
   int a = page_block_size, b = block_n;
   while (b != 0) {
