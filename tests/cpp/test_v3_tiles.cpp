@@ -182,25 +182,28 @@ void test_fp8_tile_choice() {
         fp8_tile_config(256, true).block_n);
 }
 
-// The 16-bit forward's short tile (tile_config.h fwd_short_tile) at the points measured in session 30
-// (bench/results/v3-dev/2026-12-04-s30-ab-fwd-d256-short-tile.txt): 48 keys won at d256 512 / 1k and 2k causal, lost
-// at 2k full and 8k causal; only d256 has one.
+// The 16-bit forward's short tile (tile_config.h fwd_short_tile) at the points measured in sessions 30 and 60
+// (bench/results/v3-dev/2026-12-06-s60-ab-fwd-short-tile-64-h100.txt): 64 keys won at d192 / d256 512 and 1k and at
+// 2k causal, where rows see at most 1024 keys; 2k full and 8k causal keep the bucket's tile; d64 / d128 have none.
 void test_short_tile_choice() {
   using flashgen::v3::fwd_short_tile;
   using flashgen::v3::short_tile_config;
   const ChoiceCase cases[] = {
-      {256, 512, 512, -1, -1, true},   {256, 512, 512, -1, 0, true},    {256, 1024, 1024, -1, -1, true},
+      {256, 512, 512, -1, -1, true},   {256, 512, 512, -1, 0, true},     {256, 1024, 1024, -1, -1, true},
       {256, 1024, 1024, -1, 0, true},  {256, 2048, 2048, -1, -1, false}, {256, 2048, 2048, -1, 0, true},
       {256, 8192, 8192, -1, 0, false}, {256, 16384, 16384, 255, 0, true}, {256, 1, 8192, -1, 0, false},
-      {128, 512, 512, -1, 0, false},   {64, 512, 512, -1, -1, false},   {192, 512, 512, -1, 0, false},
+      {128, 512, 512, -1, 0, false},   {64, 512, 512, -1, -1, false},    {192, 512, 512, -1, 0, true},
+      {192, 1024, 1024, -1, -1, true}, {192, 2048, 2048, -1, -1, false}, {192, 2048, 2048, -1, 0, true},
   };
   for (const ChoiceCase& c : cases) {
     const bool got = fwd_short_tile(c.head_dim, c.seqlen_q, c.seqlen_k, c.window_left, c.window_right);
     CHECK(got == c.expected, "d%d %lldx%lld window (%d, %d): short tile %d", c.head_dim,
           static_cast<long long>(c.seqlen_q), static_cast<long long>(c.seqlen_k), c.window_left, c.window_right, got);
   }
-  CHECK(short_tile_config(256).block_n == 48 && short_tile_config(128).block_n == 128, "block_n %d / %d",
-        short_tile_config(256).block_n, short_tile_config(128).block_n);
+  CHECK(short_tile_config(256).block_n == 64 && short_tile_config(192).block_n == 64 &&
+            short_tile_config(128).block_n == 128,
+        "block_n %d / %d / %d", short_tile_config(256).block_n, short_tile_config(192).block_n,
+        short_tile_config(128).block_n);
 }
 
 // query_row_shift: whole warpgroups, less than a block, and the blocks from -shift cover [0, seqlen_q) with rows past
