@@ -114,7 +114,7 @@ struct FwdTraits {
   // O's stage in Q's buffer instead (tile_config.h o_in_q): warpgroup w's stage is its rows of each Q chunk, so its
   // chunks lie kChunkBytesQ apart (kChunkStrideO) rather than kWarpgroupRowBytes.
   static constexpr bool kOInQ = !kSplit && o_in_q(kConfig, kHeadDim, kHeadDimV);
-  static constexpr int kChunkStrideO = kOInQ ? kBlockM * kSwizzleBytes : kWarpgroupRows * kSwizzleBytes;
+  static constexpr int kChunkStrideO = kOInQ ? kChunkBytesQ : kWarpgroupRowBytes;
   static constexpr int kWarpgroupBytesO = kHeadDimV / kChunkCols * kWarpgroupRowBytes;
   static constexpr int kOffO = kOffV + kStages * kTileBytesV;
   static constexpr int kOffBarriers = kOffO + (kOThroughSmem ? kConsumers * kWarpgroupBytesO : 0);

@@ -211,13 +211,13 @@ constexpr int smem_bytes_mainloop(const TileConfig& c, int head_dim_bucket, int 
 constexpr int smem_bytes_mainloop(const TileConfig& c, int head_dim_bucket) {
   return smem_bytes_mainloop(c, head_dim_bucket, head_dim_bucket);
 }
-// O leaves through shared memory and TMA stores (FA3's and cuDNN's epilogue: stmatrix into a 128-byte-swizzled
-// stage, one bulk store per 64-column chunk and warpgroup) where the tile leaves room for a (block_m, head_dim)
-// stage beside Q and the K/V ring: d64 (120 + 24 KB), d128 (160 + 32 KB; the masked instance's only, before session
-// 59) and d192's short tile (144 + 48 KB). d192's 112-key tile and d256's 80- and 64-key tiles fill 192-224 KB:
-// there O's stage is Q's buffer (o_in_q below). For a varlen warpgroup whose rows cross its sequence's end, for a tile with no key
-// blocks under o_in_q, and for d192 with V's head dim apart, O goes out from registers as 4-byte stores
-// (consumer.cuh store_tile).
+// O leaves through shared memory and TMA stores (FA3's and cuDNN's epilogue: stmatrix into a 128-byte-swizzled stage,
+// one bulk store per 64-column chunk and warpgroup) where the tile leaves room for a (block_m, head_dim) stage beside Q
+// and the K/V ring: d64 (120 + 24 KB), d128 (160 + 32 KB; the masked instance's only, before session 59) and d192's
+// short tile (144 + 48 KB). d192's 112-key tile and d256's 80- and 64-key tiles fill 192-224 KB: there O's stage is Q's
+// buffer (o_in_q below). For a varlen warpgroup whose rows cross its sequence's end, for a tile with no key blocks
+// under o_in_q, and for d192 with V's head dim apart, O goes out from registers as 4-byte stores (consumer.cuh
+// store_tile).
 // Against those stores (session 30, 3 rounds, cuDNN in each row): d128 512-1k +5-7%, 2k +3-4.5%, 8k causal +1%; d64
 // 512-1k +1.5-3.5%, 8k -0.5%.
 #ifndef FLASHGEN_V3_TMA_STORE_O
@@ -242,14 +242,14 @@ constexpr bool o_through_smem(const TileConfig& c, int head_dim_bucket, int valu
 constexpr bool o_through_smem(const TileConfig& c, int head_dim_bucket) {
   return o_through_smem(c, head_dim_bucket, head_dim_bucket);
 }
-// Where no stage of its own fits (d192's 112-key and d256's 80-key tiles), O goes through Q's buffer, as in
+// Where no stage of its own fits (d192's 112-key and d256's 80- and 64-key tiles), O goes through Q's buffer, as in
 // FlashAttention-4's sm90 forward (sO over sQ): each consumer warpgroup's O stage is its own 64 rows of the Q tile,
-// written once its last S GEMM has read them; the warpgroup frees Q only after the stores have read the stage, and
-// the producer loads the next tile's first K before its Q (producer.cuh), so Q's reload is the one load that waits
-// for the epilogue. Against the register stores (H100, session 60, 2 rounds, cuDNN in each row, TFLOP/s): d192
-// 512 418 -> 447 full / 198 -> 240 causal, 1k 514 -> 559 / 358 -> 401, 2k 583 -> 641 / 497 -> 533, 8k 628 -> 708 /
-// 628 -> 660; d256's 80-key tile 2k full 632 -> 677 (and it then beat the 48-key short tile at 1k, which led to the
-// 64-key short tiles above). Needs the warp-specialized kernel (the producer's order) and V at q's head dim (Q's buffer holds kHeadDim
+// written once its last S GEMM has read them; the warpgroup frees Q only after the stores have read the stage, and the
+// producer loads the next tile's first K before its Q (producer.cuh), so Q's reload is the one load that waits for the
+// epilogue. Against the register stores (H100, session 60, 2 rounds, cuDNN in each row, TFLOP/s): d192 512 418 -> 447
+// full / 198 -> 240 causal, 1k 514 -> 559 / 358 -> 401, 2k 583 -> 641 / 497 -> 533, 8k 628 -> 708 / 628 -> 660; d256's
+// 80-key tile 2k full 632 -> 677 (and it then beat the 48-key short tile at 1k, which led to the 64-key short tiles
+// above). Needs the warp-specialized kernel (the producer's order) and V at q's head dim (Q's buffer holds kHeadDim
 // columns); tiles without ping-pong only (d192, d256: the turns with a warpgroup waiting for the next Q were not
 // checked). FLASHGEN_V3_O_IN_Q=0: O from registers there.
 #ifndef FLASHGEN_V3_O_IN_Q

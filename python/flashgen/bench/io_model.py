@@ -61,7 +61,8 @@ V2_BUCKETS = (64, 128, 256)
 V3_WARPGROUP_ROWS = 64      # kWarpgroupRows
 V3_FWD_TILES = {64: ((3, 128), (3, 128)), 128: ((2, 128), (2, 128)), 192: ((2, 112), (2, 112)),
                 256: ((2, 80), (2, 80))}
-V3_FWD_SHORT_TILES = {192: (2, 64), 256: (2, 64)}  # short_tile_config where it differs from the masked tile (has_short_tile)
+# short_tile_config where it differs from the masked tile (has_short_tile)
+V3_FWD_SHORT_TILES = {192: (2, 64), 256: (2, 64)}
 V3_SHORT_TILE_MAX_ROW_KEYS = 1024   # kShortTileMaxRowKeys: rows that see at most this many keys -> the short tile
 V3_BWD_TILE = (64, 128)
 V3_BWD_ROWS_TILE = (128, 128)       # the dq_rows tile of the buckets up to kBwdRowsMaxHeadDim (bwd_dq_rows_tile)
