@@ -1,19 +1,20 @@
 // v2 backward main kernel: dK, dV of one key block and its contribution to dQ, exact, from the saved LSE.
 // Algorithm: FlashAttention-2 (Dao 2023, arXiv 2307.08691) Sec. 3.2 backward (Alg. 2), P recomputed from the LSE.
-// Partition: grid (key block, kv head, batch) -> CTA owns keys [n_begin, n_begin + kBlockN) and loops over every
-// (query head of its GQA group, query block that sees those keys) -> per step three GEMM phases, each split over
-// all warps by its own warp grid (bwd_traits.cuh): S, dP (registers) -> P, dS (smem) -> dK, dV (registers, summed
-// over the whole loop and over the group's query heads) and dQ (fp32 atomics into dq_accum). Block-sparse
-// (kSparse) with p.sparse_order: the CTA's (key block, kv head, batch) comes from that order, heaviest sparse
-// columns first (common/block_sparse.h sparse_cta; launch_bwd sizes the grid).
-// Loop invariant (after step i): dv = sum P_drop^T dO and dk = sum dS^T Q over steps <= i (softmax_scale applied
-// at the end); dq_accum holds every finished step's dS K. Deterministic mode orders the dQ additions of the key
-// blocks of one (batch, head, query block) by a counter per query block (FA3's semaphore scheme).
+// Partition: one CTA per (key block, kv head, batch), a 1-D grid in common/bwd_order.h's order -> CTA owns keys
+// [n_begin, n_begin + kBlockN) and loops over every (query head of its GQA group, query block that sees those keys)
+// -> per step three GEMM phases, each split over all warps by its own warp grid (bwd_traits.cuh): S, dP (registers)
+// -> P, dS (smem) -> dK, dV (registers, summed over the whole loop and over the group's query heads) and dQ (fp32
+// atomics into dq_accum). Block-sparse (kSparse) with p.sparse_order: the CTA's (key block, kv head, batch) comes
+// from that order, heaviest sparse columns first (common/block_sparse.h sparse_cta; launch_bwd sizes the grid).
+// Loop invariant (after step i): dv = sum P_drop^T dO and dk = sum dS^T Q over steps <= i (softmax_scale applied at
+// the end); dq_accum holds every finished step's dS K. Deterministic mode orders the dQ additions of the key blocks
+// of one (batch, head, query block) by a counter per query block (FA3's semaphore scheme).
 #pragma once
 
 #include <cstdint>
 
 #include "common/block_sparse.h"
+#include "common/bwd_order.h"
 #include "common/mask.h"
 #include "common/params.h"
 #include "common/score.h"
@@ -129,22 +130,27 @@ struct SparseSteps {
 };
 
 template <typename T, bool kMods, bool kSparse = false>
-__global__ void __launch_bounds__(T::kNThreads, 1) bwd_kernel(const __grid_constant__ AttnBwdParams p) {
+__global__ void __launch_bounds__(T::kNThreads, 1)
+    bwd_kernel(const __grid_constant__ AttnBwdParams p, int tail_group) {
   using Element = typename T::Element;
   using Tag = typename T::DTag;
   extern __shared__ __align__(128) unsigned char smem_raw[];
   Element* smem = reinterpret_cast<Element*>(smem_raw);
 
-  int n_block = blockIdx.x, head_k = blockIdx.y, batch = blockIdx.z;
-  if constexpr (kSparse) {
-    if (p.sparse_order != nullptr) {  // heaviest units first (launch_bwd checked the order applies)
-      const uint32_t linear = blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z);
-      const SparseCta cta = sparse_cta(p.sparse_order, linear, p.sparse_block_n / T::kBlockN,
-                                       sparse_units(p.seqlen_k, p.sparse_block_n), p.num_heads_k);
-      n_block = cta.tile;
-      head_k = cta.head;
-      batch = cta.batch;
-    }
+  // A 1-D grid: common/bwd_order.h's order (launch_bwd chose tail_group), or block-sparse's heaviest units first
+  int n_block, head_k, batch;
+  if (kSparse && p.sparse_order != nullptr) {  // launch_bwd checked that the order applies
+    const SparseCta cta = sparse_cta(p.sparse_order, blockIdx.x, p.sparse_block_n / T::kBlockN,
+                                     sparse_units(p.seqlen_k, p.sparse_block_n), p.num_heads_k);
+    n_block = cta.tile;
+    head_k = cta.head;
+    batch = cta.batch;
+  } else {
+    const BwdCta cta = bwd_cta(blockIdx.x, ceil_div(p.seqlen_k, T::kBlockN), p.num_heads_k, p.num_heads_k * p.batch,
+                               tail_group);
+    n_block = cta.n_block;
+    head_k = cta.head_k;
+    batch = cta.batch;
   }
   const SeqInfo seq = seq_info(p, batch);
   const int n_begin = n_block * T::kBlockN;

@@ -1,6 +1,6 @@
 // Launch geometry and checks for one backward instance, three kernels on the caller's stream:
 //   preprocess  grid (ceil(seqlen_q / kPreRows), num_heads, batch)   D = rowsum(dO * O)
-//   bwd_kernel  grid (ceil(seqlen_k / kBlockN), num_heads_k, batch)  kNThreads threads, kSmemBytes (opted in)
+//   bwd_kernel  ceil(seqlen_k / kBlockN) x num_heads_k x batch CTAs on a 1-D grid, kNThreads threads, kSmemBytes
 //   postprocess grid (ceil(seqlen_q / kBlockM), num_heads, batch)    dQ from dq_accum
 // Never synchronizes; returns the first launch error.
 #pragma once
@@ -9,6 +9,7 @@
 
 #include <string>
 
+#include "common/bwd_order.h"
 #include "common/mask.h"
 #include "v2_partitioning/bwd_kernel.cuh"
 #include "v2_partitioning/bwd_prepost.cuh"
@@ -31,15 +32,22 @@ Status launch_bwd(const AttnBwdParams& p, cudaStream_t stream) {
   // Block-sparse, heaviest sparse columns first (common/block_sparse.h sparse_cta): one CTA per key block of every
   // sparse column, where a sparse column is whole key blocks (sparse_order_applies). Not in deterministic mode:
   // there a CTA waits for the key blocks below it to add into dQ, which must then have been dispatched before it.
+  // Otherwise common/bwd_order.h's order, the last head-batches interleaved under a causal or local mask (one CTA per
+  // SM: every instance's shared memory is over half an SM's). Deterministic mode keeps the plain order: its CTAs
+  // wait for each other's turns at dQ, which the order's simulation does not model. v2_api.cu checked that the CTAs
+  // fit an int.
   AttnBwdParams ordered = p;
-  dim3 grid(ceil_div(p.seqlen_k, T::kBlockN), p.num_heads_k, p.batch);
-  int tiles = 0;
+  const int n_blocks = ceil_div(p.seqlen_k, T::kBlockN);
+  const int64_t heads_batches = static_cast<int64_t>(p.num_heads_k) * p.batch;
+  int64_t ctas = n_blocks * heads_batches;
+  int tiles = 0, tail_group = 1;
   if (p.block_mask != nullptr && p.sparse_order != nullptr && !p.deterministic &&
-      sparse_order_applies(p.seqlen_k, p.sparse_block_n, T::kBlockN, static_cast<int>(grid.x),
-                           static_cast<int64_t>(grid.y) * grid.z, &tiles)) {
-    grid.x = tiles;
+      sparse_order_applies(p.seqlen_k, p.sparse_block_n, T::kBlockN, n_blocks, heads_batches, &tiles)) {
+    ctas = tiles * heads_batches;
   } else {
     ordered.sparse_order = nullptr;
+    const bool masked = p.window_left >= 0 || p.window_right >= 0;  // causal is window_right 0
+    if (!p.deterministic) tail_group = static_cast<int>(bwd_tail_group(n_blocks, heads_batches, p.num_sms, masked));
   }
   constexpr int smem = T::kSmemBytes;
   Status st = opt_in_smem(kernel, smem, kHeadDim, kBwdWho);
@@ -51,7 +59,7 @@ Status launch_bwd(const AttnBwdParams& p, cudaStream_t stream) {
     if (!st.is_ok()) return st;
   }
   if (p.seqlen_k > 0) {
-    kernel<<<grid, T::kNThreads, smem, stream>>>(ordered);
+    kernel<<<static_cast<unsigned>(ctas), T::kNThreads, smem, stream>>>(ordered, tail_group);
     st = cuda_status(cudaGetLastError(), kBwdWho, "bwd_kernel launch");
     if (!st.is_ok()) return st;
   }

@@ -186,6 +186,11 @@ Status bwd(const AttnBwdParams& p, void* stream) {
   if (!ws.empty()) return Status::invalid(ws);
   // Nothing to launch only when no gradient element exists; with seqlen_q == 0 the kernel still writes dK = dV = 0.
   if (p.batch == 0 || (p.seqlen_q == 0 && p.seqlen_k == 0)) return Status::ok();
+  // The main kernel's 1-D grid (bwd_launch.cuh) numbers its CTAs with ints.
+  if (static_cast<int64_t>(ceil_div(p.seqlen_k, bwd_tile_config(bucket).block_n)) * p.num_heads_k * p.batch >
+      INT32_MAX) {
+    return Status::not_implemented("sizes: v2's backward runs at most 2^31 - 1 CTAs (key blocks x KV heads x batch)");
+  }
 
   cudaStream_t st = static_cast<cudaStream_t>(stream);
 #define FG_V2_LAUNCH(kind, dt, hd)                                                              \

@@ -1,10 +1,11 @@
 // v3 backward main kernel: dK, dV of one key block and its share of dQ, exact, FlashAttention-3 (arXiv 2407.08608,
-// Sec. 3 and App. B) on sm_90a. Partition: grid (key blocks of kBlockN, num_heads_k, batch); a CTA is a producer
-// warpgroup (one thread: TMA of K, V once, then Q, dO, LSE, D per step into a kStages ring; bwd_producer.cuh) and
-// two consumer warpgroups of 64 keys each (the five GEMMs on wgmma, dK and dV in registers over every query block
-// and every query head of the KV head's group; bwd_consumer.cuh), or at d192 / d256 two on the same 64 keys, one
-// holding dV and one dK (bwd_consumer_split). setmaxnreg moves registers to the consumers. At d64 / d128 warp 1 of
-// the producer warpgroup is the dQ writer (bwd_dq_writer): the consumers stage their dQ parts and go on.
+// Sec. 3 and App. B) on sm_90a. Partition: a 1-D grid of (key blocks of kBlockN) x num_heads_k x batch CTAs in
+// common/bwd_order.h bwd_cta's order (the last tail_group head-batches interleaved for a causal-like mask); a CTA is a
+// producer warpgroup (one thread: TMA of K, V once, then Q, dO, LSE, D per step into a kStages ring;
+// bwd_producer.cuh) and two consumer warpgroups of 64 keys each (the five GEMMs on wgmma, dK and dV in registers over
+// every query block and every query head of the KV head's group; bwd_consumer.cuh), or at d192 / d256 two on the same
+// 64 keys, one holding dV and one dK (bwd_consumer_split). setmaxnreg moves registers to the consumers. At d64 / d128
+// warp 1 of the producer warpgroup is the dQ writer (bwd_dq_writer): the consumers stage their dQ parts and go on.
 // Invariant between the roles: a stage alternates full (its four loads landed) and empty (the 256 consumer threads'
 // GEMMs and LSE / D reads of it completed); both sides count steps with the same BwdWork.
 #pragma once
@@ -23,11 +24,13 @@ template <typename T, bool kMods>
 __global__ void __launch_bounds__(T::kNumThreads, 1)
     bwd_kernel(const __grid_constant__ AttnBwdParams p, const __grid_constant__ CUtensorMap map_q,
                const __grid_constant__ CUtensorMap map_do, const __grid_constant__ CUtensorMap map_k,
-               const __grid_constant__ CUtensorMap map_v) {
+               const __grid_constant__ CUtensorMap map_v, int tail_group) {
   extern __shared__ __align__(kSwizzleAtomBytes) unsigned char smem_raw[];
   const uint32_t raw = smem_u32(smem_raw);
   const BwdSmem<T> sm{(raw + kSwizzleAtomBytes - 1) & ~static_cast<uint32_t>(kSwizzleAtomBytes - 1)};
-  const int n_block = blockIdx.x, head_k = blockIdx.y, batch = blockIdx.z;
+  const int n_blocks = ceil_div(p.seqlen_k, T::kBlockN);
+  const BwdCta cta = bwd_cta(blockIdx.x, n_blocks, p.num_heads_k, p.num_heads_k * p.batch, tail_group);
+  const int n_block = cta.n_block, head_k = cta.head_k, batch = cta.batch;
   const BwdWork w = bwd_work<T>(p, n_block, batch);
   if (w.n_begin >= w.seq.seqlen_k) return;  // varlen: this sequence has fewer keys than max_seqlen_k
 

@@ -43,8 +43,10 @@ Status launch_bwd_tile(const AttnBwdParams& p, const BwdLaunch& launch, cudaStre
         cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, T::kSmemBytes),
         "cudaFuncSetAttribute(MaxDynamicSharedMemorySize)");
     if (!st.is_ok()) return st;
-    const dim3 grid(static_cast<unsigned>(ceil_div(p.seqlen_k, T::kBlockN)), p.num_heads_k, p.batch);
-    kernel<<<grid, T::kNumThreads, T::kSmemBytes, stream>>>(p, launch.q, launch.dout, launch.k, launch.v);
+    // one CTA per key block, KV head and batch entry (v3_api.cu bwd checked that the count fits an int)
+    const unsigned ctas = static_cast<unsigned>(ceil_div(p.seqlen_k, T::kBlockN)) * p.num_heads_k * p.batch;
+    kernel<<<ctas, T::kNumThreads, T::kSmemBytes, stream>>>(p, launch.q, launch.dout, launch.k, launch.v,
+                                                            launch.tail_group);
     st = bwd_cuda_status(cudaGetLastError(), "bwd_kernel launch");
     if (!st.is_ok()) return st;
   }

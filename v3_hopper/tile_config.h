@@ -2,6 +2,7 @@
 // box sizes, shared memory, grid) and the kernel traits both read it. Host-compilable (no CUDA headers).
 #pragma once
 
+#include "common/bwd_order.h"
 #include "common/config.h"
 #include "common/row_divider.h"
 #include "common/split_kv.h"
@@ -682,6 +683,5 @@ static_assert(bwd_smem_bytes(bwd_tile_config(128), 128) <= kMaxSmemPerBlock &&
 static_assert(bwd_smem_bytes(BwdTileConfig{64, 64, 2, true, false, true}, kBwdSplitDqStagedMaxHeadDim) <=
                   kMaxSmemPerBlock,
               "kBwdSplitDqStagedMaxHeadDim: its staged dQ parts fit");
-
 }  // namespace v3
 }  // namespace flashgen
