@@ -29,6 +29,11 @@ constexpr int64_t bwd_tail_group(int64_t n_blocks, int64_t heads_batches, int sl
   return group < heads_batches ? group : heads_batches;
 }
 
+// The launch's CTAs fit the ints that bwd_cta counts them with (v2_api.cu and v3_api.cu refuse the call otherwise).
+constexpr bool bwd_grid_fits(int64_t n_blocks, int64_t heads_batches) {
+  return n_blocks * heads_batches <= INT32_MAX;
+}
+
 struct BwdCta {
   int n_block, head_k, batch;
 };

@@ -683,5 +683,6 @@ static_assert(bwd_smem_bytes(bwd_tile_config(128), 128) <= kMaxSmemPerBlock &&
 static_assert(bwd_smem_bytes(BwdTileConfig{64, 64, 2, true, false, true}, kBwdSplitDqStagedMaxHeadDim) <=
                   kMaxSmemPerBlock,
               "kBwdSplitDqStagedMaxHeadDim: its staged dQ parts fit");
+
 }  // namespace v3
 }  // namespace flashgen

@@ -549,7 +549,7 @@ Status bwd(const AttnBwdParams& p, void* stream) {
   // makes key blocks unequal (common/bwd_order.h bwd_tail_group); bwd_cta addresses the CTAs with ints.
   const int64_t n_blocks = (static_cast<int64_t>(p.seqlen_k) + tile.block_n - 1) / tile.block_n;
   const int64_t heads_batches = static_cast<int64_t>(p.num_heads_k) * p.batch;
-  if (n_blocks * heads_batches > kTmaMaxCoord) {
+  if (!bwd_grid_fits(n_blocks, heads_batches)) {
     return Status::not_implemented("sizes: v3's backward runs at most 2^31 - 1 CTAs (key blocks x KV heads x batch)");
   }
   BwdLaunch launch;

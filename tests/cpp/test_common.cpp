@@ -1057,6 +1057,8 @@ void test_bwd_cta_order() {
         static_cast<long long>(bwd_tail_group(64, 32, kSms, true)));
   CHECK(bwd_tail_group(64, 32, kSms, false) == 1, "no mask: one head-batch at a time");
   CHECK(bwd_tail_group(4, 3, kSms, true) == 3, "capped at the head-batches");
+  CHECK(flashgen::bwd_grid_fits(65535, 32768) && !flashgen::bwd_grid_fits(65536, 32768),
+        "2^31 - 1 CTAs fit an int, 2^31 do not");
   struct Case {
     int seqlen, block_m, block_n, heads;
   };
