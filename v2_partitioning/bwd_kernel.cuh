@@ -1,6 +1,6 @@
 // v2 backward main kernel: dK, dV of one key block and its contribution to dQ, exact, from the saved LSE.
 // Algorithm: FlashAttention-2 (Dao 2023, arXiv 2307.08691) Sec. 3.2 backward (Alg. 2), P recomputed from the LSE.
-// Partition: one CTA per (key block, kv head, batch), a 1-D grid in common/bwd_order.h's order -> CTA owns keys
+// Partition: one CTA per (key block, kv head, batch), a 1-D grid in common/cta_order.h's order -> CTA owns keys
 // [n_begin, n_begin + kBlockN) and loops over every (query head of its GQA group, query block that sees those keys)
 // -> per step three GEMM phases, each split over all warps by its own warp grid (bwd_traits.cuh): S, dP (registers)
 // -> P, dS (smem) -> dK, dV (registers, summed over the whole loop and over the group's query heads) and dQ (fp32
@@ -14,7 +14,7 @@
 #include <cstdint>
 
 #include "common/block_sparse.h"
-#include "common/bwd_order.h"
+#include "common/cta_order.h"
 #include "common/mask.h"
 #include "common/params.h"
 #include "common/score.h"
@@ -137,7 +137,7 @@ __global__ void __launch_bounds__(T::kNThreads, 1)
   extern __shared__ __align__(128) unsigned char smem_raw[];
   Element* smem = reinterpret_cast<Element*>(smem_raw);
 
-  // A 1-D grid: common/bwd_order.h's order (launch_bwd chose tail_group), or block-sparse's heaviest units first
+  // A 1-D grid: common/cta_order.h's order (launch_bwd chose tail_group), or block-sparse's heaviest units first
   int n_block, head_k, batch;
   if (kSparse && p.sparse_order != nullptr) {  // launch_bwd checked that the order applies
     const SparseCta cta = sparse_cta(p.sparse_order, blockIdx.x, p.sparse_block_n / T::kBlockN,
@@ -146,10 +146,10 @@ __global__ void __launch_bounds__(T::kNThreads, 1)
     head_k = cta.head;
     batch = cta.batch;
   } else {
-    const BwdCta cta = bwd_cta(blockIdx.x, ceil_div(p.seqlen_k, T::kBlockN), p.num_heads_k, p.num_heads_k * p.batch,
+    const GridCta cta = grid_cta(blockIdx.x, ceil_div(p.seqlen_k, T::kBlockN), p.num_heads_k, p.num_heads_k * p.batch,
                                tail_group);
-    n_block = cta.n_block;
-    head_k = cta.head_k;
+    n_block = cta.block;
+    head_k = cta.head;
     batch = cta.batch;
   }
   const SeqInfo seq = seq_info(p, batch);

@@ -9,7 +9,7 @@
 
 #include <string>
 
-#include "common/bwd_order.h"
+#include "common/cta_order.h"
 #include "common/mask.h"
 #include "v2_partitioning/bwd_kernel.cuh"
 #include "v2_partitioning/bwd_prepost.cuh"
@@ -32,7 +32,7 @@ Status launch_bwd(const AttnBwdParams& p, cudaStream_t stream) {
   // Block-sparse, heaviest sparse columns first (common/block_sparse.h sparse_cta): one CTA per key block of every
   // sparse column, where a sparse column is whole key blocks (sparse_order_applies). Not in deterministic mode:
   // there a CTA waits for the key blocks below it to add into dQ, which must then have been dispatched before it.
-  // Otherwise common/bwd_order.h's order, the last head-batches interleaved under a causal or local mask (one CTA per
+  // Otherwise common/cta_order.h's order, the last head-batches interleaved under a causal or local mask (one CTA per
   // SM: every instance's shared memory is over half an SM's). Deterministic mode keeps the plain order: its CTAs
   // wait for each other's turns at dQ, which the order's simulation does not model. v2_api.cu checked that the CTAs
   // fit an int.
@@ -47,7 +47,7 @@ Status launch_bwd(const AttnBwdParams& p, cudaStream_t stream) {
   } else {
     ordered.sparse_order = nullptr;
     const bool masked = p.window_left >= 0 || p.window_right >= 0;  // causal is window_right 0
-    if (!p.deterministic) tail_group = static_cast<int>(bwd_tail_group(n_blocks, heads_batches, p.num_sms, masked));
+    if (!p.deterministic) tail_group = static_cast<int>(grid_tail_group(n_blocks, heads_batches, p.num_sms, masked));
   }
   constexpr int smem = T::kSmemBytes;
   Status st = opt_in_smem(kernel, smem, kHeadDim, kBwdWho);

@@ -6,8 +6,10 @@
 
 #include <cuda_runtime.h>
 
+#include <cstdint>
 #include <string>
 
+#include "common/cta_order.h"
 #include "common/mask.h"
 #include "common/split_combine.cuh"
 #include "v2_partitioning/fwd_kernel.cuh"
@@ -32,7 +34,8 @@ Status launch_fwd_kernel(const AttnParams& p, dim3 grid, cudaStream_t stream) {
 
 // p.num_splits >= 1 (planned by v2_api.cu plan_fwd, which also decided that the decode instance applies):
 // the decode instance over (query blocks x num_splits, heads, batch), then, with more than one split, the combine.
-// Else the prefill instance over (query blocks, heads, batch), then the probabilities kernel when p_out is asked.
+// Else the prefill instance over (query blocks, heads, batch) (the dense one under a mask: fwd_kernel_ordered on a
+// 1-D grid), then the probabilities kernel when p_out is asked.
 // kPaged: the instances that read K/V from a paged cache (p.block_table). kSparse: the block-sparse prefill
 // instance (p.block_mask; plan_fwd never splits such a call, v2_api.cu refuses it with a block table).
 template <typename Tag, int kHeadDim, bool kPaged, bool kSparse>
@@ -49,7 +52,26 @@ Status launch_fwd_instances(const AttnParams& p, cudaStream_t stream) {
   using T = FwdTraits<Tag, kHeadDim, /*kDecode=*/false, kPaged, kSparse>;
   dim3 grid(ceil_div(p.seqlen_q, T::kBlockM), p.num_heads, p.batch);
   Status st;
-  if (kSparse && p.sparse_order != nullptr) {
+  bool ordered_launch = false;
+  if constexpr (!kPaged && !kSparse) {
+    // Under a causal or local mask: common/cta_order.h's order on a 1-D grid (the last head-batches interleaved), for
+    // as many CTA slots as the tile's ctas_per_sm gives the SMs; where the grid has more CTAs than an int counts, the
+    // plain order.
+    const int64_t heads_batches = static_cast<int64_t>(p.num_heads) * p.batch;
+    const bool masked = p.window_left >= 0 || p.window_right >= 0;  // causal is window_right 0
+    const int64_t tail_group =
+        grid_tail_group(grid.x, heads_batches, static_cast<int64_t>(p.num_sms) * T::kMinBlocksPerSm, masked);
+    if (tail_group > 1 && grid_fits(grid.x, heads_batches)) {
+      ordered_launch = true;
+      auto kernel = fwd_kernel_ordered<T>;
+      st = opt_in_smem(kernel, T::kSmemBytes, T::kHeadDim, kFwdWho);
+      if (!st.is_ok()) return st;
+      kernel<<<static_cast<unsigned>(grid.x * heads_batches), T::kNThreads, T::kSmemBytes, stream>>>(
+          p, static_cast<int>(tail_group));
+      st = cuda_status(cudaGetLastError(), kFwdWho, "fwd_kernel_ordered launch");
+    }
+  }
+  if (!ordered_launch && kSparse && p.sparse_order != nullptr) {
     // Block-sparse, heaviest sparse rows first (common/block_sparse.h sparse_cta): one CTA per query block of every
     // sparse row, where a sparse row is whole query blocks; else the order is dropped and the grid's own runs.
     AttnParams ordered = p;
@@ -61,7 +83,7 @@ Status launch_fwd_instances(const AttnParams& p, cudaStream_t stream) {
       ordered.sparse_order = nullptr;
     }
     st = launch_fwd_kernel<T>(ordered, grid, stream);
-  } else {
+  } else if (!ordered_launch) {
     st = launch_fwd_kernel<T>(p, grid, stream);
   }
   if (!st.is_ok() || p.p_out == nullptr) return st;

@@ -6,7 +6,7 @@
 #include <cstdint>
 #include <string>
 
-#include "common/bwd_order.h"
+#include "common/cta_order.h"
 #include "common/element.cuh"
 #include "common/generation.h"
 #include "common/host_checks.h"
@@ -188,7 +188,7 @@ Status bwd(const AttnBwdParams& p, void* stream) {
   // Nothing to launch only when no gradient element exists; with seqlen_q == 0 the kernel still writes dK = dV = 0.
   if (p.batch == 0 || (p.seqlen_q == 0 && p.seqlen_k == 0)) return Status::ok();
   // The main kernel's 1-D grid (bwd_launch.cuh) numbers its CTAs with ints.
-  if (!bwd_grid_fits(ceil_div(p.seqlen_k, bwd_tile_config(bucket).block_n),
+  if (!grid_fits(ceil_div(p.seqlen_k, bwd_tile_config(bucket).block_n),
                      static_cast<int64_t>(p.num_heads_k) * p.batch)) {
     return Status::not_implemented("sizes: v2's backward runs at most 2^31 - 1 CTAs (key blocks x KV heads x batch)");
   }

@@ -1,6 +1,6 @@
 // v3 backward main kernel: dK, dV of one key block and its share of dQ, exact, FlashAttention-3 (arXiv 2407.08608,
 // Sec. 3 and App. B) on sm_90a. Partition: a 1-D grid of (key blocks of kBlockN) x num_heads_k x batch CTAs in
-// common/bwd_order.h bwd_cta's order (the last tail_group head-batches interleaved for a causal-like mask); a CTA is a
+// common/cta_order.h grid_cta's order (the last tail_group head-batches interleaved for a causal-like mask); a CTA is a
 // producer warpgroup (one thread: TMA of K, V once, then Q, dO, LSE, D per step into a kStages ring;
 // bwd_producer.cuh) and two consumer warpgroups of 64 keys each (the five GEMMs on wgmma, dK and dV in registers over
 // every query block and every query head of the KV head's group; bwd_consumer.cuh), or at d192 / d256 two on the same
@@ -29,8 +29,8 @@ __global__ void __launch_bounds__(T::kNumThreads, 1)
   const uint32_t raw = smem_u32(smem_raw);
   const BwdSmem<T> sm{(raw + kSwizzleAtomBytes - 1) & ~static_cast<uint32_t>(kSwizzleAtomBytes - 1)};
   const int n_blocks = ceil_div(p.seqlen_k, T::kBlockN);
-  const BwdCta cta = bwd_cta(blockIdx.x, n_blocks, p.num_heads_k, p.num_heads_k * p.batch, tail_group);
-  const int n_block = cta.n_block, head_k = cta.head_k, batch = cta.batch;
+  const GridCta cta = grid_cta(blockIdx.x, n_blocks, p.num_heads_k, p.num_heads_k * p.batch, tail_group);
+  const int n_block = cta.block, head_k = cta.head, batch = cta.batch;
   const BwdWork w = bwd_work<T>(p, n_block, batch);
   if (w.n_begin >= w.seq.seqlen_k) return;  // varlen: this sequence has fewer keys than max_seqlen_k
 

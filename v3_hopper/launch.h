@@ -47,7 +47,7 @@ struct BwdLaunch {
   CUtensorMap q, dout;  // boxes of the backward's block_m rows (tile_config.h bwd_tile_config)
   CUtensorMap k, v;     // boxes of block_n rows
   bool dq_rows = false;  // the d64 dq_rows tile (tile_config.h bwd_dq_rows_tile), whose block_m the boxes have
-  int tail_group = 1;    // head-batches interleaved at the end of the grid (common/bwd_order.h bwd_tail_group)
+  int tail_group = 1;    // head-batches interleaved at the end of the grid (common/cta_order.h grid_tail_group)
 };
 
 // The backward launch has a score modifier (softcap or ALiBi): bwd_kernel's kMods instance, and never the d64

@@ -2,7 +2,7 @@
 // box sizes, shared memory, grid) and the kernel traits both read it. Host-compilable (no CUDA headers).
 #pragma once
 
-#include "common/bwd_order.h"
+#include "common/cta_order.h"
 #include "common/config.h"
 #include "common/row_divider.h"
 #include "common/split_kv.h"

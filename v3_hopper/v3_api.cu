@@ -546,16 +546,16 @@ Status bwd(const AttnBwdParams& p, void* stream) {
   const int64_t q_batches = p.cu_seqlens_q ? 1 : p.batch;
   const int64_t k_batches = p.cu_seqlens_k ? 1 : p.batch;
   // One CTA per key block, KV head and batch entry on a 1-D grid, the last head-batches interleaved where the mask
-  // makes key blocks unequal (common/bwd_order.h bwd_tail_group); bwd_cta addresses the CTAs with ints.
+  // makes key blocks unequal (common/cta_order.h grid_tail_group); grid_cta addresses the CTAs with ints.
   const int64_t n_blocks = (static_cast<int64_t>(p.seqlen_k) + tile.block_n - 1) / tile.block_n;
   const int64_t heads_batches = static_cast<int64_t>(p.num_heads_k) * p.batch;
-  if (!bwd_grid_fits(n_blocks, heads_batches)) {
+  if (!grid_fits(n_blocks, heads_batches)) {
     return Status::not_implemented("sizes: v3's backward runs at most 2^31 - 1 CTAs (key blocks x KV heads x batch)");
   }
   BwdLaunch launch;
   launch.dq_rows = dq_rows;
   const int sms = p.num_sms > 0 ? p.num_sms : num_sms;
-  launch.tail_group = static_cast<int>(bwd_tail_group(n_blocks, heads_batches, sms, masked));
+  launch.tail_group = static_cast<int>(grid_tail_group(n_blocks, heads_batches, sms, masked));
   if (q_rows == 0 || k_rows == 0) {
     // Only the pre/postprocess (dQ = 0) or only dK = dV = 0 run; the maps are never read but must be valid.
     const bool have_q = q_rows != 0;

@@ -18,7 +18,7 @@
 #include <vector>
 
 #include "common/block_sparse.h"
-#include "common/bwd_order.h"
+#include "common/cta_order.h"
 #include "common/mask.h"
 #include "common/philox.h"
 #include "common/score_mod.h"
@@ -1003,28 +1003,38 @@ namespace {
 
 constexpr int kSms = 132;  // the H100 / H200 SM count
 
-// The backward's CTA order (common/bwd_order.h bwd_cta, bwd_tail_group): every (key block, KV head, batch) once; one
-// interleaved head-batch is the old 3-D grid's order (key block fastest, then KV head, then batch); the interleaved
-// tail goes key block by key block; and on the bench's causal launches a greedy dispatch (each CTA to the SM that
-// frees first, written here without the header) ends within 2.5% of the mean work per SM with the rule's tail
-// group, at least 1.5 points nearer than one head-batch at a time (2.7-6.7% past the mean).
-double bwd_makespan(int seqlen, int block_m, int block_n, int heads_batches, int tail_group) {
-  const int n_blocks = (seqlen + block_n - 1) / block_n;
-  std::vector<double> sm(kSms, 0.0);
+// The CTA order of common/cta_order.h (grid_cta, grid_tail_group): every (block, head, batch) once; one interleaved
+// head-batch is the old 3-D grid's order (block fastest, then head, then batch); the interleaved tail goes block by
+// block; and on the bench's causal launches a greedy dispatch (each CTA to the slot that frees first, written here
+// without the header) ends near the mean work per slot with the rule's tail group and well past it without: v3's
+// backward (132 slots; 2.7-6.7% past the mean one head-batch at a time) within 2.5%, v2's forward (two CTAs an SM,
+// 264 slots; 14-15% past) within 5%.
+// The makespan over the mean, causal square launches of `seqlen` on `slots`; `bwd`: a CTA is a key block of
+// block_n keys over the query blocks of block_m rows from its diagonal on, + 3 steps; else a query block of block_m
+// rows (block 0 the last) over the key blocks of block_n up to its diagonal, + 1.5 steps.
+double grid_makespan(bool bwd, int seqlen, int block_m, int block_n, int heads_batches, int tail_group, int slots) {
+  const int blocks = (seqlen + (bwd ? block_n : block_m) - 1) / (bwd ? block_n : block_m);
+  std::vector<double> slot(slots, 0.0);
   double total = 0;
-  for (int c = 0; c < n_blocks * heads_batches; ++c) {
-    const flashgen::BwdCta cta = flashgen::bwd_cta(c, n_blocks, heads_batches, heads_batches, tail_group);
-    const int keys_after = seqlen - cta.n_block * block_n;  // causal: the query blocks from the key block's diagonal
-    const double w = (keys_after + block_m - 1) / block_m + 3.0;
-    *std::min_element(sm.begin(), sm.end()) += w;
+  for (int c = 0; c < blocks * heads_batches; ++c) {
+    const flashgen::GridCta cta = flashgen::grid_cta(c, blocks, heads_batches, heads_batches, tail_group);
+    double w;
+    if (bwd) {
+      const int keys_after = seqlen - cta.block * block_n;  // the query blocks from the key block's diagonal
+      w = (keys_after + block_m - 1) / block_m + 3.0;
+    } else {
+      const int rows_to = seqlen - cta.block * block_m;  // the keys up to the query block's last row
+      w = (rows_to + block_n - 1) / block_n + 1.5;
+    }
+    *std::min_element(slot.begin(), slot.end()) += w;
     total += w;
   }
-  return *std::max_element(sm.begin(), sm.end()) / (total / kSms);
+  return *std::max_element(slot.begin(), slot.end()) / (total / slots);
 }
 
-void test_bwd_cta_order() {
-  using flashgen::bwd_cta;
-  using flashgen::bwd_tail_group;
+void test_grid_cta_order() {
+  using flashgen::grid_cta;
+  using flashgen::grid_tail_group;
   for (int n_blocks : {1, 3, 64}) {
     for (int heads_k : {1, 5, 16}) {
       for (int batch : {1, 2, 7}) {
@@ -1035,14 +1045,14 @@ void test_bwd_cta_order() {
           bool in_range = true, old_order = true, tail_by_key_block = true;
           int last_tail_block = -1;
           for (int c = 0; c < n_blocks * hb; ++c) {
-            const flashgen::BwdCta t = bwd_cta(c, n_blocks, heads_k, hb, tail);
-            in_range &= t.n_block >= 0 && t.n_block < n_blocks && t.head_k >= 0 && t.head_k < heads_k &&
+            const flashgen::GridCta t = grid_cta(c, n_blocks, heads_k, hb, tail);
+            in_range &= t.block >= 0 && t.block < n_blocks && t.head >= 0 && t.head < heads_k &&
                         t.batch >= 0 && t.batch < batch;
-            seen.insert({t.n_block, t.head_k, t.batch});
-            old_order &= c == t.n_block + n_blocks * (t.head_k + heads_k * t.batch);
+            seen.insert({t.block, t.head, t.batch});
+            old_order &= c == t.block + n_blocks * (t.head + heads_k * t.batch);
             if (c >= (hb - tail) * n_blocks) {
-              tail_by_key_block &= t.n_block >= last_tail_block;
-              last_tail_block = t.n_block;
+              tail_by_key_block &= t.block >= last_tail_block;
+              last_tail_block = t.block;
             }
           }
           CHECK(in_range && static_cast<int>(seen.size()) == n_blocks * hb && tail_by_key_block &&
@@ -1053,11 +1063,11 @@ void test_bwd_cta_order() {
       }
     }
   }
-  CHECK(bwd_tail_group(64, 32, kSms, true) == 5, "d128 8k causal: %lld",
-        static_cast<long long>(bwd_tail_group(64, 32, kSms, true)));
-  CHECK(bwd_tail_group(64, 32, kSms, false) == 1, "no mask: one head-batch at a time");
-  CHECK(bwd_tail_group(4, 3, kSms, true) == 3, "capped at the head-batches");
-  CHECK(flashgen::bwd_grid_fits(65535, 32768) && !flashgen::bwd_grid_fits(65536, 32768),
+  CHECK(grid_tail_group(64, 32, kSms, true) == 5, "d128 8k causal: %lld",
+        static_cast<long long>(grid_tail_group(64, 32, kSms, true)));
+  CHECK(grid_tail_group(64, 32, kSms, false) == 1, "no mask: one head-batch at a time");
+  CHECK(grid_tail_group(4, 3, kSms, true) == 3, "capped at the head-batches");
+  CHECK(flashgen::grid_fits(65535, 32768) && !flashgen::grid_fits(65536, 32768),
         "2^31 - 1 CTAs fit an int, 2^31 do not");
   struct Case {
     int seqlen, block_m, block_n, heads;
@@ -1067,11 +1077,20 @@ void test_bwd_cta_order() {
                         Case{2048, 64, 128, 16}, Case{8192, 64, 128, 16}, Case{2048, 64, 64, 8},
                         Case{4096, 64, 64, 8}}) {
     const int hb = 16384 / c.seqlen * c.heads, n_blocks = (c.seqlen + c.block_n - 1) / c.block_n;
-    const int tail = static_cast<int>(bwd_tail_group(n_blocks, hb, kSms, true));
-    const double one = bwd_makespan(c.seqlen, c.block_m, c.block_n, hb, 1);
-    const double grouped = bwd_makespan(c.seqlen, c.block_m, c.block_n, hb, tail);
+    const int tail = static_cast<int>(grid_tail_group(n_blocks, hb, kSms, true));
+    const double one = grid_makespan(true, c.seqlen, c.block_m, c.block_n, hb, 1, kSms);
+    const double grouped = grid_makespan(true, c.seqlen, c.block_m, c.block_n, hb, tail, kSms);
     CHECK(grouped < 1.025 && one > grouped + 0.015, "s%d %d x %d, %d head-batches: %.3f one at a time, %.3f with %d",
           c.seqlen, c.block_m, c.block_n, hb, one, grouped, tail);
+  }
+  // v2's forward at d128 (128 x 64, two CTAs an SM), 16 heads: 1k-8k
+  for (int seqlen : {1024, 2048, 4096, 8192}) {
+    const int hb = 16384 / seqlen * 16, blocks = seqlen / 128, slots = 2 * kSms;
+    const int tail = static_cast<int>(grid_tail_group(blocks, hb, slots, true));
+    const double one = grid_makespan(false, seqlen, 128, 64, hb, 1, slots);
+    const double grouped = grid_makespan(false, seqlen, 128, 64, hb, tail, slots);
+    CHECK(grouped < 1.05 && one > 1.1, "forward s%d, %d head-batches: %.3f one at a time, %.3f with %d", seqlen, hb,
+          one, grouped, tail);
   }
 }
 
@@ -1079,7 +1098,7 @@ void test_bwd_cta_order() {
 
 int main() {
   test_sparse_order();
-  test_bwd_cta_order();
+  test_grid_cta_order();
   test_sparse_walk();
   test_sparse_pipeline();
   test_masks();
