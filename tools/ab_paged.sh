@@ -14,7 +14,8 @@
 #       a=bench/results/v3-dev/2026-12-05-s40-paged-arm-bytes-per-query-tile.patch \
 #       dec=bench/results/v2-tuning/2026-12-05-s41-paged-decode-page-entry-ahead.patch
 # Env: ROUNDS (2), PAGES ("16 256"), TIMEOUT per step in s (120), TESTS (the paged test files), DRY_RUN=1 (make and
-# check the trees, build nothing).
+# check the trees, build nothing), KV_ROWS / KV_CACHES (time_kvcache.py's --rows / --caches: "512,2048" / "8192"; rows
+# equal to the cache, e.g. 2048 / 2048, time a causal prefill of the whole cache).
 set -uo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
 out=${OUT:-.}/ab_paged
@@ -74,7 +75,8 @@ for round in $(seq 1 "${ROUNDS:-2}"); do
   for name in "${names[@]}"; do
     for page in ${PAGES:-16 256}; do
       PYTHONPATH=/tmp/abp_$name timeout "$t" python3 "$here/v3_hopper/tools/time_kvcache.py" --page "$page" \
-        --rows 512,2048 --caches 8192 --out "$out/kv_${name}_${round}_$page.jsonl" >> "$out/ab_paged.log" 2>&1
+        --rows "${KV_ROWS:-512,2048}" --caches "${KV_CACHES:-8192}" --out "$out/kv_${name}_${round}_$page.jsonl" \
+        >> "$out/ab_paged.log" 2>&1
       sed "s/^{/{\"tree\": \"$name\", \"round\": $round, \"tool\": \"time_kvcache\", /" \
         "$out/kv_${name}_${round}_$page.jsonl" >> "$out/rows.jsonl" 2>/dev/null
     done
