@@ -60,7 +60,7 @@ class NvtxRange {
                        std::to_string(p.head_dim);
     if (p.window_left < 0 && p.window_right == 0) {
       name += " causal";
-    } else if (p.window_left >= 0 || p.window_right >= 0) {
+    } else if (flashgen::has_window(p)) {
       name += " window";
     }
     if (p.cu_seqlens_q) name += " varlen";

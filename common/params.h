@@ -170,6 +170,10 @@ inline float scale_log2_for(double softmax_scale, double softcap) {
 // V's and O's head dim: head_dim_v where it is set, else head_dim.
 FH_HD int value_dim(const AttnParams& p) { return p.head_dim_v > 0 ? p.head_dim_v : p.head_dim; }
 
+// The call has a window (causal is (-1, 0)), so a row's keys end before the last: the blocks of a head differ in
+// work and tiles see a diagonal.
+FH_HD bool has_window(const AttnParams& p) { return p.window_left >= 0 || p.window_right >= 0; }
+
 // Dropout keep probability and the scale applied to kept entries.
 FH_HD float dropout_keep_scale(float p_dropout) { return p_dropout > 0.f ? 1.f / (1.f - p_dropout) : 1.f; }
 

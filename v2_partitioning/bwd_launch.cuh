@@ -46,8 +46,9 @@ Status launch_bwd(const AttnBwdParams& p, cudaStream_t stream) {
     ctas = tiles * heads_batches;
   } else {
     ordered.sparse_order = nullptr;
-    const bool masked = p.window_left >= 0 || p.window_right >= 0;  // causal is window_right 0
-    if (!p.deterministic) tail_group = static_cast<int>(grid_tail_group(n_blocks, heads_batches, p.num_sms, masked));
+    if (!p.deterministic) {
+      tail_group = static_cast<int>(grid_tail_group(n_blocks, heads_batches, p.num_sms, has_window(p)));
+    }
   }
   constexpr int smem = T::kSmemBytes;
   Status st = opt_in_smem(kernel, smem, kHeadDim, kBwdWho);

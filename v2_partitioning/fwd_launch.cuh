@@ -58,9 +58,8 @@ Status launch_fwd_instances(const AttnParams& p, cudaStream_t stream) {
     // as many CTA slots as the tile's ctas_per_sm gives the SMs; where the grid has more CTAs than an int counts, the
     // plain order.
     const int64_t heads_batches = static_cast<int64_t>(p.num_heads) * p.batch;
-    const bool masked = p.window_left >= 0 || p.window_right >= 0;  // causal is window_right 0
     const int64_t tail_group =
-        grid_tail_group(grid.x, heads_batches, static_cast<int64_t>(p.num_sms) * T::kMinBlocksPerSm, masked);
+        grid_tail_group(grid.x, heads_batches, static_cast<int64_t>(p.num_sms) * T::kMinBlocksPerSm, has_window(p));
     if (tail_group > 1 && grid_fits(grid.x, heads_batches)) {
       ordered_launch = true;
       auto kernel = fwd_kernel_ordered<T>;

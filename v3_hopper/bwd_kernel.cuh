@@ -10,6 +10,7 @@
 // GEMMs and LSE / D reads of it completed); both sides count steps with the same BwdWork.
 #pragma once
 
+#include "common/cta_order.h"
 #include "v3_hopper/bwd_consumer.cuh"
 #include "v3_hopper/bwd_producer.cuh"
 #include "v3_hopper/bwd_traits.cuh"

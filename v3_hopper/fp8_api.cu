@@ -150,7 +150,7 @@ Status fwd_fp8(const AttnParams& p, void* stream) {
     return Status::not_implemented("sizes: v3 addresses rows and tiles with 32-bit coordinates");
   }
   FwdLaunch launch;
-  launch.masked = p.window_left >= 0 || p.window_right >= 0;
+  launch.masked = has_window(p);
   launch.block_n = tile.block_n;
   const int64_t q_batches = p.cu_seqlens_q ? 1 : p.batch;
   st = encode_map(&launch.q, "q", p.q, p.head_dim, q_rows, p.num_heads, q_batches, p.q_row_stride, p.q_head_stride,

@@ -2,7 +2,6 @@
 // box sizes, shared memory, grid) and the kernel traits both read it. Host-compilable (no CUDA headers).
 #pragma once
 
-#include "common/cta_order.h"
 #include "common/config.h"
 #include "common/row_divider.h"
 #include "common/split_kv.h"

@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <string>
 
+#include "common/cta_order.h"
 #include "common/generation.h"
 #include "common/host_checks.h"
 #include "common/mask.h"
@@ -354,7 +355,7 @@ Status fwd(const AttnParams& caller_params, void* stream) {
   FwdLaunch launch;
   // V's bucket: its own where V's head dim differs (check_fwd found the instance), else q / k's
   const int value_bucket = value_dim(p) != p.head_dim ? fwd_value_bucket(p.dtype, bucket, value_dim(p)) : bucket;
-  const bool window = p.window_left >= 0 || p.window_right >= 0;
+  const bool window = has_window(p);
   TileConfig tile;
   launch.split = p.num_splits > 1;  // planned by plan_fwd (check_fwd compared the count and the workspaces)
   if (launch.split) {  // the masked code on the split tile, each tile one split (kernel_traits.cuh kSplit)
@@ -537,7 +538,7 @@ Status bwd(const AttnBwdParams& p, void* stream) {
   const int64_t q_rows = p.cu_seqlens_q ? p.total_q : p.seqlen_q;
   const int64_t k_rows = p.cu_seqlens_k ? p.total_k : p.seqlen_k;
   const bool mods = bwd_has_mods(p);
-  const bool masked = p.window_left >= 0 || p.window_right >= 0;  // causal is window_right 0
+  const bool masked = has_window(p);
   const bool dq_rows = bwd_dq_rows_tile(bucket, mods, masked, p.seqlen_k);
   const BwdTileConfig tile = value_bucket != bucket ? bwd_value_tile_config(bucket) : bwd_tile_config(bucket, dq_rows);
   if (q_rows + tile.block_m > kTmaMaxCoord || k_rows + tile.block_n > kTmaMaxCoord) {
