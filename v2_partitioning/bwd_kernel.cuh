@@ -147,7 +147,7 @@ __global__ void __launch_bounds__(T::kNThreads, 1)
     batch = cta.batch;
   } else {
     const GridCta cta = grid_cta(blockIdx.x, ceil_div(p.seqlen_k, T::kBlockN), p.num_heads_k, p.num_heads_k * p.batch,
-                               tail_group);
+                                 tail_group);
     n_block = cta.block;
     head_k = cta.head;
     batch = cta.batch;

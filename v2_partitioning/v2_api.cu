@@ -189,7 +189,7 @@ Status bwd(const AttnBwdParams& p, void* stream) {
   if (p.batch == 0 || (p.seqlen_q == 0 && p.seqlen_k == 0)) return Status::ok();
   // The main kernel's 1-D grid (bwd_launch.cuh) numbers its CTAs with ints.
   if (!grid_fits(ceil_div(p.seqlen_k, bwd_tile_config(bucket).block_n),
-                     static_cast<int64_t>(p.num_heads_k) * p.batch)) {
+                 static_cast<int64_t>(p.num_heads_k) * p.batch)) {
     return Status::not_implemented("sizes: v2's backward runs at most 2^31 - 1 CTAs (key blocks x KV heads x batch)");
   }
 
