@@ -485,6 +485,25 @@ def test_bench_ring_cpu_smoke(tmp_path):
     assert sum(r["record"] == "ring" for r in records) == 4
 
 
+def test_bench_ring_times_in_turn(monkeypatch):
+    """bench.ring's timer runs the fns in turn within every rep (warm-ups first), each median from its own calls."""
+    from flashgen.bench import ring
+
+    calls = []
+    now = {"t": 0.0}   # a fake perf_counter (seconds): each call of "a" takes 1 s, of "b" 3 s, of "c" 2 s
+
+    def make(name, ticks):
+        def fn():
+            calls.append(name)
+            now["t"] += ticks
+        return fn
+    monkeypatch.setattr(ring.time, "perf_counter", lambda: now["t"])
+    medians = ring.time_ms_each([make("a", 1), make("b", 3)], "cpu", reps=3, warmup=2, barrier=False)
+    assert calls == ["a", "a", "b", "b"] + ["a", "b"] * 3
+    assert medians == [1000.0, 3000.0]
+    assert ring.time_ms(make("c", 2), "cpu", reps=1, warmup=0, barrier=False) == 2000.0
+
+
 def test_refusals():
     q = torch.randn(1, 8, 2, 16)
     k = v = torch.randn(1, 8, 2, 16)

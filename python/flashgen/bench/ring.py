@@ -21,7 +21,9 @@ Every configuration (impl, layout, causal) first passes a correctness check on e
 --check-seqlen-per-gpu rows per rank: out, lse, dq, dk, dv of the rank's shard against the float64 oracle on the full
 sequence (the FlashAttention rule, flashgen.testing; factor 2 for out, 3 for gradients). Then fwd and fwd+bwd are
 timed: CUDA events around each call, every call started together (a barrier before it), the median per rank, the
-slowest rank's median recorded. Per configuration:
+slowest rank's median recorded. Calls compared with each other (the ring and its one-GPU reference; the overlap
+check's four runs) are timed in turn within every rep, so a clock that drifts over the run moves them alike (session
+65's H100 run, timed one after the other, read the same flash_attn_func at 12.5 and 15.6 ms). Per configuration:
 
 - tokens/s per GPU: batch * seqlen_per_gpu / time;
 - TFLOP/s per GPU: flashgen.bench.flops.flops() of the whole sequence (visible pairs only) / world size / time;
@@ -154,27 +156,38 @@ def _max_over_ranks(value: float, device: str) -> float:
     return float(t.item())
 
 
-def time_ms(fn: Callable[[], object], device: str, reps: int, warmup: int, barrier: bool = True) -> float:
-    """Median milliseconds of fn() on this rank, every call started after a barrier; the slowest rank's median."""
-    for _ in range(warmup):
-        fn()
-    times = []
+def time_ms_each(fns: Sequence[Callable[[], object]], device: str, reps: int, warmup: int,
+                 barrier: bool = True) -> List[float]:
+    """Median milliseconds of each fn() on this rank, the fns timed in turn within every rep (a b c a b c ...), so a
+    clock that drifts over the run moves every median alike; every call started after a barrier; with the barrier
+    each median is the slowest rank's."""
+    for fn in fns:
+        for _ in range(warmup):
+            fn()
+    times: List[List[float]] = [[] for _ in fns]
     for _ in range(reps):
-        _sync(device)
-        if barrier:
-            dist.barrier()
-        if device == "cuda":
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            fn()
-            end.record()
-            end.synchronize()
-            times.append(start.elapsed_time(end))
-        else:
-            t0 = time.perf_counter()
-            fn()
-            times.append((time.perf_counter() - t0) * 1e3)
-    return _max_over_ranks(statistics.median(times), device) if barrier else statistics.median(times)
+        for fn, acc in zip(fns, times):
+            _sync(device)
+            if barrier:
+                dist.barrier()
+            if device == "cuda":
+                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                start.record()
+                fn()
+                end.record()
+                end.synchronize()
+                acc.append(start.elapsed_time(end))
+            else:
+                t0 = time.perf_counter()
+                fn()
+                acc.append((time.perf_counter() - t0) * 1e3)
+    medians = [statistics.median(acc) for acc in times]
+    return [_max_over_ranks(m, device) for m in medians] if barrier else medians
+
+
+def time_ms(fn: Callable[[], object], device: str, reps: int, warmup: int, barrier: bool = True) -> float:
+    """Median milliseconds of fn() on this rank (time_ms_each of one fn)."""
+    return time_ms_each([fn], device, reps, warmup, barrier)[0]
 
 
 def peak_extra_mib(fn: Callable[[], object], device: str) -> Optional[float]:
@@ -258,12 +271,15 @@ def measure(impl: str, layout: str, causal: bool, mode: str, args, dtype, device
     q, k, v, dout = _inputs(args, dtype, device, rank, seqlen)
     label = f"flashgen/bench/ring {impl} {layout} {'causal' if causal else 'full'} {mode}"
     run = _call(IMPLS[impl], q, k, v, dout, mode, causal=causal, layout=layout, version=args.version)
-    with D._range(device == "cuda", label):
-        ms = time_ms(run, device, args.reps, args.warmup)
-    peak = peak_extra_mib(run, device)
-    # one GPU, the same per-GPU shard: flash_attn_func on seqlen_per_gpu rows, no communication (every rank times it)
+
+    def ranged():
+        with D._range(device == "cuda", label):
+            run()
+    # one GPU, the same per-GPU shard: flash_attn_func on seqlen_per_gpu rows, no communication (every rank times it);
+    # timed in turn with the ring's call
     one = _call(flashgen.flash_attn_func, q, k, v, dout, mode, causal=causal, version=args.version)
-    one_ms = time_ms(one, device, args.reps, args.warmup)
+    ms, one_ms = time_ms_each([ranged, one], device, args.reps, args.warmup)
+    peak = peak_extra_mib(run, device)
     heads, dim, batch = args.heads, args.head_dim, args.batch
     total = world * seqlen
     tflops = flops(batch, heads, total, total, dim, causal=causal, mode=mode) / world / (ms * 1e-3) / 1e12
@@ -307,21 +323,20 @@ def overlap_check(args, dtype, device: str) -> List[dict]:
                 return _call(fn, q, *kv_device[0], dout, mode, **kw)
 
             compute = ring_with(lambda: _Serve(world, 0, kv_device))
-            compute_ms = time_ms(compute, device, args.reps, args.warmup, barrier=False)
             with torch.no_grad():
                 want = D.ring_flash_attn_func(q, *kv_device[0], **kw, comm=_Serve(world, 0, kv_device))
             for source, shards in (("host", kv_host), ("device", kv_device)):
-                serial_ms = time_ms(ring_with(lambda s=shards: D.LoopbackComm(world, 0, s)), device, args.reps,
-                                    args.warmup, barrier=False)
-                overlap_ms = time_ms(ring_with(lambda s=shards: D.LoopbackComm(world, 0, s, side)), device,
-                                     args.reps, args.warmup, barrier=False)
                 copies = [(torch.empty_like(kv_device[0][0]), torch.empty_like(kv_device[0][1])) for _ in shards]
 
                 def copy_all(s=shards, c=copies):
                     for step in range(world - 1):
                         for dst, src in zip(c[step], s[(-step - 1) % world]):
                             dst.copy_(src, non_blocking=True)
-                copy_ms = time_ms(copy_all, device, args.reps, args.warmup, barrier=False)
+                # the four timed in turn (time_ms_each), so the card's clock moves them alike
+                compute_ms, serial_ms, overlap_ms, copy_ms = time_ms_each(
+                    [compute, ring_with(lambda s=shards: D.LoopbackComm(world, 0, s)),
+                     ring_with(lambda s=shards: D.LoopbackComm(world, 0, s, side)), copy_all],
+                    device, args.reps, args.warmup, barrier=False)
                 with torch.no_grad():
                     got = D.ring_flash_attn_func(q, *kv_device[0], **kw, comm=D.LoopbackComm(world, 0, shards, side))
                 saved = serial_ms - compute_ms
@@ -342,8 +357,9 @@ def world_one_nccl(args, dtype, device: str) -> List[dict]:
     q, k, v, dout = _inputs(args, dtype, device, 0, args.seqlen_per_gpu)
     for mode in args.modes:
         kw = dict(causal=not args.no_causal, version=args.version)
-        ring_ms = time_ms(_call(D.ring_flash_attn_func, q, k, v, dout, mode, **kw), device, args.reps, args.warmup)
-        one_ms = time_ms(_call(flashgen.flash_attn_func, q, k, v, dout, mode, **kw), device, args.reps, args.warmup)
+        ring_ms, one_ms = time_ms_each([_call(D.ring_flash_attn_func, q, k, v, dout, mode, **kw),
+                                        _call(flashgen.flash_attn_func, q, k, v, dout, mode, **kw)],
+                                       device, args.reps, args.warmup)
         with torch.no_grad():
             same = torch.equal(D.ring_flash_attn_func(q, k, v, **kw), flashgen.flash_attn_func(q, k, v, **kw))
         records.append({"record": "world1", "mode": mode, "backend": dist.get_backend(), "ring_ms": ring_ms,
