@@ -185,11 +185,6 @@ def time_ms_each(fns: Sequence[Callable[[], object]], device: str, reps: int, wa
     return [_max_over_ranks(m, device) for m in medians] if barrier else medians
 
 
-def time_ms(fn: Callable[[], object], device: str, reps: int, warmup: int, barrier: bool = True) -> float:
-    """Median milliseconds of fn() on this rank (time_ms_each of one fn)."""
-    return time_ms_each([fn], device, reps, warmup, barrier)[0]
-
-
 def peak_extra_mib(fn: Callable[[], object], device: str) -> Optional[float]:
     if device != "cuda":
         return None
