@@ -18,8 +18,9 @@ enum class WorkspaceId : int {
   kRowStats,    // running row statistics kept in device memory between key blocks (v1: m and l)
   kDSum,        // D = rowsum(dO * O) per row (backward)
   kDqAccum,     // fp32 dQ accumulator (backward)
+  kGradParts,   // fp32 dK / dV of the pieces a key block's work is cut into (v3 backward's tail split)
 };
-constexpr int kNumWorkspaces = 5;
+constexpr int kNumWorkspaces = 6;
 
 FH_HD const char* workspace_name(WorkspaceId id) {
   switch (id) {
@@ -28,6 +29,7 @@ FH_HD const char* workspace_name(WorkspaceId id) {
     case WorkspaceId::kRowStats: return "row_stats";
     case WorkspaceId::kDSum: return "dsoftmax_sum";
     case WorkspaceId::kDqAccum: return "dq_accum";
+    case WorkspaceId::kGradParts: return "grad_parts";
   }
   return "unknown";
 }

@@ -154,6 +154,71 @@ def test_workspaces_arrive_poisoned(monkeypatch, head_dim, sk):
     check_grads("v3", f"poisoned workspaces d{head_dim}", q, k, v, window_size=(-1, 0))
 
 
+def _workspace_names(monkeypatch):
+    """The names of the workspaces the backward launches of this test ask for, as they are allocated; each arrives
+    NaN-filled, so a slot of grad_parts that no piece wrote shows as NaN in dK / dV. The tail split is turned on for
+    the test's calls (FLASHGEN_V3_BWD_TAIL_SPLIT=1; off by default until measured, tile_config.h)."""
+    monkeypatch.setenv("FLASHGEN_V3_BWD_TAIL_SPLIT", "1")
+    names = []
+    real = _ops._allocate_workspaces
+
+    def recording(p, spec, device):
+        names.extend(name for name, _, _ in spec)
+        buffers = real(p, spec, device)
+        for buffer in buffers:
+            buffer.fill_(float("nan"))
+        return buffers
+    monkeypatch.setattr(_ops, "_allocate_workspaces", recording)
+    return names
+
+
+# (batch, seqlen_q, heads, seqlen_k, heads_k, head_dim, dtype, softcap): each a grid whose last round the tail split
+# cuts (tile_config.h bwd_tail_plan on 132 SMs: 22 CTAs x 6 pieces, 36 x 3 on d64's 128-query tile, 21 x 3 with d72
+# in bucket 128, 16 x 4 in the modifier instance, 48 x 2 over two batch entries).
+TAIL_CASES = {
+    "d128-gqa": (1, 1100, 4, 1300, 2, 128, "bf16", 0.0),
+    "d64-rows-tile-fp16": (1, 2100, 4, 2300, 2, 64, "fp16", 0.0),
+    "d72": (1, 900, 3, 777, 3, 72, "bf16", 0.0),
+    "d128-softcap": (1, 1000, 2, 1000, 2, 128, "bf16", 20.0),
+    "d128-batch2": (2, 700, 6, 900, 3, 128, "bf16", 0.0),
+}
+
+
+@pytest.mark.parametrize("case", list(TAIL_CASES))
+def test_tail_split(monkeypatch, case):
+    """The backward's tail split (tile_config.h bwd_tail_plan): the last key-block CTAs of a launch without a mask run
+    as pieces over shares of their query blocks, and bwd_tail_reduce_kernel adds the pieces' dK / dV. The launch
+    must have taken it (its grad_parts workspace, on a 132-SM card), the gradients pass the FA rule against the
+    oracle (partial last key and query blocks, a head dim below its bucket, GQA, softcap's instance), and dK / dV
+    are the same bits on a second run (the pieces are added in order; only dQ's additions are unordered)."""
+    b, sq, h, sk, hk, d, dtype, softcap = TAIL_CASES[case]
+    _need(dtype, d)
+    if torch.cuda.get_device_properties(0).multi_processor_count != 132:
+        pytest.skip("the cases are sized for a 132-SM card's last round")
+    names = _workspace_names(monkeypatch)
+    torch.manual_seed(29)
+    q = randn(b, sq, h, d, dtype=DTYPES[dtype])
+    k, v = (randn(b, sk, hk, d, dtype=DTYPES[dtype]) for _ in range(2))
+    dq, dk, dv = check_grads("v3", f"tail split {case}", q, k, v, softcap=softcap)
+    assert "grad_parts" in names, f"{case}: the launch took no tail split (workspaces {names})"
+    out, lse, _ = _ops.forward("v3", q, k, v, softmax_scale=d ** -0.5, softcap=softcap)
+    dout = torch.randn_like(out)
+    first = run_bwd("v3", q, k, v, dout, out, lse, softmax_scale=d ** -0.5, softcap=softcap)
+    again = run_bwd("v3", q, k, v, dout, out, lse, softmax_scale=d ** -0.5, softcap=softcap)
+    for label, x, y in zip(("dk", "dv"), first[1:], again[1:]):
+        assert torch.equal(x, y), f"{case}: {label} differs between two runs of the same backward"
+
+
+def test_tail_split_not_under_a_mask(monkeypatch):
+    """Under a causal mask the CTAs differ in work (the tail group orders them instead): no tail split."""
+    _need("bf16", 128)
+    names = _workspace_names(monkeypatch)
+    q = randn(1, 1100, 4, 128, dtype=torch.bfloat16)
+    k, v = (randn(1, 1300, 2, 128, dtype=torch.bfloat16) for _ in range(2))
+    check_grads("v3", "causal, no tail split", q, k, v, window_size=(-1, 0))
+    assert names and "grad_parts" not in names, f"a causal launch took the tail split: {names}"
+
+
 @pytest.mark.parametrize("sq,sk", [(0, 50), (50, 0)])
 def test_empty_side(sq, sk):
     """No queries: dK = dV = 0. No keys: dQ = 0."""

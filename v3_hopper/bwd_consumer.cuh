@@ -306,6 +306,18 @@ __device__ __forceinline__ void store_grad_smem(uint32_t slice, int chunk_bytes,
   }
 }
 
+// One warpgroup's (64 keys, kHeadDim) fp32 gradient into a tail piece's slot of grad_parts (tile_config.h
+// bwd_tail_plan) in fragment order: register group k of thread tid at float 4 (128 k + tid), 16-byte stores, a warp's
+// 512 bytes contiguous (bwd_tail_reduce_kernel reads the slots back in the same order).
+template <typename T>
+__device__ __forceinline__ void store_grad_part(float* part, const float (&g)[T::kGradRegs], int tid) {
+#pragma unroll
+  for (int k = 0; k < T::kGradRegs / 4; ++k) {
+    *reinterpret_cast<float4*>(part + 4 * (kWarpgroupThreads * k + tid)) =
+        make_float4(g[4 * k], g[4 * k + 1], g[4 * k + 2], g[4 * k + 3]);
+  }
+}
+
 // kMods (bwd_kernel.cuh): the launch may have softcap or ALiBi, so the fused pass is compiled in; without, only the
 // split pass is.
 template <typename T, bool kMods>
@@ -441,6 +453,12 @@ __device__ void bwd_consumer(const AttnBwdParams& p, const BwdSmem<T>& sm, const
     mbar_arrive(sm.empty(stage));  // every thread: its own LSE / D reads of the stage (BwdTraits::kConsumerArrivals)
   }
 
+  if (w.part >= 0) {  // a tail piece (bwd_kernel.cuh): its fp32 dK (unscaled) and dV to its slot, for the reduction
+    float* slot = p.ws.get(WorkspaceId::kGradParts) + static_cast<int64_t>(w.part) * bwd_grad_part_floats(T::kHeadDim);
+    store_grad_part<T>(slot + wg * kWarpgroupRows * T::kHeadDim, dk, tid);
+    store_grad_part<T>(slot + (T::kConsumers + wg) * kWarpgroupRows * T::kHeadDim, dv, tid);
+    return;
+  }
   // K and V are free once both warpgroups' last GEMMs have landed (d128's and d64 dq_rows' dQ reads the other
   // warpgroup's K rows; both run the CTA's steps); each warpgroup's dK / dV go through its own 64 rows of them.
   named_sync(kBwdBarrierDsReady, T::kConsumers * kWarpgroupThreads);

@@ -25,15 +25,29 @@ template <typename T, bool kMods>
 __global__ void __launch_bounds__(T::kNumThreads, 1)
     bwd_kernel(const __grid_constant__ AttnBwdParams p, const __grid_constant__ CUtensorMap map_q,
                const __grid_constant__ CUtensorMap map_do, const __grid_constant__ CUtensorMap map_k,
-               const __grid_constant__ CUtensorMap map_v, int tail_group) {
+               const __grid_constant__ CUtensorMap map_v, int tail_group, BwdTail tail) {
   extern __shared__ __align__(kSwizzleAtomBytes) unsigned char smem_raw[];
   const uint32_t raw = smem_u32(smem_raw);
   const BwdSmem<T> sm{(raw + kSwizzleAtomBytes - 1) & ~static_cast<uint32_t>(kSwizzleAtomBytes - 1)};
   const int n_blocks = ceil_div(p.seqlen_k, T::kBlockN);
-  const GridCta cta = grid_cta(blockIdx.x, n_blocks, p.num_heads_k, p.num_heads_k * p.batch, tail_group);
+  // The tail split (tile_config.h bwd_tail_plan): CTAs from tail.first on are pieces, piece-major, of the units
+  // [tail.first, tail.first + tail.units); each takes its share of the unit's query blocks and leaves its dK / dV in
+  // its slot of grad_parts (bwd_consumer), which bwd_tail_reduce_kernel adds up. Not in the split layout (its plan
+  // never cuts one).
+  const BwdTailCta tc = bwd_tail_cta(static_cast<int>(blockIdx.x), T::kSplit ? BwdTail{} : tail);
+  const int unit = tc.unit, piece = tc.piece;
+  const GridCta cta = grid_cta(unit, n_blocks, p.num_heads_k, p.num_heads_k * p.batch, tail_group);
   const int n_block = cta.block, head_k = cta.head, batch = cta.batch;
-  const BwdWork w = bwd_work<T>(p, n_block, batch);
+  BwdWork w = bwd_work<T>(p, n_block, batch);
   if (w.n_begin >= w.seq.seqlen_k) return;  // varlen: this sequence has fewer keys than max_seqlen_k
+  if (piece >= 0) {
+    const int b = w.range.begin, e = w.range.end;
+    if (e > b) {
+      w.range.begin = bwd_piece_begin(b, e, piece, tail.pieces);
+      w.range.end = bwd_piece_begin(b, e, piece + 1, tail.pieces);
+    }
+    w.part = (unit - tail.first) * tail.pieces + piece;
+  }
 
   if (threadIdx.x == 0) {
     mbar_init(sm.kv_full(), 1);

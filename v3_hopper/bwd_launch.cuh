@@ -1,5 +1,6 @@
 // Launch of one backward instance on the caller's stream: preprocess (LSE in log2 units, D), the main kernel (opts
-// in to its shared memory), postprocess (dQ). Never synchronizes; returns the first launch error.
+// in to its shared memory), the tail split's reduction where the launch has one (dK / dV of the split units),
+// postprocess (dQ). Never synchronizes; returns the first launch error.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -31,6 +32,8 @@ Status launch_bwd_tile(const AttnBwdParams& p, const BwdLaunch& launch, cudaStre
     Status st = bwd_cuda_status(cudaGetLastError(), "bwd_preprocess_kernel launch");
     if (!st.is_ok()) return st;
   }
+  // The tail split (tile_config.h bwd_tail_plan): never in the split layout (v3_api.cu bwd_tail_for plans none there)
+  const BwdTail tail = T::kSplit ? BwdTail{} : launch.tail;
   if (p.seqlen_k > 0) {
     const bool mods = bwd_has_mods(p);
     auto kernel = bwd_kernel<T, false>;
@@ -43,12 +46,23 @@ Status launch_bwd_tile(const AttnBwdParams& p, const BwdLaunch& launch, cudaStre
         cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, T::kSmemBytes),
         "cudaFuncSetAttribute(MaxDynamicSharedMemorySize)");
     if (!st.is_ok()) return st;
-    // one CTA per key block, KV head and batch entry (v3_api.cu bwd checked that the count fits an int)
-    const unsigned ctas = static_cast<unsigned>(ceil_div(p.seqlen_k, T::kBlockN)) * p.num_heads_k * p.batch;
+    // one CTA per key block, KV head and batch entry (v3_api.cu bwd checked that the count fits an int), the tail's
+    // split units as `pieces` CTAs each (bwd_tail_for kept the count an int)
+    const unsigned ctas = static_cast<unsigned>(ceil_div(p.seqlen_k, T::kBlockN)) * p.num_heads_k * p.batch +
+                          static_cast<unsigned>(tail.units) * static_cast<unsigned>(tail.pieces - 1);
     kernel<<<ctas, T::kNumThreads, T::kSmemBytes, stream>>>(p, launch.q, launch.dout, launch.k, launch.v,
-                                                            launch.tail_group);
+                                                            launch.tail_group, tail);
     st = bwd_cuda_status(cudaGetLastError(), "bwd_kernel launch");
     if (!st.is_ok()) return st;
+    if constexpr (!T::kSplit) {
+      if (tail.pieces > 1) {
+        bwd_tail_reduce_kernel<T>
+            <<<static_cast<unsigned>(tail.units), T::kConsumers * kWarpgroupThreads, 0, stream>>>(p, tail,
+                                                                                                 launch.tail_group);
+        st = bwd_cuda_status(cudaGetLastError(), "bwd_tail_reduce_kernel launch");
+        if (!st.is_ok()) return st;
+      }
+    }
   }
   if (p.seqlen_q > 0) {
     bwd_postprocess_kernel<T><<<post_grid, kPrepostThreads, 0, stream>>>(p);

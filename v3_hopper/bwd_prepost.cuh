@@ -1,19 +1,21 @@
-// The two small kernels around the v3 backward's main kernel (FA2 Alg. 2 line 4, and the dQ write-out):
+// The small kernels around the v3 backward's main kernel (FA2 Alg. 2 line 4, and the dQ write-out):
 //   preprocess : per (batch, head, row) of the padded row workspaces (bwd_traits.cuh bwd_ws_rows):
 //                LSE in log2 units (kRowStats) and D = rowsum(dO o O) over V's head dim (kDSum); padding rows get
 //                +inf and 0, so their probabilities are 0 and the main kernel's bulk copies never read past a
 //                workspace; and the same rows of dq_accum zeroed (FA3's preprocess does the same), so that the
 //                workspace needs no memset of its own (one allocation, no fill launch per backward);
 //   postprocess: dQ = softmax_scale * dq_accum (fp32, BwdTraits::dq_offset's order per query block) -> the input
-//                dtype.
-// Partition of both: grid (row blocks, num_heads, batch); the preprocess kPrepostRows rows per CTA, 8 lanes per row
-// (shuffle-reduced), up to the padded workspace's last row; the postprocess one query block (kBlockM rows) per CTA,
-// a warp per pair of dq_accum patches.
+//                dtype;
+//   tail reduce: dK, dV of the key blocks the tail split cut into pieces, from the pieces' fp32 slots (below).
+// Partition of the first two: grid (row blocks, num_heads, batch); the preprocess kPrepostRows rows per CTA, 8 lanes
+// per row (shuffle-reduced), up to the padded workspace's last row; the postprocess one query block (kBlockM rows)
+// per CTA, a warp per pair of dq_accum patches.
 #pragma once
 
 #include <cstdint>
 
 #include "common/config.h"
+#include "common/cta_order.h"
 #include "common/dq_out.cuh"
 #include "common/mask.h"
 #include "common/params.h"
@@ -108,6 +110,62 @@ __global__ void __launch_bounds__(kPrepostThreads) bwd_postprocess_kernel(const 
   dq_block_store<T, kWarps, kPostPairs>(g_acc, g_dq, seq.seqlen_q - m_begin, p.head_dim, p.softmax_scale,
                                         p.dq_row_stride, s_stage,
                                         [](float a, float b) { return pack2<typename T::Tag>(a, b); });
+}
+
+// The tail split's reduction (tile_config.h bwd_tail_plan), after the main kernel: one CTA per split unit, its 256
+// threads laid out as the unit's two consumer warpgroups were. Each thread adds its fragments' slots of grad_parts
+// in piece order (so dK and dV are the same bits run to run) and writes them: register group k holds the n8 column
+// tile k, (row lane / 4, columns 8 k + 2 (lane % 4) + {0, 1}) then the same columns 8 rows down, of its warp's 16
+// rows (the wgmma accumulator's layout, as store_grad_smem reads it). dK scaled by softmax_scale; rows past seqlen_k
+// and columns past head_dim (a multiple of 8) are not written.
+template <typename T>
+__global__ void __launch_bounds__(T::kConsumers * kWarpgroupThreads)
+    bwd_tail_reduce_kernel(const __grid_constant__ AttnBwdParams p, BwdTail tail, int tail_group) {
+  using Element = typename T::Element;
+  const int n_blocks = ceil_div(p.seqlen_k, T::kBlockN);
+  const GridCta cta =
+      grid_cta(tail.first + static_cast<int>(blockIdx.x), n_blocks, p.num_heads_k, p.num_heads_k * p.batch, tail_group);
+  const SeqInfo seq = seq_info(p, cta.batch);
+  if (cta.block * T::kBlockN >= seq.seqlen_k) return;  // the main kernel's CTA returned at once (bwd_kernel.cuh)
+  const int wg = threadIdx.x / kWarpgroupThreads, tid = threadIdx.x % kWarpgroupThreads;
+  const int lane = tid % 32, row = 16 * (tid / 32) + lane / 4;
+  const int key0 = cta.block * T::kBlockN + kWarpgroupRows * wg;
+  const int rows_left = seq.seqlen_k - key0;
+  const int64_t slot_floats = bwd_grad_part_floats(T::kHeadDim);
+  const float* unit_slots =
+      p.ws.get(WorkspaceId::kGradParts) + static_cast<int64_t>(blockIdx.x) * tail.pieces * slot_floats;
+#pragma unroll 1
+  for (int g = 0; g < 2; ++g) {  // dK, then dV
+    const bool is_dk = g == 0;
+    const int64_t row_stride = is_dk ? p.dk_row_stride : p.dv_row_stride;
+    Element* dst = static_cast<Element*>(is_dk ? p.dk : p.dv) +
+                   k_side_row0(p, cta.batch, is_dk ? p.dk_batch_stride : p.dv_batch_stride, row_stride) +
+                   cta.head * (is_dk ? p.dk_head_stride : p.dv_head_stride) + static_cast<int64_t>(key0) * row_stride;
+    const float scale = is_dk ? p.softmax_scale : 1.f;
+    const float* src = unit_slots + (g * T::kConsumers + wg) * kWarpgroupRows * T::kHeadDim;
+#pragma unroll 4
+    for (int k = 0; k < T::kGradRegs / 4; ++k) {
+      const int64_t at = 4 * (kWarpgroupThreads * k + tid);
+      float4 acc = *reinterpret_cast<const float4*>(src + at);
+      for (int piece = 1; piece < tail.pieces; ++piece) {
+        const float4 x = *reinterpret_cast<const float4*>(src + piece * slot_floats + at);
+        acc.x += x.x;
+        acc.y += x.y;
+        acc.z += x.z;
+        acc.w += x.w;
+      }
+      const int col = 8 * k + 2 * (lane % 4);
+      if (col >= p.head_dim) continue;
+      if (row < rows_left) {
+        *reinterpret_cast<uint32_t*>(dst + row * row_stride + col) =
+            pack2<typename T::Tag>(acc.x * scale, acc.y * scale);
+      }
+      if (row + 8 < rows_left) {
+        *reinterpret_cast<uint32_t*>(dst + (row + 8) * row_stride + col) =
+            pack2<typename T::Tag>(acc.z * scale, acc.w * scale);
+      }
+    }
+  }
 }
 
 }  // namespace v3

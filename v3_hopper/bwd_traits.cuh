@@ -217,6 +217,7 @@ struct BwdWork {
   int n_begin;       // first key of the CTA
   BlockRange range;  // query blocks per head (the same for every head of the group)
   int group;         // query heads per KV head
+  int part = -1;     // a tail piece (tile_config.h bwd_tail_plan): its slot of grad_parts; -1: a whole key block
   __device__ __forceinline__ int steps() const { return range.end > range.begin ? (range.end - range.begin) * group : 0; }
 };
 

@@ -48,6 +48,7 @@ struct BwdLaunch {
   CUtensorMap k, v;     // boxes of block_n rows
   bool dq_rows = false;  // the d64 dq_rows tile (tile_config.h bwd_dq_rows_tile), whose block_m the boxes have
   int tail_group = 1;    // head-batches interleaved at the end of the grid (common/cta_order.h grid_tail_group)
+  BwdTail tail;          // the last CTAs cut into pieces (tile_config.h bwd_tail_plan; v3_api.cu bwd_tail_for)
 };
 
 // The backward launch has a score modifier (softcap or ALiBi): bwd_kernel's kMods instance, and never the d64

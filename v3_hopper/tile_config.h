@@ -669,6 +669,77 @@ constexpr bool bwd_value_tile_ok(int head_dim_bucket, int value_bucket) {
 static_assert(bwd_value_tile_ok(192, 128) && bwd_value_tile_ok(192, 64) && !bwd_value_tile_ok(128, 64),
               "the backward's value tiles: split buckets, V narrower");
 
+// The backward's tail split (FLASHGEN_V3_BWD_TAIL_SPLIT: the default, which the environment variable of the same name,
+// 0 or 1, overrides per call in v3_api.cu bwd_tail_for; default 0 until its first GPU run, bench/NOTES.md session 66:
+// every CTA takes its whole key block). Without
+// a mask every CTA of the backward has the same work, and the FlashAttention grid has 2048 of them at every point
+// (16k tokens x 16 heads / 128 keys) against 132 SMs: 15 full rounds and a last one of 68 CTAs, under which 64 SMs
+// idle for a whole CTA (~3% of the launch). The last `units` CTAs of the grid are cut into `pieces` CTAs each, every
+// piece a contiguous share of the unit's query blocks (the same share of each query head of its group); a piece
+// stores its fp32 dK and dV in its own slot of the grad_parts workspace (fragment order) and bwd_tail_reduce_kernel
+// adds the slots of a unit in piece order and writes dK and dV: no atomics, so dK and dV stay bitwise reproducible.
+// Counted in query-block steps: a CTA costs its steps plus kBwdPieceFixedSteps (its K / V load and pipeline fill, the
+// parts' stores); the tail's rounds are ceil(units x pieces / slots). The pieces taken are those of least cost, which
+// must save at least kBwdTailMinGain of a whole CTA's, each of at least kBwdMinPieceSteps steps.
+#ifndef FLASHGEN_V3_BWD_TAIL_SPLIT
+#define FLASHGEN_V3_BWD_TAIL_SPLIT 0
+#endif
+constexpr int kBwdMaxPieces = 8;
+constexpr int kBwdPieceFixedSteps = 6;
+constexpr int kBwdMinPieceSteps = 4;
+constexpr double kBwdTailMinGain = 0.15;
+struct BwdTail {
+  int first = 0;   // grid index of the first split unit (the units are [first, first + units))
+  int units = 0;   // key-block CTAs split (0: none)
+  int pieces = 1;  // CTAs per split unit (1: none)
+};
+// ctas: the grid's CTAs (key blocks x KV heads x batch), each of `blocks` query blocks for each of `group` query heads
+// (a step a block and head; a piece takes a share of the blocks for every head); slots: CTAs the card runs at once (the
+// SMs: one backward CTA each).
+constexpr BwdTail bwd_tail_plan(int64_t ctas, int64_t blocks, int64_t group, int64_t slots) {
+  BwdTail none;
+  const int64_t steps = blocks * group;
+  if (ctas < 1 || slots < 1 || group < 1 || blocks < 2) return none;
+  const int64_t units = ctas % slots;  // the last round's CTAs
+  if (units == 0) return none;
+  const double whole = static_cast<double>(steps + kBwdPieceFixedSteps);
+  double best = whole;
+  int best_pieces = 1;
+  for (int pieces = 2; pieces <= kBwdMaxPieces && pieces <= blocks && pieces * kBwdMinPieceSteps <= steps; ++pieces) {
+    const int64_t rounds = (units * pieces + slots - 1) / slots;
+    const int64_t piece_steps = (blocks + pieces - 1) / pieces * group;  // the longest piece
+    const double cost = static_cast<double>(rounds * (piece_steps + kBwdPieceFixedSteps));
+    if (cost < best) {
+      best = cost;
+      best_pieces = pieces;
+    }
+  }
+  if (best_pieces == 1 || whole - best < kBwdTailMinGain * whole) return none;
+  return BwdTail{static_cast<int>(ctas - units), static_cast<int>(units), best_pieces};
+}
+// CTA `cta` of the backward's grid under `tail`: the key-block unit it works on (the grid index the unsplit launch
+// gave it) and its piece, -1 for a whole unit. The pieces come piece-major after the unsplit CTAs.
+struct BwdTailCta {
+  int unit, piece;
+};
+constexpr BwdTailCta bwd_tail_cta(int cta, const BwdTail& tail) {
+  if (tail.pieces <= 1 || cta < tail.first) return BwdTailCta{cta, -1};
+  const int r = cta - tail.first, piece = r / tail.units;
+  return BwdTailCta{tail.first + (r - piece * tail.units), piece};
+}
+// Query blocks [begin, end) of piece `piece` of `pieces` over a unit's [b, e): contiguous, in order, covering it.
+constexpr int bwd_piece_begin(int b, int e, int piece, int pieces) {
+  return b + static_cast<int>(static_cast<int64_t>(e - b) * piece / pieces);
+}
+// One piece's slot of grad_parts: dK then dV of both consumer warpgroups, (64 keys x the bucket) floats each.
+constexpr int64_t bwd_grad_part_floats(int head_dim_bucket) {
+  return 2 * static_cast<int64_t>(kBwdConsumers) * kWarpgroupRows * head_dim_bucket;
+}
+static_assert(bwd_tail_plan(2048, 128, 1, 132).units == 68 && bwd_tail_plan(2048, 128, 1, 132).pieces > 1 &&
+                  bwd_tail_plan(2048 + 64, 128, 1, 132).pieces == 1 && bwd_tail_plan(1980, 128, 1, 132).pieces == 1,
+              "the tail split: the FlashAttention grid's last round is cut; a full last round and an even grid "
+              "are not");
+
 static_assert(bwd_tile_config(64, true).block_m == kBwdMaxBlockM && kBwdMaxBlockM % bwd_tile_config(64).block_m == 0 &&
                   kBwdMaxBlockM % bwd_tile_config(128).block_m == 0 &&
                   kBwdMaxBlockM % bwd_tile_config(256).block_m == 0,

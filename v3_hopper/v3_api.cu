@@ -6,6 +6,7 @@
 #include <cuda_runtime_api.h>
 
 #include <cstdint>
+#include <cstdlib>
 #include <string>
 
 #include "common/cta_order.h"
@@ -120,6 +121,35 @@ int bwd_bucket(DType dtype, int head_dim) {
 int64_t bwd_rows(const AttnParams& p) {
   const int block_m = kBwdMaxBlockM;
   return (static_cast<int64_t>(p.seqlen_q) + block_m - 1) / block_m * block_m;
+}
+
+// The backward's tail split for this call (tile_config.h bwd_tail_plan), or none: launches without a mask (their
+// CTAs are equal), without varlen (sequences of their own lengths), on the non-split tiles (buckets up to 128, V at
+// q's head dim), where the caller gave its SM count (p.num_sms: _ops._fill sets it). The workspace spec and the
+// launch both ask here, so they agree. The environment's FLASHGEN_V3_BWD_TAIL_SPLIT, "0" or "1", overrides the
+// build's default (tile_config.h) per call: an A/B in one process, and the GPU tests of the split while it is off by
+// default (the workspace query and the launch of one call read the same value).
+bool bwd_tail_split_on() {
+  const char* env = std::getenv("FLASHGEN_V3_BWD_TAIL_SPLIT");
+  if (env != nullptr && (env[0] == '0' || env[0] == '1') && env[1] == '\0') return env[0] == '1';
+  return FLASHGEN_V3_BWD_TAIL_SPLIT != 0;
+}
+BwdTail bwd_tail_for(const AttnBwdParams& p) {
+  if (!bwd_tail_split_on()) return BwdTail{};
+  if (has_window(p) || p.cu_seqlens_q != nullptr || p.cu_seqlens_k != nullptr || p.num_sms < 1 || p.batch <= 0 ||
+      p.seqlen_q <= 0 || p.seqlen_k <= 0 || p.num_heads <= 0 || p.num_heads_k <= 0 ||
+      p.num_heads % p.num_heads_k != 0 || value_dim(p) != p.head_dim) {
+    return BwdTail{};
+  }
+  const int bucket = bwd_bucket(p.dtype, p.head_dim);
+  if (bucket == 0 || bucket >= kBwdSplitMinHeadDim) return BwdTail{};
+  const BwdTileConfig tile =
+      bwd_tile_config(bucket, bwd_dq_rows_tile(bucket, bwd_has_mods(p), /*masked=*/false, p.seqlen_k));
+  const int64_t ctas = (static_cast<int64_t>(p.seqlen_k) + tile.block_n - 1) / tile.block_n * p.num_heads_k * p.batch;
+  const int64_t blocks = (static_cast<int64_t>(p.seqlen_q) + tile.block_m - 1) / tile.block_m;
+  const BwdTail tail = bwd_tail_plan(ctas, blocks, p.num_heads / p.num_heads_k, p.num_sms);
+  if (ctas + static_cast<int64_t>(tail.units) * (tail.pieces - 1) > INT32_MAX) return BwdTail{};  // grid_cta's ints
+  return tail;
 }
 
 // The 16-bit rows of the instance list launch fwd_launch.cuh's kernel; e4m3 rows belong to fwd_fp8 (fp8_api.cu).
@@ -440,6 +470,7 @@ namespace {
 // The backward's workspaces, per (batch or sequence, head) and bwd_rows rows: LSE in log2 units (row_stats) and
 // D (dsoftmax_sum), written whole by the preprocess; dq_accum (rows of the bucket's head_dim floats), which the
 // preprocess zeroes (bwd_prepost.cuh) before the main kernel adds into it: none arrives zeroed.
+// grad_parts (the tail split's slots, bwd_tail_for), written whole by the pieces before the reduction reads them.
 WorkspaceSpec bwd_workspaces(const AttnBwdParams& p) {
   WorkspaceSpec spec;
   const int bucket = bwd_bucket(p.dtype, p.head_dim);
@@ -448,6 +479,11 @@ WorkspaceSpec bwd_workspaces(const AttnBwdParams& p) {
   spec.need(WorkspaceId::kRowStats, rows, /*zero=*/false);
   spec.need(WorkspaceId::kDSum, rows, /*zero=*/false);
   spec.need(WorkspaceId::kDqAccum, rows * bucket, /*zero=*/false);
+  const BwdTail tail = bwd_tail_for(p);
+  if (tail.pieces > 1) {
+    spec.need(WorkspaceId::kGradParts, static_cast<int64_t>(tail.units) * tail.pieces * bwd_grad_part_floats(bucket),
+              /*zero=*/false);
+  }
   return spec;
 }
 
@@ -557,6 +593,7 @@ Status bwd(const AttnBwdParams& p, void* stream) {
   launch.dq_rows = dq_rows;
   const int sms = p.num_sms > 0 ? p.num_sms : num_sms;
   launch.tail_group = static_cast<int>(grid_tail_group(n_blocks, heads_batches, sms, masked));
+  launch.tail = bwd_tail_for(p);
   if (q_rows == 0 || k_rows == 0) {
     // Only the pre/postprocess (dQ = 0) or only dK = dV = 0 run; the maps are never read but must be valid.
     const bool have_q = q_rows != 0;

@@ -5,7 +5,9 @@
 // per-tile overhead) against the mean, for the group size the host picks.
 // Also the FP8 forward's choice of key tile (fp8_config.h fp8_wide_tile) and the 16-bit forward's short tile
 // (tile_config.h fwd_short_tile) at the shapes they were measured on, the masked forward's query_row_shift, and a paged
-// cache's TMA boxes (paged_box_rows).
+// cache's TMA boxes (paged_box_rows). The backward's tail split (bwd_tail_plan, bwd_tail_cta, bwd_piece_begin): every
+// unit's query blocks covered once by its pieces, every (unit, piece) one CTA, and a greedy-dispatch makespan that
+// the split shortens wherever it is taken.
 // Prints each failure with its values, a final "N passed, N failed" line, and exits non-zero on any failure.
 #include <algorithm>
 #include <cmath>
@@ -268,6 +270,93 @@ void test_paged_boxes() {
 
 }  // namespace
 
+// Makespan of a 1-D grid dispatched greedily in index order onto `slots` SMs (the hardware's behaviour for one CTA an
+// SM), a CTA costing its steps (its query blocks x group) plus kBwdPieceFixedSteps; the reduction kernel is left out.
+double bwd_makespan(int64_t ctas, int64_t blocks, int64_t group, int64_t slots, const flashgen::v3::BwdTail& tail) {
+  using flashgen::v3::bwd_piece_begin;
+  using flashgen::v3::bwd_tail_cta;
+  using flashgen::v3::kBwdPieceFixedSteps;
+  std::vector<double> free_at(static_cast<size_t>(slots), 0.0);
+  const int64_t grid = ctas + static_cast<int64_t>(tail.units) * (tail.pieces - 1);
+  for (int64_t c = 0; c < grid; ++c) {
+    const auto tc = bwd_tail_cta(static_cast<int>(c), tail);
+    const int b = static_cast<int>(blocks);
+    const int64_t work = group * (tc.piece < 0 ? blocks
+                                               : bwd_piece_begin(0, b, tc.piece + 1, tail.pieces) -
+                                                     bwd_piece_begin(0, b, tc.piece, tail.pieces));
+    auto slot = std::min_element(free_at.begin(), free_at.end());
+    *slot += static_cast<double>(work + kBwdPieceFixedSteps);
+  }
+  return *std::max_element(free_at.begin(), free_at.end());
+}
+
+void test_bwd_tail_plan() {
+  using flashgen::v3::BwdTail;
+  using flashgen::v3::bwd_piece_begin;
+  using flashgen::v3::bwd_tail_cta;
+  using flashgen::v3::bwd_tail_plan;
+  // The pieces of a unit's query blocks [b, e): contiguous, in order, each block in exactly one piece.
+  for (int b = 0; b < 3; ++b) {
+    for (int e = b; e < b + 40; ++e) {
+      for (int pieces = 1; pieces <= flashgen::v3::kBwdMaxPieces; ++pieces) {
+        bool ok = bwd_piece_begin(b, e, 0, pieces) == b && bwd_piece_begin(b, e, pieces, pieces) == e;
+        for (int i = 0; i < pieces; ++i) {
+          ok = ok && bwd_piece_begin(b, e, i, pieces) <= bwd_piece_begin(b, e, i + 1, pieces);
+        }
+        CHECK(ok, "pieces of [%d, %d) in %d: not a contiguous cover", b, e, pieces);
+      }
+    }
+  }
+  // The grid under a plan: the unsplit CTAs map to themselves; every (split unit, piece) is one CTA.
+  const BwdTail t{100, 7, 3};
+  std::set<std::pair<int, int>> seen;
+  bool whole_ok = true;
+  for (int c = 0; c < t.first + t.units * t.pieces; ++c) {
+    const auto tc = bwd_tail_cta(c, t);
+    if (c < t.first) {
+      whole_ok = whole_ok && tc.unit == c && tc.piece == -1;
+    } else {
+      whole_ok = whole_ok && tc.unit >= t.first && tc.unit < t.first + t.units && tc.piece >= 0 && tc.piece < t.pieces;
+      seen.insert({tc.unit, tc.piece});
+    }
+  }
+  CHECK(whole_ok && static_cast<int>(seen.size()) == t.units * t.pieces, "bwd_tail_cta: %zu distinct pieces of %d",
+        seen.size(), t.units * t.pieces);
+  // The FlashAttention grid (16k tokens, 16 heads, 128-key blocks: 2048 CTAs) at d128's 64-query steps, and the shapes
+  // that must stay whole: a grid of whole rounds, a short unit (its pieces would be mostly fixed cost).
+  const BwdTail fa8k = bwd_tail_plan(2048, 128, 1, kGrid);
+  CHECK(fa8k.first == 2048 - 68 && fa8k.units == 68 && fa8k.pieces == 5, "d128 8k: first %d units %d pieces %d",
+        fa8k.first, fa8k.units, fa8k.pieces);
+  CHECK(bwd_tail_plan(2 * kGrid, 128, 1, kGrid).pieces == 1, "whole rounds split");
+  CHECK(bwd_tail_plan(2048, 32, 1, kGrid).pieces == 1, "d128 2k (32 steps) split");
+  CHECK(bwd_tail_plan(2048, 1, 8, kGrid).pieces == 1 && bwd_tail_plan(0, 128, 1, kGrid).pieces == 1 &&
+            bwd_tail_plan(2048, 128, 1, 0).pieces == 1 && bwd_tail_plan(2048, 128, 0, kGrid).pieces == 1,
+        "degenerate sizes split");
+  // A piece is a share of the query blocks, so never more pieces than blocks (GQA's heads multiply the steps only).
+  const BwdTail gqa = bwd_tail_plan(40, 3, 16, kGrid);
+  CHECK(gqa.pieces > 1 && gqa.pieces <= 3, "3 blocks x 16 heads: %d pieces", gqa.pieces);
+  // Wherever a split is planned the greedy makespan drops (by at least a tenth of a whole CTA), over grids of 1-40
+  // rounds and their partial last rounds, and the plan never asks for more than kBwdMaxPieces.
+  int planned = 0;
+  for (int64_t ctas : {16, 96, 131, 133, 200, 512, 1000, 2048, 4096, 5000}) {
+    for (int64_t blocks : {2, 3, 4, 8, 16, 17, 32, 64, 128, 256}) {
+      for (int64_t group : {1, 2, 8}) {
+        const BwdTail plan = bwd_tail_plan(ctas, blocks, group, kGrid);
+        if (plan.pieces == 1) continue;
+        ++planned;
+        const double whole = bwd_makespan(ctas, blocks, group, kGrid, BwdTail{});
+        const double split = bwd_makespan(ctas, blocks, group, kGrid, plan);
+        CHECK(plan.pieces <= flashgen::v3::kBwdMaxPieces && plan.pieces <= blocks && plan.units == ctas % kGrid &&
+                  split <= whole - 0.1 * (blocks * group + flashgen::v3::kBwdPieceFixedSteps),
+              "ctas %lld blocks %lld group %lld: %d units x %d pieces, makespan %.1f -> %.1f",
+              static_cast<long long>(ctas), static_cast<long long>(blocks), static_cast<long long>(group), plan.units,
+              plan.pieces, whole, split);
+      }
+    }
+  }
+  CHECK(planned >= 20, "only %d of the grids took a split", planned);
+}
+
 int main() {
   test_every_tile_once();
   test_orders();
@@ -277,5 +366,6 @@ int main() {
   test_short_tile_choice();
   test_query_row_shift();
   test_paged_boxes();
+  test_bwd_tail_plan();
   return flashgen_test::finish();
 }
