@@ -4,6 +4,8 @@
 #   bash tools/gpu_check.sh                  # build + GPU tests + quick bench
 #   FLASHGEN_CHECK_TESTS="tests/test_gpu_fwd.py -k causal" bash tools/gpu_check.sh
 #   FLASHGEN_CHECK_TESTS=none                # skip the GPU test tier (e.g. a bench-only call)
+#   FLASHGEN_CHECK_TESTS_K="tail_split or long_sequence"   # a pytest -k expression with spaces (FLASHGEN_CHECK_TESTS
+#                                            # is split on spaces, so an expression of several words goes here)
 #   FLASHGEN_CHECK_BENCH=none|quick|full|sparse|generations   # default quick; a comma list runs several in turn
 #   FLASHGEN_CHECK_BENCH_ARGS="--head-dims 64,128"   # extra flashgen.bench arguments
 #   FLASHGEN_GIT_SHA=<sha>                   # recorded by the bench: pass it (see below why the default is flagged)
@@ -63,7 +65,8 @@ tests_rc=0
 if [ "$tests" != "none" ]; then
   tmax=${FLASHGEN_CHECK_TEST_TIMEOUT:-1800}; [ "$tmax" -gt "$(left)" ] && tmax=$(left)
   timeout -s KILL "$tmax" \
-    python3 -m pytest $tests -m "gpu and not slow" -q -rs --junitxml="$OUT/junit_gpu.xml" 2>&1 | tee "$OUT/gpu_tests.log" | tail -n 40
+    python3 -m pytest $tests ${FLASHGEN_CHECK_TESTS_K:+-k "$FLASHGEN_CHECK_TESTS_K"} -m "gpu and not slow" -q -rs \
+      --junitxml="$OUT/junit_gpu.xml" 2>&1 | tee "$OUT/gpu_tests.log" | tail -n 40
   tests_rc=${PIPESTATUS[0]}
   summary+=("gpu tests: rc=$tests_rc in $(( $(date +%s) - t1 )) s: $(tail -n 1 "$OUT/gpu_tests.log")")
 fi
