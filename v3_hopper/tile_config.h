@@ -669,12 +669,11 @@ constexpr bool bwd_value_tile_ok(int head_dim_bucket, int value_bucket) {
 static_assert(bwd_value_tile_ok(192, 128) && bwd_value_tile_ok(192, 64) && !bwd_value_tile_ok(128, 64),
               "the backward's value tiles: split buckets, V narrower");
 
-// The backward's tail split (FLASHGEN_V3_BWD_TAIL_SPLIT: the default, which the environment variable of the same name,
-// 0 or 1, overrides per call in v3_api.cu bwd_tail_for; default 0 until its first GPU run, bench/NOTES.md session 66:
-// every CTA takes its whole key block). Without
-// a mask every CTA of the backward has the same work, and the FlashAttention grid has 2048 of them at every point
-// (16k tokens x 16 heads / 128 keys) against 132 SMs: 15 full rounds and a last one of 68 CTAs, under which 64 SMs
-// idle for a whole CTA (~3% of the launch). The last `units` CTAs of the grid are cut into `pieces` CTAs each, every
+// The backward's tail split. FLASHGEN_V3_BWD_TAIL_SPLIT is the build's default, which the environment variable of the
+// same name ("0" or "1") overrides per call (v3_api.cu bwd_tail_for); 0 (every CTA takes its whole key block) until
+// the split's first GPU run (bench/NOTES.md session 66). Without a mask every CTA of the backward has the same work,
+// and the FlashAttention grid has 2048 of them at every point (16k tokens x 16 heads / 128 keys) against 132 SMs: 15
+// full rounds and a last one of 68 CTAs, under which 64 SMs idle for a whole CTA (~3% of the launch). The last `units` CTAs of the grid are cut into `pieces` CTAs each, every
 // piece a contiguous share of the unit's query blocks (the same share of each query head of its group); a piece
 // stores its fp32 dK and dV in its own slot of the grad_parts workspace (fragment order) and bwd_tail_reduce_kernel
 // adds the slots of a unit in piece order and writes dK and dV: no atomics, so dK and dV stay bitwise reproducible.
@@ -736,9 +735,9 @@ constexpr int64_t bwd_grad_part_floats(int head_dim_bucket) {
   return 2 * static_cast<int64_t>(kBwdConsumers) * kWarpgroupRows * head_dim_bucket;
 }
 static_assert(bwd_tail_plan(2048, 128, 1, 132).units == 68 && bwd_tail_plan(2048, 128, 1, 132).pieces > 1 &&
-                  bwd_tail_plan(2048 + 64, 128, 1, 132).pieces == 1 && bwd_tail_plan(1980, 128, 1, 132).pieces == 1,
-              "the tail split: the FlashAttention grid's last round is cut; a full last round and an even grid "
-              "are not");
+                  bwd_tail_plan(2048 + 64, 128, 1, 132).pieces == 1 && bwd_tail_plan(2048, 32, 1, 132).pieces == 1,
+              "the tail split: the FlashAttention grid's last round is cut at 8k; a grid of whole rounds and CTAs "
+              "of 32 steps (2k) are not");
 
 static_assert(bwd_tile_config(64, true).block_m == kBwdMaxBlockM && kBwdMaxBlockM % bwd_tile_config(64).block_m == 0 &&
                   kBwdMaxBlockM % bwd_tile_config(128).block_m == 0 &&
