@@ -134,14 +134,11 @@ __global__ void __launch_bounds__(T::kConsumers * kWarpgroupThreads)
   const int64_t slot_floats = bwd_grad_part_floats(T::kHeadDim);
   const float* unit_slots =
       p.ws.get(WorkspaceId::kGradParts) + static_cast<int64_t>(blockIdx.x) * tail.pieces * slot_floats;
-#pragma unroll 1
-  for (int g = 0; g < 2; ++g) {  // dK, then dV
-    const bool is_dk = g == 0;
-    const int64_t row_stride = is_dk ? p.dk_row_stride : p.dv_row_stride;
-    Element* dst = static_cast<Element*>(is_dk ? p.dk : p.dv) +
-                   k_side_row0(p, cta.batch, is_dk ? p.dk_batch_stride : p.dv_batch_stride, row_stride) +
-                   cta.head * (is_dk ? p.dk_head_stride : p.dv_head_stride) + static_cast<int64_t>(key0) * row_stride;
-    const float scale = is_dk ? p.softmax_scale : 1.f;
+  // One gradient (g 0: dK, scaled; 1: dV) with its own pointer and strides, passed as values (selecting between the
+  // parameter's fields inside a loop put them on the stack).
+  auto reduce = [&](int g, void* base, int64_t batch_stride, int64_t head_stride, int64_t row_stride, float scale) {
+    Element* dst = static_cast<Element*>(base) + k_side_row0(p, cta.batch, batch_stride, row_stride) +
+                   cta.head * head_stride + static_cast<int64_t>(key0) * row_stride;
     const float* src = unit_slots + (g * T::kConsumers + wg) * kWarpgroupRows * T::kHeadDim;
 #pragma unroll 4
     for (int k = 0; k < T::kGradRegs / 4; ++k) {
@@ -165,7 +162,9 @@ __global__ void __launch_bounds__(T::kConsumers * kWarpgroupThreads)
             pack2<typename T::Tag>(acc.z * scale, acc.w * scale);
       }
     }
-  }
+  };
+  reduce(0, p.dk, p.dk_batch_stride, p.dk_head_stride, p.dk_row_stride, p.softmax_scale);
+  reduce(1, p.dv, p.dv_batch_stride, p.dv_head_stride, p.dv_row_stride, 1.f);
 }
 
 }  // namespace v3
