@@ -5,7 +5,7 @@
 # still ran them). Logs under $OUT (the build's in gpu_check.tgz).
 #   bash v3_hopper/tools/tail_check.sh                 # archs 80;90a, the whole tier after the timing
 #   MIN=1 bash v3_hopper/tools/tail_check.sh           # 90a, v3 at d64 / d128 only, the tail's test file only
-# Env: ROUNDS (3), TAIL_TIMEOUT (130 s), TEST_TIMEOUT (240 s).
+# Env: ROUNDS (3), SHAPES (time_bwd_tail.py's --shapes), TAIL_TIMEOUT (130 s), TEST_TIMEOUT (240 s).
 set -uo pipefail
 export PYTHONUNBUFFERED=1
 here=$(cd "$(dirname "$0")/../.." && pwd)
@@ -20,7 +20,7 @@ fi
 OUT=$OUT FLASHGEN_CHECK_TESTS=none FLASHGEN_CHECK_BENCH=none bash tools/gpu_check.sh || exit 1
 # from /tmp, so that python imports the installed module rather than the tree's python/
 (cd /tmp && timeout -s KILL "${TAIL_TIMEOUT:-130}" python3 "$here/v3_hopper/tools/time_bwd_tail.py" \
-  --out "$OUT/tail.jsonl" --rounds "${ROUNDS:-3}" 2>&1 | tee "$OUT/tail.log")
+  --out "$OUT/tail.jsonl" --rounds "${ROUNDS:-3}" ${SHAPES:+--shapes "$SHAPES"} 2>&1 | tee "$OUT/tail.log")
 first="tests/test_v3_bwd_kernel.py tests/test_gpu_bwd.py"
 rest=$(ls tests/test_*.py | grep -v -e test_v3_bwd_kernel -e test_gpu_bwd | tr "\n" " ")
 [ -n "${MIN:-}" ] && first="tests/test_v3_bwd_kernel.py" rest=""
