@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """The v3 backward with and without its tail split (tile_config.h bwd_tail_plan), one build, one process: the
 environment variable FLASHGEN_V3_BWD_TAIL_SPLIT ("0" / "1") is read per call (v3_api.cu bwd_tail_for), so the two
-are timed in turn in every round, with torch SDPA's cuDNN backward in each row as the card's drift marker.
+are timed in turn in every round (which goes first alternating by round), with torch SDPA's cuDNN backward in each
+row as the card's drift marker.
 
 Grid: 16k tokens (batch = 16384 / seqlen), hidden 2048 (heads = 2048 / head_dim), bf16: the FlashAttention grid, whose
 2048 key-block CTAs leave a last round of 68 on 132 SMs. Before timing, the two runs' dQ / dK / dV are compared (max
@@ -65,8 +66,8 @@ def main() -> None:
             runs[name] = v3()
         diff = [float((a.float() - c.float()).abs().max()) for a, c in zip(runs["base"], runs["tail"])]
         tflops = {"base": [], "tail": [], "cudnn": []}
-        for _ in range(args.rounds):
-            for name in tflops:
+        for r in range(args.rounds):  # the order alternates by round: a drift within a round favours neither
+            for name in (("base", "tail", "cudnn") if r % 2 == 0 else ("tail", "base", "cudnn")):
                 if name != "cudnn":
                     os.environ[ENV] = "0" if name == "base" else "1"
                 ms = do_bench(cudnn if name == "cudnn" else v3, warmup=25, rep=100, return_mode="median")
