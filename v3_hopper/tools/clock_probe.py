@@ -6,7 +6,10 @@ single-launch (ncu) timing suggests (bench/NOTES.md session 25).
     PYTHONPATH=<package> python3 v3_hopper/tools/clock_probe.py [label]
 Env: CFGS="head_dim,seqlen,causal;..." (default 128,8192,0;128,8192,1;128,2048,0), bench grid shapes (16k tokens,
 hidden 2048); REPS: v3 / cuDNN alternations per shape (default 2); DTYPES: a comma list of bf16 and fp16 (default
-bf16), each shape run in each (issue 16's "fp16 within 3% of bf16": whether fp16 runs at another clock or power)."""
+bf16), each shape run in each (issue 16's "fp16 within 3% of bf16": whether fp16 runs at another clock or power);
+MODES: a comma list of fwd and bwd (default fwd): bwd times v3's backward against cuDNN's (2.5x the forward's FLOPs;
+FA4's is not timed here). On the H100 every d128 8k kernel, forward and backward, ours and cuDNN's, ran power-capped
+at 1,516-1,706 MHz of its 1,980 (bench/NOTES.md session 68)."""
 import datetime
 import math
 import os
@@ -42,6 +45,24 @@ def run_phase(fn, flop):
     return t0, time.time(), flop * n / (e0.elapsed_time(e1) * 1e-3) / 1e12
 
 
+def backward_impls(q, k, v, d, causal, flop):
+    """("bwd", name, fn, FLOPs) of v3's backward and cuDNN's on q, k, v (2.5x the forward's FLOPs)."""
+    scale, window = 1 / math.sqrt(d), (-1, 0) if causal else (-1, -1)
+    dout = torch.randn_like(q)
+    out, lse, _ = _ops.forward("v3", q, k, v, softmax_scale=scale, window_size=window)
+    leaves = [t.transpose(1, 2).detach().requires_grad_() for t in (q, k, v)]
+    with sdpa_kernel([SDPBackend.CUDNN_ATTENTION]):
+        ref = F.scaled_dot_product_attention(*leaves, is_causal=bool(causal))
+    grad_out = dout.transpose(1, 2)
+
+    def v3():
+        _ops.backward("v3", dout, q, k, v, out, lse, softmax_scale=scale, window_size=window)
+
+    def cudnn():
+        torch.autograd.grad(ref, leaves, grad_out, retain_graph=True)
+    return [("bwd", "v3", v3, 2.5 * flop), ("bwd", "cudnn", cudnn, 2.5 * flop)]
+
+
 def main() -> None:
     label = sys.argv[1] if len(sys.argv) > 1 else ""
     cfgs = [tuple(int(x) for x in c.split(",")) for c in
@@ -49,6 +70,7 @@ def main() -> None:
     reps = int(os.environ.get("REPS", "2"))
     dtypes = {"bf16": torch.bfloat16, "fp16": torch.float16}
     chosen = os.environ.get("DTYPES", "bf16").split(",")
+    modes = os.environ.get("MODES", "fwd").split(",")
     try:
         from flash_attn.cute import flash_attn_func as fa4_func
     except ImportError:
@@ -71,15 +93,18 @@ def main() -> None:
             with sdpa_kernel([SDPBackend.CUDNN_ATTENTION]):
                 F.scaled_dot_product_attention(qt, kt, vt, is_causal=bool(causal))
 
-        impls = [("v3", v3), ("cudnn", cudnn)]
+        impls = [("fwd", "v3", v3, flop), ("fwd", "cudnn", cudnn, flop)]
         if fa4_func is not None:
             def fa4():
                 fa4_func(q, k, v, softmax_scale=1 / math.sqrt(d), causal=bool(causal))
 
-            impls.append(("fa4", fa4))
-        for name, fn in impls * reps:
-            t0, t1, tflops = run_phase(fn, flop)
-            phases.append((f"d{d} s{s} {'causal' if causal else 'full'} {dtype_name}", name, t0 + SKIP_S, t1, tflops))
+            impls.append(("fwd", "fa4", fa4, flop))
+        if "bwd" in modes:
+            impls += backward_impls(q, k, v, d, causal, flop)
+        for mode, name, fn, work in (x for x in impls * reps if x[0] in modes):
+            t0, t1, tflops = run_phase(fn, work)
+            phases.append((f"d{d} s{s} {'causal' if causal else 'full'} {dtype_name} {mode}", name, t0 + SKIP_S, t1,
+                           tflops))
             time.sleep(0.5)
     smi.terminate()
     log.close()
@@ -94,7 +119,7 @@ def main() -> None:
         sel = [x for x in samples if t0 <= x[0] <= t1]
         clk = sum(x[1] for x in sel) / max(len(sel), 1)
         pw = sum(x[2] for x in sel) / max(len(sel), 1)
-        print(f"{label:>8} {cfg:<23} {name:<6} {tflops:7.1f} TFLOP/s  SM clock {clk:6.0f} MHz  power {pw:5.0f} W  "
+        print(f"{label:>8} {cfg:<27} {name:<6} {tflops:7.1f} TFLOP/s  SM clock {clk:6.0f} MHz  power {pw:5.0f} W  "
               f"({len(sel)} samples)")
 
 
