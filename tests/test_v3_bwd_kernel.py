@@ -157,7 +157,7 @@ def test_workspaces_arrive_poisoned(monkeypatch, head_dim, sk):
 def _workspace_names(monkeypatch):
     """The names of the workspaces the backward launches of this test ask for, as they are allocated; each arrives
     NaN-filled, so a slot of grad_parts that no piece wrote shows as NaN in dK / dV. The tail split is turned on for
-    the test's calls (FLASHGEN_V3_BWD_TAIL_SPLIT=1; off by default until measured, tile_config.h)."""
+    the test's calls (FLASHGEN_V3_BWD_TAIL_SPLIT=1; off by default, tile_config.h)."""
     monkeypatch.setenv("FLASHGEN_V3_BWD_TAIL_SPLIT", "1")
     names = []
     real = _ops._allocate_workspaces

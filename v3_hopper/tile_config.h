@@ -670,16 +670,19 @@ static_assert(bwd_value_tile_ok(192, 128) && bwd_value_tile_ok(192, 64) && !bwd_
               "the backward's value tiles: split buckets, V narrower");
 
 // The backward's tail split. FLASHGEN_V3_BWD_TAIL_SPLIT is the build's default, which the environment variable of the
-// same name ("0" or "1") overrides per call (v3_api.cu bwd_tail_for); 0 (every CTA takes its whole key block) until
-// the split's first GPU run (bench/NOTES.md session 66). Without a mask every CTA of the backward has the same work,
-// and the FlashAttention grid has 2048 of them at every point (16k tokens x 16 heads / 128 keys) against 132 SMs: 15
-// full rounds and a last one of 68 CTAs, under which 64 SMs idle for a whole CTA (~3% of the launch). The last `units` CTAs of the grid are cut into `pieces` CTAs each, every
-// piece a contiguous share of the unit's query blocks (the same share of each query head of its group); a piece
-// stores its fp32 dK and dV in its own slot of the grad_parts workspace (fragment order) and bwd_tail_reduce_kernel
-// adds the slots of a unit in piece order and writes dK and dV: no atomics, so dK and dV stay bitwise reproducible.
-// Counted in query-block steps: a CTA costs its steps plus kBwdPieceFixedSteps (its K / V load and pipeline fill, the
-// parts' stores); the tail's rounds are ceil(units x pieces / slots). The pieces taken are those of least cost, which
-// must save at least kBwdTailMinGain of a whole CTA's, each of at least kBwdMinPieceSteps steps.
+// same name ("0" or "1") overrides per call (v3_api.cu bwd_tail_for); 0 (every CTA takes its whole key block): on the
+// H100 it measured even (tail / base 0.97-1.01 at d128 4k-16k full over 8 alternating rounds, bench/NOTES.md session
+// 68), since the card runs the backward power-capped at ~1,550 MHz and the SMs busy under a part-empty last round clock
+// up, so that round costs less than its cycles. Without a mask every CTA of the backward has the same work, and the
+// FlashAttention grid has 2048 of them at every point (16k tokens x 16 heads / 128 keys) against 132 SMs: 15 full
+// rounds and a last one of 68 CTAs, under which 64 SMs idle for a whole CTA (~3% of the launch's cycles). The last
+// `units` CTAs of the grid are cut into `pieces` CTAs each, every piece a contiguous share of the unit's query blocks
+// (the same share of each query head of its group); a piece stores its fp32 dK and dV in its own slot of the grad_parts
+// workspace (fragment order) and bwd_tail_reduce_kernel adds the slots of a unit in piece order and writes dK and dV:
+// no atomics, so dK and dV stay bitwise reproducible. Counted in query-block steps: a CTA costs its steps plus
+// kBwdPieceFixedSteps (its K / V load and pipeline fill, the parts' stores); the tail's rounds are ceil(units x pieces
+// / slots). The pieces taken are those of least cost, which must save at least kBwdTailMinGain of a whole CTA's, each
+// of at least kBwdMinPieceSteps steps.
 #ifndef FLASHGEN_V3_BWD_TAIL_SPLIT
 #define FLASHGEN_V3_BWD_TAIL_SPLIT 0
 #endif

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The backward's tail split (tile_config.h bwd_tail_plan, off by default until measured) in one device call: build,
+# The backward's tail split (tile_config.h bwd_tail_plan, off by default: measured even, session 68) in one call: build,
 # tools/time_bwd_tail.py (split off / on in turn in each round, cuDNN in each row), then the GPU tier with the split
 # on through FLASHGEN_V3_BWD_TAIL_SPLIT=1, its own tests and the backward's first (so a tier cut short by the timeout
 # still ran them). Logs under $OUT (the build's in gpu_check.tgz).
