@@ -1,4 +1,4 @@
-"""Session 68, call 4 (H100): the 512 / 1k forward rows timed by do_bench eagerly and as a CUDA graph replay (no host
+"""Session 68, call 5 (H100): the 512 / 1k forward rows timed by do_bench eagerly and as a CUDA graph replay (no host
 path), v3 (auto) and SDPA cuDNN; results in 2026-12-07-s68-bwd-tail-split-clocks-h100.txt."""
 import torch
 import torch.nn.functional as F
