@@ -7,9 +7,8 @@ single-launch (ncu) timing suggests (bench/NOTES.md session 25).
 Env: CFGS="head_dim,seqlen,causal;..." (default 128,8192,0;128,8192,1;128,2048,0), bench grid shapes (16k tokens,
 hidden 2048); REPS: v3 / cuDNN alternations per shape (default 2); DTYPES: a comma list of bf16 and fp16 (default
 bf16), each shape run in each (issue 16's "fp16 within 3% of bf16": whether fp16 runs at another clock or power);
-MODES: a comma list of fwd and bwd (default fwd): bwd times v3's backward against cuDNN's (2.5x the forward's FLOPs;
-FA4's is not timed here; session 68 took these numbers with a scratch script of the same calls, and this mode has not
-run on a GPU itself yet). On the H100 every d128 8k kernel, forward and backward, ours and cuDNN's, ran power-capped
+MODES: a comma list of fwd and bwd (default fwd): bwd times v3's backward against cuDNN's and, where importable,
+FA4's (2.5x the forward's FLOPs; session 68 took its H100 numbers with a scratch script of the same calls). On the H100 every d128 8k kernel, forward and backward, ours and cuDNN's, ran power-capped
 at 1,516-1,706 MHz of its 1,980 (bench/NOTES.md session 68)."""
 import datetime
 import math
@@ -46,8 +45,9 @@ def run_phase(fn, flop):
     return t0, time.time(), flop * n / (e0.elapsed_time(e1) * 1e-3) / 1e12
 
 
-def backward_impls(q, k, v, d, causal, flop):
-    """("bwd", name, fn, FLOPs) of v3's backward and cuDNN's on q, k, v (2.5x the forward's FLOPs)."""
+def backward_impls(q, k, v, d, causal, flop, fa4_func=None):
+    """("bwd", name, fn, FLOPs) of v3's backward, cuDNN's and, given its function, FA4's on q, k, v (2.5x the
+    forward's FLOPs)."""
     scale, window = 1 / math.sqrt(d), (-1, 0) if causal else (-1, -1)
     dout = torch.randn_like(q)
     out, lse, _ = _ops.forward("v3", q, k, v, softmax_scale=scale, window_size=window)
@@ -61,7 +61,16 @@ def backward_impls(q, k, v, d, causal, flop):
 
     def cudnn():
         torch.autograd.grad(ref, leaves, grad_out, retain_graph=True)
-    return [("bwd", "v3", v3, 2.5 * flop), ("bwd", "cudnn", cudnn, 2.5 * flop)]
+    impls = [("bwd", "v3", v3, 2.5 * flop), ("bwd", "cudnn", cudnn, 2.5 * flop)]
+    if fa4_func is not None:
+        fa4_leaves = [t.detach().requires_grad_() for t in (q, k, v)]
+        fa4_out = fa4_func(*fa4_leaves, softmax_scale=scale, causal=bool(causal))
+        fa4_out = fa4_out[0] if isinstance(fa4_out, (tuple, list)) else fa4_out  # (out, lse) in some versions
+
+        def fa4():
+            torch.autograd.grad(fa4_out, fa4_leaves, dout, retain_graph=True)
+        impls.append(("bwd", "fa4", fa4, 2.5 * flop))
+    return impls
 
 
 def main() -> None:
@@ -101,7 +110,7 @@ def main() -> None:
 
             impls.append(("fwd", "fa4", fa4, flop))
         if "bwd" in modes:
-            impls += backward_impls(q, k, v, d, causal, flop)
+            impls += backward_impls(q, k, v, d, causal, flop, fa4_func)
         for mode, name, fn, work in (x for x in impls * reps if x[0] in modes):
             t0, t1, tflops = run_phase(fn, work)
             phases.append((f"d{d} s{s} {'causal' if causal else 'full'} {dtype_name} {mode}", name, t0 + SKIP_S, t1,
