@@ -115,6 +115,7 @@ struct FwdTraits {
   // chunks lie kChunkBytesQ apart (kChunkStrideO) rather than kWarpgroupRowBytes.
   static constexpr bool kOInQ = !kSplit && o_in_q(kConfig, kHeadDim, kHeadDimV);
   static constexpr int kChunkStrideO = kOInQ ? kChunkBytesQ : kWarpgroupRowBytes;
+  static constexpr bool kCrossTile = kCrossTileEnabled && !kOInQ && !kSplit;  // consumer.cuh CrossTile
   static constexpr int kWarpgroupBytesO = kHeadDimV / kChunkCols * kWarpgroupRowBytes;
   static constexpr int kOffO = kOffV + kStages * kTileBytesV;
   static constexpr int kOffBarriers = kOffO + (kOThroughSmem ? kConsumers * kWarpgroupBytesO : 0);

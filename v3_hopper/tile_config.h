@@ -165,6 +165,14 @@ constexpr bool kWarpSpecialized = FLASHGEN_V3_WARPSPEC != 0;
 constexpr bool kPingPongEnabled = FLASHGEN_V3_PINGPONG != 0 && kWarpSpecialized;
 constexpr bool kIntraWarpgroupOverlap = FLASHGEN_V3_OVERLAP != 0;
 constexpr bool kPersistentGrid = FLASHGEN_V3_PERSISTENT != 0;
+// The next tile's S_0 issued right behind this tile's closing P V, so the epilogue and the next tile's setup run
+// under a GEMM (consumer.cuh CrossTile; bench/NOTES.md session 69). Warp-specialized kernels with the intra-warpgroup
+// overlap whose Q buffer is Q's alone (not O's stage, o_in_q: the next Q loads only after the epilogue there), not
+// the split instance. 0 until measured.
+#ifndef FLASHGEN_V3_CROSS_TILE
+#define FLASHGEN_V3_CROSS_TILE 0
+#endif
+constexpr bool kCrossTileEnabled = FLASHGEN_V3_CROSS_TILE != 0 && kWarpSpecialized && kIntraWarpgroupOverlap;
 
 constexpr int block_m(const TileConfig& c) { return c.consumers * kWarpgroupRows; }
 // producer: the producer warpgroup is there (always but in the forward's no-warpspec ablation).
