@@ -128,18 +128,20 @@ __device__ __forceinline__ void skip_steps(const SmemMap<T>& sm, const Loads& lo
 // anyway, on K stage 0 whatever it holds, and nothing reads the result; the waits and turn around it are branches.
 template <typename T, typename Loads>
 __device__ __forceinline__ void issue_first_s(const SmemMap<T>& sm, const Loads& loads, const PingPong<T>& turn,
-                                              float (&s)[T::kSRegs], uint64_t desc_q, bool issue, int kv_iter,
-                                              int lead, int q_iter, int lane) {
+                                              float (&s)[T::kSRegs], bool issue, int kv_iter, int lead, int q_iter,
+                                              int wg, int lane) {
+  const QSlot<T> q_slot(q_iter);
   uint32_t k_stage = sm.k(0);
   if (issue) {
     if constexpr (T::kMasked && T::kOwnBlocks) skip_steps<T>(sm, loads, turn, kv_iter, lead, lane);
     const RingSlot<T> slot(kv_iter + lead);
-    loads.wait(sm.q_full(), static_cast<uint32_t>(q_iter & 1));
+    loads.wait(sm.q_full(q_slot.buf), q_slot.phase);
     loads.wait(sm.k_full(slot.stage), slot.phase);
     k_stage = sm.k(slot.stage);
     turn.wait_turn();
   }
-  gemm_qk<T>(s, desc_q, smem_desc(k_stage, kKMajorLbo, kSwizzleAtomBytes));
+  gemm_qk<T>(s, smem_desc(sm.q(q_slot.buf) + wg * T::kWarpgroupRowBytes, kKMajorLbo, kSwizzleAtomBytes),
+             smem_desc(k_stage, kKMajorLbo, kSwizzleAtomBytes));
   if (issue) turn.pass_turn();
 }
 
@@ -151,7 +153,8 @@ __device__ __forceinline__ void issue_first_s(const SmemMap<T>& sm, const Loads&
 // loop, they made d64 spill).
 template <typename T, bool kMods, typename Loads>
 __device__ __forceinline__ void consume_tile(const SmemMap<T>& sm, const Loads& loads, const PingPong<T>& turn,
-                                             uint64_t desc_q, int kv_iter, int n_tiles, const BlockRange& range,
+                                             uint64_t desc_q, uint32_t q_empty, int kv_iter, int n_tiles,
+                                             const BlockRange& range,
                                              const MaskSpec& mask, int pack, const ScoreMods& mods,
                                              bool zero_v_tail,
                                              float scale_log2, int wg_row0, int tid, int wg, float (&o)[T::kORegs],
@@ -205,7 +208,7 @@ __device__ __forceinline__ void consume_tile(const SmemMap<T>& sm, const Loads& 
       wgmma_wait<0>();
       fence_regs(s);
       release(sm.k_empty(slot.stage), lane);
-      if (!T::kOInQ && i == n_tiles - 1) release(sm.q_empty(), lane);
+      if (!T::kOInQ && i == n_tiles - 1) release(q_empty, lane);
       const bool raised = softmax_tile(i, true);
       if (i > 0 && __any_sync(0xffffffffu, raised)) rescale_o<T::kHeadDimV>(o, alpha);
       convert_p<typename T::Tag, T::kBlockN>(s, pa);
@@ -232,7 +235,7 @@ __device__ __forceinline__ void consume_tile(const SmemMap<T>& sm, const Loads& 
     wgmma_wait<0>();
     fence_regs(s);
     release(sm.k_empty(k_slot.stage), lane);
-    if (!T::kOInQ && n_tiles == 1) release(sm.q_empty(), lane);  // kOInQ: after the epilogue (consumer_loop)
+    if (!T::kOInQ && n_tiles == 1) release(q_empty, lane);  // kOInQ: after the epilogue (consumer_loop)
     softmax_tile(0, true);
     convert_p<typename T::Tag, T::kBlockN>(s, pa);
     if (zero_first_v) {  // V_0's rows past seqlen_k zeroed here, so the key loop carries no V-tail code
@@ -252,7 +255,7 @@ __device__ __forceinline__ void consume_tile(const SmemMap<T>& sm, const Loads& 
     wgmma_wait<1>();  // S_i has landed; P V may still run
     fence_regs(s);
     release(sm.k_empty(k_slot.stage), lane);
-    if (!T::kOInQ && i == n_tiles - 1) release(sm.q_empty(), lane);
+    if (!T::kOInQ && i == n_tiles - 1) release(q_empty, lane);
     const bool raised = softmax_tile(i, T::kMasked);
     wgmma_wait<0>();  // P_{i-1} V_{i-1} has landed: O and P's registers are free
     fence_regs(o);
@@ -463,7 +466,6 @@ __device__ __forceinline__ void consumer_loop(const AttnParams& p, const SmemMap
                                               const TileScheduler& sched, const CUtensorMap* map_o, int wg) {
   const int tid = threadIdx.x % kWarpgroupThreads, lane = tid % 32;
   const PingPong<T> turn{wg};
-  const uint64_t desc_q = smem_desc(sm.q() + wg * T::kWarpgroupRowBytes, kKMajorLbo, kSwizzleAtomBytes);
   // only a KV cache has rows past seqlen_k inside the tensor map (a paged one: rows of some page, producer.cuh)
   const bool zero_v_tail = p.seqused_k != nullptr || p.block_table != nullptr;
   turn.start();
@@ -472,7 +474,7 @@ __device__ __forceinline__ void consumer_loop(const AttnParams& p, const SmemMap
   if constexpr (T::kCrossTile) {  // the first tile's S_0; then each tile issues the next one's
     int lead = 0;
     const bool issue = computes_tile<T>(p, sched, 0, wg, lead);
-    issue_first_s<T>(sm, loads, turn, s, desc_q, issue, 0, lead, 0, lane);
+    issue_first_s<T>(sm, loads, turn, s, issue, 0, lead, 0, wg, lane);
   }
   for (int round = 0;; ++round) {
     const int tile = sched.tile_of_round(round);
@@ -504,7 +506,11 @@ __device__ __forceinline__ void consumer_loop(const AttnParams& p, const SmemMap
       rows[half].l = 0.f;
     }
     if (n_tiles > 0) {
-      loads.wait(sm.q_full(), q_iter & 1);
+      const QSlot<T> q_slot(q_iter);  // this warpgroup's rows of the tile's Q
+      const uint64_t desc_q =
+          smem_desc(sm.q(q_slot.buf) + wg * T::kWarpgroupRowBytes, kKMajorLbo, kSwizzleAtomBytes);
+      const uint32_t q_empty = sm.q_empty(q_slot.buf);
+      loads.wait(sm.q_full(q_slot.buf), q_slot.phase);
       // One call of consume_tile (two would be two inlined copies of each key loop).
       bool compute = !T::kOwnBlocks || (wg_row0 >= 0 && wg_row0 < seq.seqlen_q);
       BlockRange own = range;
@@ -527,18 +533,18 @@ __device__ __forceinline__ void consumer_loop(const AttnParams& p, const SmemMap
         // Softcap / ALiBi: their key loop is its own copy, so the plain loop carries none of their code.
         const ScoreMods mods = score_mods(p, tc.batch, tc.head, seq.seqlen_q, seq.seqlen_k);
         if (mods.any()) {
-          consume_tile<T, true>(sm, loads, turn, desc_q, kv_iter + lead, n_own, own, mask, pack, mods, zero_v_tail,
-                                p.scale_log2, wg_row0, tid, wg, o, rows, s);
+          consume_tile<T, true>(sm, loads, turn, desc_q, q_empty, kv_iter + lead, n_own, own, mask, pack, mods,
+                                zero_v_tail, p.scale_log2, wg_row0, tid, wg, o, rows, s);
         } else {
-          consume_tile<T, false>(sm, loads, turn, desc_q, kv_iter + lead, n_own, own, mask, pack, mods, zero_v_tail,
-                                 p.scale_log2, wg_row0, tid, wg, o, rows, s);
+          consume_tile<T, false>(sm, loads, turn, desc_q, q_empty, kv_iter + lead, n_own, own, mask, pack, mods,
+                                 zero_v_tail, p.scale_log2, wg_row0, tid, wg, o, rows, s);
         }
         if constexpr (T::kMasked && T::kOwnBlocks) {
           skip_steps<T>(sm, loads, turn, kv_iter + lead + n_own, trail, lane);
         }
       } else {  // none of the CTA's key blocks is this warpgroup's
         skip_steps<T>(sm, loads, turn, kv_iter, n_tiles, lane);
-        if (!T::kOInQ) release(sm.q_empty(), lane);  // consume_tile releases Q with its last S GEMM
+        if (!T::kOInQ) release(q_empty, lane);  // consume_tile releases Q with its last S GEMM
         if constexpr (kIntraWarpgroupOverlap) {  // the turn of consume_tile's closing P V
           turn.wait_turn();
           turn.pass_turn();
@@ -550,7 +556,7 @@ __device__ __forceinline__ void consumer_loop(const AttnParams& p, const SmemMap
     if constexpr (T::kCrossTile) {  // the next tile's S_0, under this tile's epilogue
       int lead = 0;
       const bool issue = computes_tile<T>(p, sched, round + 1, wg, lead);
-      issue_first_s<T>(sm, loads, turn, s, desc_q, issue, kv_iter, lead, q_iter, lane);
+      issue_first_s<T>(sm, loads, turn, s, issue, kv_iter, lead, q_iter, wg, lane);
     }
     const AccCoord coord{wg_row0 + 16 * (tid / 32) + lane / 4, 2 * (lane % 4)};
     if constexpr (T::kSplit) {
