@@ -116,53 +116,19 @@ __device__ __forceinline__ void skip_steps(const SmemMap<T>& sm, const Loads& lo
   }
 }
 
-// CrossTile (T::kCrossTile, tile_config.h FLASHGEN_V3_CROSS_TILE): a warpgroup issues the next tile's S_0 once this
-// tile's closing P V has landed, before its epilogue, so O's normalization and stores run under that GEMM (and under
-// the other warpgroups' closing GEMMs). The steps before S_0 in the next tile's order go first: the blocks past this
-// warpgroup's rows (`lead`, skip_steps) and S_0's own turn, so every warpgroup still takes its turns in the same order;
-// consume_tile's prologue then only waits for S_0. ptxas keeps the wgmmas asynchronous only if every path into the
-// prologue defines s by a wgmma issued at one place: with S_0 issued under an `if` (or in the prologue for some tiles
-// and after the tile before for others) it serialized every wgmma of the kernel (C7515 / C7518), and with the wgmmas
-// predicated off it injected a warpgroup.arrive before each (C7519) and serialized them too. So a warpgroup with no
-// next tile to compute (its CTA's last tile, or one whose rows see none of the next tile's keys) issues the GEMM
-// anyway, on K stage 0 whatever it holds, and nothing reads the result; the waits and turn around it are branches.
-template <typename T, typename Loads>
-__device__ __forceinline__ void issue_first_s(const SmemMap<T>& sm, const Loads& loads, const PingPong<T>& turn,
-                                              float (&s)[T::kSRegs], bool issue, int kv_iter, int lead, int q_iter,
-                                              int wg, int lane) {
-  const QSlot<T> q_slot(q_iter);
-  uint32_t k_stage = sm.k(0);
-  if (issue) {
-    if constexpr (T::kMasked && T::kOwnBlocks) skip_steps<T>(sm, loads, turn, kv_iter, lead, lane);
-    const RingSlot<T> slot(kv_iter + lead);
-    loads.wait(sm.q_full(q_slot.buf), q_slot.phase);
-    loads.wait(sm.k_full(slot.stage), slot.phase);
-    k_stage = sm.k(slot.stage);
-    turn.wait_turn();
-  }
-  gemm_qk<T>(s, smem_desc(sm.q(q_slot.buf) + wg * T::kWarpgroupRowBytes, kKMajorLbo, kSwizzleAtomBytes),
-             smem_desc(k_stage, kKMajorLbo, kSwizzleAtomBytes));
-  if (issue) turn.pass_turn();
-}
-
 // One query tile of one warpgroup: rows [wg_row0, wg_row0 + 64) against key blocks [range.begin, range.end),
 // visited last to first; the K/V tiles are the kv_iter-th .. (kv_iter + n_tiles - 1)-th of this CTA's ring.
 // Loads (producer.cuh): how it waits for a buffer to fill (ProducerLoads, or InlineLoads without warp specialization).
-// s_carried: with CrossTile, this warpgroup's (64, kBlockN) scores, S_0 in flight there already (consumer_loop's, which
-// carries them from tile to tile); without, unused (the scores are the tile's own: kept live across the whole tile
-// loop, they made d64 spill).
 template <typename T, bool kMods, typename Loads>
 __device__ __forceinline__ void consume_tile(const SmemMap<T>& sm, const Loads& loads, const PingPong<T>& turn,
-                                             uint64_t desc_q, uint32_t q_empty, int kv_iter, int n_tiles,
-                                             const BlockRange& range,
+                                             uint64_t desc_q, int kv_iter, int n_tiles, const BlockRange& range,
                                              const MaskSpec& mask, int pack, const ScoreMods& mods,
                                              bool zero_v_tail,
                                              float scale_log2, int wg_row0, int tid, int wg, float (&o)[T::kORegs],
-                                             RowState (&rows)[2], float (&s_carried)[T::kSRegs]) {
+                                             RowState (&rows)[2]) {
   const int lane = tid % 32;
-  float s_own[T::kSRegs];  // (64, kBlockN) fp32 scores, then probabilities, of this warpgroup
-  float (&s)[T::kSRegs] = T::kCrossTile ? s_carried : s_own;
   const AccCoord coord0{wg_row0 + 16 * (tid / 32) + lane / 4, 2 * (lane % 4)};
+  float s[T::kSRegs];      // (64, kBlockN) fp32 scores, then probabilities, of this warpgroup
   uint32_t pa[T::kPRegs];  // (64, kBlockN) 16-bit P: the A operand of P V
   float alpha[2];
   const float lazy_gap = lazy_rescale_gap(scale_log2);
@@ -208,7 +174,7 @@ __device__ __forceinline__ void consume_tile(const SmemMap<T>& sm, const Loads& 
       wgmma_wait<0>();
       fence_regs(s);
       release(sm.k_empty(slot.stage), lane);
-      if (!T::kOInQ && i == n_tiles - 1) release(q_empty, lane);
+      if (!T::kOInQ && i == n_tiles - 1) release(sm.q_empty(), lane);
       const bool raised = softmax_tile(i, true);
       if (i > 0 && __any_sync(0xffffffffu, raised)) rescale_o<T::kHeadDimV>(o, alpha);
       convert_p<typename T::Tag, T::kBlockN>(s, pa);
@@ -226,16 +192,14 @@ __device__ __forceinline__ void consume_tile(const SmemMap<T>& sm, const Loads& 
   }
   {  // Prologue: S_0 and its softmax; O is still 0, so nothing to rescale.
     const RingSlot<T> k_slot(kv_iter);
-    if constexpr (!T::kCrossTile) {
-      loads.wait(sm.k_full(k_slot.stage), k_slot.phase);
-      turn.wait_turn();
-      gemm_qk<T>(s, desc_q, k_desc(k_slot.stage));
-      turn.pass_turn();
-    }
+    loads.wait(sm.k_full(k_slot.stage), k_slot.phase);
+    turn.wait_turn();
+    gemm_qk<T>(s, desc_q, k_desc(k_slot.stage));
+    turn.pass_turn();
     wgmma_wait<0>();
     fence_regs(s);
     release(sm.k_empty(k_slot.stage), lane);
-    if (!T::kOInQ && n_tiles == 1) release(q_empty, lane);  // kOInQ: after the epilogue (consumer_loop)
+    if (!T::kOInQ && n_tiles == 1) release(sm.q_empty(), lane);  // kOInQ: after the epilogue (consumer_loop)
     softmax_tile(0, true);
     convert_p<typename T::Tag, T::kBlockN>(s, pa);
     if (zero_first_v) {  // V_0's rows past seqlen_k zeroed here, so the key loop carries no V-tail code
@@ -255,7 +219,7 @@ __device__ __forceinline__ void consume_tile(const SmemMap<T>& sm, const Loads& 
     wgmma_wait<1>();  // S_i has landed; P V may still run
     fence_regs(s);
     release(sm.k_empty(k_slot.stage), lane);
-    if (!T::kOInQ && i == n_tiles - 1) release(q_empty, lane);
+    if (!T::kOInQ && i == n_tiles - 1) release(sm.q_empty(), lane);
     const bool raised = softmax_tile(i, T::kMasked);
     wgmma_wait<0>();  // P_{i-1} V_{i-1} has landed: O and P's registers are free
     fence_regs(o);
@@ -410,86 +374,23 @@ __device__ __forceinline__ void store_split(const AttnParams& p, const SeqInfo& 
   }
 }
 
-// A warpgroup computes only its own key blocks, inside the CTA's `range` (the limits are monotone in the row): none
-// (false) when its rows lie past seqlen_q or before row 0 (d64's 192-row tiles at 1k: two warpgroups of the last tile,
-// or of the first with kBottomRows) or see no key; fewer at the causal diagonal and the window's edges, where the
-// CTA's other rows see blocks that its rows do not. The ring visits the CTA's blocks last to first, so the blocks past
-// this warpgroup's come first (`lead`) and those before them last (`trail`); it skips both (skip_steps). Without a
-// window (the unmasked instance) every row sees every block of the CTA, so only rows past seqlen_q can differ.
-// kOwnBlocks: see kernel_traits.cuh.
-template <typename T>
-__device__ __forceinline__ bool own_blocks(const MaskSpec& mask, const BlockRange& range, int wg_row0, int seqlen_q,
-                                           int pack, BlockRange& own) {
-  bool compute = !T::kOwnBlocks || (wg_row0 >= 0 && wg_row0 < seqlen_q);
-  own = range;
-  if constexpr (T::kMasked && T::kOwnBlocks) {
-    if (compute) {
-      const ColRange pos = row_positions(wg_row0, wg_row0 + kWarpgroupRows, pack);
-      own = n_block_range(mask, pos.begin, pos.end, T::kBlockN);
-    }
-    if constexpr (T::kSplit) {  // inside the split's share (a prefill tile's range holds every warpgroup's)
-      own.begin = own.begin > range.begin ? own.begin : range.begin;
-      own.end = own.end < range.end ? own.end : range.end;
-    }
-    compute = own.end > own.begin;
-  }
-  return compute;
-}
-
-// CrossTile: whether this warpgroup computes the tile of the first round from `round` on whose sequence has rows
-// there (consumer_loop skips the others without a turn or a Q), and its lead there. The tile's coordinates as
-// consumer_loop works them out.
-template <typename T>
-__device__ __forceinline__ bool computes_tile(const AttnParams& p, const TileScheduler& sched, int round, int wg,
-                                              int& lead) {
-  for (;; ++round) {
-    const int tile = sched.tile_of_round(round);
-    if (tile >= sched.num_tiles()) return false;
-    const TileCoord tc = tile_coord<T>(sched, tile);
-    const SeqInfo seq = seq_info(p, tc.batch);
-    const int m_begin = tile_m_begin<T>(tc.m_block, seq.seqlen_q);
-    if (m_begin >= seq.seqlen_q) continue;
-    const MaskSpec mask = tile_mask<T>(p, seq);
-    const BlockRange range = tile_key_range<T>(mask, m_begin, tc, p);
-    BlockRange own;
-    if (range.end <= range.begin ||
-        !own_blocks<T>(mask, range, m_begin + wg * kWarpgroupRows, seq.seqlen_q, tile_row_pack<T>(p), own)) {
-      return false;
-    }
-    lead = range.end - own.end;
-    return true;
-  }
-}
-
 template <typename T, typename Loads>
 __device__ __forceinline__ void consumer_loop(const AttnParams& p, const SmemMap<T>& sm, const Loads& loads,
                                               const TileScheduler& sched, const CUtensorMap* map_o, int wg) {
   const int tid = threadIdx.x % kWarpgroupThreads, lane = tid % 32;
   const PingPong<T> turn{wg};
+  const uint64_t desc_q = smem_desc(sm.q() + wg * T::kWarpgroupRowBytes, kKMajorLbo, kSwizzleAtomBytes);
   // only a KV cache has rows past seqlen_k inside the tensor map (a paged one: rows of some page, producer.cuh)
   const bool zero_v_tail = p.seqused_k != nullptr || p.block_table != nullptr;
   turn.start();
   int kv_iter = 0, q_iter = 0;
-  float s[T::kSRegs];  // CrossTile: this warpgroup's scores, carried from tile to tile (consume_tile)
-  if constexpr (T::kCrossTile) {  // the first tile's S_0; then each tile issues the next one's
-    int lead = 0;
-    const bool issue = computes_tile<T>(p, sched, 0, wg, lead);
-    issue_first_s<T>(sm, loads, turn, s, issue, 0, lead, 0, wg, lane);
-  }
   for (int round = 0;; ++round) {
     const int tile = sched.tile_of_round(round);
-    if (tile >= sched.num_tiles()) {
-      if constexpr (T::kCrossTile) {  // the last tile issued a GEMM whose result nothing reads
-        wgmma_wait<0>();
-        fence_regs(s);
-      }
-      break;
-    }
+    if (tile >= sched.num_tiles()) break;
     const TileCoord tc = tile_coord<T>(sched, tile);
     const SeqInfo seq = seq_info(p, tc.batch);
     const int m_begin = tile_m_begin<T>(tc.m_block, seq.seqlen_q);
-    if (m_begin >= seq.seqlen_q) continue;  // varlen: this sequence is shorter than max_seqlen_q (computes_tile
-                                            // skips it too)
+    if (m_begin >= seq.seqlen_q) continue;  // varlen: this sequence is shorter than max_seqlen_q
     const MaskSpec mask = tile_mask<T>(p, seq);
     const int pack = tile_row_pack<T>(p);  // rows per query position: 1 but for packed rows (kernel_traits.cuh)
     const BlockRange range = tile_key_range<T>(mask, m_begin, tc, p);
@@ -506,12 +407,15 @@ __device__ __forceinline__ void consumer_loop(const AttnParams& p, const SmemMap
       rows[half].l = 0.f;
     }
     if (n_tiles > 0) {
-      const QSlot<T> q_slot(q_iter);  // this warpgroup's rows of the tile's Q
-      const uint64_t desc_q =
-          smem_desc(sm.q(q_slot.buf) + wg * T::kWarpgroupRowBytes, kKMajorLbo, kSwizzleAtomBytes);
-      const uint32_t q_empty = sm.q_empty(q_slot.buf);
-      loads.wait(sm.q_full(q_slot.buf), q_slot.phase);
-      // One call of consume_tile (two would be two inlined copies of each key loop).
+      loads.wait(sm.q_full(), q_iter & 1);
+      // A warpgroup computes only its own key blocks, inside the CTA's (the limits are monotone in the row): none when
+      // its rows lie past seqlen_q or before row 0 (d64's 192-row tiles at 1k: two warpgroups of the last tile, or of
+      // the first with kBottomRows) or see no key; fewer at the causal diagonal and the window's edges, where the
+      // CTA's other rows see blocks that its rows do not. The ring visits the CTA's blocks last to first, so the
+      // blocks past this warpgroup's come first (`lead`) and those before them last (`trail`); it skips both
+      // (skip_steps). Without a window (the unmasked instance) every row sees every block of the CTA, so only rows
+      // past seqlen_q can differ. kOwnBlocks: see kernel_traits.cuh. One call of consume_tile (two would be two
+      // inlined copies of each key loop).
       bool compute = !T::kOwnBlocks || (wg_row0 >= 0 && wg_row0 < seq.seqlen_q);
       BlockRange own = range;
       if constexpr (T::kMasked && T::kOwnBlocks) {
@@ -527,24 +431,22 @@ __device__ __forceinline__ void consumer_loop(const AttnParams& p, const SmemMap
       }
       if (compute) {
         const int lead = range.end - own.end, n_own = own.end - own.begin, trail = own.begin - range.begin;
-        if constexpr (T::kMasked && T::kOwnBlocks && !T::kCrossTile) {  // CrossTile: before S_0 (issue_first_s)
-          skip_steps<T>(sm, loads, turn, kv_iter, lead, lane);
-        }
+        if constexpr (T::kMasked && T::kOwnBlocks) skip_steps<T>(sm, loads, turn, kv_iter, lead, lane);
         // Softcap / ALiBi: their key loop is its own copy, so the plain loop carries none of their code.
         const ScoreMods mods = score_mods(p, tc.batch, tc.head, seq.seqlen_q, seq.seqlen_k);
         if (mods.any()) {
-          consume_tile<T, true>(sm, loads, turn, desc_q, q_empty, kv_iter + lead, n_own, own, mask, pack, mods,
-                                zero_v_tail, p.scale_log2, wg_row0, tid, wg, o, rows, s);
+          consume_tile<T, true>(sm, loads, turn, desc_q, kv_iter + lead, n_own, own, mask, pack, mods, zero_v_tail,
+                                p.scale_log2, wg_row0, tid, wg, o, rows);
         } else {
-          consume_tile<T, false>(sm, loads, turn, desc_q, q_empty, kv_iter + lead, n_own, own, mask, pack, mods,
-                                 zero_v_tail, p.scale_log2, wg_row0, tid, wg, o, rows, s);
+          consume_tile<T, false>(sm, loads, turn, desc_q, kv_iter + lead, n_own, own, mask, pack, mods, zero_v_tail,
+                                 p.scale_log2, wg_row0, tid, wg, o, rows);
         }
         if constexpr (T::kMasked && T::kOwnBlocks) {
           skip_steps<T>(sm, loads, turn, kv_iter + lead + n_own, trail, lane);
         }
       } else {  // none of the CTA's key blocks is this warpgroup's
         skip_steps<T>(sm, loads, turn, kv_iter, n_tiles, lane);
-        if (!T::kOInQ) release(q_empty, lane);  // consume_tile releases Q with its last S GEMM
+        if (!T::kOInQ) release(sm.q_empty(), lane);  // consume_tile releases Q with its last S GEMM
         if constexpr (kIntraWarpgroupOverlap) {  // the turn of consume_tile's closing P V
           turn.wait_turn();
           turn.pass_turn();
@@ -552,11 +454,6 @@ __device__ __forceinline__ void consumer_loop(const AttnParams& p, const SmemMap
       }
       kv_iter += n_tiles;
       ++q_iter;
-    }
-    if constexpr (T::kCrossTile) {  // the next tile's S_0, under this tile's epilogue
-      int lead = 0;
-      const bool issue = computes_tile<T>(p, sched, round + 1, wg, lead);
-      issue_first_s<T>(sm, loads, turn, s, issue, kv_iter, lead, q_iter, wg, lane);
     }
     const AccCoord coord{wg_row0 + 16 * (tid / 32) + lane / 4, 2 * (lane % 4)};
     if constexpr (T::kSplit) {

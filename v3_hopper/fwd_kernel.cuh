@@ -29,7 +29,7 @@ __device__ __forceinline__ void zero_unused_chunks(const SmemMap<T>& sm, int chu
       st_shared_zero16(tile + used * chunk_bytes + off);
     }
   };
-  for (int b = 0; b < T::kQBuffers; ++b) zero(sm.q(b), T::kChunkBytesQ, T::kChunks, chunks);
+  zero(sm.q(), T::kChunkBytesQ, T::kChunks, chunks);
   for (int s = 0; s < T::kStages; ++s) {
     zero(sm.k(s), T::kChunkBytesKV, T::kChunks, chunks);
     zero(sm.v(s), T::kChunkBytesKV, T::kChunksV, chunks_v);
@@ -58,10 +58,8 @@ __global__ void __launch_bounds__(T::kNumThreads, 1)
       // griddepcontrol.wait for this grid's end and its writes, instead of the launch's latency after it
       asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
     }
-    for (int b = 0; b < T::kQBuffers; ++b) {
-      mbar_init(sm.q_full(b), 1);
-      mbar_init(sm.q_empty(b), T::kConsumerArrivals);
-    }
+    mbar_init(sm.q_full(), 1);
+    mbar_init(sm.q_empty(), T::kConsumerArrivals);
     for (int s = 0; s < T::kStages; ++s) {
       mbar_init(sm.k_full(s), loader_warps);
       mbar_init(sm.k_empty(s), T::kConsumerArrivals);

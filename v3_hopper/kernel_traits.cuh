@@ -105,9 +105,8 @@ struct FwdTraits {
   using GemmO = WgmmaOps<kHeadDimV>;
 
   // Shared-memory map (byte offsets from a kSwizzleAtomBytes-aligned base).
-  static constexpr int kQBuffers = q_buffers(kConfig, kHeadDim, kHeadDimV);  // tile_config.h; QSlot below
   static constexpr int kOffQ = 0;
-  static constexpr int kOffK = kOffQ + kQBuffers * kTileBytesQ;
+  static constexpr int kOffK = kOffQ + kTileBytesQ;
   static constexpr int kOffV = kOffK + kStages * kTileBytesKV;
   // O's stage (tile_config.h o_through_smem): per consumer warpgroup kChunks chunks of 64 rows x 128 bytes, the
   // layout the O tensor map's 128-byte swizzle reads.
@@ -116,8 +115,6 @@ struct FwdTraits {
   // chunks lie kChunkBytesQ apart (kChunkStrideO) rather than kWarpgroupRowBytes.
   static constexpr bool kOInQ = !kSplit && o_in_q(kConfig, kHeadDim, kHeadDimV);
   static constexpr int kChunkStrideO = kOInQ ? kChunkBytesQ : kWarpgroupRowBytes;
-  static constexpr bool kCrossTile = kCrossTileEnabled && !kOInQ && !kSplit;  // consumer.cuh CrossTile
-  static_assert(!kOInQ || kQBuffers == 1, "O's stage in Q's buffer takes one Q buffer (tile_config.h q_buffers)");
   static constexpr int kWarpgroupBytesO = kHeadDimV / kChunkCols * kWarpgroupRowBytes;
   static constexpr int kOffO = kOffV + kStages * kTileBytesV;
   static constexpr int kOffBarriers = kOffO + (kOThroughSmem ? kConsumers * kWarpgroupBytesO : 0);
@@ -131,9 +128,7 @@ struct FwdTraits {
   static_assert(kChunkBytesQ % kSwizzleAtomBytes == 0 && kChunkBytesKV % kSwizzleAtomBytes == 0 &&
                     kWarpgroupRowBytes % kSwizzleAtomBytes == 0,
                 "every tile and warpgroup slice must start on a swizzle atom");
-  static_assert(kOffBarriers + (barrier_count(kStages) + (kQBuffers - 1) * kQBufferBarriers) * kBarrierBytes +
-                        kSwizzleAtomBytes ==
-                    kSmemBytes,
+  static_assert(kOffBarriers + barrier_count(kStages) * kBarrierBytes + kSwizzleAtomBytes == kSmemBytes,
                 "the shared-memory map and tile_config.h's smem_bytes disagree");
   static_assert(kSRegs == GemmS::kRegs && kORegs == GemmO::kRegs, "accumulator counts");
 };
@@ -150,31 +145,17 @@ __device__ __forceinline__ int value_head_dim(const AttnParams& p) {
 template <typename T>
 struct SmemMap {
   uint32_t base;  // kSwizzleAtomBytes-aligned
-  // Q buffer b (0 but with tile_config.h q_buffers 2; the FP8 forward's map has one): its tile and its barriers, the
-  // second buffer's after the K/V ring's
-  __device__ __forceinline__ uint32_t q(int b = 0) const { return base + T::kOffQ + b * T::kTileBytesQ; }
+  __device__ __forceinline__ uint32_t q() const { return base + T::kOffQ; }
   __device__ __forceinline__ uint32_t k(int stage) const { return base + T::kOffK + stage * T::kTileBytesKV; }
   __device__ __forceinline__ uint32_t v(int stage) const { return base + T::kOffV + stage * T::kTileBytesV; }
   __device__ __forceinline__ uint32_t o(int wg) const { return base + T::kOffO + wg * T::kWarpgroupBytesO; }
   __device__ __forceinline__ uint32_t bar(int i) const { return base + T::kOffBarriers + i * kBarrierBytes; }
-  __device__ __forceinline__ uint32_t q_full(int b = 0) const { return b == 0 ? bar(0) : bar(barrier_count(T::kStages)); }
-  __device__ __forceinline__ uint32_t q_empty(int b = 0) const {
-    return b == 0 ? bar(1) : bar(barrier_count(T::kStages) + 1);
-  }
+  __device__ __forceinline__ uint32_t q_full() const { return bar(0); }
+  __device__ __forceinline__ uint32_t q_empty() const { return bar(1); }
   __device__ __forceinline__ uint32_t k_full(int s) const { return bar(2 + s); }
   __device__ __forceinline__ uint32_t k_empty(int s) const { return bar(2 + T::kStages + s); }
   __device__ __forceinline__ uint32_t v_full(int s) const { return bar(2 + 2 * T::kStages + s); }
   __device__ __forceinline__ uint32_t v_empty(int s) const { return bar(2 + 3 * T::kStages + s); }
-};
-
-// Q of the q_iter-th tile (with key blocks) this CTA runs: buffer q_iter % kQBuffers, whose full barrier completes
-// phase (q_iter / kQBuffers) & 1.
-template <typename T>
-struct QSlot {
-  int buf;
-  uint32_t phase;
-  __device__ __forceinline__ explicit QSlot(int q_iter)
-      : buf(q_iter % T::kQBuffers), phase(static_cast<uint32_t>(q_iter / T::kQBuffers) & 1u) {}
 };
 
 // Position of a K/V tile in the ring: the kv_iter-th tile this CTA streams lives in stage kv_iter % kStages, and

@@ -174,9 +174,8 @@ struct Loader {
         continue;
       }
       const RingSlot<T> slot(kv_iter + i);
-      const QSlot<T> q_slot(q_iter);
-      const uint32_t empty = is_q ? sm.q_empty(q_slot.buf) : (is_k ? sm.k_empty(slot.stage) : sm.v_empty(slot.stage));
-      const uint32_t parity = (is_q ? q_slot.phase : slot.phase) ^ 1u;
+      const uint32_t empty = is_q ? sm.q_empty() : (is_k ? sm.k_empty(slot.stage) : sm.v_empty(slot.stage));
+      const uint32_t parity = (is_q ? static_cast<uint32_t>(q_iter & 1) : slot.phase) ^ 1u;
       if (kBlocking) {
         mbar_wait(empty, parity);
       } else if (!mbar_test_wait(empty, parity)) {
@@ -184,15 +183,14 @@ struct Loader {
       }
       if (is_q) {
         if (lane == 0) {
-          const uint32_t q_buf = sm.q(q_slot.buf), q_full = sm.q_full(q_slot.buf);
-          mbar_arrive_expect_tx(q_full, chunks * T::kChunkBytesQ);
+          mbar_arrive_expect_tx(sm.q_full(), chunks * T::kChunkBytesQ);
           if (T::kSplit && p.q_pack_head_stride != 0) {
             // m_row: whole warpgroups before row 0 (rows.q_row0 is 0: no varlen queries), which g divides (check_fwd)
             const int token0 = T::kConsumers > 1 ? m_row / p.q_pack : 0;
-            load_packed_q<T::kChunks>(q_buf, maps.q, q_full, chunks, T::kChunkBytesQ, token0, head,
+            load_packed_q<T::kChunks>(sm.q(), maps.q, sm.q_full(), chunks, T::kChunkBytesQ, token0, head,
                                       rows.q_batch);
           } else {
-            load_tile<T::kChunks>(q_buf, maps.q, q_full, chunks, T::kChunkBytesQ, m_row, head, rows.q_batch);
+            load_tile<T::kChunks>(sm.q(), maps.q, sm.q_full(), chunks, T::kChunkBytesQ, m_row, head, rows.q_batch);
           }
         }
       } else {

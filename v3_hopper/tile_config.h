@@ -165,14 +165,6 @@ constexpr bool kWarpSpecialized = FLASHGEN_V3_WARPSPEC != 0;
 constexpr bool kPingPongEnabled = FLASHGEN_V3_PINGPONG != 0 && kWarpSpecialized;
 constexpr bool kIntraWarpgroupOverlap = FLASHGEN_V3_OVERLAP != 0;
 constexpr bool kPersistentGrid = FLASHGEN_V3_PERSISTENT != 0;
-// The next tile's S_0 issued right behind this tile's closing P V, so the epilogue and the next tile's setup run
-// under a GEMM (consumer.cuh CrossTile; bench/NOTES.md session 69). Warp-specialized kernels with the intra-warpgroup
-// overlap whose Q buffer is Q's alone (not O's stage, o_in_q: the next Q loads only after the epilogue there), not
-// the split instance. 0 until measured.
-#ifndef FLASHGEN_V3_CROSS_TILE
-#define FLASHGEN_V3_CROSS_TILE 0
-#endif
-constexpr bool kCrossTileEnabled = FLASHGEN_V3_CROSS_TILE != 0 && kWarpSpecialized && kIntraWarpgroupOverlap;
 
 constexpr int block_m(const TileConfig& c) { return c.consumers * kWarpgroupRows; }
 // producer: the producer warpgroup is there (always but in the forward's no-warpspec ablation).
@@ -237,12 +229,15 @@ constexpr int with_o_stage(int mainloop_bytes, int stage_bytes) {
   return FLASHGEN_V3_TMA_STORE_O != 0 && mainloop_bytes + stage_bytes <= kMaxSmemPerBlock ? mainloop_bytes + stage_bytes
                                                                                        : mainloop_bytes;
 }
-// Shared memory of one CTA with one Q buffer (q_buffers below), and whether it holds O's stage (O has V's head dim).
-constexpr int smem_bytes_one_q(const TileConfig& c, int head_dim_bucket, int value_bucket) {
+// Shared memory of one CTA, and whether it holds O's stage (O has V's head dim).
+constexpr int smem_bytes(const TileConfig& c, int head_dim_bucket, int value_bucket) {
   return with_o_stage(smem_bytes_mainloop(c, head_dim_bucket, value_bucket), o_stage_bytes(block_m(c), value_bucket));
 }
+constexpr int smem_bytes(const TileConfig& c, int head_dim_bucket) {
+  return smem_bytes(c, head_dim_bucket, head_dim_bucket);
+}
 constexpr bool o_through_smem(const TileConfig& c, int head_dim_bucket, int value_bucket) {
-  return smem_bytes_one_q(c, head_dim_bucket, value_bucket) != smem_bytes_mainloop(c, head_dim_bucket, value_bucket);
+  return smem_bytes(c, head_dim_bucket, value_bucket) != smem_bytes_mainloop(c, head_dim_bucket, value_bucket);
 }
 constexpr bool o_through_smem(const TileConfig& c, int head_dim_bucket) {
   return o_through_smem(c, head_dim_bucket, head_dim_bucket);
@@ -267,33 +262,6 @@ constexpr bool o_in_q(const TileConfig& c, int head_dim_bucket, int value_bucket
 // O leaves by TMA stores (its own stage or Q's buffer): the host makes the O tensor map (v3_api.cu).
 constexpr bool o_by_tma(const TileConfig& c, int head_dim_bucket, int value_bucket) {
   return o_through_smem(c, head_dim_bucket, value_bucket) || o_in_q(c, head_dim_bucket, value_bucket);
-}
-// A second Q buffer where it fits beside the K/V ring and O's stage (d64 24 KB, d128 32 KB; not where O's stage is
-// Q's buffer): tile t's Q lives in buffer t % 2 (kernel_traits.cuh QSlot), so the producer loads the next tile's Q
-// as soon as it reaches that item (after the tile's last K / V loads, about two steps before its end with two
-// stages), not once every warpgroup has run its last S GEMM; with CrossTile (consumer.cuh) the next tile's S_0 no
-// longer waits for that Q behind the closing P V (bench/NOTES.md session 69). FLASHGEN_V3_Q_BUFFERS: 1 until measured.
-#ifndef FLASHGEN_V3_Q_BUFFERS
-#define FLASHGEN_V3_Q_BUFFERS 1
-#endif
-constexpr int kQBufferBarriers = 2;  // a Q buffer's full and empty mbarriers (the second buffer's after the ring's)
-constexpr int q_buffer_bytes(const TileConfig& c, int head_dim_bucket) {
-  return block_m(c) * head_dim_bucket * kElementBytes + kQBufferBarriers * kBarrierBytes;
-}
-constexpr int q_buffers(const TileConfig& c, int head_dim_bucket, int value_bucket) {
-  return FLASHGEN_V3_Q_BUFFERS >= 2 && !o_in_q(c, head_dim_bucket, value_bucket) &&
-                 smem_bytes_one_q(c, head_dim_bucket, value_bucket) + q_buffer_bytes(c, head_dim_bucket) <=
-                     kMaxSmemPerBlock
-             ? 2
-             : 1;
-}
-// Shared memory of one CTA.
-constexpr int smem_bytes(const TileConfig& c, int head_dim_bucket, int value_bucket) {
-  return smem_bytes_one_q(c, head_dim_bucket, value_bucket) +
-         (q_buffers(c, head_dim_bucket, value_bucket) - 1) * q_buffer_bytes(c, head_dim_bucket);
-}
-constexpr int smem_bytes(const TileConfig& c, int head_dim_bucket) {
-  return smem_bytes(c, head_dim_bucket, head_dim_bucket);
 }
 
 // ---- the split-KV instance (kernel_traits.cuh kSplit, v3_api.cu plan_fwd) ----
