@@ -8,8 +8,9 @@ Env: CFGS="head_dim,seqlen,causal;..." (default 128,8192,0;128,8192,1;128,2048,0
 hidden 2048); REPS: v3 / cuDNN alternations per shape (default 2); DTYPES: a comma list of bf16 and fp16 (default
 bf16), each shape run in each (issue 16's "fp16 within 3% of bf16": whether fp16 runs at another clock or power);
 MODES: a comma list of fwd and bwd (default fwd): bwd times v3's backward against cuDNN's and, where importable,
-FA4's (2.5x the forward's FLOPs; first run in this form in session 69, on an H100 with FA4). On the H100 every d128 8k kernel, forward and backward, ours and cuDNN's, ran power-capped
-at 1,516-1,706 MHz of its 1,980 (bench/NOTES.md session 68)."""
+FA4's (2.5x the forward's FLOPs; first run in this form in session 69, on an H100 with FA4). On the H100 every d128 8k
+kernel, forward and backward, ours and cuDNN's, ran power-capped at 1,516-1,706 MHz of its 1,980 (bench/NOTES.md
+session 68)."""
 import datetime
 import math
 import os
