@@ -125,7 +125,7 @@ __device__ __forceinline__ void consume_tile(const SmemMap<T>& sm, const Loads& 
                                              const MaskSpec& mask, int pack, const ScoreMods& mods,
                                              bool zero_v_tail,
                                              float scale_log2, int wg_row0, int tid, int wg, float (&o)[T::kORegs],
-                                             RowState (&rows)[2]) {
+                                             RowState (&rows)[2], unsigned long long* tr = nullptr) {
   const int lane = tid % 32;
   const AccCoord coord0{wg_row0 + 16 * (tid / 32) + lane / 4, 2 * (lane % 4)};
   float s[T::kSRegs];      // (64, kBlockN) fp32 scores, then probabilities, of this warpgroup
@@ -193,15 +193,19 @@ __device__ __forceinline__ void consume_tile(const SmemMap<T>& sm, const Loads& 
   {  // Prologue: S_0 and its softmax; O is still 0, so nothing to rescale.
     const RingSlot<T> k_slot(kv_iter);
     loads.wait(sm.k_full(k_slot.stage), k_slot.phase);
+    trace_at(tr, kTraceK0Ready);
     turn.wait_turn();
+    trace_at(tr, kTraceTurn0);
     gemm_qk<T>(s, desc_q, k_desc(k_slot.stage));
     turn.pass_turn();
     wgmma_wait<0>();
     fence_regs(s);
+    trace_at(tr, kTraceS0Done);
     release(sm.k_empty(k_slot.stage), lane);
     if (!T::kOInQ && n_tiles == 1) release(sm.q_empty(), lane);  // kOInQ: after the epilogue (consumer_loop)
     softmax_tile(0, true);
     convert_p<typename T::Tag, T::kBlockN>(s, pa);
+    trace_at(tr, kTraceSoftmax0);
     if (zero_first_v) {  // V_0's rows past seqlen_k zeroed here, so the key loop carries no V-tail code
       const RingSlot<T> v_slot(kv_iter);
       loads.wait(sm.v_full(v_slot.stage), v_slot.phase);
@@ -231,6 +235,7 @@ __device__ __forceinline__ void consume_tile(const SmemMap<T>& sm, const Loads& 
     // multiplies a step, which cost 5-10% at d192 / d256 and, in sustained load, clock).
     convert_p<typename T::Tag, T::kBlockN>(s, pa);
     if (__any_sync(0xffffffffu, raised)) rescale_o<T::kHeadDimV>(o, alpha);
+    if (i <= 7) trace_at(tr, kTraceStep1 + i - 1);
   }
   {  // Epilogue of the loop: O += P_last V_last.
     const RingSlot<T> v_slot(kv_iter + n_tiles - 1);
@@ -238,8 +243,10 @@ __device__ __forceinline__ void consume_tile(const SmemMap<T>& sm, const Loads& 
     turn.wait_turn();
     gemm_pv<T>(o, pa, v_desc(v_slot.stage));
     turn.pass_turn();
+    trace_at(tr, kTraceLastPvIssued);
     wgmma_wait<0>();
     fence_regs(o);
+    trace_at(tr, kTraceLastPvDone);
     release(sm.v_empty(v_slot.stage), lane);
   }
 }
@@ -396,6 +403,12 @@ __device__ __forceinline__ void consumer_loop(const AttnParams& p, const SmemMap
     const BlockRange range = tile_key_range<T>(mask, m_begin, tc, p);
     const int n_tiles = range.end - range.begin;
     const int wg_row0 = m_begin + wg * kWarpgroupRows;
+#if FLASHGEN_V3_TRACE
+    unsigned long long* tr = tid == 0 ? trace_slots(sched, 1 + wg, round) : nullptr;
+#else
+    unsigned long long* const tr = nullptr;
+#endif
+    trace_at(tr, kTraceTileStart);
 
     float o[T::kORegs];  // (64, kHeadDimV) fp32 output accumulator of this warpgroup
 #pragma unroll
@@ -408,6 +421,7 @@ __device__ __forceinline__ void consumer_loop(const AttnParams& p, const SmemMap
     }
     if (n_tiles > 0) {
       loads.wait(sm.q_full(), q_iter & 1);
+      trace_at(tr, kTraceQReady);
       // A warpgroup computes only its own key blocks, inside the CTA's (the limits are monotone in the row): none when
       // its rows lie past seqlen_q or before row 0 (d64's 192-row tiles at 1k: two warpgroups of the last tile, or of
       // the first with kBottomRows) or see no key; fewer at the causal diagonal and the window's edges, where the
@@ -439,7 +453,7 @@ __device__ __forceinline__ void consumer_loop(const AttnParams& p, const SmemMap
                                 p.scale_log2, wg_row0, tid, wg, o, rows);
         } else {
           consume_tile<T, false>(sm, loads, turn, desc_q, kv_iter + lead, n_own, own, mask, pack, mods, zero_v_tail,
-                                 p.scale_log2, wg_row0, tid, wg, o, rows);
+                                 p.scale_log2, wg_row0, tid, wg, o, rows, tr);
         }
         if constexpr (T::kMasked && T::kOwnBlocks) {
           skip_steps<T>(sm, loads, turn, kv_iter + lead + n_own, trail, lane);
@@ -460,6 +474,7 @@ __device__ __forceinline__ void consumer_loop(const AttnParams& p, const SmemMap
       store_split<T>(p, seq, tc, coord, wg_row0, o, rows, lane);
     } else {
       store_tile<T>(p, sm, map_o, seq, tc, coord, wg_row0, o, rows, tid, wg, n_tiles > 0);
+      trace_at(tr, kTraceStored);
       if constexpr (T::kOInQ) {
         if (n_tiles > 0) {  // O's stores have read this warpgroup's rows of Q (store_o_smem): Q is free
           if (tid == 0) bulk_wait_read();

@@ -191,6 +191,38 @@ struct TileScheduler {
   }
 };
 
+// FLASHGEN_V3_TRACE (tile_config.h): what each slot of a round holds. Role 1 + wg, a consumer warpgroup's thread 0:
+// the clock at these points of its tile (the key loop's steps 1-7 only; the plain instance's code, not the softcap /
+// ALiBi copy). Role 0, the producer's thread: at slot `item` the clock once item's buffer was free (producer.cuh
+// Loader::step: 0 Q, 1 K_0, then K_{i+1}, V_i), and at kTraceTileSlot the round's tile | key blocks << 32.
+enum TraceEvent : int {
+  kTraceTileStart = 0,    // the tile's coordinates known
+  kTraceQReady = 1,       // Q's full barrier passed
+  kTraceS0Done = 2,       // S_0 landed
+  kTraceSoftmax0 = 3,     // S_0's softmax and P's conversion done
+  kTraceStep1 = 4,        // step i of the key loop done (P converted, O rescaled): kTraceStep1 + i - 1, i <= 7
+  kTraceLastPvIssued = 11,
+  kTraceLastPvDone = 12,  // the closing P V landed
+  kTraceK0Ready = 13,     // K_0's full barrier passed
+  kTraceTurn0 = 14,       // the ping-pong turn for S_0 taken
+  kTraceStored = 15,      // the epilogue issued (store_tile returned)
+  kTraceTileSlot = kTraceEvents - 1,
+};
+__device__ __forceinline__ unsigned long long* trace_slots(const TileScheduler& sched, int role, int round) {
+#if FLASHGEN_V3_TRACE
+  if (sched.order.trace == nullptr) return nullptr;
+  return sched.order.trace +
+         ((static_cast<int64_t>(blockIdx.x) * kTraceRoles + role) * kTraceRounds + round % kTraceRounds) * kTraceEvents;
+#else
+  return nullptr;
+#endif
+}
+__device__ __forceinline__ void trace_at(unsigned long long* slots, int event) {
+#if FLASHGEN_V3_TRACE
+  if (slots != nullptr) slots[event] = clock64();
+#endif
+}
+
 // The tile's coordinates for instance T. The split-KV instance's launch (v3_api.cu fwd) orders num_splits "query
 // blocks" per head_batch, where each is one split of the one real query block (seqlen_q <= 64 rows: plan_fwd): the
 // order's query block is the split.

@@ -149,6 +149,14 @@ struct Loader {
         warp_chunk_bytes = paged_warp_boxes<T>(box_rows, lane / kWarpSize, lanes) * box_rows * kSwizzleBytes;
       }
       key_block_end = range.end;
+#if FLASHGEN_V3_TRACE
+      if (lane == 0) {  // the round's tile and key blocks
+        unsigned long long* tr = trace_slots(sched, 0, round);
+        if (tr != nullptr) {
+          tr[kTraceTileSlot] = static_cast<unsigned long long>(tile) | static_cast<unsigned long long>(n_tiles) << 32;
+        }
+      }
+#endif
       m_row = rows.q_row0 + m_begin;
       head = tc.head;
       head_k = tc.head / (p.num_heads / p.num_heads_k);
@@ -181,6 +189,10 @@ struct Loader {
       } else if (!mbar_test_wait(empty, parity)) {
         return false;
       }
+#if FLASHGEN_V3_TRACE
+      // the item's buffer is free (round - 1: the tile next_tile moved to)
+      if (lane == 0 && item < kTraceTileSlot) trace_at(trace_slots(sched, 0, round - 1), item);
+#endif
       if (is_q) {
         if (lane == 0) {
           mbar_arrive_expect_tx(sm.q_full(), chunks * T::kChunkBytesQ);

@@ -454,6 +454,14 @@ static_assert(smem_bytes(short_tile_config(192), 192) <= kMaxSmemPerBlock && bud
 // makespan over group sizes is jagged: at 8k causal d128 1.07x the mean with groups of 6 heads, 1.02x with 5,
 // 1.001x with 12), so the host picks the size (choose_tile_group) and the kernel takes it as a launch parameter.
 constexpr int64_t kTileGroupBytes = 24ll << 20;  // K + V bytes one group of heads may touch: half an H100's L2
+// FLASHGEN_V3_TRACE=1 (a diagnostic build; v3_hopper/tools/trace_fwd.sh builds one): the forward's producer and
+// consumer warpgroups stamp clock64() at fixed points of each tile (kernel_traits.cuh TraceEvent) into the buffer
+// whose address the environment's FLASHGEN_V3_TRACE_PTR gives at each launch (v3_api.cu), slots (CTA, role, round %
+// kTraceRounds, event). 0: no trace code at all.
+#ifndef FLASHGEN_V3_TRACE
+#define FLASHGEN_V3_TRACE 0
+#endif
+constexpr int kTraceRoles = 4, kTraceRounds = 64, kTraceEvents = 16;
 struct TileOrder {
   int num_m_blocks, heads_batches;
   int group;         // head_batches per group; heads_batches when ungrouped
@@ -462,6 +470,9 @@ struct TileOrder {
   // by a group's tiles (group x num_m_blocks), by the group size and by the last group's (it may be short).
   RowDivider by_m_blocks, by_group_tiles, by_group, by_last_group;
   RowDivider by_heads;  // by num_heads, for TileScheduler (set by the launch: launch_tile_order)
+#if FLASHGEN_V3_TRACE
+  unsigned long long* trace;  // the launch's trace buffer or nullptr (value-initialized by make_tile_order)
+#endif
   FH_HD int num_tiles() const { return num_m_blocks * heads_batches; }
   // (query block, head_batch) of `tile` < num_tiles().
   FH_HD void coord(int tile, int* m_block, int* head_batch) const {

@@ -360,6 +360,10 @@ TileOrder launch_tile_order_groups(const AttnParams& p, int block_m, int element
 TileOrder launch_tile_order(const AttnParams& p, int block_m, int element_bytes, int grid) {
   TileOrder o = launch_tile_order_groups(p, block_m, element_bytes, grid);
   o.by_heads = RowDivider::make(p.num_heads);  // TileScheduler::coord's head_batch -> (head, batch)
+#if FLASHGEN_V3_TRACE
+  const char* trace = std::getenv("FLASHGEN_V3_TRACE_PTR");
+  o.trace = trace ? reinterpret_cast<unsigned long long*>(std::strtoull(trace, nullptr, 10)) : nullptr;
+#endif
   return o;
 }
 

@@ -1,0 +1,110 @@
+"""v3 forward traces (trace_fwd.sh builds the module; tile_config.h FLASHGEN_V3_TRACE, kernel_traits.cuh TraceEvent).
+    python3 trace_fwd.py run OUT_DIR d,s,causal ...   # on the device, with a trace build on PYTHONPATH
+    python3 trace_fwd.py summary trace_*.pt           # anywhere with torch
+run: the bench's grid shape (16k tokens, hidden 2048, bf16), a few warm-up calls, then one call into a zeroed buffer
+(CTA, role, round % 64, event) of clock64() stamps, and an untraced back-to-back timing of the same call.
+summary: per tile (one CTA's round), by key blocks per tile, the mean cycles of each phase of warpgroup 0 (and 1 at the
+lightest and heaviest tiles), and the producer's issue-to-ready latency of Q and K_0.
+"""
+
+import collections
+import math
+import os
+import sys
+
+import torch
+
+ROLES, ROUNDS, EVENTS = 4, 64, 16  # tile_config.h kTraceRoles, kTraceRounds, kTraceEvents
+# kernel_traits.cuh TraceEvent
+START, Q_READY, S0, SOFTMAX0, STEP1 = 0, 1, 2, 3, 4
+LAST_PV_ISSUED, LAST_PV_DONE, K0_READY, TURN0, STORED = 11, 12, 13, 14, 15
+TILE_SLOT = EVENTS - 1
+
+
+def run(out, specs):
+    from flashgen import _ops
+
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    for spec in specs:
+        d, s, causal = (int(x) for x in spec.split(","))
+        b, h = 16384 // s, 2048 // d
+        torch.manual_seed(0)
+        q, k, v = (torch.randn(b, s, h, d, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+        kw = dict(softmax_scale=1 / math.sqrt(d), window_size=(-1, 0) if causal else (-1, -1))
+        buf = torch.zeros(sms * ROLES * ROUNDS * EVENTS, dtype=torch.int64, device="cuda")
+        os.environ["FLASHGEN_V3_TRACE_PTR"] = str(buf.data_ptr())  # read at each launch (v3_api.cu)
+        for _ in range(4):
+            buf.zero_()
+            torch.cuda.synchronize()
+            _ops.forward("v3", q, k, v, **kw)
+            torch.cuda.synchronize()
+        del os.environ["FLASHGEN_V3_TRACE_PTR"]
+        for _ in range(3):
+            _ops.forward("v3", q, k, v, **kw)
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(10):
+            _ops.forward("v3", q, k, v, **kw)
+        end.record()
+        torch.cuda.synchronize()
+        us = start.elapsed_time(end) * 100
+        torch.save({"trace": buf.cpu().view(sms, ROLES, ROUNDS, EVENTS), "us": us, "shape": (b, s, h, d, causal),
+                    "device": torch.cuda.get_device_name()}, f"{out}/trace_d{d}_s{s}_c{causal}.pt")
+        print(spec, f"{us:.1f} us a call (untraced, back to back)")
+
+
+def summary(paths):
+    for path in paths:
+        rec = torch.load(path)
+        t = rec["trace"].long()
+        b, s, h, d, causal = rec["shape"]
+        print(f"== {os.path.basename(path)}: {rec.get('device', '')}, b{b} s{s} h{h} d{d} causal {causal}, "
+              f"{rec['us']:.1f} us a call untraced; cycles, means over tiles")
+        phases = collections.defaultdict(lambda: collections.defaultdict(list))
+        latency = collections.defaultdict(list)
+        for cta in range(t.shape[0]):
+            prod = t[cta, 0]
+            rounds = [r for r in range(ROUNDS) if prod[r, TILE_SLOT] != 0]
+            for idx, r in enumerate(rounds):
+                blocks = int(prod[r, TILE_SLOT]) >> 32
+                for role in (1, 2, 3):
+                    e = t[cta, role, r]
+                    if not (e[START] and e[Q_READY] and e[K0_READY] and e[TURN0] and e[STORED]):
+                        continue  # a warpgroup without key blocks in this tile, or the softcap / ALiBi copy
+                    ph = phases[(role, blocks)]
+                    ph["Q wait"].append(e[Q_READY] - e[START])
+                    ph["K0 wait"].append(e[K0_READY] - e[Q_READY])
+                    ph["turn"].append(e[TURN0] - e[K0_READY])
+                    ph["S0"].append(e[S0] - e[TURN0])
+                    ph["softmax0"].append(e[SOFTMAX0] - e[S0])
+                    ph["loop"].append(e[LAST_PV_ISSUED] - e[SOFTMAX0])
+                    ph["last PV"].append(e[LAST_PV_DONE] - e[LAST_PV_ISSUED])
+                    ph["epilogue"].append(e[STORED] - e[LAST_PV_DONE])
+                    if idx + 1 < len(rounds) and t[cta, role, rounds[idx + 1], START]:
+                        ph["to next"].append(t[cta, role, rounds[idx + 1], START] - e[STORED])
+                        ph["tile"].append(t[cta, role, rounds[idx + 1], START] - e[START])
+                e = t[cta, 1, r]
+                if prod[r, 0] and e[Q_READY]:
+                    latency["Q issue -> ready"].append(e[Q_READY] - prod[r, 0])
+                    latency["Q issue - tile start"].append(prod[r, 0] - e[START])
+                if prod[r, 1] and e[K0_READY]:
+                    latency["K0 issue -> ready"].append(e[K0_READY] - prod[r, 1])
+                    latency["K0 issue - Q issue"].append(prod[r, 1] - prod[r, 0])
+        blocks_seen = sorted({n for _, n in phases})
+        for (role, n), ph in sorted(phases.items()):
+            if role != 1 and n not in (blocks_seen[0], blocks_seen[-1]):
+                continue
+            cols = "  ".join(f"{k} {sum(v) / len(v):6.0f}" for k, v in ph.items() if v)
+            print(f"  wg{role - 1} {n:3d} blocks, {len(ph['Q wait']):5d} tiles: {cols}")
+        for k, v in latency.items():
+            v = torch.tensor(v, dtype=torch.float64)
+            print(f"  {k}: median {v.median():.0f}, mean {v.mean():.0f}, p90 {v.quantile(0.9):.0f}")
+
+
+if __name__ == "__main__":
+    if len(sys.argv) >= 3 and sys.argv[1] == "run":
+        run(sys.argv[2], sys.argv[3:])
+    elif len(sys.argv) >= 3 and sys.argv[1] == "summary":
+        summary(sys.argv[2:])
+    else:
+        raise SystemExit(__doc__)
