@@ -262,11 +262,12 @@ __device__ __forceinline__ void consume_tile(const SmemMap<T>& sm, const Loads& 
 template <typename T, int kChunkStride = T::kWarpgroupRowBytes>
 __device__ __forceinline__ void store_o_smem(uint32_t stage, const CUtensorMap* map_o,
                                              const uint32_t (&packed)[2][T::kHeadDimV / 8], int row, int head,
-                                             int batch, int chunks, int tid, int wg) {
+                                             int batch, int chunks, int tid, int wg, unsigned long long* tr = nullptr) {
   constexpr bool kInQ = kChunkStride != T::kWarpgroupRowBytes;
   const int lane = tid % 32, warp = tid / 32, matrix = lane / 8;
   if (tid == 0) bulk_wait_read();
   named_sync(kBarrierWarpgroup0 + wg, kWarpgroupThreads);
+  trace_at(tr, kTraceStageFree);
   const uint32_t row_addr = stage + (16 * warp + lane % 8 + 8 * (matrix % 2)) * kSwizzleBytes;
 #pragma unroll
   for (int j = 0; j < T::kHeadDimV / 8; j += 2) {
@@ -277,7 +278,9 @@ __device__ __forceinline__ void store_o_smem(uint32_t stage, const CUtensorMap* 
     }
   }
   fence_proxy_async_smem();  // the generic-proxy writes, visible to the TMA (async proxy) after the barrier
+  trace_at(tr, kTraceStaged);
   named_sync(kBarrierWarpgroup0 + wg, kWarpgroupThreads);
+  trace_at(tr, kTraceStageSynced);
   if (tid == 0) {
 #pragma unroll
     for (int c = 0; c < T::kHeadDimV / kChunkCols; ++c) {
@@ -299,7 +302,7 @@ template <typename T>
 __device__ __forceinline__ void store_tile(const AttnParams& p, const SmemMap<T>& sm, const CUtensorMap* map_o,
                                            const SeqInfo& seq, const TileCoord& tc, const AccCoord& coord,
                                            int wg_row0, float (&o)[T::kORegs], RowState (&rows)[2], int tid, int wg,
-                                           bool holds_q) {
+                                           bool holds_q, unsigned long long* tr = nullptr) {
   using Element = typename T::Element;
   constexpr int kPairs = T::kHeadDimV / 8;  // n8 column tiles: one packed pair per row half each
   const int lane = tid % 32;
@@ -315,6 +318,7 @@ __device__ __forceinline__ void store_tile(const AttnParams& p, const SmemMap<T>
       packed[half][j] = pack2<typename T::Tag>(o[4 * j + 2 * half], o[4 * j + 2 * half + 1]);
     }
   }
+  trace_at(tr, kTraceFinalized);
   float* g_lse = p.lse + lse_offset(p, seq, tc.batch, tc.head);  // (seqlen_q,) of this (batch, head)
   if constexpr (T::kOThroughSmem || T::kOInQ) {
     // kOInQ: the stage is this warpgroup's rows of the tile's Q, which it holds only where the tile had key blocks
@@ -328,7 +332,7 @@ __device__ __forceinline__ void store_tile(const AttnParams& p, const SmemMap<T>
       const uint32_t stage = T::kOInQ ? sm.q() + wg * T::kWarpgroupRowBytes : sm.o(wg);
       store_o_smem<T, T::kChunkStrideO>(stage, map_o, packed, static_cast<int>(seq.q_row0) + wg_row0, tc.head,
                                         p.cu_seqlens_q ? 0 : tc.batch, ceil_div(value_head_dim<T>(p), kChunkCols),
-                                        tid, wg);
+                                        tid, wg, tr);
       return;
     }
   }
@@ -392,6 +396,9 @@ __device__ __forceinline__ void consumer_loop(const AttnParams& p, const SmemMap
   turn.start();
   int kv_iter = 0, q_iter = 0;
   for (int round = 0;; ++round) {
+#if FLASHGEN_V3_TRACE
+    trace_at(tid == 0 ? trace_slots(sched, 1 + wg, round) : nullptr, kTraceRoundTop);
+#endif
     const int tile = sched.tile_of_round(round);
     if (tile >= sched.num_tiles()) break;
     const TileCoord tc = tile_coord<T>(sched, tile);
@@ -420,6 +427,7 @@ __device__ __forceinline__ void consumer_loop(const AttnParams& p, const SmemMap
       rows[half].l = 0.f;
     }
     if (n_tiles > 0) {
+      trace_at(tr, kTraceInitDone);
       loads.wait(sm.q_full(), q_iter & 1);
       trace_at(tr, kTraceQReady);
       // A warpgroup computes only its own key blocks, inside the CTA's (the limits are monotone in the row): none when
@@ -473,7 +481,7 @@ __device__ __forceinline__ void consumer_loop(const AttnParams& p, const SmemMap
     if constexpr (T::kSplit) {
       store_split<T>(p, seq, tc, coord, wg_row0, o, rows, lane);
     } else {
-      store_tile<T>(p, sm, map_o, seq, tc, coord, wg_row0, o, rows, tid, wg, n_tiles > 0);
+      store_tile<T>(p, sm, map_o, seq, tc, coord, wg_row0, o, rows, tid, wg, n_tiles > 0, tr);
       trace_at(tr, kTraceStored);
       if constexpr (T::kOInQ) {
         if (n_tiles > 0) {  // O's stores have read this warpgroup's rows of Q (store_o_smem): Q is free

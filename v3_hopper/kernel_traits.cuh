@@ -193,8 +193,9 @@ struct TileScheduler {
 
 // FLASHGEN_V3_TRACE (tile_config.h): what each slot of a round holds. Role 1 + wg, a consumer warpgroup's thread 0:
 // the clock at these points of its tile (the key loop's steps 1-7 only; the plain instance's code, not the softcap /
-// ALiBi copy). Role 0, the producer's thread: at slot `item` the clock once item's buffer was free (producer.cuh
-// Loader::step: 0 Q, 1 K_0, then K_{i+1}, V_i), and at kTraceTileSlot the round's tile | key blocks << 32.
+// ALiBi copy; the epilogue's stage events where O goes through shared memory). Role 0, the producer's thread: at slot
+// 2 item the clock once item's buffer was free, at 2 item + 1 once its loads were issued (producer.cuh Loader::step:
+// item 0 Q, 1 K_0, then K_{i+1}, V_i; items < 15), and at kTraceTileSlot the round's tile | key blocks << 32.
 enum TraceEvent : int {
   kTraceTileStart = 0,    // the tile's coordinates known
   kTraceQReady = 1,       // Q's full barrier passed
@@ -206,6 +207,12 @@ enum TraceEvent : int {
   kTraceK0Ready = 13,     // K_0's full barrier passed
   kTraceTurn0 = 14,       // the ping-pong turn for S_0 taken
   kTraceStored = 15,      // the epilogue issued (store_tile returned)
+  kTraceRoundTop = 16,    // the round's first instruction, before its coordinates
+  kTraceInitDone = 17,    // O zeroed and the row state set, before Q's wait
+  kTraceFinalized = 18,   // O divided by l and packed to 16 bits (store_tile)
+  kTraceStageFree = 19,   // the warpgroup's barrier after the previous stores have read O's stage (store_o_smem)
+  kTraceStaged = 20,      // O's stmatrix and the proxy fence done
+  kTraceStageSynced = 21, // the warpgroup's barrier before the TMA store
   kTraceTileSlot = kTraceEvents - 1,
 };
 __device__ __forceinline__ unsigned long long* trace_slots(const TileScheduler& sched, int role, int round) {

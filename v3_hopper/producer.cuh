@@ -191,7 +191,9 @@ struct Loader {
       }
 #if FLASHGEN_V3_TRACE
       // the item's buffer is free (round - 1: the tile next_tile moved to)
-      if (lane == 0 && item < kTraceTileSlot) trace_at(trace_slots(sched, 0, round - 1), item);
+      unsigned long long* const tr = lane == 0 && 2 * item + 1 < kTraceTileSlot ? trace_slots(sched, 0, round - 1)
+                                                                              : nullptr;
+      trace_at(tr, 2 * item);
 #endif
       if (is_q) {
         if (lane == 0) {
@@ -236,6 +238,9 @@ struct Loader {
           }
         }
       }
+#if FLASHGEN_V3_TRACE
+      trace_at(tr, 2 * item + 1);  // its loads issued
+#endif
       if (++item == items) {
         kv_iter += n_tiles;
         ++q_iter;

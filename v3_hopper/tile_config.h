@@ -461,7 +461,7 @@ constexpr int64_t kTileGroupBytes = 24ll << 20;  // K + V bytes one group of hea
 #ifndef FLASHGEN_V3_TRACE
 #define FLASHGEN_V3_TRACE 0
 #endif
-constexpr int kTraceRoles = 4, kTraceRounds = 64, kTraceEvents = 16;
+constexpr int kTraceRoles = 4, kTraceRounds = 64, kTraceEvents = 32;
 struct TileOrder {
   int num_m_blocks, heads_batches;
   int group;         // head_batches per group; heads_batches when ungrouped

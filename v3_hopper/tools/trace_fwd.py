@@ -3,8 +3,11 @@
     python3 trace_fwd.py summary trace_*.pt           # anywhere with torch
 run: the bench's grid shape (16k tokens, hidden 2048, bf16), a few warm-up calls, then one call into a zeroed buffer
 (CTA, role, round % 64, event) of clock64() stamps, and an untraced back-to-back timing of the same call.
-summary: per tile (one CTA's round), by key blocks per tile, the mean cycles of each phase of warpgroup 0 (and 1 at the
-lightest and heaviest tiles), and the producer's issue-to-ready latency of Q and K_0.
+summary: per tile (one CTA's round), by key blocks per tile, the mean cycles of each phase of warpgroup 0 (and 1 at
+the lightest and heaviest tiles): the round's setup, O's zeroing, the waits for Q and K_0, S_0, its softmax, the key
+loop, the closing P V, the epilogue (in its stage steps where O goes through shared memory), the way to the next
+round; and the loads' latency from the producer's issue to the consumers' barrier, and the producer's own time per
+item.
 """
 
 import collections
@@ -14,11 +17,14 @@ import sys
 
 import torch
 
-ROLES, ROUNDS, EVENTS = 4, 64, 16  # tile_config.h kTraceRoles, kTraceRounds, kTraceEvents
+ROLES, ROUNDS, EVENTS = 4, 64, 32  # tile_config.h kTraceRoles, kTraceRounds, kTraceEvents
 # kernel_traits.cuh TraceEvent
 START, Q_READY, S0, SOFTMAX0, STEP1 = 0, 1, 2, 3, 4
 LAST_PV_ISSUED, LAST_PV_DONE, K0_READY, TURN0, STORED = 11, 12, 13, 14, 15
+ROUND_TOP, INIT_DONE, FINALIZED, STAGE_FREE, STAGED, STAGE_SYNCED = 16, 17, 18, 19, 20, 21
 TILE_SLOT = EVENTS - 1
+# the producer's slots: 2 item (its buffer free), 2 item + 1 (its loads issued); item 0 Q, 1 K_0
+Q_FREE, Q_ISSUED, K0_FREE, K0_ISSUED = 0, 1, 2, 3
 
 
 def run(out, specs):
@@ -57,6 +63,9 @@ def summary(paths):
     for path in paths:
         rec = torch.load(path)
         t = rec["trace"].long()
+        if t.shape[1:] != (ROLES, ROUNDS, EVENTS):
+            raise SystemExit(f"{path}: stamps of another layout {tuple(t.shape)} (this tool reads (SMs, {ROLES}, "
+                             f"{ROUNDS}, {EVENTS}); session 71 call 5's were 16 slots a round)")
         b, s, h, d, causal = rec["shape"]
         print(f"== {os.path.basename(path)}: {rec.get('device', '')}, b{b} s{s} h{h} d{d} causal {causal}, "
               f"{rec['us']:.1f} us a call untraced; cycles, means over tiles")
@@ -72,24 +81,37 @@ def summary(paths):
                     if not (e[START] and e[Q_READY] and e[K0_READY] and e[TURN0] and e[STORED]):
                         continue  # a warpgroup without key blocks in this tile, or the softcap / ALiBi copy
                     ph = phases[(role, blocks)]
-                    ph["Q wait"].append(e[Q_READY] - e[START])
+                    if e[ROUND_TOP] and e[INIT_DONE]:
+                        ph["setup"].append(e[START] - e[ROUND_TOP])
+                        ph["O init"].append(e[INIT_DONE] - e[START])
+                    ph["Q wait"].append(e[Q_READY] - e[INIT_DONE if e[INIT_DONE] else START])
                     ph["K0 wait"].append(e[K0_READY] - e[Q_READY])
                     ph["turn"].append(e[TURN0] - e[K0_READY])
                     ph["S0"].append(e[S0] - e[TURN0])
                     ph["softmax0"].append(e[SOFTMAX0] - e[S0])
                     ph["loop"].append(e[LAST_PV_ISSUED] - e[SOFTMAX0])
                     ph["last PV"].append(e[LAST_PV_DONE] - e[LAST_PV_ISSUED])
-                    ph["epilogue"].append(e[STORED] - e[LAST_PV_DONE])
+                    if e[FINALIZED] and e[STAGE_FREE] and e[STAGED] and e[STAGE_SYNCED]:  # O through shared memory
+                        ph["epi: finalize"].append(e[FINALIZED] - e[LAST_PV_DONE])
+                        ph["epi: stage free"].append(e[STAGE_FREE] - e[FINALIZED])
+                        ph["epi: stmatrix+fence"].append(e[STAGED] - e[STAGE_FREE])
+                        ph["epi: barrier"].append(e[STAGE_SYNCED] - e[STAGED])
+                        ph["epi: TMA store"].append(e[STORED] - e[STAGE_SYNCED])
+                    else:
+                        ph["epilogue"].append(e[STORED] - e[LAST_PV_DONE])
                     if idx + 1 < len(rounds) and t[cta, role, rounds[idx + 1], START]:
-                        ph["to next"].append(t[cta, role, rounds[idx + 1], START] - e[STORED])
-                        ph["tile"].append(t[cta, role, rounds[idx + 1], START] - e[START])
+                        nxt = t[cta, role, rounds[idx + 1]]
+                        ph["to next round"].append((nxt[ROUND_TOP] if nxt[ROUND_TOP] else nxt[START]) - e[STORED])
+                        ph["tile"].append(nxt[START] - e[START])
                 e = t[cta, 1, r]
-                if prod[r, 0] and e[Q_READY]:
-                    latency["Q issue -> ready"].append(e[Q_READY] - prod[r, 0])
-                    latency["Q issue - tile start"].append(prod[r, 0] - e[START])
-                if prod[r, 1] and e[K0_READY]:
-                    latency["K0 issue -> ready"].append(e[K0_READY] - prod[r, 1])
-                    latency["K0 issue - Q issue"].append(prod[r, 1] - prod[r, 0])
+                if prod[r, Q_ISSUED] and e[Q_READY]:
+                    latency["Q issued -> ready"].append(e[Q_READY] - prod[r, Q_ISSUED])
+                    latency["Q issued - tile start"].append(prod[r, Q_ISSUED] - e[START])
+                    latency["producer: Q's issue"].append(prod[r, Q_ISSUED] - prod[r, Q_FREE])
+                if prod[r, K0_ISSUED] and e[K0_READY]:
+                    latency["K0 issued -> ready"].append(e[K0_READY] - prod[r, K0_ISSUED])
+                    latency["producer: Q issued -> K0's buffer free"].append(prod[r, K0_FREE] - prod[r, Q_ISSUED])
+                    latency["producer: K0's issue"].append(prod[r, K0_ISSUED] - prod[r, K0_FREE])
         blocks_seen = sorted({n for _, n in phases})
         for (role, n), ph in sorted(phases.items()):
             if role != 1 and n not in (blocks_seen[0], blocks_seen[-1]):
