@@ -6,8 +6,8 @@ run: the bench's grid shape (16k tokens, hidden 2048, bf16), a few warm-up calls
 summary: per tile (one CTA's round), by key blocks per tile, the mean cycles of each phase of warpgroup 0 (and 1 at
 the lightest and heaviest tiles): the round's setup, O's zeroing, the waits for Q and K_0, S_0, its softmax, the key
 loop, the closing P V, the epilogue (in its stage steps where O goes through shared memory), the way to the next
-round; and the loads' latency from the producer's issue to the consumers' barrier, and the producer's own time per
-item.
+round; the tensor cores' gap between tiles (both warpgroups' closing P V to the next S_0) beside the next tile's Q and
+K_0 arrivals; the loads' latency from the producer's issue to the consumers' barrier, and the producer's time per item.
 """
 
 import collections
@@ -103,6 +103,16 @@ def summary(paths):
                         nxt = t[cta, role, rounds[idx + 1]]
                         ph["to next round"].append((nxt[ROUND_TOP] if nxt[ROUND_TOP] else nxt[START]) - e[STORED])
                         ph["tile"].append(nxt[START] - e[START])
+                # the tensor cores between tiles: from the later of the two warpgroups' closing P V to the first S_0
+                # of the next tile, and when the next tile's Q and K_0 had landed, from the same point
+                if idx + 1 < len(rounds):
+                    cur = [t[cta, role, r] for role in (1, 2)]
+                    nxt = [t[cta, role, rounds[idx + 1]] for role in (1, 2)]
+                    if all(x[LAST_PV_DONE] and x[TURN0] and x[Q_READY] and x[K0_READY] for x in cur + nxt):
+                        last = max(x[LAST_PV_DONE] for x in cur)
+                        latency["between tiles: last P V -> next S_0"].append(min(x[TURN0] for x in nxt) - last)
+                        latency["between tiles: last P V -> next Q ready"].append(nxt[0][Q_READY] - last)
+                        latency["between tiles: last P V -> next K0 ready"].append(nxt[0][K0_READY] - last)
                 e = t[cta, 1, r]
                 if prod[r, Q_ISSUED] and e[Q_READY]:
                     latency["Q issued -> ready"].append(e[Q_READY] - prod[r, Q_ISSUED])
