@@ -113,6 +113,12 @@ def summary(paths):
                         latency["between tiles: last P V -> next S_0"].append(min(x[TURN0] for x in nxt) - last)
                         latency["between tiles: last P V -> next Q ready"].append(nxt[0][Q_READY] - last)
                         latency["between tiles: last P V -> next K0 ready"].append(nxt[0][K0_READY] - last)
+                    # the producer from its last load of this tile to the next tile's first buffer free (next_tile's
+                    # coordinates, the step's decode, that buffer's wait)
+                    issued = prod[r, 1:TILE_SLOT:2]
+                    if prod[rounds[idx + 1], 0] and int(issued.max()) > 0:
+                        latency["producer: last item issued -> next tile's first free"].append(
+                            prod[rounds[idx + 1], 0] - issued.max())
                 e = t[cta, 1, r]
                 if prod[r, Q_ISSUED] and e[Q_READY]:
                     latency["Q issued -> ready"].append(e[Q_READY] - prod[r, Q_ISSUED])
