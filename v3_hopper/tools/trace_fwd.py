@@ -59,6 +59,71 @@ def run(out, specs):
         print(spec, f"{us:.1f} us a call (untraced, back to back)")
 
 
+def tile_phases(t):
+    """(phases, latency) of stamps t (SMs, ROLES, ROUNDS, EVENTS): phases[(role, key blocks)][name] and latency[name],
+    lists of cycles, one entry a tile (a CTA's round) where its stamps are there."""
+    phases = collections.defaultdict(lambda: collections.defaultdict(list))
+    latency = collections.defaultdict(list)
+    for cta in range(t.shape[0]):
+        prod = t[cta, 0]
+        rounds = [r for r in range(ROUNDS) if prod[r, TILE_SLOT] != 0]
+        for idx, r in enumerate(rounds):
+            blocks = int(prod[r, TILE_SLOT]) >> 32
+            for role in (1, 2, 3):
+                e = t[cta, role, r]
+                if not (e[START] and e[Q_READY] and e[K0_READY] and e[TURN0] and e[STORED]):
+                    continue  # a warpgroup without key blocks in this tile, or the softcap / ALiBi copy
+                ph = phases[(role, blocks)]
+                if e[ROUND_TOP] and e[INIT_DONE]:
+                    ph["setup"].append(e[START] - e[ROUND_TOP])
+                    ph["O init"].append(e[INIT_DONE] - e[START])
+                ph["Q wait"].append(e[Q_READY] - e[INIT_DONE if e[INIT_DONE] else START])
+                ph["K0 wait"].append(e[K0_READY] - e[Q_READY])
+                ph["turn"].append(e[TURN0] - e[K0_READY])
+                ph["S0"].append(e[S0] - e[TURN0])
+                ph["softmax0"].append(e[SOFTMAX0] - e[S0])
+                ph["loop"].append(e[LAST_PV_ISSUED] - e[SOFTMAX0])
+                ph["last PV"].append(e[LAST_PV_DONE] - e[LAST_PV_ISSUED])
+                if e[FINALIZED] and e[STAGE_FREE] and e[STAGED] and e[STAGE_SYNCED]:  # O through shared memory
+                    ph["epi: finalize"].append(e[FINALIZED] - e[LAST_PV_DONE])
+                    ph["epi: stage free"].append(e[STAGE_FREE] - e[FINALIZED])
+                    ph["epi: stmatrix+fence"].append(e[STAGED] - e[STAGE_FREE])
+                    ph["epi: barrier"].append(e[STAGE_SYNCED] - e[STAGED])
+                    ph["epi: TMA store"].append(e[STORED] - e[STAGE_SYNCED])
+                else:
+                    ph["epilogue"].append(e[STORED] - e[LAST_PV_DONE])
+                if idx + 1 < len(rounds) and t[cta, role, rounds[idx + 1], START]:
+                    nxt = t[cta, role, rounds[idx + 1]]
+                    ph["to next round"].append((nxt[ROUND_TOP] if nxt[ROUND_TOP] else nxt[START]) - e[STORED])
+                    ph["tile"].append(nxt[START] - e[START])
+            # the tensor cores between tiles: from the later of the two warpgroups' closing P V to the first S_0
+            # of the next tile, and when the next tile's Q and K_0 had landed, from the same point
+            if idx + 1 < len(rounds):
+                cur = [t[cta, role, r] for role in (1, 2)]
+                nxt = [t[cta, role, rounds[idx + 1]] for role in (1, 2)]
+                if all(x[LAST_PV_DONE] and x[TURN0] and x[Q_READY] and x[K0_READY] for x in cur + nxt):
+                    last = max(x[LAST_PV_DONE] for x in cur)
+                    latency["between tiles: last P V -> next S_0"].append(min(x[TURN0] for x in nxt) - last)
+                    latency["between tiles: last P V -> next Q ready"].append(nxt[0][Q_READY] - last)
+                    latency["between tiles: last P V -> next K0 ready"].append(nxt[0][K0_READY] - last)
+                # the producer from its last load of this tile to the next tile's first buffer free (next_tile's
+                # coordinates, the step's decode, that buffer's wait)
+                issued = prod[r, 1:TILE_SLOT:2]
+                if prod[rounds[idx + 1], 0] and int(issued.max()) > 0:
+                    latency["producer: last item issued -> next tile's first free"].append(
+                        prod[rounds[idx + 1], 0] - issued.max())
+            e = t[cta, 1, r]
+            if prod[r, Q_ISSUED] and e[Q_READY]:
+                latency["Q issued -> ready"].append(e[Q_READY] - prod[r, Q_ISSUED])
+                latency["Q issued - tile start"].append(prod[r, Q_ISSUED] - e[START])
+                latency["producer: Q's issue"].append(prod[r, Q_ISSUED] - prod[r, Q_FREE])
+            if prod[r, K0_ISSUED] and e[K0_READY]:
+                latency["K0 issued -> ready"].append(e[K0_READY] - prod[r, K0_ISSUED])
+                latency["producer: Q issued -> K0's buffer free"].append(prod[r, K0_FREE] - prod[r, Q_ISSUED])
+                latency["producer: K0's issue"].append(prod[r, K0_ISSUED] - prod[r, K0_FREE])
+    return phases, latency
+
+
 def summary(paths):
     for path in paths:
         rec = torch.load(path)
@@ -69,65 +134,7 @@ def summary(paths):
         b, s, h, d, causal = rec["shape"]
         print(f"== {os.path.basename(path)}: {rec.get('device', '')}, b{b} s{s} h{h} d{d} causal {causal}, "
               f"{rec['us']:.1f} us a call untraced; cycles, means over tiles")
-        phases = collections.defaultdict(lambda: collections.defaultdict(list))
-        latency = collections.defaultdict(list)
-        for cta in range(t.shape[0]):
-            prod = t[cta, 0]
-            rounds = [r for r in range(ROUNDS) if prod[r, TILE_SLOT] != 0]
-            for idx, r in enumerate(rounds):
-                blocks = int(prod[r, TILE_SLOT]) >> 32
-                for role in (1, 2, 3):
-                    e = t[cta, role, r]
-                    if not (e[START] and e[Q_READY] and e[K0_READY] and e[TURN0] and e[STORED]):
-                        continue  # a warpgroup without key blocks in this tile, or the softcap / ALiBi copy
-                    ph = phases[(role, blocks)]
-                    if e[ROUND_TOP] and e[INIT_DONE]:
-                        ph["setup"].append(e[START] - e[ROUND_TOP])
-                        ph["O init"].append(e[INIT_DONE] - e[START])
-                    ph["Q wait"].append(e[Q_READY] - e[INIT_DONE if e[INIT_DONE] else START])
-                    ph["K0 wait"].append(e[K0_READY] - e[Q_READY])
-                    ph["turn"].append(e[TURN0] - e[K0_READY])
-                    ph["S0"].append(e[S0] - e[TURN0])
-                    ph["softmax0"].append(e[SOFTMAX0] - e[S0])
-                    ph["loop"].append(e[LAST_PV_ISSUED] - e[SOFTMAX0])
-                    ph["last PV"].append(e[LAST_PV_DONE] - e[LAST_PV_ISSUED])
-                    if e[FINALIZED] and e[STAGE_FREE] and e[STAGED] and e[STAGE_SYNCED]:  # O through shared memory
-                        ph["epi: finalize"].append(e[FINALIZED] - e[LAST_PV_DONE])
-                        ph["epi: stage free"].append(e[STAGE_FREE] - e[FINALIZED])
-                        ph["epi: stmatrix+fence"].append(e[STAGED] - e[STAGE_FREE])
-                        ph["epi: barrier"].append(e[STAGE_SYNCED] - e[STAGED])
-                        ph["epi: TMA store"].append(e[STORED] - e[STAGE_SYNCED])
-                    else:
-                        ph["epilogue"].append(e[STORED] - e[LAST_PV_DONE])
-                    if idx + 1 < len(rounds) and t[cta, role, rounds[idx + 1], START]:
-                        nxt = t[cta, role, rounds[idx + 1]]
-                        ph["to next round"].append((nxt[ROUND_TOP] if nxt[ROUND_TOP] else nxt[START]) - e[STORED])
-                        ph["tile"].append(nxt[START] - e[START])
-                # the tensor cores between tiles: from the later of the two warpgroups' closing P V to the first S_0
-                # of the next tile, and when the next tile's Q and K_0 had landed, from the same point
-                if idx + 1 < len(rounds):
-                    cur = [t[cta, role, r] for role in (1, 2)]
-                    nxt = [t[cta, role, rounds[idx + 1]] for role in (1, 2)]
-                    if all(x[LAST_PV_DONE] and x[TURN0] and x[Q_READY] and x[K0_READY] for x in cur + nxt):
-                        last = max(x[LAST_PV_DONE] for x in cur)
-                        latency["between tiles: last P V -> next S_0"].append(min(x[TURN0] for x in nxt) - last)
-                        latency["between tiles: last P V -> next Q ready"].append(nxt[0][Q_READY] - last)
-                        latency["between tiles: last P V -> next K0 ready"].append(nxt[0][K0_READY] - last)
-                    # the producer from its last load of this tile to the next tile's first buffer free (next_tile's
-                    # coordinates, the step's decode, that buffer's wait)
-                    issued = prod[r, 1:TILE_SLOT:2]
-                    if prod[rounds[idx + 1], 0] and int(issued.max()) > 0:
-                        latency["producer: last item issued -> next tile's first free"].append(
-                            prod[rounds[idx + 1], 0] - issued.max())
-                e = t[cta, 1, r]
-                if prod[r, Q_ISSUED] and e[Q_READY]:
-                    latency["Q issued -> ready"].append(e[Q_READY] - prod[r, Q_ISSUED])
-                    latency["Q issued - tile start"].append(prod[r, Q_ISSUED] - e[START])
-                    latency["producer: Q's issue"].append(prod[r, Q_ISSUED] - prod[r, Q_FREE])
-                if prod[r, K0_ISSUED] and e[K0_READY]:
-                    latency["K0 issued -> ready"].append(e[K0_READY] - prod[r, K0_ISSUED])
-                    latency["producer: Q issued -> K0's buffer free"].append(prod[r, K0_FREE] - prod[r, Q_ISSUED])
-                    latency["producer: K0's issue"].append(prod[r, K0_ISSUED] - prod[r, K0_FREE])
+        phases, latency = tile_phases(t)
         blocks_seen = sorted({n for _, n in phases})
         for (role, n), ph in sorted(phases.items()):
             if role != 1 and n not in (blocks_seen[0], blocks_seen[-1]):
