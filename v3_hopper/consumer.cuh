@@ -397,8 +397,11 @@ __device__ __forceinline__ void consumer_loop(const AttnParams& p, const SmemMap
   int kv_iter = 0, q_iter = 0;
   for (int round = 0;; ++round) {
 #if FLASHGEN_V3_TRACE
-    trace_at(tid == 0 ? trace_slots(sched, 1 + wg, round) : nullptr, kTraceRoundTop);
+    unsigned long long* const tr = tid == 0 ? trace_slots(sched, 1 + wg, round) : nullptr;
+#else
+    unsigned long long* const tr = nullptr;
 #endif
+    trace_at(tr, kTraceRoundTop);
     const int tile = sched.tile_of_round(round);
     if (tile >= sched.num_tiles()) break;
     const TileCoord tc = tile_coord<T>(sched, tile);
@@ -410,11 +413,6 @@ __device__ __forceinline__ void consumer_loop(const AttnParams& p, const SmemMap
     const BlockRange range = tile_key_range<T>(mask, m_begin, tc, p);
     const int n_tiles = range.end - range.begin;
     const int wg_row0 = m_begin + wg * kWarpgroupRows;
-#if FLASHGEN_V3_TRACE
-    unsigned long long* tr = tid == 0 ? trace_slots(sched, 1 + wg, round) : nullptr;
-#else
-    unsigned long long* const tr = nullptr;
-#endif
     trace_at(tr, kTraceTileStart);
 
     float o[T::kORegs];  // (64, kHeadDimV) fp32 output accumulator of this warpgroup

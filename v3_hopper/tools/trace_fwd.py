@@ -29,11 +29,12 @@ Q_FREE, Q_ISSUED, K0_FREE, K0_ISSUED = 0, 1, 2, 3
 
 def run(out, specs):
     from flashgen import _ops
+    from flashgen.bench.sweeps import FA_GRID_HIDDEN, FA_GRID_TOKENS
 
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     for spec in specs:
         d, s, causal = (int(x) for x in spec.split(","))
-        b, h = 16384 // s, 2048 // d
+        b, h = FA_GRID_TOKENS // s, FA_GRID_HIDDEN // d
         torch.manual_seed(0)
         q, k, v = (torch.randn(b, s, h, d, device="cuda", dtype=torch.bfloat16) for _ in range(3))
         kw = dict(softmax_scale=1 / math.sqrt(d), window_size=(-1, 0) if causal else (-1, -1))

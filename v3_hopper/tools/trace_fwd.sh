@@ -15,15 +15,9 @@ here=$(cd "$(dirname "$0")/../.." && pwd)
 OUT=${OUT:-$here/.device_out}
 mkdir -p "$OUT"
 build=/tmp/trace_fwd/build${PATCHES:+-patched} pkg=/tmp/trace_fwd/pkg tree=$here  # a build dir per source tree
-if [ -n "${PATCHES:-}" ]; then
+if [ -n "${PATCHES:-}" ]; then  # ab_patches.sh makes the patched copy (DRY_RUN: the tree only)
+  TREES=/tmp/trace_fwd DRY_RUN=1 bash "$here/v3_hopper/tools/ab_patches.sh" "tree=$PATCHES" > /dev/null || exit 2
   tree=/tmp/trace_fwd/tree
-  rm -rf "$tree" && mkdir -p "$tree"
-  (cd "$here" && tar cf - --exclude=./.git --exclude=./build --exclude=./.scratch .) | tar xf - -C "$tree"
-  IFS='+' read -r -a patches <<< "$PATCHES"
-  for p in "${patches[@]}"; do
-    (cd "$tree" && patch -p1 -s --dry-run < "$here/$p" > /dev/null && patch -p1 -s < "$here/$p") ||
-      { echo "trace_fwd: $p does not apply" >&2; exit 2; }
-  done
 fi
 cmake -S "$tree" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DFLASHGEN_CUDA_ARCHS=90a \
   -DFLASHGEN_V3_HEAD_DIMS="${HEAD_DIMS:-64;128}" -DFLASHGEN_V3_DTYPES=bf16 -DFLASHGEN_V3_BWD_HEAD_DIMS= \
