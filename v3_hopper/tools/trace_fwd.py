@@ -1,6 +1,7 @@
 """v3 forward traces (trace_fwd.sh builds the module; tile_config.h FLASHGEN_V3_TRACE, kernel_traits.cuh TraceEvent).
     python3 trace_fwd.py run OUT_DIR d,s,causal ...   # on the device, with a trace build on PYTHONPATH
     python3 trace_fwd.py summary trace_*.pt           # anywhere with torch
+    python3 trace_fwd.py rounds trace_*.pt            # each round's tile cycles by key blocks
 run: the bench's grid shape (16k tokens, hidden 2048, bf16), a few warm-up calls, then one call into a zeroed buffer
 (CTA, role, round % 64, event) of clock64() stamps, and an untraced back-to-back timing of the same call.
 summary: per tile (one CTA's round), by key blocks per tile, the mean cycles of each phase of warpgroup 0 (and 1 at
@@ -147,10 +148,32 @@ def summary(paths):
             print(f"  {k}: median {v.median():.0f}, mean {v.mean():.0f}, p90 {v.quantile(0.9):.0f}")
 
 
+def rounds_view(paths):
+    """Each round's tiles by key blocks: how many, and their mean cycles from warpgroup 0's round top to its store
+    (where the launch's first rounds pay for loading from a cold L2, and whether the tile order mixes weights)."""
+    for path in paths:
+        rec = torch.load(path)
+        t = rec["trace"].long()
+        b, s, h, d, causal = rec["shape"]
+        print(f"== {os.path.basename(path)}: b{b} s{s} h{h} d{d} causal {causal}; round: blocks:mean cycles (tiles)")
+        cycles = collections.defaultdict(list)
+        for cta in range(t.shape[0]):
+            for r in range(ROUNDS):
+                slot, e = int(t[cta, 0, r, TILE_SLOT]), t[cta, 1, r]
+                if slot != 0 and e[ROUND_TOP] and e[STORED]:
+                    cycles[(r, slot >> 32)].append(int(e[STORED] - e[ROUND_TOP]))
+        for r in sorted({r for r, _ in cycles}):
+            row = sorted((n, v) for (rr, n), v in cycles.items() if rr == r)
+            cols = "  ".join(f"{n}:{sum(v) / len(v):.0f} ({len(v)})" for n, v in row)
+            print(f"  {r:2d}  {cols}")
+
+
 if __name__ == "__main__":
     if len(sys.argv) >= 3 and sys.argv[1] == "run":
         run(sys.argv[2], sys.argv[3:])
     elif len(sys.argv) >= 3 and sys.argv[1] == "summary":
         summary(sys.argv[2:])
+    elif len(sys.argv) >= 3 and sys.argv[1] == "rounds":
+        rounds_view(sys.argv[2:])
     else:
         raise SystemExit(__doc__)
