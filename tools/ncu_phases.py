@@ -5,6 +5,7 @@ wgmma waits and named barriers, in address order. Two kernels doing the same wor
 on the same tile) can then be compared phase by phase (bench/NOTES.md session 34).
 
     python3 tools/ncu_phases.py A.sass.csv [B.sass.csv ...] [--count N]
+    python3 tools/ncu_phases.py A.sass.csv [B.sass.csv ...] --by-count   # the regions by execution count
 
 The loop is the set of instructions executed exactly N times (default: the count with the most samples, which for
 a consumer loop is warps x steps); a phase runs from one marker to the next, so a wait's samples land in the phase
@@ -83,13 +84,35 @@ def report(path: str, count: int | None) -> None:
         print(f"     {label:48s} {acc:8d}")
 
 
+def by_count(path: str, top: int = 8) -> None:
+    """Instructions grouped by how many times each ran: a kernel's regions (per tile, per key block, per launch) show
+    as the counts that hold most of its dynamic instructions and samples (bench/NOTES.md session 73)."""
+    rows, _ = load(path)
+    executed, static, samples = collections.Counter(), collections.Counter(), collections.Counter()
+    for r in rows:
+        n = num(r, "Instructions Executed")
+        executed[n] += n
+        static[n] += 1
+        samples[n] += num(r, "Warp Stall Sampling (All Samples)")
+    total, total_samples = sum(executed.values()), sum(samples.values())
+    print(f"== {path}: {total} instructions executed (warp-level), {total_samples} samples, {len(rows)} static")
+    for n, v in executed.most_common(top):
+        print(f"   run {n:9d} times x {static[n]:5d} instructions = {v:10d} ({100 * v / max(total, 1):5.1f}%), "
+              f"samples {samples[n]:6d} ({100 * samples[n] / max(total_samples, 1):5.1f}%)")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("tables", nargs="+", help="<name>.sass.csv files from tools/ncu_kernel.sh")
     ap.add_argument("--count", type=int, default=None, help="the loop's execution count (default: most sampled)")
+    ap.add_argument("--by-count", action="store_true",
+                    help="instead: the instructions and samples grouped by execution count (the kernel's regions)")
     args = ap.parse_args()
     for path in args.tables:
-        report(path, args.count)
+        if args.by_count:
+            by_count(path)
+        else:
+            report(path, args.count)
 
 
 if __name__ == "__main__":
