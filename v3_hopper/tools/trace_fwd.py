@@ -126,13 +126,19 @@ def tile_phases(t):
     return phases, latency
 
 
+def load_trace(path):
+    """(record, stamps as int64) of a run's .pt file, refusing stamps of another layout."""
+    rec = torch.load(path)
+    t = rec["trace"].long()
+    if t.shape[1:] != (ROLES, ROUNDS, EVENTS):
+        raise SystemExit(f"{path}: stamps of another layout {tuple(t.shape)} (this tool reads (SMs, {ROLES}, "
+                         f"{ROUNDS}, {EVENTS}); session 71 call 5's were 16 slots a round)")
+    return rec, t
+
+
 def summary(paths):
     for path in paths:
-        rec = torch.load(path)
-        t = rec["trace"].long()
-        if t.shape[1:] != (ROLES, ROUNDS, EVENTS):
-            raise SystemExit(f"{path}: stamps of another layout {tuple(t.shape)} (this tool reads (SMs, {ROLES}, "
-                             f"{ROUNDS}, {EVENTS}); session 71 call 5's were 16 slots a round)")
+        rec, t = load_trace(path)
         b, s, h, d, causal = rec["shape"]
         print(f"== {os.path.basename(path)}: {rec.get('device', '')}, b{b} s{s} h{h} d{d} causal {causal}, "
               f"{rec['us']:.1f} us a call untraced; cycles, means over tiles")
@@ -150,10 +156,10 @@ def summary(paths):
 
 def rounds_view(paths):
     """Each round's tiles by key blocks: how many, and their mean cycles from warpgroup 0's round top to its store
-    (where the launch's first rounds pay for loading from a cold L2, and whether the tile order mixes weights)."""
+    (where the launch's first rounds pay for loading from a cold L2, and whether the tile order mixes weights). Slot r
+    holds round r % ROUNDS: past ROUNDS rounds, a later round overwrites an earlier one's stamps."""
     for path in paths:
-        rec = torch.load(path)
-        t = rec["trace"].long()
+        rec, t = load_trace(path)
         b, s, h, d, causal = rec["shape"]
         print(f"== {os.path.basename(path)}: b{b} s{s} h{h} d{d} causal {causal}; round: blocks:mean cycles (tiles)")
         cycles = collections.defaultdict(list)
