@@ -16,18 +16,36 @@ namespace v3 {
 
 // Elements outside [col_begin(row), col_end(row)) become -inf (window, causal, the seqlen_k tail); row = the
 // accumulator row's query position, its row / pack (kernel_traits.cuh tile_row_pack: 1 but for packed query rows).
+// The limits are taken relative to the thread's first column, so an element's bound is one compare of a register
+// with the element's constant offset, the left one only under a window (a uniform branch). Where the two rows' right
+// limits lie 8 apart (no seqlen_k clamp between them, as on a causal tile's diagonal), row g's column c and row g + 8's
+// column c + 8 share a bound and one compare, as cuDNN's mask does: a causal d128 tile's diagonal block then costs 34
+// compares and 64 selects a thread instead of 64 compares of both limits and their ORs (bench/NOTES.md sessions
+// 73-75).
 template <int kN>
 __device__ __forceinline__ void apply_mask(float (&s)[kN / 2], const AccCoord& c, const MaskSpec& mask, int pack) {
-  int begin[2], end[2];
+  int lo[2], hi[2];
 #pragma unroll
   for (int half = 0; half < 2; ++half) {
-    begin[half] = mask.col_begin(c.row(half) / pack);
-    end[half] = mask.col_end(c.row(half) / pack);
+    lo[half] = mask.col_begin(c.row(half) / pack) - c.col0;
+    hi[half] = mask.col_end(c.row(half) / pack) - c.col0;
   }
+  if (mask.window_left >= 0) {
 #pragma unroll
-  for (int i = 0; i < kN / 2; ++i) {
-    const int col = c.col(i), half = acc_half(i);
-    if (col < begin[half] || col >= end[half]) s[i] = -INFINITY;
+    for (int i = 0; i < kN / 2; ++i) {
+      const int off = c.col(i) - c.col0, half = acc_half(i);
+      if (off < lo[half] || off >= hi[half]) s[i] = -INFINITY;
+    }
+  } else if (hi[1] - hi[0] == 8) {  // a difference, not hi[0] + 8: both lie in [-col0, seqlen_k - col0]
+#pragma unroll
+    for (int i = 0; i < kN / 2; ++i) {
+      if (c.col(i) - c.col0 - 8 * acc_half(i) >= hi[0]) s[i] = -INFINITY;
+    }
+  } else {  // no left limit: every lo <= 0 <= each offset
+#pragma unroll
+    for (int i = 0; i < kN / 2; ++i) {
+      if (c.col(i) - c.col0 >= hi[acc_half(i)]) s[i] = -INFINITY;
+    }
   }
 }
 
