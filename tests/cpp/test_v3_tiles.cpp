@@ -109,6 +109,9 @@ void test_group_rule() {
   CHECK(make_tile_order(16, 128, false, 5).group == 128, "no mask: make_tile_order ignores the group");
   // Small K/V: the group is capped at half the grid, so a round still holds two query blocks per head.
   CHECK(choose_tile_group(4, 512, true, 1 << 16, kGrid) <= kGrid / 2, "512 causal");
+  // 512 causal d128, 32 x 16 heads of 256 KiB: sizes 2, 4, 8 and 57 balance alike; the tie goes to the smallest.
+  CHECK(choose_tile_group(4, 512, true, 256 << 10, kGrid) == 2, "512 causal d128: group %d",
+        choose_tile_group(4, 512, true, 256 << 10, kGrid));
   // K/V larger than the budget with many heads: one head per group.
   CHECK(choose_tile_group(16, 200, true, int64_t{64} << 20, kGrid) == 1, "huge K/V");
   // Grouped only for its bytes, with no size balanced within 5% of the ungrouped order (16 heads of 8 MiB, the
