@@ -538,10 +538,10 @@ inline double tile_order_makespan(const TileOrder& o, int grid) {
 // round then holds two query blocks of each head); ties go to the smaller size, whose rounds share fewer heads' K/V:
 // at 512 causal d128 (512 head-batches of 4 query blocks) sizes 2, 4, 8 and 57 balance alike (1.031x the mean),
 // and 57, the size ties went to before, read 221 MB from DRAM where the compulsory Q + K + V is 201 MB. Groups of 2
-// ran that launch 5% faster on an H100 (d256 too), and this rule +2% (d256 +3.5%) on an H200 (bench/NOTES.md session
-// 75). A launch grouped only for its bytes stays
-// ungrouped when no such size comes within kTileGroupMaxImbalance of the ungrouped order's balance: d256 8k causal
-// (16 heads of 8 MB) had 1.22x the mean at its best size of 3, and ran 5% slower grouped than not (session 25).
+// ran that launch 5% faster on an H100 (d256 too), and this rule +2% (d256 +3.5%) on an H200 (bench/NOTES.md
+// session 75). A launch grouped only for its bytes stays ungrouped when no such size comes within
+// kTileGroupMaxImbalance of the ungrouped order's balance: d256 8k causal (16 heads of 8 MB) had 1.22x the mean at
+// its best size of 3, and ran 5% slower grouped than not (session 25).
 constexpr double kTileGroupMaxImbalance = 0.05;
 inline int choose_tile_group(int num_m_blocks, int heads_batches, bool heavy_first, int64_t kv_bytes, int grid) {
   if (!heavy_first || heads_batches <= 1 || grid < 1 || grid > kMaxSimulatedGrid) return heads_batches;
