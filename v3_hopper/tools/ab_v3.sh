@@ -28,7 +28,7 @@ for spec in "$@"; do
   [ "${SKIP_BUILD:-0}" = 1 ] && break
   name=${spec%%=*}; tree=$(cd "${spec#*=}" && pwd)
   # a build folder an earlier call configured for another tree fails cmake; its old module must not be timed
-  grep -qx "CMAKE_HOME_DIRECTORY:INTERNAL=$tree" "/tmp/ab_v3/build-$name/CMakeCache.txt" 2>/dev/null ||
+  grep -Fqx "CMAKE_HOME_DIRECTORY:INTERNAL=$tree" "/tmp/ab_v3/build-$name/CMakeCache.txt" 2>/dev/null ||
     rm -rf "/tmp/ab_v3/build-$name"
   rm -f /tmp/ab_v3/build-"$name"/_C*.so
   (cmake -S "$tree" -B "/tmp/ab_v3/build-$name" -G Ninja -DCMAKE_BUILD_TYPE=Release -DFLASHGEN_CUDA_ARCHS=90a \
