@@ -9,6 +9,9 @@ are named after their classes, e.g. -k regex:FlashAttentionForwardSm90). With CU
 CUTE_DSL_DUMP_DIR set, FA4 also leaves the PTX it compiled there, for reading its SASS on a machine without a GPU.
 v3-fp8: v3's FP8 (e4m3) forward alone (-k regex:fp8_fwd_kernel) on the same shape, inputs quantized per head.
 FWD_ONLY=1 skips the generations' backward (a build without their backward instances).
+SPARSE=<pattern>:<density> (a generation only, e.g. SPARSE=random:0.1 with v2): the bench's block-sparse layout
+(flashgen.bench.sweeps.sparse_layout, 128 x 128 blocks) as block_mask, so a sparse kernel can be profiled against the
+same shape's dense one (issue 19's per-block rate).
 HEAD_DIM_V=dv: V and dO dv wide (MLA's prefill: 192 / 128). SDPA's cuDNN takes it natively, and so does a generation
 with forward and backward instances of V's own head dim (v3's 192 / 128); another gets V and dO zero-padded to
 head_dim, as flashgen's API does for it (interface._value_width, _library._bwd_one_width).
@@ -36,6 +39,14 @@ if impl in generations and dv != d and any(_native.build_info().value_bucket(imp
                                            for kind in ("fwd", "bwd")):
     v, do = (torch.nn.functional.pad(t, (0, d - dv)) for t in (v, do))
 kw = dict(softmax_scale=1 / math.sqrt(d), window_size=(-1, 0) if causal else (-1, -1))
+sparse = os.environ.get("SPARSE", "")
+if sparse:
+    from flashgen.bench.sweeps import Config, sparse_layout
+
+    if impl not in generations:
+        raise SystemExit(f"SPARSE={sparse} needs a compiled GPU generation {generations}, got {impl!r}")
+    cfg = Config("attention", b, s, s, h, h, d, causal, "bf16", sparsity=sparse)
+    kw.update(block_mask=sparse_layout(cfg, device="cuda"), block_size=(128, 128))
 for _ in range(2):
     if impl in generations:
         o, lse, _ = _ops.forward(impl, q, k, v, **kw)
@@ -67,4 +78,4 @@ for _ in range(2):
         raise SystemExit(f"impl must be a compiled GPU generation {generations}, sdpa-flash / sdpa-cudnn, v3-fp8 or fa4-cute, "
                          f"got {impl!r}")
 torch.cuda.synchronize()
-print("ok", impl, d, s, causal)
+print("ok", impl, d, s, causal, sparse or "dense")
