@@ -5,11 +5,12 @@
 #   bash tools/ncu_kernel.sh bwd_kernel 128 8192 [causal 0/1] [impl: a GPU generation or sdpa-flash]
 # impl defaults to $GENERATION, else v2 (kernel names are the generation's: v2's are fwd_kernel, bwd_kernel, ...).
 # HEAD_DIM_V=dv: V and dO dv wide (run_once.py; the name gets v<dv>). SPARSE=random:0.1: run_once.py's block-sparse
-# layout (the name gets _random0.1). NCU_EXTRA_METRICS=m1,m2: more metrics, collected
-# and printed with the totals below (e.g. dram__bytes_read.sum.per_second,lts__t_sectors_srcunit_tex_op_read.sum).
+# layout (the name gets _random0.1; SPARSE_ORDER=natural: the grid's own order, _natural). NCU_EXTRA_METRICS=m1,m2:
+# more metrics, collected and printed with the totals below (e.g.
+# dram__bytes_read.sum.per_second,lts__t_sectors_srcunit_tex_op_read.sum).
 set -uo pipefail
 kernel=$1 d=$2 s=$3 causal=${4:-0} impl=${5:-${GENERATION:-v2}}
-sparse_tag=${SPARSE:+_${SPARSE/:/}}
+sparse_tag=${SPARSE:+_${SPARSE/:/}${SPARSE_ORDER:+_$SPARSE_ORDER}}
 out=${OUT:-.}/ncu_${impl}_${kernel}_d${d}${HEAD_DIM_V:+v$HEAD_DIM_V}_s${s}_c${causal}${sparse_tag}
 stalls=$(printf 'smsp__average_warps_issue_stalled_%s_per_issue_active.ratio,' barrier long_scoreboard \
   short_scoreboard mio_throttle math_pipe_throttle wait not_selected selected lg_throttle dispatch_stall \

@@ -11,7 +11,8 @@ v3-fp8: v3's FP8 (e4m3) forward alone (-k regex:fp8_fwd_kernel) on the same shap
 FWD_ONLY=1 skips the generations' backward (a build without their backward instances).
 SPARSE=<pattern>:<density> (a generation only, e.g. SPARSE=random:0.1 with v2): the bench's block-sparse layout
 (flashgen.bench.sweeps.sparse_layout, 128 x 128 blocks) as block_mask, so a sparse kernel can be profiled against the
-same shape's dense one (issue 19's per-block rate).
+same shape's dense one (issue 19's per-block rate); SPARSE_ORDER=natural launches it in the grid's own order instead of
+heaviest units first (_ops._sparse_order_for), as time_sparse.py's natural rows.
 HEAD_DIM_V=dv: V and dO dv wide (MLA's prefill: 192 / 128). SDPA's cuDNN takes it natively, and so does a generation
 with forward and backward instances of V's own head dim (v3's 192 / 128); another gets V and dO zero-padded to
 head_dim, as flashgen's API does for it (interface._value_width, _library._bwd_one_width).
@@ -47,6 +48,8 @@ if sparse:
         raise SystemExit(f"SPARSE={sparse} needs a compiled GPU generation {generations}, got {impl!r}")
     cfg = Config("attention", b, s, s, h, h, d, causal, "bf16", sparsity=sparse)
     kw.update(block_mask=sparse_layout(cfg, device="cuda"), block_size=(128, 128))
+    if os.environ.get("SPARSE_ORDER", "heavy-first") == "natural":
+        _ops._sparse_order_for = lambda *args, **kwargs: None
 for _ in range(2):
     if impl in generations:
         o, lse, _ = _ops.forward(impl, q, k, v, **kw)
