@@ -28,7 +28,9 @@ Status launch_bwd(const AttnBwdParams& p, cudaStream_t stream) {
   if constexpr (T::kSplitMods) {
     if (!bwd_has_mods(p)) kernel = bwd_kernel<T, false>;
   }
-  if (p.block_mask != nullptr) kernel = bwd_kernel<T, true, /*kSparse=*/true>;  // block-sparse: its own instance
+  if (p.block_mask != nullptr) {  // block-sparse: its own instances, split by the modifiers in every bucket
+    kernel = bwd_has_mods(p) ? bwd_kernel<T, true, /*kSparse=*/true> : bwd_kernel<T, false, /*kSparse=*/true>;
+  }
   // Block-sparse, heaviest sparse columns first (common/block_sparse.h sparse_cta): one CTA per key block of every
   // sparse column, where a sparse column is whole key blocks (sparse_order_applies). Not in deterministic mode:
   // there a CTA waits for the key blocks below it to add into dQ, which must then have been dispatched before it.
