@@ -13,7 +13,8 @@ natural order's (bitwise for out; the order may not change a result). One JSON l
         [--patterns random,local-global] [--densities 0.5,0.25,0.1] [--orders natural,heavy-first] [--order-cost]
         [--out rows.jsonl]
 
-Rows are appended to --out as they are measured, so a run cut by a timeout keeps what it finished.
+Rows are appended to --out as they are measured (an existing file is kept), so a run cut by a timeout keeps what it
+finished and several runs can share one file.
 """
 
 from __future__ import annotations
@@ -47,7 +48,7 @@ def main() -> None:
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
     orders = tuple(args.orders.split(",")) if REAL_ORDER else ("natural",)
-    sink = open(args.out, "w") if args.out else None
+    sink = open(args.out, "a") if args.out else None
 
     def emit(row: dict) -> None:
         rows.append(row)

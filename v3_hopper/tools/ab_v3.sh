@@ -54,10 +54,12 @@ done
 for round in $(seq 1 "$rounds"); do
   for name in "${names[@]}"; do
     echo "== round $round: $name"
+    rm -f /tmp/ab_v3/rows.jsonl  # a run that fails writes none: the tree before it must not be counted twice
     (cd /tmp && PYTHONPATH=/tmp/ab_v3/pkg-$name timeout -s KILL "${TIMEOUT:-150}" python3 \
         "$here/v3_hopper/tools/$tool" --head-dims "${HEAD_DIMS:-$head_dims}" --seqlens "${SEQLENS:-2048,8192}" \
         --label "$name" --out "/tmp/ab_v3/rows.jsonl" ${TOOL_ARGS:-})
-    python3 "$here/v3_hopper/tools/add_round.py" /tmp/ab_v3/rows.jsonl "$round" >> "$OUT/ab_v3.jsonl"
+    [ -f /tmp/ab_v3/rows.jsonl ] &&
+      python3 "$here/v3_hopper/tools/add_round.py" /tmp/ab_v3/rows.jsonl "$round" >> "$OUT/ab_v3.jsonl"
   done
 done
 python3 "$here/v3_hopper/tools/ab_summary.py" "$OUT/ab_v3.jsonl" "$key" | tee "$OUT/ab_v3_summary.txt"
