@@ -98,7 +98,7 @@ __device__ __forceinline__ void red_add_dq(float* g_warp, const float (&acc)[kAt
 // d64 ptxas spilled 76 B (24 B without the modifiers), reloaded every step; the split made the d64 backward ~4%
 // faster. kMods = true keeps every feature behind runtime flags, FA2's way. The block-sparse instances are split in
 // every bucket: at d128 the sparse loop with the modifiers reloaded ~25 spilled values a step, without them ~5, and
-// the split made the d128 sparse backward ~4% faster (bench/NOTES.md, session 78).
+// the split made the d128 sparse backward 3-4% faster (bench/NOTES.md, session 78).
 FH_HD bool bwd_has_mods(const AttnBwdParams& p) {
   return p.softcap > 0.f || p.alibi_slopes != nullptr || p.p_dropout > 0.f;
 }
