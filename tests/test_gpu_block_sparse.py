@@ -183,6 +183,26 @@ def test_block_sparse_public_api(gen):
 
 
 
+@pytest.mark.parametrize("head_dim", [64, 128])
+def test_block_sparse_backward_many_steps_v2(gen, head_dim):
+    """v2's backward over many steps per key block: 16 query heads on each KV head over 2000 query rows give every
+    CTA 256 (d64, 128-row query blocks) or 512 (d128, 64-row blocks) steps, 8 or 16 of the walk's 32-step chunks, most
+    of them on, with a head all off and runs of off rows between on ones."""
+    if gen != "v2":
+        pytest.skip("v2's own walk (v1 runs one CTA per head, as FA1)")
+    need(gen, "bf16", head_dim, "block_sparse", "backward", "gqa")
+    torch.manual_seed(29)
+    b, h, hk, sq, sk = 1, 32, 2, 2000, 300
+    q = randn(b, sq, h, head_dim, dtype=torch.bfloat16)
+    k, v = (randn(b, sk, hk, head_dim, dtype=torch.bfloat16) for _ in range(2))
+    block_size = (64, 128)
+    layout = _layout(h, sq, sk, block_size, 0.85, seed=9)
+    layout[3] = False
+    layout[5:9, 4:20] = False
+    check_sparse_grads(gen, f"block-sparse bwd many steps d{head_dim}", q, k, v, block_mask=layout,
+                       block_size=block_size)
+
+
 def test_block_sparse_all_on_is_the_dense_kernel_bitwise_v2(gen):
     """v2: an all-on layout runs the block-sparse instance over every tile in the dense instance's order: out and
     lse bitwise equal to the dense call, at several key tiles, causal too; and the backward likewise."""
