@@ -181,8 +181,6 @@ def test_block_sparse_public_api(gen):
     assert all(t.grad is not None and bool(torch.isfinite(t.grad).all()) for t in (q, k, v))
 
 
-
-
 @pytest.mark.parametrize("head_dim", [64, 128])
 def test_block_sparse_backward_many_steps_v2(gen, head_dim):
     """v2's backward over many steps per key block: 16 query heads on each KV head over 2000 query rows give every
