@@ -28,19 +28,11 @@ names=() dirs=() patched=()
 for arg in "$@"; do
   name=${arg%%=*}
   names+=("$name")
-  dst="$trees/$name"
-  rm -rf "$dst" && mkdir -p "$dst"
-  (cd "$here" && tar cf - --exclude=./.git --exclude=./build --exclude=./.scratch .) | tar xf - -C "$dst"
-  dirs+=("$dst")
-  if [ "$name" = "$arg" ]; then patched+=(0); continue; fi
-  patched+=(1)
-  IFS='+' read -r -a patches <<< "${arg#*=}"
-  for p in "${patches[@]}"; do
-    if ! (cd "$dst" && patch -p1 -s --dry-run < "$here/$p" > /dev/null && patch -p1 -s < "$here/$p"); then
-      echo "ab_sparse: $p does not apply to tree $name" >&2
-      exit 2
-    fi
-  done
+  dirs+=("$trees/$name")
+  patches=()
+  [ "$name" = "$arg" ] || IFS='+' read -r -a patches <<< "${arg#*=}"
+  patched+=($(( ${#patches[@]} > 0 )))
+  bash "$here/tools/patched_tree.sh" "$trees/$name" "${patches[@]}" || exit 2
 done
 [ ${#names[@]} -gt 0 ] || { echo "ab_sparse: name at least one tree" >&2; exit 2; }
 if [ "${DRY_RUN:-0}" = 1 ]; then

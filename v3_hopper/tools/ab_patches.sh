@@ -15,15 +15,8 @@ for arg in "$@"; do
   name=${arg%%=*}
   if [ "$name" = "$arg" ]; then specs+=("$name=$here"); continue; fi
   dst="$trees/$name"
-  rm -rf "$dst" && mkdir -p "$dst"
-  (cd "$here" && tar cf - --exclude=./.git --exclude=./build --exclude=./.scratch .) | tar xf - -C "$dst"
   IFS='+' read -r -a patches <<< "${arg#*=}"
-  for p in "${patches[@]}"; do
-    if ! (cd "$dst" && patch -p1 -s --dry-run < "$here/$p" > /dev/null && patch -p1 -s < "$here/$p"); then
-      echo "ab_patches: $p does not apply to tree $name" >&2
-      exit 2
-    fi
-  done
+  bash "$here/tools/patched_tree.sh" "$dst" "${patches[@]}" || exit 2
   specs+=("$name=$dst")
 done
 if [ "${DRY_RUN:-0}" = 1 ]; then
