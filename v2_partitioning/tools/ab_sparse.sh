@@ -14,7 +14,8 @@
 # so the output comes back inside the device's 600 s), TREES (/tmp/ab_sparse_trees), DRY_RUN=1 (make and check the
 # trees only).
 # Output under $OUT: ab_sparse.jsonl (time_sparse.py's rows, label <name>-r<round>), ab_sparse.txt (the summary:
-# per row and tree, min and max over the rounds, and the min against the first tree's), build and test logs.
+# per row and tree, min and max over the rounds, and the min against the first tree's), ab_sparse_extra.jsonl, and
+# ab_sparse_logs.tgz (build logs with each tree's v2 backward spills, timing output, test summaries).
 set -uo pipefail
 here=$(cd "$(dirname "$0")/../.." && pwd)
 out=${OUT:-$PWD/.device_out}
@@ -22,7 +23,8 @@ trees=${TREES:-/tmp/ab_sparse_trees}
 budget=${BUDGET:-540}
 t0=$(date +%s)
 elapsed() { echo $(( $(date +%s) - t0 )); }
-mkdir -p "$out" "$trees"
+logs="$trees/logs"  # packed into $out/ab_sparse_logs.tgz at the end: the device returns at most 8 files
+rm -rf "$logs" && mkdir -p "$out" "$logs"
 
 names=() dirs=() patched=()
 for arg in "$@"; do
@@ -40,6 +42,7 @@ if [ "${DRY_RUN:-0}" = 1 ]; then
   exit 0
 fi
 
+trap 'tar czf "$out/ab_sparse_logs.tgz" -C "$logs" .' EXIT
 pb=$(python3 -m pybind11 --cmakedir)
 jobs=$(( $(nproc) / ${#names[@]} )); [ $jobs -lt 1 ] && jobs=1
 for i in "${!names[@]}"; do
@@ -49,7 +52,7 @@ for i in "${!names[@]}"; do
      -DFLASHGEN_V3_VALUE_HEAD_DIMS= -DFLASHGEN_V3_FP8_HEAD_DIMS=128 -DFLASHGEN_V2_HEAD_DIMS="64;128" \
      -DFLASHGEN_V2_DTYPES=bf16 -DFLASHGEN_V1_HEAD_DIMS=64 -DFLASHGEN_V1_DTYPES=bf16 \
      -DCMAKE_CUDA_FLAGS=-Xptxas=-v -Dpybind11_DIR="$pb" \
-     > "$out/build-${names[$i]}.log" 2>&1 && cmake --build "$d/build" -j "$jobs" >> "$out/build-${names[$i]}.log" 2>&1
+     > "$logs/build-${names[$i]}.log" 2>&1 && cmake --build "$d/build" -j "$jobs" >> "$logs/build-${names[$i]}.log" 2>&1
    echo "ab_sparse: build ${names[$i]} rc=$? at $(elapsed) s") &
 done
 wait
@@ -59,14 +62,17 @@ for i in "${!names[@]}"; do
   rm -rf "$pkg" && mkdir -p "$pkg" && cp -r "$d/python/flashgen" "$pkg/"
   if ! cp "$d"/build/_C*.so "$pkg/flashgen/" 2> /dev/null; then
     echo "ab_sparse: ${names[$i]} did not build:" >&2
-    grep -E "error" "$out/build-${names[$i]}.log" | head -5 >&2
+    grep -E "error" "$logs/build-${names[$i]}.log" | head -5 >&2
     exit 1
   fi
   pkgs+=("$pkg")
   # ptxas's stack and spills of every v2 backward kernel (<T, kMods, kSparse>: ...ELb0ELb1E is the sparse instance
   # without the score modifiers)
   awk '/Function properties for/ {f = $NF} /bytes spill stores/ && f ~ /v210bwd_kernel/ {print f; print}' \
-    "$out/build-${names[$i]}.log" > "$out/spills-${names[$i]}.txt"
+    "$logs/build-${names[$i]}.log" > "$logs/spills-${names[$i]}.txt"
+  kernel='.*Li([0-9]+)EEELb([01])ELb([01])E\S* +[0-9]+ bytes stack frame, ' stores='([0-9]+) bytes spill stores.*'
+  echo "ab_sparse: ${names[$i]} spill stores: $(paste -d' ' - - < "$logs/spills-${names[$i]}.txt" |
+    sed -E "s/$kernel$stores/d\\1 mods=\\2 sparse=\\3 \\4 B/" | paste -sd ';')"
 done
 
 rows="$out/ab_sparse.jsonl"
@@ -77,7 +83,7 @@ for r in $(seq 1 "${ROUNDS:-2}"); do
     (cd /tmp && PYTHONPATH="${pkgs[$i]}" timeout 120 python3 "$here/v2_partitioning/tools/time_sparse.py" --graph \
        --label "${names[$i]}-r$r" --seqlens "${SEQLENS:-8192}" --head-dims "${HEAD_DIMS:-128,64}" \
        --patterns "${PATTERNS:-random}" --densities "${DENSITIES:-0.1}" --orders "${ORDERS:-heavy-first}" \
-       --out "$rows" > "$out/time-${names[$i]}-r$r.txt" 2>&1)
+       --out "$rows" > "$logs/time-${names[$i]}-r$r.txt" 2>&1)
     echo "ab_sparse: ${names[$i]} round $r rc=$? at $(elapsed) s"
   done
 done
@@ -88,7 +94,7 @@ if [ -n "${EXTRA:-}" ] && [ "$(elapsed)" -lt $(( budget - 90 )) ]; then
   # shellcheck disable=SC2086  # the extra arguments are words
   (cd /tmp && PYTHONPATH="${pkgs[0]}" timeout 150 python3 "$here/v2_partitioning/tools/time_sparse.py" --graph \
      --label "${names[0]}-extra" --seqlens "${SEQLENS:-8192}" --head-dims "${HEAD_DIMS:-128,64}" \
-     --patterns "${PATTERNS:-random}" $EXTRA --out "$out/ab_sparse_extra.jsonl" > "$out/time-extra.txt" 2>&1)
+     --patterns "${PATTERNS:-random}" $EXTRA --out "$out/ab_sparse_extra.jsonl" > "$logs/time-extra.txt" 2>&1)
   echo "ab_sparse: extra run on ${names[0]} rc=$? at $(elapsed) s"
 fi
 
@@ -99,8 +105,8 @@ if [ "$tests" != none ]; then
     [ "$(elapsed)" -lt $(( budget - 30 )) ] || { echo "ab_sparse: budget: tests of ${names[$i]} skipped"; continue; }
     # shellcheck disable=SC2086  # the pytest arguments are words
     (cd "$here/tests" && PYTHONPATH="${pkgs[$i]}" timeout 90 python3 -m pytest -q -p no:cacheprovider $tests \
-       > "$out/tests-${names[$i]}.txt" 2>&1)
-    echo "ab_sparse: tests ${names[$i]}: $(tail -n 1 "$out/tests-${names[$i]}.txt")"
+       > "$logs/tests-${names[$i]}.txt" 2>&1)
+    echo "ab_sparse: tests ${names[$i]}: $(tail -n 1 "$logs/tests-${names[$i]}.txt")"
   done
 fi
 
